@@ -1,0 +1,1 @@
+"""Conformance harness. Filled by later issues."""

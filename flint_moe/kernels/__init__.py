@@ -1,0 +1,1 @@
+"""Production kernels (Triton, CuTe DSL). Filled by later issues."""
