@@ -1,0 +1,1 @@
+"""Golden model of the Flint MoE numerics rule (docs/numerics.md). Imports torch and numpy only."""
