@@ -1,0 +1,116 @@
+"""Shared machinery of the production layout converters (not public API).
+
+Every conversion is a fixed per-expert permutation (the same for all experts), applied to all experts at
+once with one ``index_select`` / one strided copy per tensor; conversions that would otherwise need a
+second full copy work over groups of experts through a bounded scratch buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flint_moe.reference._checks import check_tensor
+
+__all__ = [
+    "SCALE_DTYPES",
+    "DEFAULT_SCRATCH_BYTES",
+    "round_up",
+    "wide_view",
+    "check_codes",
+    "check_scales",
+    "check_no_nan_e4m3",
+    "gather_rows",
+    "gather_rows_inplace",
+    "expert_groups",
+]
+
+#: Scratch budget of the in-place / grouped conversions (bytes). At least one expert is always processed.
+DEFAULT_SCRATCH_BYTES = 256 << 20
+
+SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
+
+
+def round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def wide_view(t: torch.Tensor) -> torch.Tensor:
+    """View a contiguous tensor's last dimension as the widest integer dtype (8/4/2/1 bytes) that divides
+    its row size in bytes: row gathers then move whole words (5-6x faster on the CPU than byte gathers)."""
+    row_bytes = t.shape[-1] * t.element_size()
+    u8 = t.view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.uint8)
+    for dt, n in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if row_bytes % n == 0 and u8.data_ptr() % n == 0:
+            return u8.view(dt)
+    return u8
+
+
+def check_codes(name: str, t: object, shape: tuple[int | None, ...]) -> torch.Tensor:
+    return check_tensor(name, t, dtype=torch.uint8, shape=shape)
+
+
+def check_scales(name: str, t: object, shape: tuple[int | None, ...]) -> torch.Tensor:
+    return check_tensor(name, t, dtype=SCALE_DTYPES, shape=shape)
+
+
+def check_no_nan_e4m3(name: str, t: torch.Tensor) -> None:
+    """Reject E4M3 NaN bytes (0x7F / 0xFF) in block scales."""
+    u = t.view(torch.uint8) if t.dtype != torch.uint8 else t
+    bad = (u & 0x7F) == 0x7F
+    if bool(bad.any()):
+        first = [int(i) for i in bad.nonzero()[0]]
+        raise ValueError(
+            f"{name}: contains E4M3 NaN scale bytes (0x7F/0xFF), first at index {tuple(first)}; "
+            "block scales must be finite"
+        )
+
+
+def expert_groups(num_experts: int, bytes_per_expert: int, scratch_bytes: int) -> list[tuple[int, int]]:
+    """Split [0, E) into consecutive groups whose scratch fits in ``scratch_bytes`` (at least 1 expert)."""
+    g = max(1, int(scratch_bytes) // max(1, bytes_per_expert))
+    return [(s, min(s + g, num_experts)) for s in range(0, num_experts, g)]
+
+
+def _dst_src(idx: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Split an index map with -1 = padding into (padding positions or None, clamped map)."""
+    pad = (idx < 0).nonzero().flatten()
+    if pad.numel() == 0:
+        return None, idx
+    return pad, idx.clamp_min(0)
+
+
+def gather_rows(
+    src: torch.Tensor, rows: torch.Tensor, *, fill: int = 0, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``out[e, r] = src[e, rows[r]]`` (``rows[r] == -1``: the row is filled with byte ``fill``).
+
+    ``src`` [E, M, ...] contiguous; one ``index_select`` over all experts, rows moved as wide words.
+    """
+    E = src.shape[0]
+    tail = tuple(src.shape[2:])
+    src_c = src.contiguous()
+    flat = src_c.view(E, src_c.shape[1], -1)
+    if out is None:
+        out = torch.empty((E, rows.numel(), *tail), dtype=src.dtype, device=src.device)
+    out_flat = out.view(E, rows.numel(), -1)
+    pad, idx = _dst_src(rows.to(device=src.device, dtype=torch.long))
+    torch.index_select(wide_view(flat), 1, idx, out=wide_view(out_flat))
+    if pad is not None:
+        out_flat.view(torch.uint8).view(E, rows.numel(), -1).index_fill_(1, pad, fill)
+    return out
+
+
+def gather_rows_inplace(t: torch.Tensor, rows: torch.Tensor, scratch_bytes: int = DEFAULT_SCRATCH_BYTES) -> None:
+    """Permute the rows of every expert of ``t`` [E, M, ...] in place (``rows`` a permutation of [0, M)),
+    through a scratch buffer of at most ``max(scratch_bytes, one expert)`` bytes."""
+    E = t.shape[0]
+    per = t[0].numel() * t.element_size()
+    idx = rows.to(device=t.device, dtype=torch.long)
+    flat = wide_view(t.view(E, t.shape[1], -1))
+    groups = expert_groups(E, per, scratch_bytes)
+    g = groups[0][1] - groups[0][0]
+    scratch = torch.empty((g, *flat.shape[1:]), dtype=flat.dtype, device=t.device)
+    for s, e in groups:
+        buf = scratch[: e - s]
+        torch.index_select(flat[s:e], 1, idx, out=buf)
+        flat[s:e].copy_(buf)

@@ -1,0 +1,220 @@
+"""ModelOpt NVFP4 experts -> FlashInfer's CuTe-DSL W4A16 layout (``FlintMoEWeights``).
+
+Layout (shared/notes/layouts.md, "FlashInfer CuTe-DSL W4A16 layout"):
+
+- ``w1`` uint8 [E, 2Ip, H/2]: [up; gate] interleaved by 64 rows (``rows.w13_rows_cutedsl``); FlashInfer
+  ``reorder_w13_to_w31`` + ``fused_moe.prepare.interleave_cute_dsl_moe_weights`` (64-row groups).
+- ``w1_sf_swizzled`` float8_e4m3fn [E, roundup(2Ip, 128), roundup(H/16, 4)]: the same rows, 128x4 swizzle
+  (``swizzle.swizzle_block_scales``); ``w1_sf`` its 6-D MMA view (``cute_dsl.utils.convert_sf_to_mma_layout``).
+- ``w1_alpha`` fp32 [E]: the per-expert gate/up global scale (ModelOpt ``weight_scale_2``).
+- ``w2`` uint8 [E, H, Ip/2], ``w2_sf_swizzled`` [E, roundup(H, 128), roundup(Ip/16, 4)], ``w2_sf``, ``w2_alpha``.
+
+Ip is the (optionally padded) intermediate size; each half of w13 is padded on its own, w2 along K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from flint_moe.layouts._core import (
+    DEFAULT_SCRATCH_BYTES,
+    check_codes,
+    check_no_nan_e4m3,
+    check_scales,
+    gather_rows,
+    gather_rows_inplace,
+)
+from flint_moe.layouts.padding import pad_columns, padded_intermediate
+from flint_moe.layouts.rows import w13_rows_cutedsl
+from flint_moe.layouts.swizzle import mma_view, swizzle_block_scales, swizzled_scale_shape
+from flint_moe.reference._checks import check_same_device, check_tensor
+
+__all__ = ["FlintMoEWeights", "INTERLEAVE_ROWS", "merge_gate_up_global_scales"]
+
+#: Rows per gate/up group of the CuTe-DSL interleave (FlashInfer's default, swap_ab=False).
+INTERLEAVE_ROWS = 64
+
+GlobalScales = torch.Tensor | Sequence[torch.Tensor]
+
+
+def _check_global(name: str, t: object, num_experts: int) -> torch.Tensor:
+    t = check_tensor(name, t, dtype=torch.float32, shape=(num_experts,))
+    bad = ~torch.isfinite(t) | (t < 0)
+    if bool(bad.any()):
+        idx = int(bad.nonzero()[0])
+        raise ValueError(f"{name}: global scales must be finite and >= 0, expert {idx} has {float(t[idx])}")
+    return t
+
+
+def merge_gate_up_global_scales(w13_scale_2: GlobalScales, num_experts: int, name: str = "w13_scale_2") -> torch.Tensor:
+    """One fp32 [E] gate/up global scale from ModelOpt's per-projection ``weight_scale_2``.
+
+    Accepts fp32 [E] (already shared), fp32 [E, 2] (column 0 = gate, column 1 = up, vLLM's parameter), or a
+    pair ``(gate [E], up [E])``. Raises ValueError if gate and up differ for any expert (the Flint rule has a
+    single global scale per expert; the message names the experts), if a scale is NaN/inf/negative, or on a
+    wrong shape; TypeError on a non-fp32 dtype.
+    """
+    if isinstance(w13_scale_2, (tuple, list)):
+        if len(w13_scale_2) != 2:
+            raise ValueError(f"{name}: expected a (gate, up) pair of [E] tensors, got {len(w13_scale_2)} items")
+        gate = _check_global(f"{name}[gate]", w13_scale_2[0], num_experts)
+        up = _check_global(f"{name}[up]", w13_scale_2[1], num_experts)
+    else:
+        t = check_tensor(name, w13_scale_2, dtype=torch.float32)
+        if t.dim() == 1:
+            return _check_global(name, t, num_experts).clone()
+        check_tensor(name, t, shape=(num_experts, 2))
+        gate = _check_global(f"{name}[:, 0] (gate)", t[:, 0], num_experts)
+        up = _check_global(f"{name}[:, 1] (up)", t[:, 1], num_experts)
+    differ = gate.view(torch.int32) != up.view(torch.int32)
+    if bool(differ.any()):
+        ids = differ.nonzero().flatten()[:8].tolist()
+        e = ids[0]
+        raise ValueError(
+            f"{name}: gate and up global scales differ for experts {ids}"
+            f"{' ...' if int(differ.sum()) > 8 else ''} (expert {e}: gate {float(gate[e])!r}, up {float(up[e])!r});"
+            " the Flint rule needs one global scale per expert"
+        )
+    return gate.clone()
+
+
+@dataclass
+class FlintMoEWeights:
+    """Routed-expert NVFP4 weights in FlashInfer's CuTe-DSL W4A16 layout (see module docstring for shapes).
+
+    ``w1_sf`` / ``w2_sf`` are the 6-D MMA views over ``w1_sf_swizzled`` / ``w2_sf_swizzled`` (shared storage:
+    updating the swizzled tensors in place is visible through the views). ``valid_intermediate`` is the
+    checkpoint's intermediate size before padding.
+    """
+
+    w1: torch.Tensor
+    w1_sf_swizzled: torch.Tensor
+    w1_alpha: torch.Tensor
+    w2: torch.Tensor
+    w2_sf_swizzled: torch.Tensor
+    w2_alpha: torch.Tensor
+    valid_intermediate: int
+    w1_sf: torch.Tensor = field(init=False, repr=False)
+    w2_sf: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_codes("w1", self.w1, (None, None, None))
+        E, two_ip, h2 = self.w1.shape
+        ip, hidden = two_ip // 2, 2 * h2
+        check_codes("w2", self.w2, (E, hidden, ip // 2))
+        check_tensor("w1_sf_swizzled", self.w1_sf_swizzled, dtype=torch.float8_e4m3fn,
+                     shape=(E, *swizzled_scale_shape(two_ip, hidden // 16)))
+        check_tensor("w2_sf_swizzled", self.w2_sf_swizzled, dtype=torch.float8_e4m3fn,
+                     shape=(E, *swizzled_scale_shape(hidden, ip // 16)))
+        check_tensor("w1_alpha", self.w1_alpha, dtype=torch.float32, shape=(E,))
+        check_tensor("w2_alpha", self.w2_alpha, dtype=torch.float32, shape=(E,))
+        if two_ip % (2 * INTERLEAVE_ROWS):
+            raise ValueError(f"w1: rows {two_ip} must be a multiple of {2 * INTERLEAVE_ROWS}")
+        if not 0 < self.valid_intermediate <= ip:
+            raise ValueError(f"valid_intermediate: {self.valid_intermediate} must be in (0, {ip}]")
+        self.w1_sf = mma_view(self.w1_sf_swizzled, name="w1_sf_swizzled")
+        self.w2_sf = mma_view(self.w2_sf_swizzled, name="w2_sf_swizzled")
+
+    @property
+    def num_experts(self) -> int:
+        return self.w1.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.w1.shape[2] * 2
+
+    @property
+    def intermediate_size(self) -> int:
+        """Stored (padded) intermediate size Ip."""
+        return self.w2.shape[2] * 2
+
+    @classmethod
+    def from_modelopt(
+        cls,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor,
+        w13_scale_2: GlobalScales,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor,
+        w2_scale_2: torch.Tensor,
+        *,
+        pad_intermediate_to: int | None = None,
+        inplace: bool = False,
+        scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
+    ) -> FlintMoEWeights:
+        """Convert ModelOpt NVFP4 experts (checkpoint layout) to the CuTe-DSL W4A16 layout.
+
+        Args:
+            w13: uint8 [E, 2I, H/2], rows [gate; up], two E2M1 codes per byte (low nibble = even element).
+            w13_scale: uint8 | float8_e4m3fn [E, 2I, H/16], E4M3 block scales, row-major (not swizzled).
+            w13_scale_2: fp32 global scales of gate/up: [E] (shared), [E, 2] (gate, up) or (gate [E], up [E]).
+            w2: uint8 [E, H, I/2]; w2_scale [E, H, I/16]; w2_scale_2 fp32 [E].
+            pad_intermediate_to: pad I per half to a multiple of this (a multiple of 64). Required when
+                I % 64 != 0 (the 64-row interleave needs whole groups per half).
+            inplace: write ``w1`` into ``w13``'s storage (``w13`` is modified and becomes ``w1``; ``w2`` is
+                returned as is, aliased). Peak extra memory: the scales plus ``scratch_bytes``. Not with padding.
+            scratch_bytes: bound on the temporary buffers (experts are processed in groups).
+
+        Returns:
+            FlintMoEWeights; out of place, no returned tensor aliases an input.
+
+        Raises:
+            TypeError: wrong dtype (names the tensor). ValueError: shapes inconsistent, H % 16 or I % 16 != 0,
+            I % 64 != 0 without padding, E4M3 NaN scale bytes, gate/up global scales that differ, non-finite or
+            negative global scales, devices differ, inplace with padding or a non-contiguous w13.
+        """
+        check_codes("w13", w13, (None, None, None))
+        E, two_i, h2 = w13.shape
+        if E <= 0 or two_i <= 0 or h2 <= 0:
+            raise ValueError(f"w13: empty shape {tuple(w13.shape)}")
+        if two_i % 2:
+            raise ValueError(f"w13: dimension 1 (2I) must be even, got {two_i}")
+        inter, hidden = two_i // 2, 2 * h2
+        if hidden % 16:
+            raise ValueError(f"w13: hidden size H = 2 * {h2} = {hidden} must be a multiple of 16 (NVFP4 block)")
+        if inter % 16:
+            raise ValueError(f"w13: intermediate size I = {inter} must be a multiple of 16 (NVFP4 block)")
+        check_scales("w13_scale", w13_scale, (E, two_i, hidden // 16))
+        check_codes("w2", w2, (E, hidden, inter // 2))
+        check_scales("w2_scale", w2_scale, (E, hidden, inter // 16))
+        check_same_device(w13=w13, w13_scale=w13_scale, w2=w2, w2_scale=w2_scale)
+        check_no_nan_e4m3("w13_scale", w13_scale)
+        check_no_nan_e4m3("w2_scale", w2_scale)
+        alpha1 = merge_gate_up_global_scales(w13_scale_2, E).to(w13.device)
+        alpha2 = _check_global("w2_scale_2", w2_scale_2, E).clone().to(w13.device)
+        if pad_intermediate_to is None:
+            if inter % INTERLEAVE_ROWS:
+                raise ValueError(
+                    f"w13: intermediate size I = {inter} must be a multiple of {INTERLEAVE_ROWS} for the 64-row "
+                    f"gate/up interleave; pass pad_intermediate_to={INTERLEAVE_ROWS} to pad each half"
+                )
+            ip = inter
+        else:
+            if pad_intermediate_to <= 0 or pad_intermediate_to % INTERLEAVE_ROWS:
+                raise ValueError(f"pad_intermediate_to: {pad_intermediate_to} must be a positive multiple of 64")
+            ip = padded_intermediate(inter, pad_intermediate_to)
+        rows = w13_rows_cutedsl(inter, ip, INTERLEAVE_ROWS, device=w13.device)
+        if inplace:
+            if ip != inter:
+                raise ValueError("inplace: not supported together with intermediate padding (the shape changes)")
+            if not w13.is_contiguous():
+                raise ValueError("w13: must be contiguous for inplace=True")
+            gather_rows_inplace(w13, rows, scratch_bytes)
+            w1, w2_out = w13, w2
+        else:
+            w1 = gather_rows(w13, rows)
+            w2_out = pad_columns(w2, ip // 2)
+        w1_sf = swizzle_block_scales(w13_scale, rows=rows, name="w13_scale", scratch_bytes=scratch_bytes)
+        w2_sf = swizzle_block_scales(w2_scale, cols=ip // 16, name="w2_scale", scratch_bytes=scratch_bytes)
+        return cls(
+            w1,
+            w1_sf.view(torch.float8_e4m3fn),
+            alpha1,
+            w2_out,
+            w2_sf.view(torch.float8_e4m3fn),
+            alpha2,
+            inter,
+        )
