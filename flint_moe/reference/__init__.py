@@ -1,1 +1,26 @@
-"""Golden model of the Flint MoE numerics rule (docs/numerics.md). Imports torch and numpy only."""
+"""Golden model of the Flint MoE numerics rule (docs/numerics.md). Imports torch and numpy only.
+
+Modules: ``formats`` (bit-level bf16 / E2M1 / E4M3), ``weights`` (checkpoint-layout containers), ``quantize``
+(ModelOpt NVFP4 recipe), ``mufu`` (bit-exact PTX special functions), ``exact`` (exact long reductions and
+their certified bounds), ``routing`` (steps 1-4), ``experts`` (steps 5-8), ``combine`` (steps 9-10),
+``decode_block`` (step 11), ``model`` (end to end). The public names of each are re-exported here.
+"""
+
+from __future__ import annotations
+
+from . import combine, decode_block, exact, experts, formats, model, mufu, quantize, routing, weights
+
+_MODULES = (formats, weights, quantize, mufu, exact, routing, experts, combine, decode_block, model)
+from .combine import *  # noqa: F403
+from .decode_block import *  # noqa: F403
+from .exact import *  # noqa: F403
+from .experts import *  # noqa: F403
+from .formats import *  # noqa: F403
+from .model import *  # noqa: F403
+from .mufu import *  # noqa: F403
+from .quantize import *  # noqa: F403
+from .routing import *  # noqa: F403
+from .weights import *  # noqa: F403
+
+# (``combine`` is both a module and a function; after the star imports the name is the step-9 function.)
+__all__ = [name for mod in _MODULES for name in mod.__all__]

@@ -1,0 +1,249 @@
+"""Experts: rule steps 5-8 (NVFP4 dequant, gate/up, SwiGLU, down) and the BF16 variants.
+
+All functions work on one expert's matrices (the model loops over the selected experts only) and take their
+inputs explicitly, so the harness can feed a kernel's own intermediate values to any step.
+fp32 arithmetic: separate torch float32 ops, each one IEEE round-to-nearest-even with subnormals kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ._checks import check_multiple, check_same_device, check_tensor
+from .exact import FP32_RN, Accumulation, SummationModel, dot_accumulate, dot_accumulate_rows, round_exact
+from .formats import bits_to_f32, e2m1_to_float, e4m3_to_float, to_bf16, unpack_e2m1
+from .weights import BLOCK, check_scale_bytes, scale_bytes
+
+__all__ = [
+    "SWIGLU_C",
+    "dequant_nvfp4",
+    "gate_up_accumulate",
+    "gate_up_accumulate_bf16",
+    "apply_global_scale",
+    "swiglu",
+    "down_accumulate",
+    "down_accumulate_bf16",
+    "down_output",
+    "down_output_bf16",
+    "ExpertStages",
+    "AccumulatePolicy",
+    "nvfp4_expert",
+    "bf16_expert",
+]
+
+#: ``policy(stage, acc, operands) -> fp32 tensor of acc.shape``: the fp32 value a kernel's accumulator holds
+#: (default :func:`.exact.round_exact`, the binary32 rounding of the exact value).
+AccumulatePolicy = Callable[[str, Accumulation, dict], torch.Tensor]
+
+#: Step 7 constant c = fp32(-log2(e)), bits 0xBFB8AA3B (= -1.44269502162933349609375).
+SWIGLU_C = float(bits_to_f32(torch.tensor(0xBFB8AA3B - (1 << 32), dtype=torch.int32)))
+
+
+def _check_nvfp4(codes_name: str, codes: torch.Tensor, scale_name: str, scale: torch.Tensor) -> tuple[int, int]:
+    check_tensor(codes_name, codes, dtype=torch.uint8, ndim=2)
+    n, k = codes.shape[0], 2 * codes.shape[1]
+    check_multiple(codes_name, k, BLOCK, "unpacked row length (2 x last dimension)")
+    check_tensor(scale_name, scale, dtype=(torch.uint8, torch.float8_e4m3fn), shape=(n, k // BLOCK))
+    check_same_device(**{codes_name: codes, scale_name: scale})
+    check_scale_bytes(scale_name, scale)
+    return n, k
+
+
+def _dequant_rows(codes: torch.Tensor, scale: torch.Tensor, start: int, stop: int, dtype) -> torch.Tensor:
+    c = e2m1_to_float(unpack_e2m1(codes[start:stop])).to(dtype)
+    s = e4m3_to_float(scale_bytes(scale[start:stop])).to(dtype)
+    w = c.view(c.shape[0], -1, BLOCK) * s[:, :, None]  # exact: <= 6 significant bits, in [2^-10, 2688]
+    return w.view(c.shape[0], -1)
+
+
+def dequant_nvfp4(codes: torch.Tensor, scale: torch.Tensor, *, names: tuple[str, str] = ("codes", "scale")):
+    """Step 5: ``W = E2M1(code) * E4M3(scale)`` per 16-element block, exact (bf16-representable) in fp32.
+
+    Args: ``codes`` uint8 [N, K/2] (low nibble = even element), ``scale`` uint8 or float8_e4m3fn [N, K/16]
+    (negative and -0 bytes valid). ``names`` name the two tensors in errors. Returns fp32 [N, K].
+    Raises TypeError / ValueError (dtype, shape, K not a multiple of 16, E4M3 NaN scale bytes 0x7F/0xFF).
+    """
+    n, _ = _check_nvfp4(names[0], codes, names[1], scale)
+    return _dequant_rows(codes, scale, 0, n, torch.float32)
+
+
+def _nvfp4_accumulate(x, x_name, codes, codes_name, scale, scale_name, model) -> Accumulation:
+    n, k = _check_nvfp4(codes_name, codes, scale_name, scale)
+    check_tensor(x_name, x, dtype=torch.bfloat16, shape=(None, k))
+    check_same_device(**{x_name: x, codes_name: codes})
+
+    def rows(i: int, j: int) -> torch.Tensor:
+        return _dequant_rows(codes, scale, i, j, torch.float64)
+
+    return dot_accumulate_rows(x, rows, n, model=model, narrow_products=True, name=x_name)
+
+
+def gate_up_accumulate(
+    x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, *, model: SummationModel = FP32_RN
+) -> Accumulation:
+    """Step 6 reduction for one NVFP4 expert: exact ``sum_h W13[n, h] * x[t, h]`` with W13 dequantized (step 5).
+
+    Args: ``x`` bf16 [M, H]; ``w13`` uint8 [2I, H/2] (rows [gate; up]); ``w13_scale`` E4M3 [2I, H/16].
+    Returns :class:`Accumulation` [M, 2I]: ``acc[:, :I]`` is gate, ``acc[:, I:]`` up (global scale NOT applied).
+    The weights are dequantized a chunk of rows at a time (float64), never all at once.
+    """
+    return _nvfp4_accumulate(x, "x", w13, "w13", w13_scale, "w13_scale", model)
+
+
+def gate_up_accumulate_bf16(
+    x: torch.Tensor, w13: torch.Tensor, *, model: SummationModel = FP32_RN
+) -> Accumulation:
+    """Step 6 (BF16 experts): exact ``x @ w13^T``; ``x`` bf16 [M, H], ``w13`` bf16 [2I, H] -> [M, 2I]."""
+    check_tensor("x", x, dtype=torch.bfloat16, ndim=2)
+    check_tensor("w13", w13, dtype=torch.bfloat16, shape=(None, x.shape[1]))
+    return dot_accumulate(x, w13, model=model, a_name="x", b_name="w13")
+
+
+def _global_scale(gs: torch.Tensor | float, like: torch.Tensor, name: str) -> torch.Tensor:
+    if isinstance(gs, torch.Tensor):
+        check_tensor(name, gs, dtype=torch.float32)
+        if gs.numel() != 1:
+            raise ValueError(f"{name}: expected one fp32 value, got shape {tuple(gs.shape)}")
+        return gs.reshape(()).to(like.device)
+    if isinstance(gs, float):
+        return torch.tensor(gs, dtype=torch.float32, device=like.device)  # fp32(gs)
+    raise TypeError(f"{name}: expected an fp32 tensor or a float, got {type(gs).__name__}")
+
+
+def apply_global_scale(acc_fp32: torch.Tensor, gs: torch.Tensor | float, *, name: str = "acc_fp32") -> torch.Tensor:
+    """Step 6 / 8: ``RN(acc * gs)`` in fp32. ``acc_fp32`` fp32 (any shape); ``gs`` one fp32 value.
+
+    Returns fp32 of ``acc_fp32``'s shape. Raises TypeError / ValueError naming the tensor.
+    """
+    check_tensor(name, acc_fp32, dtype=torch.float32)
+    return acc_fp32 * _global_scale(gs, acc_fp32, "gs")
+
+
+def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Step 7 (TRT-LLM / FlashInfer CuTe epilogue), elementwise, fp32 ``g``, ``u`` of one shape -> bf16.
+
+    ``a = RN(g * c)`` (c = 0xBFB8AA3B), ``p = ex2.approx.ftz(a)``, ``d = RN(p + 1)``, ``r = rcp.approx.ftz(d)``,
+    ``act = bf16(RN(u * RN(g * r)))``; ex2 / rcp are the bit-exact PTX emulations of :mod:`.mufu`.
+    Returns torch.bfloat16. Raises TypeError / ValueError naming ``g`` or ``u``.
+    """
+    from .mufu import ex2_approx_ftz, rcp_approx_ftz
+
+    check_tensor("g", g, dtype=torch.float32)
+    check_tensor("u", u, dtype=torch.float32, shape=tuple(g.shape))
+    check_same_device(g=g, u=u)
+    a = g * SWIGLU_C
+    p = ex2_approx_ftz(a)
+    d = p + 1.0
+    r = rcp_approx_ftz(d)
+    return to_bf16(u * (g * r))
+
+
+def down_accumulate(
+    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *, model: SummationModel = FP32_RN
+) -> Accumulation:
+    """Step 8 reduction for one NVFP4 expert: exact ``sum_i W2[h, i] * act[t, i]``.
+
+    Args: ``act`` bf16 [M, I]; ``w2`` uint8 [H, I/2]; ``w2_scale`` E4M3 [H, I/16]. Returns [M, H].
+    """
+    return _nvfp4_accumulate(act, "act", w2, "w2", w2_scale, "w2_scale", model)
+
+
+def down_accumulate_bf16(act: torch.Tensor, w2: torch.Tensor, *, model: SummationModel = FP32_RN) -> Accumulation:
+    """Step 8 (BF16 experts): exact ``act @ w2^T``; ``act`` bf16 [M, I], ``w2`` bf16 [H, I] -> [M, H]."""
+    check_tensor("act", act, dtype=torch.bfloat16, ndim=2)
+    check_tensor("w2", w2, dtype=torch.bfloat16, shape=(None, act.shape[1]))
+    return dot_accumulate(act, w2, model=model, a_name="act", b_name="w2")
+
+
+def down_output(y_acc: torch.Tensor, gs2: torch.Tensor | float) -> torch.Tensor:
+    """Step 8: ``y = bf16(RN(y_acc * gs2))``; ``y_acc`` fp32, ``gs2`` one fp32 value -> torch.bfloat16."""
+    return to_bf16(apply_global_scale(y_acc, gs2, name="y_acc"))
+
+
+def down_output_bf16(y_acc: torch.Tensor) -> torch.Tensor:
+    """Step 8 (BF16 experts): ``y = bf16(y_acc)``; ``y_acc`` fp32 -> torch.bfloat16."""
+    check_tensor("y_acc", y_acc, dtype=torch.float32)
+    return to_bf16(y_acc)
+
+
+
+@dataclass(frozen=True)
+class ExpertStages:
+    """Every stage of steps 6-8 for one expert applied to M token rows.
+
+    Fields: ``gate_acc``, ``up_acc`` :class:`Accumulation` [M, I]; ``g``, ``u`` fp32 [M, I] (global scale
+    applied for NVFP4); ``act`` bf16 [M, I]; ``down_acc`` :class:`Accumulation` [M, H]; ``y`` bf16 [M, H].
+    """
+
+    gate_acc: Accumulation
+    up_acc: Accumulation
+    g: torch.Tensor
+    u: torch.Tensor
+    act: torch.Tensor
+    down_acc: Accumulation
+    y: torch.Tensor
+
+
+def _policy_value(policy: AccumulatePolicy, stage: str, acc: Accumulation, operands: dict) -> torch.Tensor:
+    v = policy(stage, acc, operands)
+    check_tensor(f"accumulate({stage})", v, dtype=torch.float32, shape=tuple(acc.shape))
+    return v
+
+
+def nvfp4_expert(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w13_gs: torch.Tensor | float,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    w2_gs: torch.Tensor | float,
+    *,
+    accumulate: AccumulatePolicy = round_exact,
+    model: SummationModel = FP32_RN,
+    info: dict | None = None,
+) -> ExpertStages:
+    """Steps 5-8 for one NVFP4 expert on rows ``x`` bf16 [M, H].
+
+    ``w13`` uint8 [2I, H/2], ``w13_scale`` [2I, H/16], ``w13_gs`` one fp32 value; ``w2`` uint8 [H, I/2],
+    ``w2_scale`` [H, I/16], ``w2_gs`` one fp32 value. The fp32 accumulator values come from ``accumulate``
+    (stages ``"gate_up"`` on [M, 2I] and ``"down"`` on [M, H]; ``operands`` holds the inputs plus ``info``).
+    """
+    extra = dict(info or {})
+    acc13 = gate_up_accumulate(x, w13, w13_scale, model=model)
+    i = acc13.shape[1] // 2
+    v13 = _policy_value(accumulate, "gate_up", acc13, {"x": x, "w13": w13, "w13_scale": w13_scale, **extra})
+    g = apply_global_scale(v13[:, :i], w13_gs, name="g_acc")
+    u = apply_global_scale(v13[:, i:], w13_gs, name="u_acc")
+    act = swiglu(g, u)
+    acc2 = down_accumulate(act, w2, w2_scale, model=model)
+    v2 = _policy_value(accumulate, "down", acc2, {"act": act, "w2": w2, "w2_scale": w2_scale, **extra})
+    y = down_output(v2, w2_gs)
+    return ExpertStages(acc13[:, :i], acc13[:, i:], g, u, act, acc2, y)
+
+
+def bf16_expert(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    accumulate: AccumulatePolicy = round_exact,
+    model: SummationModel = FP32_RN,
+    info: dict | None = None,
+) -> ExpertStages:
+    """Steps 6-8 for one BF16 expert on rows ``x`` bf16 [M, H]: ``w13`` bf16 [2I, H], ``w2`` bf16 [H, I]."""
+    extra = dict(info or {})
+    check_tensor("w13", w13, dtype=torch.bfloat16, ndim=2)
+    if w13.shape[0] % 2:
+        raise ValueError(f"w13: dimension 0 holds [gate; up] and must be even, got {w13.shape[0]}")
+    acc13 = gate_up_accumulate_bf16(x, w13, model=model)
+    i = acc13.shape[1] // 2
+    v13 = _policy_value(accumulate, "gate_up", acc13, {"x": x, "w13": w13, **extra})
+    g, u = v13[:, :i], v13[:, i:]
+    act = swiglu(g.contiguous(), u.contiguous())
+    acc2 = down_accumulate_bf16(act, w2, model=model)
+    v2 = _policy_value(accumulate, "down", acc2, {"act": act, "w2": w2, **extra})
+    return ExpertStages(acc13[:, :i], acc13[:, i:], g, u, act, acc2, down_output_bf16(v2))
