@@ -42,16 +42,20 @@ def check_scale_bytes(name: str, scale: torch.Tensor) -> None:
         raise ValueError(f"{name}: E4M3 NaN scale byte 0x{byte:02X} at index {idx} (NaN scales are rejected)")
 
 
-def _check_nvfp4_matrix(prefix: str, codes, scale, lead: tuple[int | None, ...]) -> tuple[int, int]:
-    """Check codes uint8 [*lead, N, K/2] and scale [*lead, N, K/16]; return (N, K)."""
-    check_tensor(prefix, codes, dtype=torch.uint8, shape=(*lead, None, None))
+def _check_codes(name: str, codes, lead: tuple[int | None, ...]) -> tuple[int, int]:
+    """Check packed codes uint8 [*lead, N, K/2] (N >= 1, K a multiple of 16); return (N, K)."""
+    check_tensor(name, codes, dtype=torch.uint8, shape=(*lead, None, None))
     n, k = codes.shape[-2], 2 * codes.shape[-1]
-    check_multiple(prefix, n, 1, "rows")
-    check_multiple(prefix, k, BLOCK, "unpacked row length (2 x last dimension)")
-    sname = f"{prefix}_scale" if prefix != "codes" else "block_scale"
-    check_tensor(sname, scale, dtype=_SCALE_DTYPES, shape=(*codes.shape[:-1], k // BLOCK))
-    check_scale_bytes(sname, scale)
+    check_multiple(name, n, 1, "rows")
+    check_multiple(name, k, BLOCK, "unpacked row length (2 x last dimension)")
     return n, k
+
+
+def _check_scale(name: str, scale, codes: torch.Tensor) -> None:
+    """Check E4M3 scales [..., N, K/16] matching ``codes`` [..., N, K/2], without NaN bytes."""
+    k = 2 * codes.shape[-1]
+    check_tensor(name, scale, dtype=_SCALE_DTYPES, shape=(*codes.shape[:-1], k // BLOCK))
+    check_scale_bytes(name, scale)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ class NVFP4Linear:
     global_scale: torch.Tensor
 
     def __post_init__(self) -> None:
-        _check_nvfp4_matrix("codes", self.codes, self.block_scale, ())
+        _check_codes("codes", self.codes, ())
+        _check_scale("block_scale", self.block_scale, self.codes)
         check_tensor("global_scale", self.global_scale, dtype=torch.float32, shape=())
         check_same_device(codes=self.codes, block_scale=self.block_scale, global_scale=self.global_scale)
 
@@ -109,7 +114,7 @@ class NVFP4Experts:
     w2_gs: torch.Tensor
 
     def __post_init__(self) -> None:
-        two_i, h = _check_nvfp4_matrix("w13", self.w13, self.w13_scale, (None,))
+        two_i, h = _check_codes("w13", self.w13, (None,))
         e = self.w13.shape[0]
         check_multiple("w13", e, 1, "number of experts")
         if two_i % 2:
@@ -117,7 +122,8 @@ class NVFP4Experts:
         i = two_i // 2
         check_multiple("w13", i, BLOCK, "intermediate size I (half of dimension 1)")
         check_tensor("w2", self.w2, dtype=torch.uint8, shape=(e, h, i // 2))
-        _check_nvfp4_matrix("w2", self.w2, self.w2_scale, (e,))
+        _check_scale("w13_scale", self.w13_scale, self.w13)
+        _check_scale("w2_scale", self.w2_scale, self.w2)
         check_tensor("w13_gs", self.w13_gs, dtype=torch.float32, shape=(e,))
         check_tensor("w2_gs", self.w2_gs, dtype=torch.float32, shape=(e,))
         check_same_device(
