@@ -1,0 +1,143 @@
+"""Triton probes that run one sm_90 special-function instruction per element (capture/verify of reference.mufu).
+
+- ``rcp_approx_ftz_hw(x)``   ``rcp.approx.ftz.f32``   via ``tl.inline_asm_elementwise``
+- ``ex2_approx_ftz_hw(x)``   ``ex2.approx.ftz.f32``   via ``tl.inline_asm_elementwise``
+- ``rsqrt_approx_ftz_hw(x)`` ``rsqrt.approx.ftz.f32`` via ``tl.inline_asm_elementwise``
+- ``expf_libdevice_hw(x)``   ``libdevice.exp`` (``__nv_expf``) exactly as Triton 3.6 links it (nvvm-reflect ftz=1)
+
+Each takes a CUDA fp32 tensor of any shape and returns a new fp32 tensor of that shape (input untouched);
+TypeError for a non-fp32 tensor, ValueError for a non-CUDA one. Every launch pins ``enable_fp_fusion=True``
+(gpu-numerics.md: Triton 3.10 flips the default). ``probe_ptx(name)`` compiles a probe for sm_90 without a GPU
+(``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``) so CI can audit the instructions.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+__all__ = [
+    "rcp_approx_ftz_hw",
+    "ex2_approx_ftz_hw",
+    "rsqrt_approx_ftz_hw",
+    "expf_libdevice_hw",
+    "PROBES",
+    "PROBE_INSTRUCTIONS",
+    "probe_ptx",
+]
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _rcp_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=1.0)
+    y = tl.inline_asm_elementwise(
+        "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+    tl.store(y_ptr + offs, y, mask=m)
+
+
+@triton.jit
+def _ex2_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    y = tl.inline_asm_elementwise(
+        "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+    tl.store(y_ptr + offs, y, mask=m)
+
+
+@triton.jit
+def _rsqrt_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=1.0)
+    y = tl.inline_asm_elementwise(
+        "rsqrt.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+    tl.store(y_ptr + offs, y, mask=m)
+
+
+@triton.jit
+def _expf_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    tl.store(y_ptr + offs, libdevice.exp(x), mask=m)
+
+
+_KERNELS = {"rcp": _rcp_kernel, "ex2": _ex2_kernel, "rsqrt": _rsqrt_kernel, "expf": _expf_kernel}
+
+#: The PTX instruction each probe must contain (``expf``: libdevice's ftz path ends in ex2.approx.ftz.f32).
+PROBE_INSTRUCTIONS = {
+    "rcp": "rcp.approx.ftz.f32",
+    "ex2": "ex2.approx.ftz.f32",
+    "rsqrt": "rsqrt.approx.ftz.f32",
+    "expf": "ex2.approx.ftz.f32",
+}
+
+
+def _launch(name: str, x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.float32:
+        raise TypeError(f"x: dtype must be torch.float32, got {x.dtype}")
+    if x.device.type != "cuda":
+        raise ValueError(f"x: the {name} probe runs on a CUDA device, got {x.device}")
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    n = xc.numel()
+    if n:
+        grid = (triton.cdiv(n, _BLOCK),)
+        _KERNELS[name][grid](xc, y, n, BLOCK=_BLOCK, num_warps=4, enable_fp_fusion=True)
+    return y.view(x.shape)
+
+
+def rcp_approx_ftz_hw(x: torch.Tensor) -> torch.Tensor:
+    """Hardware ``rcp.approx.ftz.f32`` elementwise (CUDA fp32 [*] -> fp32 [*])."""
+    return _launch("rcp", x)
+
+
+def ex2_approx_ftz_hw(x: torch.Tensor) -> torch.Tensor:
+    """Hardware ``ex2.approx.ftz.f32`` elementwise (CUDA fp32 [*] -> fp32 [*])."""
+    return _launch("ex2", x)
+
+
+def rsqrt_approx_ftz_hw(x: torch.Tensor) -> torch.Tensor:
+    """Hardware ``rsqrt.approx.ftz.f32`` elementwise (CUDA fp32 [*] -> fp32 [*])."""
+    return _launch("rsqrt", x)
+
+
+def expf_libdevice_hw(x: torch.Tensor) -> torch.Tensor:
+    """Triton's ``libdevice.exp`` (``__nv_expf``) elementwise (CUDA fp32 [*] -> fp32 [*])."""
+    return _launch("expf", x)
+
+
+PROBES = {
+    "rcp": rcp_approx_ftz_hw,
+    "ex2": ex2_approx_ftz_hw,
+    "rsqrt": rsqrt_approx_ftz_hw,
+    "expf": expf_libdevice_hw,
+}
+
+
+def probe_ptx(name: str, arch: int = 90) -> str:
+    """PTX of probe ``name`` ("rcp", "ex2", "rsqrt", "expf") compiled for sm_``arch`` (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(
+        fn=_KERNELS[name],
+        signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"},
+        constexprs={"BLOCK": _BLOCK},
+    )
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": True, "num_warps": 4}
+    )
+    return compiled.asm["ptx"]
