@@ -54,7 +54,9 @@ def _round(q: Fraction, mant_bits: int, mode: str = "rn") -> float:
 
 
 def rn32(q: Fraction | float) -> float:
-    """RN binary32 of an exact rational (or float64)."""
+    """RN binary32 of an exact rational (or float64; float zeros, inf and NaN pass through)."""
+    if isinstance(q, float) and (q == 0 or not math.isfinite(q)):
+        return q
     return _round(Fraction(q), 23)
 
 
@@ -64,7 +66,7 @@ def rz32(q: Fraction | float) -> float:
 
 def bf16(q: Fraction | float) -> float:
     """RN bfloat16 (subnormals kept) of an exact rational or float; NaN / inf pass through."""
-    if isinstance(q, float) and not math.isfinite(q):
+    if isinstance(q, float) and (q == 0 or not math.isfinite(q)):
         return q
     return _round(Fraction(q), 7)
 
@@ -133,3 +135,27 @@ def mufu_tables_present() -> bool:
 def scalar(fn, v: float) -> float:
     """Apply a tensor function to one fp32 value."""
     return float(fn(torch.tensor([v], dtype=torch.float32))[0])
+
+
+def mul32(a: float, b: float) -> float:
+    """IEEE binary32 a*b for binary32 a, b: exact rational product rounded once; zeros / inf / NaN by float
+    arithmetic (float64 gives the same signs and specials)."""
+    if a == 0 or b == 0 or not (math.isfinite(a) and math.isfinite(b)):
+        return a * b
+    return rn32(Fraction(a) * Fraction(b))
+
+
+def add32(a: float, b: float) -> float:
+    """IEEE binary32 a+b (exact zero sums: +0 unless both operands are -0, as float arithmetic does)."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return a + b
+    q = Fraction(a) + Fraction(b)
+    return a + b if q == 0 else rn32(q)
+
+
+def div32(a: float, b: float) -> float:
+    if a == 0 or b == 0 or not (math.isfinite(a) and math.isfinite(b)):
+        if b == 0:
+            return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
+        return a / b
+    return rn32(Fraction(a) / Fraction(b))
