@@ -3,7 +3,7 @@
 Public functions (all device-agnostic: CPU or CUDA tensors of any shape, result on the input's device with the
 input's shape, inputs never modified, vectorised):
 
-- ``rcp_approx_ftz(x)``   PTX ``rcp.approx.ftz.f32``   (PTX ISA 9.7.3.x "rcp.approx", floating-point instructions)
+- ``rcp_approx_ftz(x)``   PTX ``rcp.approx.ftz.f32``   (PTX ISA section 9.7.3, floating-point instructions: "rcp")
 - ``ex2_approx_ftz(x)``   PTX ``ex2.approx.ftz.f32``   (PTX ISA "ex2")
 - ``rsqrt_approx_ftz(x)`` PTX ``rsqrt.approx.ftz.f32`` (PTX ISA "rsqrt")
 - ``expf_libdevice(x)``   CUDA libdevice ``__nv_expf`` as Triton 3.6 links it (nvvm-reflect ftz=1) for inputs
@@ -26,9 +26,12 @@ H200 by ``python -m flint_moe.tools.mufu verify``, report in ``reports/gpu/mufu-
   j = fraction index; result = T_pos[j] * 2^ip for x >= 0 (incl. +0), T_neg[j] * 2^-ip for x < 0 (incl. -0),
   with T_pos[j] = exp2_rn(j 2^-23) + d_pos[j], T_neg[j] = exp2_rn(-j 2^-23) + d_neg[j]; results below 2^-126
   flush to +0, results >= 2^128 are +inf, NaN -> NaN (so +inf -> +inf, -inf -> +0).
-- expf: exp_rn(x) (correctly rounded e^x, subnormal results kept) except at a list of bf16 inputs captured on the
-  H200, where the table holds the hardware's fp32 bits. Whether libdevice flushes results below 2^-126 is
-  whatever the hardware did: those inputs are in the exception list if it did (see the tables' json).
+- expf: exp_rn(x) (correctly rounded e^x) except at 2,372 of the 65,536 bf16 inputs, listed with the hardware's
+  fp32 bits (measured on the H200: 844 are 1 ulp below, 1,527 are 1 ulp above, e^42.25 is 2 ulp above).
+  Subnormal results are NOT flushed: Triton's __nv_expf (ftz path) ends in a non-ftz ``mul.f32`` by 2^k, and the
+  33 bf16 inputs with results below 2^-126 all give the correctly rounded subnormal (tables' json, "expf"). This
+  differs from flint-rule.md step 3's "results below 2^-126 become 0"; it cannot change the rule's scores
+  (1 + tiny = 1), and the emulation follows the hardware.
 
 Correctly rounded bases and why they are bit-identical on CPU and CUDA:
 
@@ -419,7 +422,7 @@ def expf_libdevice(x: torch.Tensor) -> torch.Tensor:
     """CUDA libdevice ``__nv_expf`` (as Triton 3.6 links it, ftz) on bf16 values, bit for bit.
 
     fp32 [*] holding bf16 values, or bf16 [*] -> fp32 [*]. A 65,536-entry table: exp_rn plus the captured
-    exception list. TypeError for another dtype; ValueError naming ``x`` if an fp32 value is not a bf16 value.
+    exception list; subnormal results are kept (measured, module docstring). TypeError for another dtype; ValueError naming ``x`` if an fp32 value is not a bf16 value.
     NaN -> NaN. Source: rule step 3 (flint-rule.md), gpu-numerics.md.
     """
     xf, idx = _bf16_index("x", x)

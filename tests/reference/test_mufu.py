@@ -106,9 +106,12 @@ def test_delta_counts_match_notes_and_json() -> None:
     assert pos[-1] == 3_093 and pos[1] == 3_259_640  # gpu-numerics.md
     assert set(pos) == {-1, 0, 1}
     neg = _counts(_deltas("ex2_neg"))
-    assert sorted(v for k, v in neg.items() if k != 0) == sorted([86_537, 4_959_061, 75])  # gpu-numerics.md
-    assert set(_counts(_deltas("rcp"))) <= {-1, 0, 1}
-    assert set(_counts(_deltas("rsqrt"))) <= {-2, -1, 0, 1}
+    assert {k: v for k, v in neg.items() if k != 0} == {-2: 86_537, -1: 4_959_061, 1: 75}  # gpu-numerics.md
+    # captured on the H200 (mufu_tables.json); the notes give only the value sets
+    rcp = _counts(_deltas("rcp"))
+    assert {k: v for k, v in rcp.items() if k != 0} == {-1: 374_723, 1: 733_799}
+    rsq = _counts(_deltas("rsqrt"))
+    assert {k: v for k, v in rsq.items() if k != 0} == {-2: 8, -1: 2_344_391, 1: 1_289_731}
     for name in ("rcp", "rsqrt", "ex2_pos", "ex2_neg"):
         assert {str(k): v for k, v in _counts(_deltas(name)).items()} == META["deltas"][name]
 
@@ -236,10 +239,12 @@ def test_expf_exception_counts() -> None:
     x = mufu.canonical_inputs("expf")[torch.from_numpy(idx)]
     base = mufu.exp_rn(x)
     d = torch.from_numpy(hw.view(np.int32)).to(torch.int64) - base.view(torch.int32).to(torch.int64)
-    normal = base.abs() >= TINY
-    # gpu-numerics.md: 2,372 results 1 ulp off (1,528 above, 844 below)
-    assert int(normal.sum()) == 2_372
-    assert int((d[normal] == 1).sum()) == 1_528 and int((d[normal] == -1).sum()) == 844
+    # gpu-numerics.md: 2,372 results off correctly rounded e^x, 1,528 above and 844 below. Measured: all are
+    # 1 ulp off except e^42.25, 2 ulp above; none has a subnormal result (libdevice keeps those, rounded right).
+    assert int((base.abs() >= TINY).sum()) == 2_372 == idx.size
+    assert {int(k): int(v) for k, v in zip(*torch.unique(d, return_counts=True))} == {-1: 844, 1: 1_527, 2: 1}
+    assert float(x[d == 2]) == 42.25
+    assert e["subnormal_results_kept_by_hw"] == 33 and e["exceptions_subnormal_or_zero_base"] == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -342,7 +347,8 @@ def test_override_lists_cover_every_near_midpoint_input() -> None:
         dn = np.nextafter(r32, np.float32(-INF)).astype(np.float64)
         m = mufu.OVERRIDE_MARGIN
         ok = np.isfinite(v) & np.isfinite(r) & np.isfinite(up)
-        return ok & ((np.abs(v - (r + up) / 2) < m * (up - r)) | (np.abs(v - (r + dn) / 2) < m * (r - dn)))
+        with np.errstate(invalid="ignore"):
+            return ok & ((np.abs(v - (r + up) / 2) < m * (up - r)) | (np.abs(v - (r + dn) / 2) < m * (r - dn)))
 
     c = mufu.canonical_inputs("rsqrt").double()
     cand = np.flatnonzero(near((1.0 / torch.sqrt(c)).numpy()))
