@@ -14,6 +14,7 @@ from flint_moe.reference._checks import check_tensor
 __all__ = [
     "SCALE_DTYPES",
     "DEFAULT_SCRATCH_BYTES",
+    "GATHER_CHUNK_BYTES",
     "round_up",
     "wide_view",
     "check_codes",
@@ -26,6 +27,10 @@ __all__ = [
 
 #: Scratch budget of the in-place / grouped conversions (bytes). At least one expert is always processed.
 DEFAULT_SCRATCH_BYTES = 256 << 20
+
+#: Out-of-place gathers also run over groups of experts of about this many bytes: one huge strided
+#: ``index_select`` over all experts is 10-25x slower on the CPU than the same work in cache-sized groups.
+GATHER_CHUNK_BYTES = 32 << 20
 
 SCALE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 
@@ -94,7 +99,9 @@ def gather_rows(
         out = torch.empty((E, rows.numel(), *tail), dtype=src.dtype, device=src.device)
     out_flat = out.view(E, rows.numel(), -1)
     pad, idx = _dst_src(rows.to(device=src.device, dtype=torch.long))
-    torch.index_select(wide_view(flat), 1, idx, out=wide_view(out_flat))
+    src_w, out_w = wide_view(flat), wide_view(out_flat)
+    for s, e in expert_groups(E, out[0].numel() * out.element_size(), GATHER_CHUNK_BYTES):
+        torch.index_select(src_w[s:e], 1, idx, out=out_w[s:e])
     if pad is not None:
         out_flat.view(torch.uint8).view(E, rows.numel(), -1).index_fill_(1, pad, fill)
     return out
@@ -107,7 +114,7 @@ def gather_rows_inplace(t: torch.Tensor, rows: torch.Tensor, scratch_bytes: int 
     per = t[0].numel() * t.element_size()
     idx = rows.to(device=t.device, dtype=torch.long)
     flat = wide_view(t.view(E, t.shape[1], -1))
-    groups = expert_groups(E, per, scratch_bytes)
+    groups = expert_groups(E, per, min(scratch_bytes, GATHER_CHUNK_BYTES))
     g = groups[0][1] - groups[0][0]
     scratch = torch.empty((g, *flat.shape[1:]), dtype=flat.dtype, device=t.device)
     for s, e in groups:

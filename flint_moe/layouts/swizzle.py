@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.layouts._core import DEFAULT_SCRATCH_BYTES, SCALE_DTYPES, expert_groups, round_up
+from flint_moe.layouts._core import (
+    DEFAULT_SCRATCH_BYTES,
+    GATHER_CHUNK_BYTES,
+    SCALE_DTYPES,
+    expert_groups,
+    round_up,
+)
 from flint_moe.reference._checks import check_tensor
 
 __all__ = ["swizzled_scale_shape", "swizzle_block_scales", "mma_view", "mma_view_storage"]
@@ -77,7 +83,7 @@ def swizzle_block_scales(
     out = torch.empty((E, Mp, Kp), dtype=torch.uint8, device=scale.device)
     valid = (rows >= 0).nonzero().flatten()
     simple = Kp == C and R == Mp and valid.numel() == R
-    groups = expert_groups(E, Mp * Kp, scratch_bytes)
+    groups = expert_groups(E, Mp * Kp, min(scratch_bytes, GATHER_CHUNK_BYTES))
     g = groups[0][1] - groups[0][0]
     scratch = torch.empty((g, Mp, Kp), dtype=torch.uint8, device=scale.device)
     for s, e in groups:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.layouts._core import DEFAULT_SCRATCH_BYTES, expert_groups
+from flint_moe.layouts._core import DEFAULT_SCRATCH_BYTES, GATHER_CHUNK_BYTES, expert_groups
 from flint_moe.layouts.rows import invert_rows, shuffle_rows, w13_rows_trtllm_gated
 from flint_moe.reference._checks import check_same_device, check_tensor
 
@@ -64,11 +64,13 @@ def block_major_k(
     if not inplace:
         if out is None:
             out = torch.empty(shape, dtype=w.dtype, device=w.device)
-        torch.index_select(blocked, 2, idx, out=out.view(iv))
+        out_i = out.view(iv)
+        for s, e in expert_groups(E, M * K * w.element_size(), GATHER_CHUNK_BYTES):
+            torch.index_select(blocked[s:e], 2, idx, out=out_i[s:e])
         return out
     if not w.is_contiguous():
         raise ValueError(f"{name}: must be contiguous for inplace=True")
-    groups = expert_groups(E, M * K * w.element_size(), scratch_bytes)
+    groups = expert_groups(E, M * K * w.element_size(), min(scratch_bytes, GATHER_CHUNK_BYTES))
     g = groups[0][1] - groups[0][0]
     scratch = torch.empty((g, *shape[1:]), dtype=iv, device=w.device)
     flat = w.view(iv).view(E, -1)
