@@ -6,7 +6,7 @@ on CPU or CUDA (the output is on the input's device), and never modifies its inp
 Sources: IEEE 754-2019 (roundTiesToEven, binary32); the bfloat16 format (binary32 with the low 16 bits
 dropped); OCP 8-bit Floating Point spec v1.0 (E4M3 "fn": bias 7, no infinity, NaN = S.1111.111, max 448,
 min subnormal 2^-9); OCP Microscaling spec v1.0 / PTX ISA "Floating point data types" (E2M1: bias 1, values
-0, 0.5, 1, 1.5, 2, 3, 4, 6, code bit 3 = sign); Flint rule (docs: flint-rule.md) "Inputs" for the packing
+0, 0.5, 1, 1.5, 2, 3, 4, 6, code bit 3 = sign); the Flint rule (docs/numerics.md) "Inputs" for the packing
 (two codes per byte, low nibble = even element).
 
 Errors: ``TypeError`` for a wrong dtype, ``ValueError`` for a bad shape or value; messages start with the
@@ -48,7 +48,7 @@ _QUIET = 0x00400000
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
-    """Row-major index of the first True element of a non-empty-true ``mask``."""
+    """Row-major index of the first True element of ``mask`` (which has at least one)."""
     return tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
 
 

@@ -27,6 +27,7 @@ from .formats import (
     E4M3_MAX,
     E4M3_MIN_SUBNORMAL,
     _e2m1_magnitude_code,
+    _first_index,
     e2m1_to_float,
     e4m3_bytes,
     e4m3_to_float,
@@ -37,10 +38,6 @@ from .formats import (
 from .weights import BLOCK, BF16Experts, NVFP4Experts, check_scale_bytes
 
 __all__ = ["quantize_nvfp4", "dequantize_nvfp4", "quantize_experts", "global_scale_of"]
-
-
-def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
-    return tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
 
 
 def _check_weight(name: str, w: object) -> torch.Tensor:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import check_multiple, check_same_device, check_tensor
-from .formats import e4m3_bytes, e4m3_nan_mask
+from .formats import _first_index, e4m3_bytes, e4m3_nan_mask
 
 __all__ = ["NVFP4Linear", "NVFP4Experts", "BF16Experts", "scale_bytes", "check_scale_bytes"]
 
@@ -37,7 +37,7 @@ def check_scale_bytes(name: str, scale: torch.Tensor) -> None:
     """
     nan = e4m3_nan_mask(e4m3_bytes(name, scale))
     if bool(nan.any()):
-        idx = tuple(int(i) for i in torch.nonzero(nan)[0].tolist())
+        idx = _first_index(nan)
         byte = int(e4m3_bytes(name, scale)[idx])
         raise ValueError(f"{name}: E4M3 NaN scale byte 0x{byte:02X} at index {idx} (NaN scales are rejected)")
 
