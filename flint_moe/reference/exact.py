@@ -293,8 +293,9 @@ def dot_accumulate_rows(
     Args:
         a: bf16 or fp32 [M, K], the activations.
         rows: ``rows(start, stop)`` returns float64 [stop - start, K] holding binary32-representable values
-            (the chunk of B); called for consecutive chunks of about 2^24 elements (memory: a few float64
-            copies of one chunk).
+            (the chunk of B), or a tuple ``(values, all_finite: bool, row_min)`` where ``row_min`` float64
+            [stop - start] is a lower bound on each row's smallest non-zero |value| (saves two passes);
+            called for consecutive chunks of about 2^24 elements (memory: a few float64 copies of a chunk).
         n_rows: number of rows N of B.
         model: the kernel's summation model (default :data:`FP32_RN`).
         narrow_products: True when every product of an ``a`` value and a B value has at most 24 significant
@@ -319,14 +320,19 @@ def dot_accumulate_rows(
     exact_parts, s_parts, eta_parts = [], [], []
     for start in range(0, n_rows, chunk):
         stop = min(n_rows, start + chunk)
-        b64 = rows(start, stop)
-        b_fin = torch.isfinite(b64)
-        b_all_finite = bool(b_fin.all())
-        b0 = b64 if b_all_finite else torch.where(b_fin, b64, 0.0)
+        got = rows(start, stop)
+        if isinstance(got, tuple):  # (values, all finite, lower bound on each row's smallest non-zero |value|)
+            b64, b_all_finite, b_min = got
+        else:
+            b64, b_all_finite, b_min = got, None, None
+        if b_all_finite is None:
+            b_all_finite = bool(torch.isfinite(b64).all())
+        b0 = b64 if b_all_finite else torch.where(torch.isfinite(b64), b64, 0.0)
         ex = a0 @ b0.T
         s_hat = a_abs @ b0.abs().T
         if narrow_products and model.block is None:
-            tiny = (a_min[:, None] * _min_nonzero_abs(b0)[None, :]) < _FP32_MIN_NORMAL
+            b_min = _min_nonzero_abs(b0) if b_min is None else b_min
+            tiny = (a_min[:, None] * b_min[None, :]) < _FP32_MIN_NORMAL
             eta = tiny & (s_hat > 0)
         else:
             eta = s_hat > 0

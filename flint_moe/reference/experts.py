@@ -7,6 +7,7 @@ fp32 arithmetic: separate torch float32 ops, each one IEEE round-to-nearest-even
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ import torch
 
 from ._checks import check_multiple, check_same_device, check_tensor
 from .exact import FP32_RN, Accumulation, SummationModel, dot_accumulate, dot_accumulate_rows, round_exact
-from .formats import bits_to_f32, e2m1_to_float, e4m3_to_float, to_bf16, unpack_e2m1
+from .formats import E2M1_VALUES, bits_to_f32, e4m3_to_float, to_bf16
 from .weights import BLOCK, check_scale_bytes, scale_bytes
 
 __all__ = [
@@ -52,11 +53,19 @@ def _check_nvfp4(codes_name: str, codes: torch.Tensor, scale_name: str, scale: t
     return n, k
 
 
+def _byte_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 2]: the E2M1 values of the low (even element) and high nibble of each packed byte."""
+    v = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+    b = torch.arange(256, device=device)
+    return torch.stack((v[b & 15], v[b >> 4]), dim=1)
+
+
 def _dequant_rows(codes: torch.Tensor, scale: torch.Tensor, start: int, stop: int, dtype) -> torch.Tensor:
-    c = e2m1_to_float(unpack_e2m1(codes[start:stop])).to(dtype)
+    rows = codes[start:stop]
+    c = _byte_table(dtype, codes.device)[rows.long()]  # [r, K/2, 2]: unpacked, low nibble first
     s = e4m3_to_float(scale_bytes(scale[start:stop])).to(dtype)
-    w = c.view(c.shape[0], -1, BLOCK) * s[:, :, None]  # exact: <= 6 significant bits, in [2^-10, 2688]
-    return w.view(c.shape[0], -1)
+    w = c.view(rows.shape[0], -1, BLOCK) * s[:, :, None]  # exact: <= 6 significant bits, in [2^-10, 2688]
+    return w.view(rows.shape[0], -1)
 
 
 def dequant_nvfp4(codes: torch.Tensor, scale: torch.Tensor, *, names: tuple[str, str] = ("codes", "scale")):
@@ -75,8 +84,12 @@ def _nvfp4_accumulate(x, x_name, codes, codes_name, scale, scale_name, model) ->
     check_tensor(x_name, x, dtype=torch.bfloat16, shape=(None, k))
     check_same_device(**{x_name: x, codes_name: codes})
 
-    def rows(i: int, j: int) -> torch.Tensor:
-        return _dequant_rows(codes, scale, i, j, torch.float64)
+    def rows(i: int, j: int) -> tuple[torch.Tensor, bool, torch.Tensor]:
+        # NVFP4 weights are finite (NaN scale bytes rejected); a non-zero |W| is >= 0.5 * |scale| >= 0.5 *
+        # (the row's smallest non-zero |scale|), a lower bound for the underflow refinement.
+        s = e4m3_to_float(scale_bytes(scale[i:j])).to(torch.float64).abs()
+        s_min = torch.where(s > 0, s, math.inf).amin(dim=1) * 0.5
+        return _dequant_rows(codes, scale, i, j, torch.float64), True, s_min
 
     return dot_accumulate_rows(x, rows, n, model=model, narrow_products=True, name=x_name)
 
