@@ -1,9 +1,9 @@
-"""Triton probes that run one sm_90 special-function instruction per element (capture/verify of reference.mufu).
+"""Triton probes running one sm_90 special-function instruction per element (for reference.mufu).
 
 - ``rcp_approx_ftz_hw(x)``   ``rcp.approx.ftz.f32``   via ``tl.inline_asm_elementwise``
 - ``ex2_approx_ftz_hw(x)``   ``ex2.approx.ftz.f32``   via ``tl.inline_asm_elementwise``
 - ``rsqrt_approx_ftz_hw(x)`` ``rsqrt.approx.ftz.f32`` via ``tl.inline_asm_elementwise``
-- ``expf_libdevice_hw(x)``   ``libdevice.exp`` (``__nv_expf``) exactly as Triton 3.6 links it (nvvm-reflect ftz=1)
+- ``expf_libdevice_hw(x)``   ``libdevice.exp`` (``__nv_expf``) as Triton 3.6 links it (nvvm-reflect ftz=1)
 
 Each takes a CUDA fp32 tensor of any shape and returns a new fp32 tensor of that shape (input untouched);
 TypeError for a non-fp32 tensor, ValueError for a non-CUDA one. Every launch pins ``enable_fp_fusion=True``

@@ -1,60 +1,62 @@
 """Bit-exact emulation of four sm_90 special functions, in pure PyTorch (rule steps 3, 7 and 11).
 
-Public functions (all device-agnostic: CPU or CUDA tensors of any shape, result on the input's device with the
-input's shape, inputs never modified, vectorised):
+Public functions (all device-agnostic: CPU or CUDA tensors of any shape, result on the input's device with
+the input's shape, inputs never modified, vectorised):
 
-- ``rcp_approx_ftz(x)``   PTX ``rcp.approx.ftz.f32``   (PTX ISA section 9.7.3, floating-point instructions: "rcp")
-- ``ex2_approx_ftz(x)``   PTX ``ex2.approx.ftz.f32``   (PTX ISA "ex2")
-- ``rsqrt_approx_ftz(x)`` PTX ``rsqrt.approx.ftz.f32`` (PTX ISA "rsqrt")
-- ``expf_libdevice(x)``   CUDA libdevice ``__nv_expf`` as Triton 3.6 links it (nvvm-reflect ftz=1) for inputs
-  that are bf16 values (rule step 3 only ever feeds it widened bf16 logits).
+- ``rcp_approx_ftz(x)``   PTX ``rcp.approx.ftz.f32``   (PTX ISA section 9.7.3, floating-point: "rcp")
+- ``ex2_approx_ftz(x)``   PTX ``ex2.approx.ftz.f32``   (PTX ISA section 9.7.3, "ex2")
+- ``rsqrt_approx_ftz(x)`` PTX ``rsqrt.approx.ftz.f32`` (PTX ISA section 9.7.3, "rsqrt")
+- ``expf_libdevice(x)``   CUDA libdevice ``__nv_expf`` as Triton 3.6 links it (nvvm-reflect ftz=1), for
+  inputs that are bf16 values (rule step 3 only ever feeds it widened bf16 logits)
 
 and their correctly rounded bases ``rcp_rn``, ``rsqrt_rn``, ``exp2_rn``, ``exp_rn``.
 
-Model (docs: /work/shared/notes/gpu-numerics.md, "Measured on the project's H200"; verified exhaustively on the
-H200 by ``python -m flint_moe.tools.mufu verify``, report in ``reports/gpu/mufu-verify.txt``):
+Model (source: /work/shared/notes/gpu-numerics.md, "Measured on the project's H200"; verified on all 2^32
+inputs on the H200 by ``python -m flint_moe.tools.mufu verify``, report ``reports/gpu/mufu-verify.txt``):
 
 - Each instruction = a correctly rounded base evaluated on a small canonical domain + a table of ulp deltas
   (hardware bits minus base bits, as integers) + exponent arithmetic + ftz / special-case handling.
-- rcp: for a normal x = (1.f) * 2^e the result is T[f] * 2^-e with T[f] = rcp_rn(1.f) + d_rcp[f] (2^23 entries,
-  d in {-1, 0, +1}); rcp(-x) = -rcp(x); subnormal inputs are flushed (rcp(+-subnormal) = +-inf, rcp(+-0) = +-inf),
-  results below 2^-126 flush to sign-preserving zero, rcp(+-inf) = +-0, NaN -> NaN.
+- rcp: for a normal x = (1.f) * 2^e the result is T[f] * 2^-e with T[f] = rcp_rn(1.f) + d_rcp[f]
+  (2^23 entries, d in {-1, 0, +1}); rcp(-x) = -rcp(x); subnormal inputs are flushed
+  (rcp(+-subnormal) = rcp(+-0) = +-inf), results below 2^-126 flush to sign-preserving zero,
+  rcp(+-inf) = +-0, NaN -> NaN.
 - rsqrt: x = c * 4^k with c in [1, 4); result = T[c] * 2^-k with T = rsqrt_rn(c) + d_rsqrt (2^24 entries:
-  index = mantissa for c in [1, 2), 2^23 + mantissa for c in [2, 4); d in {-2, -1, 0, +1}). Negative x -> NaN,
-  +-0 and +-subnormal -> +-inf, +inf -> +0, -inf -> NaN, NaN -> NaN.
+  index = mantissa for c in [1, 2), 2^23 + mantissa for c in [2, 4); d in {-2, -1, 0, +1}).
+  Negative x -> NaN, +-0 and +-subnormal -> +-inf, +inf -> +0, -inf -> NaN, NaN -> NaN.
 - ex2: a = |x| truncated toward zero to 23 fraction bits (subnormal x counts as 0); ip = integer part,
-  j = fraction index; result = T_pos[j] * 2^ip for x >= 0 (incl. +0), T_neg[j] * 2^-ip for x < 0 (incl. -0),
-  with T_pos[j] = exp2_rn(j 2^-23) + d_pos[j], T_neg[j] = exp2_rn(-j 2^-23) + d_neg[j]; results below 2^-126
-  flush to +0, results >= 2^128 are +inf, NaN -> NaN (so +inf -> +inf, -inf -> +0).
-- expf: exp_rn(x) (correctly rounded e^x) except at 2,372 of the 65,536 bf16 inputs, listed with the hardware's
-  fp32 bits (measured on the H200: 844 are 1 ulp below, 1,527 are 1 ulp above, e^42.25 is 2 ulp above).
-  Subnormal results are NOT flushed: Triton's __nv_expf (ftz path) ends in a non-ftz ``mul.f32`` by 2^k, and the
-  33 bf16 inputs with results below 2^-126 all give the correctly rounded subnormal (tables' json, "expf"). This
-  differs from flint-rule.md step 3's "results below 2^-126 become 0"; it cannot change the rule's scores
-  (1 + tiny = 1), and the emulation follows the hardware.
+  j = fraction index; result = T_pos[j] * 2^ip for x >= 0 (incl. +0), T_neg[j] * 2^-ip for x < 0
+  (incl. -0), with T_pos[j] = exp2_rn(j 2^-23) + d_pos[j], T_neg[j] = exp2_rn(-j 2^-23) + d_neg[j];
+  results below 2^-126 flush to +0, results >= 2^128 are +inf, NaN -> NaN (so +inf -> +inf, -inf -> +0).
+- expf: exp_rn(x) (correctly rounded e^x) except at 2,372 of the 65,536 bf16 inputs, listed with the
+  hardware's fp32 bits (measured on the H200: 844 are 1 ulp below, 1,527 are 1 ulp above, e^42.25 is
+  2 ulp above). Subnormal results are NOT flushed: Triton's __nv_expf (ftz path) ends in a non-ftz
+  ``mul.f32`` by 2^k, and the 33 bf16 inputs with results below 2^-126 all give the correctly rounded
+  subnormal (tables' json, "expf"). This differs from flint-rule.md step 3's "results below 2^-126
+  become 0"; it cannot change the rule's scores (1 + tiny = 1), and the emulation follows the hardware.
 
 Correctly rounded bases and why they are bit-identical on CPU and CUDA:
 
 - ``rcp_rn(x)`` is IEEE fp32 division ``1 / x`` (correctly rounded on both devices; no fp64 involved).
-- ``rsqrt_rn(x)`` = RN32(1 / sqrt(f64(x))), both fp64 operations IEEE (correctly rounded on both devices, so the
-  f64 value, and hence its single rounding to fp32, is identical on both); total error < 1.5 ulp64.
+- ``rsqrt_rn(x)`` = RN32(1 / sqrt(f64(x))); both fp64 operations are IEEE (correctly rounded on both
+  devices, so the f64 value, and hence its single rounding to fp32, is identical); error < 1.5 ulp64.
 - ``exp2_rn`` / ``exp_rn`` = RN32(f64 libm exp2 / exp), error < 2 ulp64 on both devices' libms.
-- Then an override list: every canonical-domain input whose f64 value (on CPU or on CUDA, at capture time) lies
-  within ``OVERRIDE_MARGIN`` = 2^-20 fp32-ulp of an fp32 rounding midpoint is resolved exactly at table-build
-  time (Python ``decimal``, 60 digits, nearest of three fp32 candidates, with a guard that the exact value is
-  more than 1e-45 relative away from the midpoint; no ties are possible since these values are irrational, and
-  for rsqrt a tie would need 1/m^2 to be dyadic) and its correct fp32 bits are stored with the tables. Outside
-  that list an f64 value lies more than 2^-20 fp32-ulp = 512 ulp64 from every midpoint, so an f64 error below
-  2 ulp64 cannot change the rounding: RN32 is correct and the same on both devices. The verify command checks
-  the bases bit for bit on CPU vs CUDA over every canonical input.
+- Then an override list: every canonical-domain input whose f64 value (on CPU or on CUDA, at capture time)
+  lies within ``OVERRIDE_MARGIN`` = 2^-20 fp32-ulp of an fp32 rounding midpoint is resolved exactly at
+  table-build time (Python ``decimal``, 60 digits, nearest of three fp32 candidates, with a guard that the
+  exact value is more than 1e-45 relative away from the midpoint; no ties are possible since these values
+  are irrational, and for rsqrt a tie would need 1/m^2 to be dyadic) and its correct fp32 bits are stored
+  with the tables. Outside that list an f64 value lies more than 2^-20 fp32-ulp = 512 ulp64 from every
+  midpoint, so an f64 error below 2 ulp64 cannot change the rounding: RN32 is correct and the same on both
+  devices. The verify command checks the bases bit for bit on CPU vs CUDA over every canonical input.
 - fp64 -> fp32 conversion is one IEEE round-to-nearest-even (``Tensor.to(torch.float32)``), subnormals kept.
 
-Tables: ``data/mufu_tables.npz`` (np.savez_compressed; deltas stored as 2-bit codes ``delta + 2``, four per byte,
-element 4i in bits 0-1) with provenance in ``data/mufu_tables.json``; captured on the H200 by
+Tables: ``data/mufu_tables.npz`` (np.savez_compressed; deltas stored as 2-bit codes ``delta + 2``, four per
+byte, element 4i in bits 0-1) with provenance in ``data/mufu_tables.json``; captured on the H200 by
 ``python -m flint_moe.tools.mufu capture``. They are expanded lazily, once per function and device.
 
-Errors: ``TypeError`` when an argument is not a tensor of the accepted dtype; ``ValueError`` when ``expf_libdevice``
-or ``exp_rn`` gets a value that is not a bf16 value, or ``exp2_rn`` one outside its domain. Messages name the tensor.
+Errors: ``TypeError`` when an argument is not a tensor of the accepted dtype; ``ValueError`` when
+``expf_libdevice`` or ``exp_rn`` gets a value that is not a bf16 value, or ``exp2_rn`` one outside its
+domain. Messages name the tensor.
 
 This module imports torch, numpy and the standard library only (never triton).
 """
@@ -87,7 +89,7 @@ __all__ = [
     "canonical_inputs",
 ]
 
-#: An f64 base value within this many fp32-ulps of an fp32 rounding midpoint is resolved exactly (override list).
+#: An f64 base value within this many fp32-ulps of a rounding midpoint is resolved exactly (override list).
 OVERRIDE_MARGIN = 2.0**-20
 #: The committed tables.
 DEFAULT_TABLES = Path(__file__).with_name("data") / "mufu_tables.npz"
@@ -102,12 +104,12 @@ _lock = threading.Lock()
 _state: dict = {"path": DEFAULT_TABLES, "npz": None, "cache": {}}
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # table file handling
 
 
 def use_tables(path: str | Path | None = None) -> Path:
-    """Select the ``.npz`` table file (``None``: the committed default) and drop cached expansions; returns it.
+    """Select the ``.npz`` table file (``None``: the committed default), drop cached expansions; return it.
 
     Used by the capture/verify tool to check freshly captured tables before they are committed.
     """
@@ -129,7 +131,8 @@ def _npz() -> dict[str, np.ndarray]:
             path = _state["path"]
             if not path.exists():
                 raise FileNotFoundError(
-                    f"mufu tables not found at {path}: run `python -m flint_moe.tools.mufu capture` on the GPU"
+                    f"mufu tables not found at {path}: "
+                    "run `python -m flint_moe.tools.mufu capture` on the GPU"
                 )
             with np.load(path, allow_pickle=False) as z:
                 _state["npz"] = {k: z[k] for k in z.files}
@@ -157,7 +160,7 @@ def unpack_deltas(packed: np.ndarray) -> np.ndarray:
     return c.astype(np.int8) - 2
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # helpers
 
 
@@ -176,8 +179,9 @@ def _as_f32(name: str, x: object) -> torch.Tensor:
 def canonical_inputs(name: str, device: torch.device | str = "cpu") -> torch.Tensor:
     """The fp32 inputs of a table's canonical domain, in table order.
 
-    ``"rcp"``: 1 + j 2^-23 (2^23); ``"rsqrt"``: 1 + j 2^-23 then 2 + j 2^-22 (2^24); ``"ex2_pos"`` / ``"ex2_neg"``:
-    +-j 2^-23 (2^23 each; ex2_neg[0] is -0.0); ``"expf"``: all 65,536 bf16 bit patterns widened to fp32.
+    ``"rcp"``: 1 + j 2^-23 (2^23); ``"rsqrt"``: 1 + j 2^-23 then 2 + j 2^-22 (2^24);
+    ``"ex2_pos"`` / ``"ex2_neg"``: +-j 2^-23 (2^23 each; ex2_neg[0] is -0.0); ``"expf"``: all 65,536 bf16
+    bit patterns widened to fp32.
     """
     dev = torch.device(device)
     j = torch.arange(_N23, dtype=torch.int32, device=dev)
@@ -195,7 +199,9 @@ def canonical_inputs(name: str, device: torch.device | str = "cpu") -> torch.Ten
     raise ValueError(f"name: unknown canonical domain {name!r}")
 
 
-def _apply_overrides(result_bits: torch.Tensor, keys: torch.Tensor, ov_keys: str, ov_bits: str) -> torch.Tensor:
+def _apply_overrides(
+    result_bits: torch.Tensor, keys: torch.Tensor, ov_keys: str, ov_bits: str
+) -> torch.Tensor:
     """Where ``keys`` is in the stored override list, replace ``result_bits`` by the stored correct bits."""
     z = _npz()
     okeys = torch.from_numpy(z[ov_keys].astype(np.int64)).to(keys.device)
@@ -207,7 +213,7 @@ def _apply_overrides(result_bits: torch.Tensor, keys: torch.Tensor, ov_keys: str
     return torch.where(hit, obits[pos].to(torch.int32), result_bits)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # correctly rounded bases
 
 
@@ -226,7 +232,10 @@ def _raw_base(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def rcp_rn(x: torch.Tensor) -> torch.Tensor:
-    """Correctly rounded fp32 1/x (IEEE division, subnormals kept): fp32 [*] -> fp32 [*]. TypeError if not fp32."""
+    """Correctly rounded fp32 1/x (IEEE division, subnormals kept): fp32 [*] -> fp32 [*].
+
+    TypeError if ``x`` is not an fp32 tensor.
+    """
     x = _as_f32("x", x)
     return torch.ones_like(x) / x
 
@@ -234,8 +243,9 @@ def rcp_rn(x: torch.Tensor) -> torch.Tensor:
 def rsqrt_rn(x: torch.Tensor) -> torch.Tensor:
     """Correctly rounded fp32 1/sqrt(x) for any fp32 x: fp32 [*] -> fp32 [*].
 
-    IEEE special cases: +-0 -> +-inf, x < 0 (incl. -inf) -> NaN, +inf -> +0, NaN -> NaN; subnormal x is used as is.
-    Computed as RN32(1 / sqrt(f64 x)) plus the stored override list (module docstring). TypeError if not fp32.
+    IEEE special cases: +-0 -> +-inf, x < 0 (incl. -inf) -> NaN, +inf -> +0, NaN -> NaN; subnormal x is
+    used as is. Computed as RN32(1 / sqrt(f64 x)) plus the stored override list (module docstring).
+    TypeError if not fp32.
     """
     x = _as_f32("x", x)
     r = _bits(_raw_base("rsqrt", x))
@@ -310,7 +320,7 @@ def exp_rn(x: torch.Tensor) -> torch.Tensor:
     return _from_bits(_apply_overrides(r, idx, "exp_override_index", "exp_override_bits")).clone()
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # expanded tables (hardware bits on the canonical domain), cached per device
 
 
@@ -343,7 +353,7 @@ def _table(name: str, device: torch.device) -> torch.Tensor:
     return t
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # emulations
 
 
@@ -351,7 +361,8 @@ def rcp_approx_ftz(x: torch.Tensor) -> torch.Tensor:
     """``rcp.approx.ftz.f32`` on sm_90, bit for bit: fp32 [*] -> fp32 [*] (TypeError if not fp32).
 
     Normal x: table lookup on the mantissa plus exponent arithmetic, sign copied; results below 2^-126 -> +-0.
-    +-0 / +-subnormal -> +-inf, +-inf -> +-0, NaN -> NaN. Source: PTX ISA "rcp.approx.ftz.f32"; gpu-numerics.md.
+    +-0 / +-subnormal -> +-inf, +-inf -> +-0, NaN -> NaN.
+    Source: PTX ISA "rcp.approx.ftz.f32"; gpu-numerics.md.
     """
     x = _as_f32("x", x)
     b = _bits(x)
@@ -422,7 +433,8 @@ def expf_libdevice(x: torch.Tensor) -> torch.Tensor:
     """CUDA libdevice ``__nv_expf`` (as Triton 3.6 links it, ftz) on bf16 values, bit for bit.
 
     fp32 [*] holding bf16 values, or bf16 [*] -> fp32 [*]. A 65,536-entry table: exp_rn plus the captured
-    exception list; subnormal results are kept (measured, module docstring). TypeError for another dtype; ValueError naming ``x`` if an fp32 value is not a bf16 value.
+    exception list; subnormal results are kept (measured, module docstring). TypeError for another dtype;
+    ValueError naming ``x`` if an fp32 value is not a bf16 value.
     NaN -> NaN. Source: rule step 3 (flint-rule.md), gpu-numerics.md.
     """
     xf, idx = _bf16_index("x", x)

@@ -8,10 +8,10 @@
     sha256 of the npz). Needs a CUDA device.
 
 ``python -m flint_moe.tools.mufu verify [--tables NPZ] [--report FILE] [--dump NPZ]``
-    Sweeps ALL 2^32 fp32 inputs through rcp/ex2/rsqrt and all 65,536 bf16 inputs through expf, hardware probe vs
-    the emulation running on CUDA tensors (NaN compared as NaN-ness, everything else bit for bit), and checks that
-    every correctly rounded base gives identical bits on CPU and CUDA over its canonical domain. Prints a table of
-    mismatches per function with example inputs; exit code 1 if any mismatch.
+    Sweeps ALL 2^32 fp32 inputs through rcp/ex2/rsqrt and all 65,536 bf16 inputs through expf, hardware
+    probe vs the emulation running on CUDA tensors (NaN compared as NaN-ness, everything else bit for bit),
+    and checks that every correctly rounded base gives identical bits on CPU and CUDA over its canonical
+    domain. Prints a table of mismatches per function with example inputs; exit code 1 if any mismatch.
 
 ``--simulate`` (both commands) replaces the hardware by a stand-in so the plumbing can be exercised on a CPU:
 captured tables are then NOT hardware tables, and a simulated verify proves nothing about the hardware.
@@ -39,7 +39,7 @@ _N23 = 1 << 23
 _BASES = {"rsqrt": "rsqrt", "ex2_pos": "exp2", "ex2_neg": "exp2", "expf": "exp"}
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # environment
 
 
@@ -48,7 +48,7 @@ def environment(device: str) -> dict:
     import triton
 
     env = {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,
@@ -59,12 +59,20 @@ def environment(device: str) -> dict:
     }
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name(0)
-        env["capability"] = "sm_%d%d" % torch.cuda.get_device_capability(0)
+        major, minor = torch.cuda.get_device_capability(0)
+        env["capability"] = f"sm_{major}{minor}"
         try:
-            out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30, check=True,
-            ).stdout.strip().splitlines()
+            out = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=True,
+                )
+                .stdout.strip()
+                .splitlines()
+            )
             env["driver"] = out[0] if out else "unknown"
         except Exception as exc:  # pragma: no cover - depends on the machine
             env["driver"] = f"unknown ({type(exc).__name__})"
@@ -95,7 +103,7 @@ def _hardware(simulate: bool):
 
 
 def _simulated_capture_hw(name: str, x: torch.Tensor, base_bits: torch.Tensor) -> torch.Tensor:
-    """Stand-in hardware for a simulated capture: base + a fixed pseudo-random delta pattern (not real data)."""
+    """Stand-in hardware for a simulated capture: base + a fixed pseudo-random delta pattern (not data)."""
     i = torch.arange(x.numel(), dtype=torch.int64, device=x.device)
     d = ((i * 2654435761) >> 7) % 5
     d = torch.where(d >= 3, torch.zeros_like(d), d - 1).to(torch.int32)  # {-1, 0, +1}
@@ -104,15 +112,15 @@ def _simulated_capture_hw(name: str, x: torch.Tensor, base_bits: torch.Tensor) -
     return (base_bits + d).view(torch.float32)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # correctly rounded bases: override list
 
 
 def near_midpoint(v64: np.ndarray, margin: float = mufu.OVERRIDE_MARGIN) -> np.ndarray:
     """Mask of f64 values within ``margin`` fp32-ulps of an fp32 rounding midpoint (NaN: False).
 
-    r = RN32(v); the midpoints next to r are (r + next(r)) / 2 and (r + prev(r)) / 2, exact in f64; the ulp is the
-    gap on that side. An infinite r is treated as 2^128 with the FLT_MAX / 2^128 midpoint below it.
+    r = RN32(v); the midpoints next to r are (r + next(r)) / 2 and (r + prev(r)) / 2, exact in f64; the ulp
+    is the gap on that side. An infinite r is treated as 2^128 with the FLT_MAX / 2^128 midpoint below it.
     """
     v = np.asarray(v64, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -169,7 +177,8 @@ def nearest_f32_bits(value: Decimal, approx: float) -> int:
 def build_overrides(base: str, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Canonical inputs of ``x`` (CPU fp32) whose f64 base value is near a midpoint on CPU or on CUDA.
 
-    Returns (positions in x, correct fp32 bits as uint32), each resolved exactly (exact_value / nearest_f32_bits).
+    Returns (positions in x, correct fp32 bits as uint32), each resolved exactly
+    (exact_value / nearest_f32_bits).
     """
     v_cpu = _raw64(base, x)
     mask = near_midpoint(v_cpu)
@@ -194,17 +203,17 @@ def _raw64(base: str, x: torch.Tensor) -> np.ndarray:
     return v.cpu().numpy()
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # capture
 
 
 def _delta_counts(d: np.ndarray) -> dict[str, int]:
     vals, counts = np.unique(d, return_counts=True)
-    return {str(int(v)): int(c) for v, c in zip(vals, counts)}
+    return {str(int(v)): int(c) for v, c in zip(vals, counts, strict=False)}
 
 
 def capture(out: Path, simulate: bool = False) -> dict:
-    """Build the tables from the hardware (or a stand-in when ``simulate``) into ``out``; returns the json dict."""
+    """Build the tables from the hardware (a stand-in when ``simulate``) into ``out``; return the json."""
     device = "cpu" if simulate else "cuda"
     if not simulate and not torch.cuda.is_available():
         raise SystemExit("capture needs a CUDA device (use --simulate for a CPU dry run)")
@@ -239,8 +248,12 @@ def capture(out: Path, simulate: bool = False) -> dict:
     np.savez_compressed(tmp, **arrays)
     mufu.use_tables(tmp)
     try:
-        for name, base_fn in (("rcp", mufu.rcp_rn), ("rsqrt", mufu.rsqrt_rn),
-                              ("ex2_pos", mufu.exp2_rn), ("ex2_neg", mufu.exp2_rn)):
+        for name, base_fn in (
+            ("rcp", mufu.rcp_rn),
+            ("rsqrt", mufu.rsqrt_rn),
+            ("ex2_pos", mufu.exp2_rn),
+            ("ex2_neg", mufu.exp2_rn),
+        ):
             x = mufu.canonical_inputs(name, device)
             base = base_fn(x).view(torch.int32)
             hw_bits = hw_capture(hw, name, x, base, simulate).view(torch.int32)
@@ -269,7 +282,8 @@ def capture(out: Path, simulate: bool = False) -> dict:
     np.savez_compressed(npz, **arrays)
     sha = hashlib.sha256(npz.read_bytes()).hexdigest()
     meta = {
-        "what": "bit-exact tables for flint_moe.reference.mufu (rcp/ex2/rsqrt.approx.ftz.f32, libdevice expf)",
+        "what": "bit-exact tables for flint_moe.reference.mufu "
+        "(rcp/ex2/rsqrt.approx.ftz.f32, libdevice expf)",
         "simulated": simulate,
         "environment": env,
         "npz": npz.name,
@@ -301,7 +315,7 @@ _SIM_CACHE: dict = {}
 
 
 def hw_capture(hw, name, x, base_bits, simulate, base_fn_name=None):
-    """Hardware output on a canonical domain (``simulate``: base + a fixed pattern, cached for the self-check)."""
+    """Hardware output on a canonical domain (``simulate``: base + a fixed pattern, cached for the check)."""
     if simulate:
         if base_bits is None:
             return _SIM_CACHE[base_fn_name]
@@ -339,13 +353,11 @@ def _expf_summary(x: torch.Tensor, base: torch.Tensor, hwv: torch.Tensor, idx: n
         "exceptions_subnormal_or_zero_base": int(sub.sum()),
         "hw_zero_where_base_subnormal": int(((hwv[idx] == 0).numpy() & sub).sum()),
         "example_inputs": [float(v) for v in xb[:8]],
-        "subnormal_results_kept_by_hw": int(
-            ((hwv.abs() < tiny) & (hwv != 0) & torch.isfinite(hwv)).sum()
-        ),
+        "subnormal_results_kept_by_hw": int(((hwv.abs() < tiny) & (hwv != 0) & torch.isfinite(hwv)).sum()),
     }
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # verify
 
 
@@ -360,8 +372,14 @@ def _sweep_bits(lo: int, hi: int, device: str) -> torch.Tensor:
     return b.to(torch.int32)
 
 
-def verify(tables: Path | None, report: Path | None, dump: Path | None, simulate: bool,
-           chunk_log2: int, limit_chunks: int | None) -> int:
+def verify(
+    tables: Path | None,
+    report: Path | None,
+    dump: Path | None,
+    simulate: bool,
+    chunk_log2: int,
+    limit_chunks: int | None,
+) -> int:
     device = "cpu" if simulate else "cuda"
     if not simulate and not torch.cuda.is_available():
         raise SystemExit("verify needs a CUDA device (use --simulate for a CPU dry run)")
@@ -393,8 +411,10 @@ def verify(tables: Path | None, report: Path | None, dump: Path | None, simulate
                 ib = bits[bad]
                 hist += torch.bincount(((ib >> 23) & 0x1FF).to(torch.int64).cpu(), minlength=512)
                 if len(samples) < 64:
-                    sel = torch.stack([ib[:4096], hwv[bad][:4096].view(torch.int32),
-                                       emu[bad][:4096].view(torch.int32)], dim=1)
+                    sel = torch.stack(
+                        [ib[:4096], hwv[bad][:4096].view(torch.int32), emu[bad][:4096].view(torch.int32)],
+                        dim=1,
+                    )
                     samples.append(sel.cpu().numpy())
                 if len(examples) < 4:
                     for v in ib[:4].tolist():
@@ -414,15 +434,27 @@ def verify(tables: Path | None, report: Path | None, dump: Path | None, simulate
     ex = [int(v) & 0xFFFFFFFF for v in x.view(torch.int32)[bad][:4].tolist()]
     rows.append(_row("expf (bf16 inputs)", x.numel(), int(bad.sum()), ex, time.time() - t0))
     if int(bad.sum()):
-        dumps["expf_samples"] = torch.stack(
-            [x.view(torch.int32)[bad], hwv.view(torch.int32)[bad], emu.view(torch.int32)[bad]], 1
-        ).cpu().numpy()
+        dumps["expf_samples"] = (
+            torch.stack([x.view(torch.int32)[bad], hwv.view(torch.int32)[bad], emu.view(torch.int32)[bad]], 1)
+            .cpu()
+            .numpy()
+        )
     # bases: CPU vs CUDA over canonical domains
     base_rows = []
-    for name, fn in (("rcp_rn", mufu.rcp_rn), ("rsqrt_rn", mufu.rsqrt_rn), ("exp2_rn (+)", mufu.exp2_rn),
-                     ("exp2_rn (-)", mufu.exp2_rn), ("exp_rn", mufu.exp_rn)):
-        dom = {"rcp_rn": "rcp", "rsqrt_rn": "rsqrt", "exp2_rn (+)": "ex2_pos", "exp2_rn (-)": "ex2_neg",
-               "exp_rn": "expf"}[name]
+    for name, fn in (
+        ("rcp_rn", mufu.rcp_rn),
+        ("rsqrt_rn", mufu.rsqrt_rn),
+        ("exp2_rn (+)", mufu.exp2_rn),
+        ("exp2_rn (-)", mufu.exp2_rn),
+        ("exp_rn", mufu.exp_rn),
+    ):
+        dom = {
+            "rcp_rn": "rcp",
+            "rsqrt_rn": "rsqrt",
+            "exp2_rn (+)": "ex2_pos",
+            "exp2_rn (-)": "ex2_neg",
+            "exp_rn": "expf",
+        }[name]
         xc = mufu.canonical_inputs(dom, "cpu")
         a = fn(xc)
         other = "cuda" if not simulate else "cpu"
@@ -447,20 +479,34 @@ def _row(name, total, bad, examples, secs):
 
 def _report_text(env, path, sha, rows, base_rows, simulate) -> str:
     lines = []
-    title = "flint-moe mufu verify: hardware special functions vs flint_moe.reference.mufu (emulation on CUDA)"
+    title = (
+        "flint-moe mufu verify: hardware special functions vs flint_moe.reference.mufu (emulation on CUDA)"
+    )
     lines.append(title)
     lines.append("=" * len(title))
     if simulate:
         lines.append("*** SIMULATED: no GPU, the 'hardware' is the emulation itself; proves nothing ***")
-    for key in ("date_utc", "gpu", "capability", "driver", "cuda", "torch", "triton", "python", "git_commit",
-                "command"):
+    for key in (
+        "date_utc",
+        "gpu",
+        "capability",
+        "driver",
+        "cuda",
+        "torch",
+        "triton",
+        "python",
+        "git_commit",
+        "command",
+    ):
         if key in env:
             lines.append(f"{key:>11}: {env[key]}")
     lines.append(f"{'tables':>11}: {path.name} sha256 {sha}")
     lines.append("")
     lines.append("Hardware vs emulation (NaN compared as NaN-ness, all else bit for bit):")
     w = max(len(r[0]) for r in rows)
-    lines.append(f"  {'function':<{w}}  {'inputs':>13}  {'mismatches':>10}  {'seconds':>7}  example inputs (bits)")
+    lines.append(
+        f"  {'function':<{w}}  {'inputs':>13}  {'mismatches':>10}  {'seconds':>7}  example inputs (bits)"
+    )
     for name, total, bad, ex, secs in rows:
         lines.append(f"  {name:<{w}}  {total:>13,}  {bad:>10,}  {secs:>7.1f}  {ex or '-'}")
     lines.append("")
@@ -469,8 +515,14 @@ def _report_text(env, path, sha, rows, base_rows, simulate) -> str:
         lines.append(f"  {name:<12} {total:>11,} inputs  {bad:>6,} differ")
     ok = not any(r[2] for r in rows) and not any(r[2] for r in base_rows)
     lines.append("")
-    lines.append("RESULT: " + ("0 mismatches for all four functions; bases identical on CPU and CUDA"
-                               if ok else "MISMATCHES FOUND"))
+    lines.append(
+        "RESULT: "
+        + (
+            "0 mismatches for all four functions; bases identical on CPU and CUDA"
+            if ok
+            else "MISMATCHES FOUND"
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -490,8 +542,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "capture":
         meta = capture(a.out, a.simulate)
-        print(json.dumps({k: meta[k] for k in ("npz_sha256", "npz_bytes", "deltas", "overrides", "expf",
-                                                "timings_s")}, indent=2))
+        print(
+            json.dumps(
+                {k: meta[k] for k in ("npz_sha256", "npz_bytes", "deltas", "overrides", "expf", "timings_s")},
+                indent=2,
+            )
+        )
         return 0
     return verify(a.tables, a.report, a.dump, a.simulate, a.chunk_log2, a.limit_chunks)
 

@@ -41,38 +41,38 @@ def bits(t: torch.Tensor) -> list[int]:
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equal, NaN compared as NaN-ness."""
     an, bn = torch.isnan(a), torch.isnan(b)
-    return bool(torch.equal(an, bn)) and bool(
-        torch.equal(a.view(torch.int32)[~an], b.view(torch.int32)[~bn])
-    )
+    return bool(torch.equal(an, bn)) and bool(torch.equal(a.view(torch.int32)[~an], b.view(torch.int32)[~bn]))
 
 
 def random_f32(n: int, seed: int) -> torch.Tensor:
     g = np.random.default_rng(seed)
-    return torch.from_numpy(g.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32).view(np.int32)).view(
-        torch.float32
-    )
+    return torch.from_numpy(
+        g.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32).view(np.int32)
+    ).view(torch.float32)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # module hygiene
 
 
 def test_reference_mufu_never_imports_triton() -> None:
     src = Path(mufu.__file__).read_text()
     assert not re.search(r"^\s*(import|from)\s+triton", src, re.M)
-    code = (
-        "import sys, importlib.util\n"
-        "spec = importlib.util.spec_from_file_location('m', %r)\n"
-        "import flint_moe.reference._checks\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "m.rcp_approx_ftz(__import__('torch').ones(4))\n"
-        "assert 'triton' not in sys.modules, 'triton imported'\n"
-    ) % str(mufu.__file__)
+    code = "\n".join(
+        [
+            "import sys, importlib.util",
+            f"spec = importlib.util.spec_from_file_location('m', {str(mufu.__file__)!r})",
+            "import flint_moe.reference._checks",
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)",
+            "m.rcp_approx_ftz(__import__('torch').ones(4))",
+            "assert 'triton' not in sys.modules, 'triton imported'",
+        ]
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # tables
 
 
@@ -98,7 +98,7 @@ def _deltas(name: str) -> np.ndarray:
 
 def _counts(d: np.ndarray) -> dict[int, int]:
     v, c = np.unique(d, return_counts=True)
-    return {int(a): int(b) for a, b in zip(v, c)}
+    return {int(a): int(b) for a, b in zip(v, c, strict=False)}
 
 
 def test_delta_counts_match_notes_and_json() -> None:
@@ -126,7 +126,7 @@ def test_pack_roundtrip_and_range() -> None:
         mufu.pack_deltas(np.array([0, 0, 2, 0]))
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # rcp.approx.ftz.f32
 
 
@@ -156,14 +156,16 @@ def test_rcp_symmetry_and_exponent_structure() -> None:
     assert int(d.max()) == 1
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # ex2.approx.ftz.f32
 
 
 def test_ex2_hand_examples() -> None:
     k = torch.arange(-126, 128, dtype=torch.float32)
     assert bits(mufu.ex2_approx_ftz(k)) == bits(torch.exp2(k.double()).float())  # integers are exact
-    x = f32(0.0, -0.0, 1.0, -1.0, -126.0, -126.5, -127.0, 128.0, 1e30, -1e30, INF, -INF, 1e-40, -1e-40, 2.0**-24)
+    x = f32(
+        0.0, -0.0, 1.0, -1.0, -126.0, -126.5, -127.0, 128.0, 1e30, -1e30, INF, -INF, 1e-40, -1e-40, 2.0**-24
+    )
     want = f32(1.0, 1.0, 2.0, 0.5, TINY, 0.0, 0.0, INF, INF, 0.0, INF, 0.0, 1.0, 1.0, 1.0)
     assert bits(mufu.ex2_approx_ftz(x)) == bits(want)
     assert torch.isnan(mufu.ex2_approx_ftz(f32(float("nan"), -float("nan")))).all()
@@ -184,14 +186,14 @@ def test_ex2_truncation_and_integer_part() -> None:
     assert same(big, tp * 2.0**127)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # rsqrt.approx.ftz.f32
 
 
 def test_rsqrt_hand_examples() -> None:
     x = f32(1.0, 4.0, 0.25, 2.0**-126, 2.0**126)
     assert bits(mufu.rsqrt_approx_ftz(x)) == bits(f32(1.0, 0.5, 2.0, 2.0**63, 2.0**-63))
-    x = f32(0.0, -0.0, 1e-40, -1e-40, INF, -1.0, -INF, float("nan"), -2.0**-126)
+    x = f32(0.0, -0.0, 1e-40, -1e-40, INF, -1.0, -INF, float("nan"), -(2.0**-126))
     y = mufu.rsqrt_approx_ftz(x)
     assert bits(y[:5]) == bits(f32(INF, -INF, INF, -INF, 0.0))
     assert torch.isnan(y[5:]).all()
@@ -206,7 +208,7 @@ def test_rsqrt_exponent_structure() -> None:
     assert set(torch.unique(d).tolist()) <= {-2, -1, 0, 1}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # libdevice expf
 
 
@@ -240,14 +242,19 @@ def test_expf_exception_counts() -> None:
     base = mufu.exp_rn(x)
     d = torch.from_numpy(hw.view(np.int32)).to(torch.int64) - base.view(torch.int32).to(torch.int64)
     # gpu-numerics.md: 2,372 results off correctly rounded e^x, 1,528 above and 844 below. Measured: all are
-    # 1 ulp off except e^42.25, 2 ulp above; none has a subnormal result (libdevice keeps those, rounded right).
+    # 1 ulp off except e^42.25, 2 ulp above; none has a subnormal result (libdevice keeps those, rounded
+    # correctly).
     assert int((base.abs() >= TINY).sum()) == 2_372 == idx.size
-    assert {int(k): int(v) for k, v in zip(*torch.unique(d, return_counts=True))} == {-1: 844, 1: 1_527, 2: 1}
+    assert {int(k): int(v) for k, v in zip(*torch.unique(d, return_counts=True), strict=False)} == {
+        -1: 844,
+        1: 1_527,
+        2: 1,
+    }
     assert float(x[d == 2]) == 42.25
     assert e["subnormal_results_kept_by_hw"] == 33 and e["exceptions_subnormal_or_zero_base"] == 0
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # correctly rounded bases vs exact arithmetic
 
 
@@ -263,7 +270,7 @@ def test_rcp_rn_exact_sample() -> None:
     x = random_f32(3000, 5)
     x = x[torch.isfinite(x) & (x != 0)]
     y = mufu.rcp_rn(x)
-    for xi, yi in zip(x.tolist(), y.tolist()):
+    for xi, yi in zip(x.tolist(), y.tolist(), strict=False):
         v = 1 / Fraction(xi)
         if abs(v) > Fraction(float(np.finfo(np.float32).max)) or yi == 0:
             continue
@@ -284,7 +291,7 @@ def test_rsqrt_rn_exact_sample_and_overrides() -> None:
     assert ov.numel() > 0
     x = torch.cat([x, canon[ov], canon[ov] * 2.0**40, canon[ov] * 2.0**-140])
     y = mufu.rsqrt_rn(x)
-    for xi, yi in zip(x.tolist(), y.tolist()):
+    for xi, yi in zip(x.tolist(), y.tolist(), strict=False):
         dn, r, up = _neighbours(yi)
         lo, hi = (dn + r) / 2, (r + up) / 2  # exact: lo < 1/sqrt(x) < hi  <=>  lo^2 x < 1 < hi^2 x
         assert lo * lo * Fraction(xi) < 1 < hi * hi * Fraction(xi), xi
@@ -292,8 +299,14 @@ def test_rsqrt_rn_exact_sample_and_overrides() -> None:
 
 def _decimal_between(v: Decimal, r: float) -> bool:
     dn, rr, up = _neighbours(r)
-    lo = Decimal(dn.numerator) / Decimal(dn.denominator) / 2 + Decimal(rr.numerator) / Decimal(rr.denominator) / 2
-    hi = Decimal(up.numerator) / Decimal(up.denominator) / 2 + Decimal(rr.numerator) / Decimal(rr.denominator) / 2
+    lo = (
+        Decimal(dn.numerator) / Decimal(dn.denominator) / 2
+        + Decimal(rr.numerator) / Decimal(rr.denominator) / 2
+    )
+    hi = (
+        Decimal(up.numerator) / Decimal(up.denominator) / 2
+        + Decimal(rr.numerator) / Decimal(rr.denominator) / 2
+    )
     return lo < v < hi
 
 
@@ -306,7 +319,7 @@ def test_exp2_rn_exact_sample_and_overrides() -> None:
     with localcontext() as ctx:
         ctx.prec = 80
         ln2 = Decimal(2).ln()
-        for xi, yi in zip(x.tolist(), y.tolist()):
+        for xi, yi in zip(x.tolist(), y.tolist(), strict=False):
             assert _decimal_between((Decimal(xi) * ln2).exp(), yi), xi
     with pytest.raises(ValueError, match="^x: "):
         mufu.exp2_rn(f32(0.1))
@@ -321,7 +334,7 @@ def test_exp_rn_exact_sample_and_overrides() -> None:
     y = mufu.exp_rn(x)
     with localcontext() as ctx:
         ctx.prec = 80
-        for xi, yi in zip(x.tolist(), y.tolist()):
+        for xi, yi in zip(x.tolist(), y.tolist(), strict=False):
             if xi > 89:
                 assert yi == INF, xi
                 continue
@@ -338,7 +351,7 @@ def test_exp_rn_exact_sample_and_overrides() -> None:
 
 
 def test_override_lists_cover_every_near_midpoint_input() -> None:
-    """Every canonical input whose CPU f64 value lies within OVERRIDE_MARGIN ulp of a midpoint is overridden."""
+    """Each canonical input whose CPU f64 value is within OVERRIDE_MARGIN ulp of a midpoint is overridden."""
 
     def near(v: np.ndarray) -> np.ndarray:
         r32 = v.astype(np.float32)
@@ -348,7 +361,9 @@ def test_override_lists_cover_every_near_midpoint_input() -> None:
         m = mufu.OVERRIDE_MARGIN
         ok = np.isfinite(v) & np.isfinite(r) & np.isfinite(up)
         with np.errstate(invalid="ignore"):
-            return ok & ((np.abs(v - (r + up) / 2) < m * (up - r)) | (np.abs(v - (r + dn) / 2) < m * (r - dn)))
+            return ok & (
+                (np.abs(v - (r + up) / 2) < m * (up - r)) | (np.abs(v - (r + dn) / 2) < m * (r - dn))
+            )
 
     c = mufu.canonical_inputs("rsqrt").double()
     cand = np.flatnonzero(near((1.0 / torch.sqrt(c)).numpy()))
@@ -362,7 +377,7 @@ def test_override_lists_cover_every_near_midpoint_input() -> None:
     assert set(cand.tolist()) <= set(_override_inputs("exp_override_index").tolist())
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # emulation logic against a synthetic all-zero-delta table (exponent arithmetic and specials, hardware-free)
 
 
@@ -392,8 +407,10 @@ def test_zero_delta_model_equals_ftz_correct_rounding(zero_delta_tables) -> None
     assert same(mufu.rcp_approx_ftz(x), want_rcp)
     want_rsqrt = mufu.rsqrt_rn(xf)
     assert same(mufu.rsqrt_approx_ftz(x), want_rsqrt)
-    assert same(mufu.expf_libdevice(mufu.canonical_inputs("expf")), mufu.exp_rn(mufu.canonical_inputs("expf")))
-    # ex2: 2^trunc23(x), flushed to +0 below 2^-126; exact for the f64 reference since trunc23(x) has <= 31 bits
+    assert same(
+        mufu.expf_libdevice(mufu.canonical_inputs("expf")), mufu.exp_rn(mufu.canonical_inputs("expf"))
+    )
+    # ex2: 2^trunc23(x), flushed to +0 below 2^-126 (exact in f64: trunc23(x) has <= 31 bits)
     a = torch.trunc(xf.double().abs() * 2.0**23) * 2.0**-23
     a = torch.where(torch.isnan(xf), xf.double(), a)
     ip, fr = torch.floor(a), a - torch.floor(a)
@@ -406,7 +423,7 @@ def test_zero_delta_model_equals_ftz_correct_rounding(zero_delta_tables) -> None
     assert same(mufu.ex2_approx_ftz(x), want)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # API hygiene
 
 
@@ -422,7 +439,7 @@ def test_inputs_untouched_shape_kept_and_dtype_checked(fn) -> None:
         fn(x.double())
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------
 # probes: PTX audit on the CPU, hardware comparison on a GPU
 
 
@@ -442,8 +459,11 @@ def test_probes_match_emulation_on_gpu() -> None:
     from flint_moe.kernels.mufu_probe import PROBES
 
     x = torch.cat([random_f32(1 << 22, 11), f32(0.0, -0.0, INF, -INF, float("nan"), 1e-40, -1e-40)]).cuda()
-    for name, emu in (("rcp", mufu.rcp_approx_ftz), ("ex2", mufu.ex2_approx_ftz),
-                      ("rsqrt", mufu.rsqrt_approx_ftz)):
+    for name, emu in (
+        ("rcp", mufu.rcp_approx_ftz),
+        ("ex2", mufu.ex2_approx_ftz),
+        ("rsqrt", mufu.rsqrt_approx_ftz),
+    ):
         assert same(PROBES[name](x).cpu(), emu(x).cpu()), name
         assert same(emu(x).cpu(), emu(x.cpu())), name  # the emulation gives the same bits on CPU and CUDA
     xb = mufu.canonical_inputs("expf", "cuda")
