@@ -79,4 +79,7 @@ if __name__ == "__main__":
         sys.exit(0)
     for case in sys.argv[1:] or CASES:
         out = subprocess.run([sys.executable, __file__, "--child", case], capture_output=True, text=True)
-        print(out.stdout.strip() or f'{{"case": "{case}", "error": {json.dumps(out.stderr[-2000:])}}}', flush=True)
+        print(
+            out.stdout.strip() or f'{{"case": "{case}", "error": {json.dumps(out.stderr[-2000:])}}}',
+            flush=True,
+        )

@@ -107,7 +107,9 @@ def gather_rows(
     return out
 
 
-def gather_rows_inplace(t: torch.Tensor, rows: torch.Tensor, scratch_bytes: int = DEFAULT_SCRATCH_BYTES) -> None:
+def gather_rows_inplace(
+    t: torch.Tensor, rows: torch.Tensor, scratch_bytes: int = DEFAULT_SCRATCH_BYTES
+) -> None:
     """Permute the rows of every expert of ``t`` [E, M, ...] in place (``rows`` a permutation of [0, M)),
     through a scratch buffer of at most ``max(scratch_bytes, one expert)`` bytes."""
     E = t.shape[0]

@@ -49,7 +49,9 @@ def _check_global(name: str, t: object, num_experts: int) -> torch.Tensor:
     return t
 
 
-def merge_gate_up_global_scales(w13_scale_2: GlobalScales, num_experts: int, name: str = "w13_scale_2") -> torch.Tensor:
+def merge_gate_up_global_scales(
+    w13_scale_2: GlobalScales, num_experts: int, name: str = "w13_scale_2"
+) -> torch.Tensor:
     """One fp32 [E] gate/up global scale from ModelOpt's per-projection ``weight_scale_2``.
 
     Accepts fp32 [E] (already shared), fp32 [E, 2] (column 0 = gate, column 1 = up, vLLM's parameter), or a
@@ -59,7 +61,9 @@ def merge_gate_up_global_scales(w13_scale_2: GlobalScales, num_experts: int, nam
     """
     if isinstance(w13_scale_2, (tuple, list)):
         if len(w13_scale_2) != 2:
-            raise ValueError(f"{name}: expected a (gate, up) pair of [E] tensors, got {len(w13_scale_2)} items")
+            raise ValueError(
+                f"{name}: expected a (gate, up) pair of [E] tensors, got {len(w13_scale_2)} items"
+            )
         gate = _check_global(f"{name}[gate]", w13_scale_2[0], num_experts)
         up = _check_global(f"{name}[up]", w13_scale_2[1], num_experts)
     else:
@@ -105,10 +109,18 @@ class FlintMoEWeights:
         E, two_ip, h2 = self.w1.shape
         ip, hidden = two_ip // 2, 2 * h2
         check_codes("w2", self.w2, (E, hidden, ip // 2))
-        check_tensor("w1_sf_swizzled", self.w1_sf_swizzled, dtype=torch.float8_e4m3fn,
-                     shape=(E, *swizzled_scale_shape(two_ip, hidden // 16)))
-        check_tensor("w2_sf_swizzled", self.w2_sf_swizzled, dtype=torch.float8_e4m3fn,
-                     shape=(E, *swizzled_scale_shape(hidden, ip // 16)))
+        check_tensor(
+            "w1_sf_swizzled",
+            self.w1_sf_swizzled,
+            dtype=torch.float8_e4m3fn,
+            shape=(E, *swizzled_scale_shape(two_ip, hidden // 16)),
+        )
+        check_tensor(
+            "w2_sf_swizzled",
+            self.w2_sf_swizzled,
+            dtype=torch.float8_e4m3fn,
+            shape=(E, *swizzled_scale_shape(hidden, ip // 16)),
+        )
         check_tensor("w1_alpha", self.w1_alpha, dtype=torch.float32, shape=(E,))
         check_tensor("w2_alpha", self.w2_alpha, dtype=torch.float32, shape=(E,))
         if two_ip % (2 * INTERLEAVE_ROWS):
@@ -174,7 +186,9 @@ class FlintMoEWeights:
             raise ValueError(f"w13: dimension 1 (2I) must be even, got {two_i}")
         inter, hidden = two_i // 2, 2 * h2
         if hidden % 16:
-            raise ValueError(f"w13: hidden size H = 2 * {h2} = {hidden} must be a multiple of 16 (NVFP4 block)")
+            raise ValueError(
+                f"w13: hidden size H = 2 * {h2} = {hidden} must be a multiple of 16 (NVFP4 block)"
+            )
         if inter % 16:
             raise ValueError(f"w13: intermediate size I = {inter} must be a multiple of 16 (NVFP4 block)")
         check_scales("w13_scale", w13_scale, (E, two_i, hidden // 16))
@@ -194,12 +208,16 @@ class FlintMoEWeights:
             ip = inter
         else:
             if pad_intermediate_to <= 0 or pad_intermediate_to % INTERLEAVE_ROWS:
-                raise ValueError(f"pad_intermediate_to: {pad_intermediate_to} must be a positive multiple of 64")
+                raise ValueError(
+                    f"pad_intermediate_to: {pad_intermediate_to} must be a positive multiple of 64"
+                )
             ip = padded_intermediate(inter, pad_intermediate_to)
         rows = w13_rows_cutedsl(inter, ip, INTERLEAVE_ROWS, device=w13.device)
         if inplace:
             if ip != inter:
-                raise ValueError("inplace: not supported together with intermediate padding (the shape changes)")
+                raise ValueError(
+                    "inplace: not supported together with intermediate padding (the shape changes)"
+                )
             if not w13.is_contiguous():
                 raise ValueError("w13: must be contiguous for inplace=True")
             gather_rows_inplace(w13, rows, scratch_bytes)

@@ -12,7 +12,13 @@ import torch
 from flint_moe.layouts._core import check_codes, check_scales, gather_rows, round_up
 from flint_moe.reference._checks import check_tensor
 
-__all__ = ["padded_intermediate", "w13_padding_rows", "pad_columns", "pad_intermediate_bf16", "pad_intermediate_nvfp4"]
+__all__ = [
+    "padded_intermediate",
+    "w13_padding_rows",
+    "pad_columns",
+    "pad_intermediate_bf16",
+    "pad_intermediate_nvfp4",
+]
 
 
 def padded_intermediate(intermediate: int, alignment: int) -> int:
@@ -22,7 +28,9 @@ def padded_intermediate(intermediate: int, alignment: int) -> int:
     return round_up(intermediate, alignment)
 
 
-def w13_padding_rows(intermediate: int, padded: int, device: torch.device | str | None = None) -> torch.Tensor:
+def w13_padding_rows(
+    intermediate: int, padded: int, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Source rows of the padded [gate; up] w13 (int64 [2*padded]): ``[0..I) -1.. [I..2I) -1..``."""
     if padded < intermediate:
         raise ValueError(f"padded intermediate {padded} must be >= intermediate {intermediate}")
@@ -37,7 +45,7 @@ def pad_columns(t: torch.Tensor, cols: int, fill: int = 0) -> torch.Tensor:
     if cols < t.shape[-1]:
         raise ValueError(f"pad_columns: target {cols} smaller than {t.shape[-1]}")
     out = torch.empty((*t.shape[:-1], cols), dtype=t.dtype, device=t.device)
-    tail = out[..., t.shape[-1]:]
+    tail = out[..., t.shape[-1] :]
     if t.element_size() == 1:
         tail.view(torch.uint8).fill_(fill)
     else:
@@ -46,7 +54,9 @@ def pad_columns(t: torch.Tensor, cols: int, fill: int = 0) -> torch.Tensor:
     return out
 
 
-def pad_intermediate_bf16(w13: torch.Tensor, w2: torch.Tensor, alignment: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def pad_intermediate_bf16(
+    w13: torch.Tensor, w2: torch.Tensor, alignment: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Pad BF16 experts to ``Ip = roundup(I, alignment)``.
 
     Args:

@@ -36,7 +36,9 @@ def shuffle_block_size(epilogue_tile_m: int) -> int:
     return 32 if epilogue_tile_m % 128 == 0 else 16
 
 
-def shuffle_rows(m: int, epilogue_tile_m: int = 128, device: torch.device | str | None = None) -> torch.Tensor:
+def shuffle_rows(
+    m: int, epilogue_tile_m: int = 128, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Epilogue-tile row shuffle: ``out[r] = in[(r//B)*B + (r%8)*(B//8) + (r%B)//8]``.
 
     FlashInfer: ``utils.get_shuffle_matrix_a_row_indices`` / ``shuffle_matrix_a``. Returns int64 [m].
@@ -73,7 +75,9 @@ def _padded(inter: int, padded: int | None) -> int:
 
 
 def w13_rows_cutedsl(
-    intermediate: int, padded_intermediate: int | None = None, group: int = 64,
+    intermediate: int,
+    padded_intermediate: int | None = None,
+    group: int = 64,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """FlashInfer CuTe-DSL W4A16 gate/up rows: [up; gate] interleaved by ``group`` rows.
@@ -93,7 +97,9 @@ def w13_rows_cutedsl(
 
 
 def w13_rows_trtllm_gated(
-    intermediate: int, padded_intermediate: int | None = None, epilogue_tile_m: int = 128,
+    intermediate: int,
+    padded_intermediate: int | None = None,
+    epilogue_tile_m: int = 128,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """TRT-LLM gated gemm1 rows: [up; gate] -> gated reorder -> epilogue-tile shuffle.
@@ -108,7 +114,9 @@ def w13_rows_trtllm_gated(
 
 
 def w13_rows_trtllm_swapped(
-    intermediate: int, padded_intermediate: int | None = None, epilogue_tile_m: int = 64,
+    intermediate: int,
+    padded_intermediate: int | None = None,
+    epilogue_tile_m: int = 64,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """[up; gate] halves (no gated reorder) then the epilogue-tile shuffle (DeepSeek-FP8 BlockMajorK layout,

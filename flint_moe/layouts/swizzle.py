@@ -113,7 +113,9 @@ def mma_view(swizzled: torch.Tensor, *, name: str = "swizzled") -> torch.Tensor:
     check_tensor(name, swizzled, ndim=3)
     E, Mp, Kp = swizzled.shape
     if Mp % 128 or Kp % 4:
-        raise ValueError(f"{name}: swizzled shape (E, Mp, Kp) needs Mp % 128 == 0 and Kp % 4 == 0, got {(E, Mp, Kp)}")
+        raise ValueError(
+            f"{name}: swizzled shape (E, Mp, Kp) needs Mp % 128 == 0 and Kp % 4 == 0, got {(E, Mp, Kp)}"
+        )
     if not swizzled.is_contiguous():
         raise ValueError(f"{name}: swizzled scales must be contiguous")
     return swizzled.view(E, Mp // 128, Kp // 4, 32, 4, 4).permute(3, 4, 1, 5, 2, 0)

@@ -45,8 +45,14 @@ def trtllm_bf16_row_maps(
 
 
 def block_major_k(
-    w: torch.Tensor, rows: torch.Tensor, *, block: int, out: torch.Tensor | None = None,
-    inplace: bool = False, scratch_bytes: int = DEFAULT_SCRATCH_BYTES, name: str = "w",
+    w: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    block: int,
+    out: torch.Tensor | None = None,
+    inplace: bool = False,
+    scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
+    name: str = "w",
 ) -> torch.Tensor:
     """``out[e, k // block, m, k % block] = w[e, rows[m], k]`` for every expert (any 1- or 2-byte dtype).
 

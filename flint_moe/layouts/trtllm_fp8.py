@@ -50,7 +50,9 @@ def to_trtllm_fp8_per_tensor(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch
     """
     E, inter, H = _check_pair(w13, w2)
     if inter % 16:
-        raise ValueError(f"w13: intermediate size I = {inter} must be a multiple of 16 (2I rows shuffled by 32)")
+        raise ValueError(
+            f"w13: intermediate size I = {inter} must be a multiple of 16 (2I rows shuffled by 32)"
+        )
     if H % 32:
         raise ValueError(f"w2: hidden size H = {H} must be a multiple of 32 (rows shuffled by 32)")
     g1 = gather_rows(w13.view(torch.uint8), w13_rows_trtllm_gated(inter, None, 128, w13.device))
@@ -87,8 +89,14 @@ def to_trtllm_deepseek_fp8(
 
 
 def to_trtllm_mxfp8(
-    w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *,
-    intermediate_alignment: int = 128, hidden_alignment: int = 256, scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    *,
+    intermediate_alignment: int = 128,
+    hidden_alignment: int = 256,
+    scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
     """MXFP8 (UE8M0 scale per 32 elements) -> TRT-LLM MXFP8 layout, padding I and H.
 
@@ -101,7 +109,12 @@ def to_trtllm_mxfp8(
     E, inter, H = _check_pair(w13, w2)
     if H % 32 or inter % 32:
         raise ValueError(f"w13: H = {H} and I = {inter} must be multiples of 32 (MXFP8 block)")
-    if intermediate_alignment % 128 or hidden_alignment % 128 or intermediate_alignment <= 0 or hidden_alignment <= 0:
+    if (
+        intermediate_alignment % 128
+        or hidden_alignment % 128
+        or intermediate_alignment <= 0
+        or hidden_alignment <= 0
+    ):
         raise ValueError("intermediate_alignment / hidden_alignment must be positive multiples of 128")
     check_tensor("w13_scale", w13_scale, dtype=torch.uint8, shape=(E, 2 * inter, H // 32))
     check_tensor("w2_scale", w2_scale, dtype=torch.uint8, shape=(E, H, inter // 32))

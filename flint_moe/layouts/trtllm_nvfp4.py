@@ -32,8 +32,13 @@ EPILOGUE_TILE_M = 128
 
 
 def to_trtllm_nvfp4(
-    w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *,
-    pad_intermediate_to: int | None = None, scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    *,
+    pad_intermediate_to: int | None = None,
+    scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Convert ModelOpt NVFP4 experts to the TRT-LLM-gen NVFP4 layout (global scales are unchanged).
 
@@ -69,5 +74,7 @@ def to_trtllm_nvfp4(
     g1 = gather_rows(w13, rows13)
     g1s = swizzle_block_scales(w13_scale, rows=rows13, name="w13_scale", scratch_bytes=scratch_bytes)
     g2 = gather_rows(pad_columns(w2, ip // 2) if ip != inter else w2, rows2)
-    g2s = swizzle_block_scales(w2_scale, rows=rows2, cols=ip // 16, name="w2_scale", scratch_bytes=scratch_bytes)
+    g2s = swizzle_block_scales(
+        w2_scale, rows=rows2, cols=ip // 16, name="w2_scale", scratch_bytes=scratch_bytes
+    )
     return g1, g1s.view(torch.float8_e4m3fn), g2, g2s.view(torch.float8_e4m3fn)

@@ -75,11 +75,15 @@ def unswizzle_scales(stored: torch.Tensor, rows: int, cols: int, *, name: str = 
         return stored[r % 32, (r % 128) // 32, r // 128, c % 4, c // 4, x]
     check_tensor(name, stored, ndim=stored.dim())
     if stored.dim() not in (2, 3):
-        raise ValueError(f"{name}: expected [E, Mp, Kp], [E, Mp*Kp] or a 6-D MMA view, got {tuple(stored.shape)}")
+        raise ValueError(
+            f"{name}: expected [E, Mp, Kp], [E, Mp*Kp] or a 6-D MMA view, got {tuple(stored.shape)}"
+        )
     e = stored.shape[0]
     flat = stored.reshape(e, -1)
     if flat.shape[1] != mp * kp:
-        raise ValueError(f"{name}: {flat.shape[1]} bytes per expert, expected {mp}*{kp} for [{rows}, {cols}] scales")
+        raise ValueError(
+            f"{name}: {flat.shape[1]} bytes per expert, expected {mp}*{kp} for [{rows}, {cols}] scales"
+        )
     off = swizzle_offsets(rows, cols, stored.device).reshape(-1)
     return flat[:, off].reshape(e, rows, cols)
 
@@ -112,14 +116,18 @@ def cutedsl_w13_phys_rows(inter: int, padded: int, group: int = 64, device=None)
     return (j // group) * 2 * group + torch.where(up, 0, group) + j % group
 
 
-def trtllm_gated_w13_phys_rows(inter: int, padded: int, epilogue_tile_m: int = 128, device=None) -> torch.Tensor:
+def trtllm_gated_w13_phys_rows(
+    inter: int, padded: int, epilogue_tile_m: int = 128, device=None
+) -> torch.Tensor:
     """[up; gate] (halves of ``padded`` rows) -> gated reorder (up u -> 2u, gate g -> 2g+1) -> shuffle."""
     j, up = _logical_rows(inter, device)
     reordered = torch.where(up, 2 * j, 2 * j + 1)
     return shuffle_dst_of_src(2 * padded, epilogue_tile_m, device)[reordered]
 
 
-def trtllm_swapped_w13_phys_rows(inter: int, padded: int, epilogue_tile_m: int = 64, device=None) -> torch.Tensor:
+def trtllm_swapped_w13_phys_rows(
+    inter: int, padded: int, epilogue_tile_m: int = 64, device=None
+) -> torch.Tensor:
     """[up; gate] halves (up u -> u, gate g -> padded + g), then shuffle (DeepSeek-FP8 layout)."""
     j, up = _logical_rows(inter, device)
     w31 = torch.where(up, j, padded + j)
@@ -149,8 +157,14 @@ def _resolve(stored_i: int, intermediate: int | None, name: str) -> int:
 
 
 def decode_cutedsl_w4a16(
-    w1: torch.Tensor, w1_sf: torch.Tensor, w1_alpha: torch.Tensor,
-    w2: torch.Tensor, w2_sf: torch.Tensor, w2_alpha: torch.Tensor, *, intermediate: int | None = None,
+    w1: torch.Tensor,
+    w1_sf: torch.Tensor,
+    w1_alpha: torch.Tensor,
+    w2: torch.Tensor,
+    w2_sf: torch.Tensor,
+    w2_alpha: torch.Tensor,
+    *,
+    intermediate: int | None = None,
 ) -> NVFP4Experts:
     """FlashInfer CuTe-DSL W4A16 layout -> logical ``NVFP4Experts``.
 
@@ -213,8 +227,14 @@ def decode_trtllm_bf16(g1: torch.Tensor, g2: torch.Tensor, *, intermediate: int 
 
 
 def decode_trtllm_nvfp4(
-    g1: torch.Tensor, g1_scale: torch.Tensor, w13_gs: torch.Tensor,
-    g2: torch.Tensor, g2_scale: torch.Tensor, w2_gs: torch.Tensor, *, intermediate: int | None = None,
+    g1: torch.Tensor,
+    g1_scale: torch.Tensor,
+    w13_gs: torch.Tensor,
+    g2: torch.Tensor,
+    g2_scale: torch.Tensor,
+    w2_gs: torch.Tensor,
+    *,
+    intermediate: int | None = None,
 ) -> NVFP4Experts:
     """TRT-LLM-gen NVFP4 layout -> logical ``NVFP4Experts``.
 
@@ -272,8 +292,13 @@ def decode_trtllm_deepseek_fp8(
 
 
 def decode_trtllm_mxfp8(
-    g1: torch.Tensor, g1_scale: torch.Tensor, g2: torch.Tensor, g2_scale: torch.Tensor,
-    *, hidden: int, intermediate: int,
+    g1: torch.Tensor,
+    g1_scale: torch.Tensor,
+    g2: torch.Tensor,
+    g2_scale: torch.Tensor,
+    *,
+    hidden: int,
+    intermediate: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TRT-LLM MXFP8 (padded to Ip, Hp; gated reorder + shuffle(128); 128x4-swizzled UE8M0 scales) ->
     (w13 float8 [E, 2I, H], w13_scale uint8 [E, 2I, H/32], w2 [E, H, I], w2_scale uint8 [E, H, I/32])."""

@@ -32,11 +32,13 @@ def nvfp4(E: int, H: int, I: int, seed: int):
 
 def bf16(E: int, H: int, I: int, seed: int):
     g = gen(seed)
+
     # all 16-bit patterns except NaNs (so torch.equal on bf16 is meaningful too)
     def t(shape):
         x = torch.randint(-(2**15), 2**15, shape, dtype=torch.int32, generator=g).to(torch.int16)
         x = torch.where((x & 0x7F80) == 0x7F80, x & ~0x0080, x)
         return x.view(torch.bfloat16)
+
     return t((E, 2 * I, H)), t((E, H, I))
 
 

@@ -73,8 +73,9 @@ def test_w3_w1_and_w2_permute_indices(inter):
     for sf in (None, 16):
         if sf is not None and (2 * inter) % 128:
             continue
-        p = _maybe_get_cached_w3_w1_permute_indices({}, torch.empty(2 * inter, 8, dtype=torch.uint8), 128,
-                                                    num_elts_per_sf=sf, is_gated_act_gemm=True)
+        p = _maybe_get_cached_w3_w1_permute_indices(
+            {}, torch.empty(2 * inter, 8, dtype=torch.uint8), 128, num_elts_per_sf=sf, is_gated_act_gemm=True
+        )
         # FlashInfer permutes [up; gate]; ours maps physical rows to [gate; up] rows
         assert torch.equal(_w31(g[None])[0][p], L.w13_rows_trtllm_gated(inter))
         # vLLM's rotation-by-half on [gate; up] gives the same map
@@ -108,7 +109,9 @@ def _vllm_swizzle(s: torch.Tensor) -> torch.Tensor:
     mp, kp = (M + 127) // 128 * 128, (K + 3) // 4 * 4
     p = torch.zeros(E, mp, kp, dtype=torch.uint8)
     p[:, :M, :K] = s.view(torch.uint8)
-    return p.reshape(E, mp // 128, 4, 32, kp // 4, 4).permute(0, 1, 4, 3, 2, 5).contiguous().reshape(E, mp, kp)
+    return (
+        p.reshape(E, mp // 128, 4, 32, kp // 4, 4).permute(0, 1, 4, 3, 2, 5).contiguous().reshape(E, mp, kp)
+    )
 
 
 def _formula_swizzle(s: torch.Tensor) -> torch.Tensor:
@@ -119,8 +122,14 @@ def _formula_swizzle(s: torch.Tensor) -> torch.Tensor:
     for e in range(E):
         for r in range(M):
             for c in range(K):
-                off = e * mp * kp + (r // 128) * (kp // 4) * 512 + (c // 4) * 512 + (r % 32) * 16 \
-                    + ((r % 128) // 32) * 4 + c % 4
+                off = (
+                    e * mp * kp
+                    + (r // 128) * (kp // 4) * 512
+                    + (c // 4) * 512
+                    + (r % 32) * 16
+                    + ((r % 128) // 32) * 4
+                    + c % 4
+                )
                 out[off] = src[e, r, c]
     return out.view(E, mp, kp)
 
@@ -130,7 +139,9 @@ def test_swizzle_formula_vllm_and_flashinfer(E, M, K):
     s = u8((E, M, K), gen(M * K), 0x7F).view(FP8)
     out = swizzle_block_scales(s).view(torch.uint8)
     assert torch.equal(out, _vllm_swizzle(s))
-    assert torch.equal(out.reshape(-1), _swizzle_cutile_fp4_scales(s.view(torch.uint8), scale_block_size=16).reshape(-1))
+    assert torch.equal(
+        out.reshape(-1), _swizzle_cutile_fp4_scales(s.view(torch.uint8), scale_block_size=16).reshape(-1)
+    )
     assert torch.equal(_unswizzle_batched_sf_128x4(out, E, M, K), s.view(torch.uint8))
     if M * K <= 2100:
         assert torch.equal(out, _formula_swizzle(s))
@@ -141,7 +152,11 @@ def test_mma_view(E, Mp, Kp):
     swz = u8((E, Mp, Kp), gen(Kp)).view(FP8)
     ref = convert_sf_to_mma_layout(swz.reshape(E * Mp, Kp), m=Mp, k=Kp * 16, num_groups=E, sf_vec_size=16)
     v = mma_view(swz)
-    assert v.shape == ref.shape and v.stride() == ref.stride() and v.data_ptr() == ref.data_ptr() == swz.data_ptr()
+    assert (
+        v.shape == ref.shape
+        and v.stride() == ref.stride()
+        and v.data_ptr() == ref.data_ptr() == swz.data_ptr()
+    )
     assert torch.equal(bits(v), bits(ref))
 
 
@@ -152,7 +167,9 @@ def test_cutedsl_interleave_vs_flashinfer_prepare(E, H, I):
     W = FlintMoEWeights.from_modelopt(w13, s13, gs, w2, s2, gs)
     fw, fs = interleave_cute_dsl_moe_weights(_w31(w13), _w31(s13), swap_ab=False)
     assert torch.equal(W.w1, fw)
-    fsw = _swizzle_cutile_fp4_scales(fs.view(torch.uint8), scale_block_size=16).reshape(W.w1_sf_swizzled.shape)
+    fsw = _swizzle_cutile_fp4_scales(fs.view(torch.uint8), scale_block_size=16).reshape(
+        W.w1_sf_swizzled.shape
+    )
     assert torch.equal(bits(W.w1_sf_swizzled), fsw)
     f2 = _swizzle_cutile_fp4_scales(s2.view(torch.uint8), scale_block_size=16).reshape(W.w2_sf_swizzled.shape)
     assert torch.equal(bits(W.w2_sf_swizzled), f2) and torch.equal(W.w2, w2)
@@ -198,7 +215,9 @@ def test_deepseek_fp8_vs_flashinfer():
         r = get_shuffle_matrix_a_row_indices(x, 64)
         assert torch.equal(bits(g1[e]), convert_to_block_layout(x[r].contiguous(), 128))
         y = w2[e].view(torch.uint8)
-        assert torch.equal(bits(g2[e]), convert_to_block_layout(y[get_shuffle_matrix_a_row_indices(y, 64)].contiguous(), 128))
+        assert torch.equal(
+            bits(g2[e]), convert_to_block_layout(y[get_shuffle_matrix_a_row_indices(y, 64)].contiguous(), 128)
+        )
     assert torch.equal(g1s, _w31(s13)) and torch.equal(g2s, s2)
 
 

@@ -47,7 +47,9 @@ def test_poisoned_padding_cutedsl(byte):
     phys = R.cutedsl_w13_phys_rows(I, ip)
     w1 = _poison_half_rows(W.w1, I, ip, phys, byte)
     sf1 = R.unswizzle_scales(W.w1_sf_swizzled, 2 * ip, H // 16)  # poison rows of the padded halves too
-    sf1[:, [r for r in range(2 * ip) if r not in set(phys.tolist())]] = torch.tensor(byte, dtype=torch.uint8).view(FP8)
+    sf1[:, [r for r in range(2 * ip) if r not in set(phys.tolist())]] = torch.tensor(
+        byte, dtype=torch.uint8
+    ).view(FP8)
     swz1 = swizzle_block_scales(sf1, fill=byte)
     w2p = bits(W.w2).clone()
     w2p[..., I // 2 :] = byte
@@ -60,7 +62,10 @@ def test_poisoned_padding_cutedsl(byte):
     assert same(x.w13, w13) and same(x.w13_scale, s13) and same(x.w2, w2) and same(x.w2_scale, s2)
     # via the MMA view of poisoned storage as well
     from flint_moe.layouts import mma_view
-    x = R.decode_cutedsl_w4a16(w1, mma_view(swz1), W.w1_alpha, w2p, mma_view(swz2), W.w2_alpha, intermediate=I)
+
+    x = R.decode_cutedsl_w4a16(
+        w1, mma_view(swz1), W.w1_alpha, w2p, mma_view(swz2), W.w2_alpha, intermediate=I
+    )
     assert same(x.w13_scale, s13) and same(x.w2_scale, s2)
 
 
@@ -81,6 +86,7 @@ def test_poisoned_padding_trtllm_nvfp4_and_bf16(byte):
     assert same(x.w13, w13) and same(x.w13_scale, s13) and same(x.w2, w2) and same(x.w2_scale, s2)
     b13, b2 = bf16(E, 128, 176, byte)
     from flint_moe.layouts import pad_intermediate_bf16
+
     a13, a2, ipb = pad_intermediate_bf16(b13, b2, 128)
     c1, c2 = to_trtllm_bf16(a13, a2)
     w13p = c1.permute(0, 2, 1, 3)  # [E, 2Ip, H/64, 64] view of the storage
@@ -98,7 +104,9 @@ def test_poisoned_padding_trtllm_nvfp4_and_bf16(byte):
 
 def _ok():
     w13, s13, w2, s2 = nvfp4(2, 128, 64, 0)
-    return dict(w13=w13, w13_scale=s13, w13_scale_2=torch.ones(2), w2=w2, w2_scale=s2, w2_scale_2=torch.ones(2))
+    return dict(
+        w13=w13, w13_scale=s13, w13_scale_2=torch.ones(2), w2=w2, w2_scale=s2, w2_scale_2=torch.ones(2)
+    )
 
 
 @pytest.mark.parametrize(
@@ -106,12 +114,32 @@ def _ok():
     [
         (dict(w13=torch.zeros(2, 128, 64, dtype=torch.int8)), TypeError, "w13: dtype must be torch.uint8"),
         (dict(w13_scale=torch.zeros(2, 128, 8, dtype=torch.float16)), TypeError, "w13_scale: dtype"),
-        (dict(w13_scale=torch.zeros(2, 128, 7, dtype=torch.uint8)), ValueError, "w13_scale: dimension 2 must be 8"),
+        (
+            dict(w13_scale=torch.zeros(2, 128, 7, dtype=torch.uint8)),
+            ValueError,
+            "w13_scale: dimension 2 must be 8",
+        ),
         (dict(w2=torch.zeros(2, 128, 16, dtype=torch.uint8)), ValueError, "w2: dimension 2 must be 32"),
-        (dict(w13_scale_2=torch.ones(2, dtype=torch.float16)), TypeError, "w13_scale_2: dtype must be torch.float32"),
-        (dict(w13_scale_2=torch.tensor([[1.0, 1.0], [1.0, 2.0]])), ValueError, r"gate and up global scales differ for experts \[1\]"),
-        (dict(w13_scale_2=(torch.ones(2), torch.tensor([1.0, 0.5]))), ValueError, "gate and up global scales differ"),
-        (dict(w13_scale_2=torch.tensor([1.0, float("nan")])), ValueError, "w13_scale_2: global scales must be finite"),
+        (
+            dict(w13_scale_2=torch.ones(2, dtype=torch.float16)),
+            TypeError,
+            "w13_scale_2: dtype must be torch.float32",
+        ),
+        (
+            dict(w13_scale_2=torch.tensor([[1.0, 1.0], [1.0, 2.0]])),
+            ValueError,
+            r"gate and up global scales differ for experts \[1\]",
+        ),
+        (
+            dict(w13_scale_2=(torch.ones(2), torch.tensor([1.0, 0.5]))),
+            ValueError,
+            "gate and up global scales differ",
+        ),
+        (
+            dict(w13_scale_2=torch.tensor([1.0, float("nan")])),
+            ValueError,
+            "w13_scale_2: global scales must be finite",
+        ),
         (dict(w2_scale_2=torch.ones(3)), ValueError, "w2_scale_2: dimension 0 must be 2"),
     ],
 )

@@ -62,7 +62,9 @@ def test_nvfp4_roundtrip(shape):
     _nvfp4_check(_experts(E, H, I, 0.5625), H, I, seed)
 
 
-@pytest.mark.parametrize("H,I", [(2048, 176), (2688, 704), (2880, 1856), (7168, 2048), (2048, 2880), (2688, 1408)])
+@pytest.mark.parametrize(
+    "H,I", [(2048, 176), (2688, 704), (2880, 1856), (7168, 2048), (2048, 2880), (2688, 1408)]
+)
 def test_nvfp4_roundtrip_every_size(H, I):
     _nvfp4_check(1, H, I, H + I)
 
@@ -168,7 +170,7 @@ def test_out_of_place_never_modifies_or_aliases_inputs():
     snap = [t.clone() for t in (w13, s13, w2, s2)]
     gs = torch.rand(2)
     W = FlintMoEWeights.from_modelopt(w13, s13, gs, w2, s2, gs)
-    for a, b in zip((w13, s13, w2, s2), snap):
+    for a, b in zip((w13, s13, w2, s2), snap, strict=True):
         assert same(a, b)
     assert W.w2.data_ptr() != w2.data_ptr() and W.w1_alpha.data_ptr() != gs.data_ptr()
     b13, b2 = bf16(2, 128, 128, 1)
