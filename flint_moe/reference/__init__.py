@@ -8,9 +8,9 @@ their certified bounds), ``routing`` (steps 1-4), ``experts`` (steps 5-8), ``com
 
 from __future__ import annotations
 
-from . import combine, decode_block, exact, experts, formats, model, mufu, quantize, routing, weights
+import sys
 
-_MODULES = (formats, weights, quantize, mufu, exact, routing, experts, combine, decode_block, model)
+from . import combine, decode_block, exact, experts, formats, model, mufu, quantize, routing, weights  # noqa: F401
 from .combine import *  # noqa: F403
 from .decode_block import *  # noqa: F403
 from .exact import *  # noqa: F403
@@ -22,5 +22,7 @@ from .quantize import *  # noqa: F403
 from .routing import *  # noqa: F403
 from .weights import *  # noqa: F403
 
-# (``combine`` is both a module and a function; after the star imports the name is the step-9 function.)
+# ``combine`` is both a module and a function; after the star imports the name is the step-9 function.
+_NAMES = "formats weights quantize mufu exact routing experts combine decode_block model".split()
+_MODULES = tuple(sys.modules[f"{__name__}.{n}"] for n in _NAMES)
 __all__ = [name for mod in _MODULES for name in mod.__all__]

@@ -89,7 +89,7 @@ def combine_fp32(tw: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def combine(tw: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Step 9: ``routed = bf16(acc)`` with ``acc`` from :func:`combine_fp32`. Returns torch.bfloat16 [M, H]."""
+    """Step 9: ``routed = bf16(acc)`` with ``acc`` from :func:`combine_fp32`. -> bf16 [M, H]."""
     return to_bf16(combine_fp32(tw, y))
 
 

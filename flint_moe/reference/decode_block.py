@@ -41,7 +41,8 @@ def rmsnorm_apply(s: torch.Tensor, sumsq_fp32: torch.Tensor, w_ln: torch.Tensor,
     """Step 11: ``xn = bf16(RN(RN(s * inv) * w_ln))``, ``inv = rsqrt.approx.ftz(RN(div_rn(sumsq, H) + eps))``.
 
     Args: ``s`` fp32 [M, H] (residual sum), ``sumsq_fp32`` fp32 [M] (the kernel's / policy's value of the
-    sum of squares), ``w_ln`` bf16 [H], ``eps`` Python float (used as fp32(eps)). H is exact in fp32 (H < 2^24).
+    sum of squares), ``w_ln`` bf16 [H], ``eps`` Python float (used as fp32(eps)).
+    H is exact in fp32 (H < 2^24).
     Returns torch.bfloat16 [M, H]. Raises TypeError / ValueError naming the tensor.
     """
     from .mufu import rsqrt_approx_ftz

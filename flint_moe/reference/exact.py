@@ -18,7 +18,7 @@ NVFP4 weights ``E2M1 * E4M3`` which have at most 6 significant bits, fp32 ``s`` 
 Hence every term is computed exactly, and every partial sum is a multiple of 2^-298 with magnitude below
 n * 2^256: float64 never underflows (a sum of multiples of 2^-298 is either 0 or >= 2^-298 > 2^-1022) nor
 overflows (n < 2^700). The only error of the float64 value is the rounding of the additions of the float64
-matmul / sum (any order, with or without FMA): Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
+matmul / sum (any order, with or without FMA): Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed,
 Lemma 3.1 / eq. (3.4) for any summation tree: ``|exact64 - exact| <= gamma_n(2^-53) * sum|t_i|`` with
 ``gamma_n(u) = n*u / (1 - n*u)``. ``sum|t_i|`` is itself computed in float64 from non-negative exact
 terms, so ``Shat = S (1 + theta)``, ``|theta| <= gamma_n(2^-53)``, and ``S <= Shat * (1 + 2*gamma_n(2^-53))``
@@ -31,7 +31,7 @@ Standard model with gradual underflow (Higham, section 2.2, eq. (2.8)): every bi
 ``op(a, b) (1 + delta) + eta`` with ``|delta| <= u``, ``|eta| <= eta0`` and ``delta * eta = 0``; additions of
 binary32 numbers have ``eta = 0`` (a sum in the subnormal range is exact: Hauser, ACM TOPLAS 18(2), 1996).
 ``u = 2^-24, eta0 = 2^-150`` for round-to-nearest; ``u = 2^-23, eta0 = 2^-149`` for truncation (tensor-core
-accumulation, rule "Accumulation"). If every term ``t_i`` reaches the result through at most ``d`` roundings and
+accumulation, rule "Accumulation"). If every term ``t_i`` reaches the result through <= ``d`` roundings and
 at most ``N`` roundings can carry an ``eta``, then (Higham Lemma 3.1, ``prod (1 + delta_j) = 1 + theta_d``,
 ``|theta_d| <= gamma_d``)::
 
@@ -147,7 +147,9 @@ class SummationModel:
     def check_length(self, n: int) -> None:
         """``ValueError`` if this model cannot describe a reduction of length n."""
         if self.block is not None and (self.block <= 0 or n % self.block):
-            raise ValueError(f"model {self.name}: reduction length {n} is not a multiple of block {self.block}")
+            raise ValueError(
+                f"model {self.name}: reduction length {n} is not a multiple of block {self.block}"
+            )
 
 
 #: Plain binary32 round-to-nearest accumulation in any order (CUDA-core FMA loops, tl.sum trees, split-K).
@@ -198,7 +200,7 @@ class Accumulation:
         return Accumulation(exact, bound, abs_sum, eta_possible, n, model)
 
     def with_model(self, model: SummationModel) -> Accumulation:
-        """Same exact values, bound re-derived for ``model`` (e.g. :data:`FP32_TRUNCATE`, :func:`block_model`)."""
+        """Same exact values, bound re-derived for ``model`` (e.g. :data:`FP32_TRUNCATE`, a block model)."""
         return Accumulation.build(self.exact, self.abs_sum, self.eta_possible, self.n, model)
 
     @property
@@ -230,7 +232,12 @@ class Accumulation:
     def __getitem__(self, index) -> Accumulation:
         """Index every tensor field alike (e.g. ``acc[..., :I]``); n and model are kept."""
         return Accumulation(
-            self.exact[index], self.bound[index], self.abs_sum[index], self.eta_possible[index], self.n, self.model
+            self.exact[index],
+            self.bound[index],
+            self.abs_sum[index],
+            self.eta_possible[index],
+            self.n,
+            self.model,
         )
 
 
@@ -273,8 +280,12 @@ def _special_values(a: dict, b: dict) -> tuple[torch.Tensor, torch.Tensor, torch
         return p @ q.T > 0
 
     inf0 = mm(a["pinf"] + a["ninf"], b["zero"]) | mm(a["zero"], b["pinf"] + b["ninf"])
-    pos = mm(a["pinf"], b["pos"]) | mm(a["ninf"], b["neg"]) | mm(a["pos"], b["pinf"]) | mm(a["neg"], b["ninf"])
-    neg = mm(a["pinf"], b["neg"]) | mm(a["ninf"], b["pos"]) | mm(a["pos"], b["ninf"]) | mm(a["neg"], b["pinf"])
+    pos = (
+        mm(a["pinf"], b["pos"]) | mm(a["ninf"], b["neg"]) | mm(a["pos"], b["pinf"]) | mm(a["neg"], b["ninf"])
+    )
+    neg = (
+        mm(a["pinf"], b["neg"]) | mm(a["ninf"], b["pos"]) | mm(a["pos"], b["ninf"]) | mm(a["neg"], b["pinf"])
+    )
     nan = a["nan"][:, None] | b["nan"][None, :] | inf0 | (pos & neg)
     return nan, pos & ~nan, neg & ~nan
 
@@ -321,7 +332,9 @@ def dot_accumulate_rows(
     for start in range(0, n_rows, chunk):
         stop = min(n_rows, start + chunk)
         got = rows(start, stop)
-        if isinstance(got, tuple):  # (values, all finite, lower bound on each row's smallest non-zero |value|)
+        if isinstance(
+            got, tuple
+        ):  # (values, all finite, lower bound on each row's smallest non-zero |value|)
             b64, b_all_finite, b_min = got
         else:
             b64, b_all_finite, b_min = got, None, None
@@ -375,7 +388,9 @@ def dot_accumulate(
     return dot_accumulate_rows(a, rows, b.shape[0], model=model, narrow_products=narrow, name=a_name)
 
 
-def sum_squares_accumulate(s: torch.Tensor, *, model: SummationModel = FP32_RN, name: str = "s") -> Accumulation:
+def sum_squares_accumulate(
+    s: torch.Tensor, *, model: SummationModel = FP32_RN, name: str = "s"
+) -> Accumulation:
     """Exact ``sum_h s[m, h]^2`` (rule step 11) for fp32 ``s`` [M, H] -> :class:`Accumulation` [M].
 
     Each square is exact in float64 (48 bits, exponent >= -298). NaN -> NaN, inf -> +inf (IEEE).
@@ -422,7 +437,7 @@ def _within(k64: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor) -> torc
     """Exact test of ``|k - exact| <= bound`` for finite float64 operands (no rounding can flip it).
 
     With ``d = RN(k - exact)`` and the exact remainder ``err``: RN is monotonic and ``bound`` is a float64, so
-    ``|d| < bound`` implies ``|k - exact| <= bound`` and ``|d| > bound`` implies ``> bound``; at ``|d| == bound``
+    ``|d| < bound`` implies ``|k - exact| <= bound``, ``|d| > bound`` implies ``> bound``; at ``|d| == bound``
     the sign of ``err`` decides.
     """
     d, err = _two_diff(k64, exact)
@@ -439,7 +454,9 @@ def _check_pair(kernel_value: torch.Tensor, acc: Accumulation, name: str) -> tor
     return kernel_value.to(torch.float64)
 
 
-def check_accumulator(kernel_value: torch.Tensor, acc: Accumulation, *, name: str = "kernel_value") -> torch.Tensor:
+def check_accumulator(
+    kernel_value: torch.Tensor, acc: Accumulation, *, name: str = "kernel_value"
+) -> torch.Tensor:
     """Rule "Accumulation" criterion: bool mask, True where the kernel's fp32 value conforms.
 
     * exact NaN: the kernel value must be NaN (positions match; NaN bits are not compared);
@@ -515,5 +532,12 @@ def accumulator_report(
         worst = float(excess.reshape(-1)[flat])
         idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), excess.shape))
     return AccumulatorReport(
-        ok, violations, int(nan_mm.sum()), excess, worst, idx, int(acc.overflow_possible.sum()), acc.model.name
+        ok,
+        violations,
+        int(nan_mm.sum()),
+        excess,
+        worst,
+        idx,
+        int(acc.overflow_possible.sum()),
+        acc.model.name,
     )

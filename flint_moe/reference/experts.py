@@ -43,7 +43,9 @@ AccumulatePolicy = Callable[[str, Accumulation, dict], torch.Tensor]
 SWIGLU_C = float(bits_to_f32(torch.tensor(0xBFB8AA3B - (1 << 32), dtype=torch.int32)))
 
 
-def _check_nvfp4(codes_name: str, codes: torch.Tensor, scale_name: str, scale: torch.Tensor) -> tuple[int, int]:
+def _check_nvfp4(
+    codes_name: str, codes: torch.Tensor, scale_name: str, scale: torch.Tensor
+) -> tuple[int, int]:
     check_tensor(codes_name, codes, dtype=torch.uint8, ndim=2)
     n, k = codes.shape[0], 2 * codes.shape[1]
     check_multiple(codes_name, k, BLOCK, "unpacked row length (2 x last dimension)")
@@ -97,10 +99,10 @@ def _nvfp4_accumulate(x, x_name, codes, codes_name, scale, scale_name, model) ->
 def gate_up_accumulate(
     x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, *, model: SummationModel = FP32_RN
 ) -> Accumulation:
-    """Step 6 reduction for one NVFP4 expert: exact ``sum_h W13[n, h] * x[t, h]`` with W13 dequantized (step 5).
+    """Step 6 reduction, one NVFP4 expert: exact ``sum_h W13[n, h] * x[t, h]``, W13 dequantized (step 5).
 
     Args: ``x`` bf16 [M, H]; ``w13`` uint8 [2I, H/2] (rows [gate; up]); ``w13_scale`` E4M3 [2I, H/16].
-    Returns :class:`Accumulation` [M, 2I]: ``acc[:, :I]`` is gate, ``acc[:, I:]`` up (global scale NOT applied).
+    Returns :class:`Accumulation` [M, 2I]: ``acc[:, :I]`` is gate, ``acc[:, I:]`` up (no global scale).
     The weights are dequantized a chunk of rows at a time (float64), never all at once.
     """
     return _nvfp4_accumulate(x, "x", w13, "w13", w13_scale, "w13_scale", model)
@@ -126,7 +128,9 @@ def _global_scale(gs: torch.Tensor | float, like: torch.Tensor, name: str) -> to
     raise TypeError(f"{name}: expected an fp32 tensor or a float, got {type(gs).__name__}")
 
 
-def apply_global_scale(acc_fp32: torch.Tensor, gs: torch.Tensor | float, *, name: str = "acc_fp32") -> torch.Tensor:
+def apply_global_scale(
+    acc_fp32: torch.Tensor, gs: torch.Tensor | float, *, name: str = "acc_fp32"
+) -> torch.Tensor:
     """Step 6 / 8: ``RN(acc * gs)`` in fp32. ``acc_fp32`` fp32 (any shape); ``gs`` one fp32 value.
 
     Returns fp32 of ``acc_fp32``'s shape. Raises TypeError / ValueError naming the tensor.
@@ -138,7 +142,8 @@ def apply_global_scale(acc_fp32: torch.Tensor, gs: torch.Tensor | float, *, name
 def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Step 7 (TRT-LLM / FlashInfer CuTe epilogue), elementwise, fp32 ``g``, ``u`` of one shape -> bf16.
 
-    ``a = RN(g * c)`` (c = 0xBFB8AA3B), ``p = ex2.approx.ftz(a)``, ``d = RN(p + 1)``, ``r = rcp.approx.ftz(d)``,
+    ``a = RN(g * c)`` (c = 0xBFB8AA3B), ``p = ex2.approx.ftz(a)``, ``d = RN(p + 1)``,
+    ``r = rcp.approx.ftz(d)``,
     ``act = bf16(RN(u * RN(g * r)))``; ex2 / rcp are the bit-exact PTX emulations of :mod:`.mufu`.
     Returns torch.bfloat16. Raises TypeError / ValueError naming ``g`` or ``u``.
     """
@@ -164,7 +169,9 @@ def down_accumulate(
     return _nvfp4_accumulate(act, "act", w2, "w2", w2_scale, "w2_scale", model)
 
 
-def down_accumulate_bf16(act: torch.Tensor, w2: torch.Tensor, *, model: SummationModel = FP32_RN) -> Accumulation:
+def down_accumulate_bf16(
+    act: torch.Tensor, w2: torch.Tensor, *, model: SummationModel = FP32_RN
+) -> Accumulation:
     """Step 8 (BF16 experts): exact ``act @ w2^T``; ``act`` bf16 [M, I], ``w2`` bf16 [H, I] -> [M, H]."""
     check_tensor("act", act, dtype=torch.bfloat16, ndim=2)
     check_tensor("w2", w2, dtype=torch.bfloat16, shape=(None, act.shape[1]))
@@ -180,7 +187,6 @@ def down_output_bf16(y_acc: torch.Tensor) -> torch.Tensor:
     """Step 8 (BF16 experts): ``y = bf16(y_acc)``; ``y_acc`` fp32 -> torch.bfloat16."""
     check_tensor("y_acc", y_acc, dtype=torch.float32)
     return to_bf16(y_acc)
-
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""End-to-end golden model: rule steps 1-10 (``moe_nvfp4``, ``moe_bf16``) and 11 + 1-10 (``moe_decode_block``).
+"""End-to-end golden model: rule steps 1-10 (``moe_nvfp4``, ``moe_bf16``), 11 + 1-10 (``moe_decode_block``).
 
 Each function returns a frozen dataclass with every stage output and the :class:`.exact.Accumulation` of every
 long reduction. The fp32 value of each accumulator comes from the ``accumulate`` policy
 (``policy(stage, acc, operands) -> fp32``; default :func:`.exact.round_exact`), with stages ``"router"``,
 ``"gate_up"``, ``"down"``, ``"sumsq"``, ``"shared_gate_up"``, ``"shared_down"``; ``operands`` holds the
 reduction's inputs (and for routed experts ``expert`` and ``tokens``), so a later policy can replay a kernel's
-documented summation order. Only the selected experts are dequantized, one at a time, a chunk of rows at a time.
+documented summation order. Only the selected experts are dequantized, one at a time, a chunk of rows at once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class MoEResult:
 
     Fields:
         router_acc: Accumulation [M, E] (step 1 reduction).  logits: bf16 [M, E] (step 1).
-        ids: int32 [M, k] (step 2).  scores: fp32 [M, k] (step 3).  weights: fp32 [M, k] holding bf16 (step 4).
+        ids: int32 [M, k] (step 2).  scores: fp32 [M, k] (step 3). weights: fp32 [M, k] bf16 values (step 4).
         gate_acc, up_acc: Accumulation [M, k, I] (step 6 reductions, per token and slot).
         g, u: fp32 [M, k, I] (step 6).  act: bf16 [M, k, I] (step 7).
         down_acc: Accumulation [M, k, H] (step 8 reduction).  y: bf16 [M, k, H] (step 8).
@@ -139,7 +139,11 @@ def _moe(x, router_weight, top_k, shared, run_expert, i: int, accumulate, model)
     u = torch.full_like(g, math.nan)
     act = torch.zeros((m, top_k, i), dtype=torch.bfloat16, device=dev)
     y = torch.zeros((m, top_k, h), dtype=torch.bfloat16, device=dev)
-    gate_buf, up_buf, down_buf = _AccBuffer(m, top_k, dev), _AccBuffer(m, top_k, dev), _AccBuffer(m, top_k, dev)
+    gate_buf, up_buf, down_buf = (
+        _AccBuffer(m, top_k, dev),
+        _AccBuffer(m, top_k, dev),
+        _AccBuffer(m, top_k, dev),
+    )
     for e in torch.unique(ids).tolist():  # ascending expert index; each token selects an expert at most once
         tokens, slots = torch.nonzero(ids == e, as_tuple=True)
         st = run_expert(e, x[tokens], {"expert": e, "tokens": tokens})
@@ -239,12 +243,16 @@ def moe_decode_block(
     s = residual_add(attn_out, residual)
     h = s.shape[1]
     if shared_w13.in_features != h or shared_w13.out_features % 2:
-        raise ValueError(f"shared_w13: expected shape [2*SI, H={h}], got [{shared_w13.out_features}, "
-                         f"{shared_w13.in_features}]")
+        raise ValueError(
+            f"shared_w13: expected shape [2*SI, H={h}], got [{shared_w13.out_features}, "
+            f"{shared_w13.in_features}]"
+        )
     si = shared_w13.out_features // 2
     if (shared_w2.out_features, shared_w2.in_features) != (h, si):
-        raise ValueError(f"shared_w2: expected shape [H={h}, SI={si}], got [{shared_w2.out_features}, "
-                         f"{shared_w2.in_features}]")
+        raise ValueError(
+            f"shared_w2: expected shape [H={h}, SI={si}], got [{shared_w2.out_features}, "
+            f"{shared_w2.in_features}]"
+        )
     sumsq_acc = sum_squares(s, model=model)
     sumsq = _policy_value(accumulate, "sumsq", sumsq_acc, {"s": s})
     xn = rmsnorm_apply(s, sumsq, w_ln, eps)

@@ -85,7 +85,7 @@ def routing_scores(logits_selected: torch.Tensor) -> torch.Tensor:
     """Step 3: ``s = div_rn(1, RN(1 + expf(-l)))`` with ``expf`` = libdevice ``__nv_expf`` (mufu emulation).
 
     Args: ``logits_selected`` bf16 [M, k] (any shape). ``-l`` of a bf16 is a bf16 (sign flip, exact).
-    Returns: fp32, same shape. expf overflow (l < -88.7) gives inf, so s = +0; l = +inf gives s = 1; NaN -> NaN.
+    Returns: fp32, same shape. expf overflow (l < -88.7) gives inf, so s = +0; l = +inf: s = 1; NaN -> NaN.
     """
     from .mufu import expf_libdevice
 
@@ -96,9 +96,10 @@ def routing_scores(logits_selected: torch.Tensor) -> torch.Tensor:
 
 
 def renormalize(scores: torch.Tensor) -> torch.Tensor:
-    """Step 4: ``S = RN(...RN(s_0 + s_1)... + s_{k-1})`` in selection order, ``tw_j = bf16(s_j / RN(S + 1e-20f))``.
+    """Step 4: ``S = RN(...RN(s_0 + s_1)... + s_{k-1})``, ``tw_j = bf16(s_j / RN(S + eps))``.
 
-    Args: ``scores`` fp32 [M, k] (k >= 1), in selection order. Returns fp32 [M, k] holding bf16 values.
+    Args: ``scores`` fp32 [M, k] (k >= 1), selection order; eps = fp32(1e-20). Returns fp32 [M, k] holding
+    bf16 values.
     Rows whose scores all underflowed to 0 give tw = 0 (0 / 1e-20f), never NaN. NaN scores propagate.
     """
     check_tensor("scores", scores, dtype=torch.float32, ndim=2)

@@ -57,7 +57,7 @@ def test_fma_random_against_fractions():
         c = f32(rng.choice((-1, 1)) * a * b * (1 + rng.choice((0, 2.0**-24, -(2.0**-25), 1e-3))))
         vals.append((a, b, c))
     out = fma_f32(t32([v[0] for v in vals]), t32([v[1] for v in vals]), t32([v[2] for v in vals])).tolist()
-    for (a, b, c), got in zip(vals, out):
+    for (a, b, c), got in zip(vals, out, strict=False):
         assert f32_bits(got) == f32_bits(_ref_fma(a, b, c)), (a, b, c)
 
 
@@ -65,8 +65,10 @@ def test_combine_against_plain_loop():
     rng = random.Random(4)
     m, k, h = 5, 6, 9
     tw = [[bf16(rng.random()) for _ in range(k)] for _ in range(m)]
-    y = [[[bf16(rng.uniform(-3, 3) * 2.0 ** rng.randrange(-130, 5)) for _ in range(h)] for _ in range(k)]
-         for _ in range(m)]
+    y = [
+        [[bf16(rng.uniform(-3, 3) * 2.0 ** rng.randrange(-130, 5)) for _ in range(h)] for _ in range(k)]
+        for _ in range(m)
+    ]
     y[0][0] = [-0.0] * h  # product -0 into +0 accumulator
     acc = combine_fp32(t32(tw), tbf(y))
     routed = combine(t32(tw), tbf(y))

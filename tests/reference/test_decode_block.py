@@ -36,7 +36,9 @@ def test_rmsnorm_rounding_points(monkeypatch):
     from flint_moe.reference import mufu
 
     seen = []
-    monkeypatch.setattr(mufu, "rsqrt_approx_ftz", lambda v: (seen.append(v.clone()), t32([0.25] * v.numel()))[1])
+    monkeypatch.setattr(
+        mufu, "rsqrt_approx_ftz", lambda v: (seen.append(v.clone()), t32([0.25] * v.numel()))[1]
+    )
     # s = [3, 4], H = 2: sumsq = 25, div_rn(25, 2) = 12.5, eps = fp32(1e-6) = 9.99999997e-7;
     # 12.5 + 1e-6: spacing at 12.5 is 2^-20 = 9.54e-7, 1e-6 / 2^-20 = 1.049 -> RN -> 12.5 + 2^-20.
     # inv (stand-in) = 0.25: xn = bf16(RN(RN(s * 0.25) * w)) with w = [1, 1 + 2^-7]:

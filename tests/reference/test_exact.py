@@ -22,7 +22,6 @@ from flint_moe.reference.exact import (
     gamma,
     sum_squares_accumulate,
 )
-
 from tests.reference._oracle import rn32, rz32, tbf
 
 U = 2.0**-24
@@ -44,7 +43,7 @@ def _random_bf16(rng: random.Random, n: int, lo: int = -20, hi: int = 20) -> lis
 
 
 def _fraction_dot(a: list[float], b: list[float]) -> Fraction:
-    return sum((Fraction(x) * Fraction(y) for x, y in zip(a, b)), Fraction(0))
+    return sum((Fraction(x) * Fraction(y) for x, y in zip(a, b, strict=False)), Fraction(0))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -62,7 +61,7 @@ def test_fp64_value_matches_fractions_within_its_own_error():
             q = _fraction_dot(a[i], b[j])
             err = abs(Fraction(float(acc.exact[i, j])) - q)
             assert err <= Fraction(float(acc.fp64_error[i, j]))
-            s = sum(abs(Fraction(x) * Fraction(y)) for x, y in zip(a[i], b[j]))
+            s = sum(abs(Fraction(x) * Fraction(y)) for x, y in zip(a[i], b[j], strict=False))
             assert Fraction(float(acc.abs_sum[i, j])) >= s  # abs_sum is an upper bound on sum|t|
 
 
@@ -178,7 +177,7 @@ def test_adversarial_orders_stay_within_bound():
     a = [1.0] + [2.0**-12] * (n - 1)
     b = [1.0] + [2.0**-12] * (n - 1)
     acc = dot_accumulate(tbf([a]), tbf([b]))
-    terms = [x * y for x, y in zip(a, b)]
+    terms = [x * y for x, y in zip(a, b, strict=False)]
     forward = _seq(terms, rn32)
     assert forward == 1.0
     backward = _seq(terms[::-1], rn32)
@@ -187,7 +186,9 @@ def test_adversarial_orders_stay_within_bound():
     ok = check_accumulator(torch.tensor([[forward]], dtype=torch.float32), acc)
     assert bool(ok[0, 0])
     assert bool(check_accumulator(torch.tensor([[backward]], dtype=torch.float32), acc)[0, 0])
-    assert bool(check_accumulator(torch.tensor([[trunc]], dtype=torch.float32), acc.with_model(FP32_TRUNCATE))[0, 0])
+    assert bool(
+        check_accumulator(torch.tensor([[trunc]], dtype=torch.float32), acc.with_model(FP32_TRUNCATE))[0, 0]
+    )
     # a value 2 * n * u away is outside the RN bound
     far = rn32(Fraction(1) - 2 * n * Fraction(2) ** -24)
     assert not bool(check_accumulator(torch.tensor([[far]], dtype=torch.float32), acc)[0, 0])
@@ -202,19 +203,23 @@ def test_random_orders_and_block_regrouping_within_bound():
         scales = [rng.choice((2.0**-9, 0.875, 1.0, 448.0, 3.0)) for _ in range(n // blk)]
         w = [codes[i] * scales[i // blk] for i in range(n)]
         acc = dot_accumulate(tbf([x]), tbf([w]))
-        terms = [Fraction(a) * Fraction(b) for a, b in zip(x, w)]
+        terms = [Fraction(a) * Fraction(b) for a, b in zip(x, w, strict=False)]
         order = list(range(n))
         rng.shuffle(order)
         shuffled = _seq([terms[i] for i in order], rn32)
         # block regrouping: sum code*x per block (RN), multiply by the scale (RN), add partials (RN)
         partials = []
         for blk_i in range(n // blk):
-            p = _seq([Fraction(codes[i]) * Fraction(x[i]) for i in range(blk_i * blk, (blk_i + 1) * blk)], rn32)
+            p = _seq(
+                [Fraction(codes[i]) * Fraction(x[i]) for i in range(blk_i * blk, (blk_i + 1) * blk)], rn32
+            )
             partials.append(rn32(Fraction(p) * Fraction(scales[blk_i])))
         regrouped = _seq(partials, rn32)
         assert bool(check_accumulator(torch.tensor([[shuffled]], dtype=torch.float32), acc)[0, 0])
         assert bool(
-            check_accumulator(torch.tensor([[regrouped]], dtype=torch.float32), acc.with_model(block_model(16)))[0, 0]
+            check_accumulator(
+                torch.tensor([[regrouped]], dtype=torch.float32), acc.with_model(block_model(16))
+            )[0, 0]
         )
 
 

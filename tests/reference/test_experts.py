@@ -38,7 +38,9 @@ from tests.reference._oracle import (
 
 
 def _pack(codes: list[list[int]]) -> torch.Tensor:
-    return torch.tensor([[r[i] | (r[i + 1] << 4) for i in range(0, len(r), 2)] for r in codes], dtype=torch.uint8)
+    return torch.tensor(
+        [[r[i] | (r[i + 1] << 4) for i in range(0, len(r), 2)] for r in codes], dtype=torch.uint8
+    )
 
 
 def test_swiglu_constant_bits():
@@ -67,13 +69,17 @@ def test_dequant_bad_inputs():
     with pytest.raises(ValueError, match="scale: E4M3 NaN scale byte 0x7F"):
         dequant_nvfp4(codes, torch.tensor([[0x7F]], dtype=torch.uint8))
     with pytest.raises(ValueError, match="w13_scale: E4M3 NaN scale byte 0xFF"):
-        gate_up_accumulate(torch.zeros(1, 16, dtype=torch.bfloat16), codes, torch.tensor([[0xFF]], dtype=torch.uint8))
+        gate_up_accumulate(
+            torch.zeros(1, 16, dtype=torch.bfloat16), codes, torch.tensor([[0xFF]], dtype=torch.uint8)
+        )
     with pytest.raises(ValueError, match="codes: unpacked row length .* multiple of 16"):
         dequant_nvfp4(torch.zeros(2, 3, dtype=torch.uint8), torch.zeros(2, 0, dtype=torch.uint8))
     with pytest.raises(TypeError, match="x: dtype must be torch.bfloat16"):
         gate_up_accumulate(torch.zeros(1, 16), codes, torch.ones(1, 1, dtype=torch.uint8))
     with pytest.raises(ValueError, match="x: dimension 1 must be 16"):
-        gate_up_accumulate(torch.zeros(1, 32, dtype=torch.bfloat16), codes, torch.ones(1, 1, dtype=torch.uint8))
+        gate_up_accumulate(
+            torch.zeros(1, 32, dtype=torch.bfloat16), codes, torch.ones(1, 1, dtype=torch.uint8)
+        )
     with pytest.raises(ValueError, match="w2_scale: dimension 1 must be 1"):
         down_accumulate(torch.zeros(1, 16, dtype=torch.bfloat16), codes, torch.ones(1, 2, dtype=torch.uint8))
 
@@ -85,14 +91,21 @@ def test_gate_up_accumulate_against_fractions():
     sbytes = [[rng.choice([0x01, 0x38, 0x7E, 0xB8, 0x80, 0x30]) for _ in range(k // 16)] for _ in range(n)]
     scale = torch.tensor(sbytes, dtype=torch.uint8)
     svals = e4m3_to_float(scale).tolist()
-    x = [[rng.choice((-1, 1)) * rng.randrange(128, 256) / 128 * 2.0 ** rng.randrange(-30, 30) for _ in range(k)]
-         for _ in range(2)]
+    x = [
+        [
+            rng.choice((-1, 1)) * rng.randrange(128, 256) / 128 * 2.0 ** rng.randrange(-30, 30)
+            for _ in range(k)
+        ]
+        for _ in range(2)
+    ]
     acc = gate_up_accumulate(tbf(x), _pack(codes), scale)
     assert acc.shape == (2, n)
     for t in range(2):
         for r in range(n):
-            q = sum(Fraction(E2M1_VALUES[codes[r][h]]) * Fraction(svals[r][h // 16]) * Fraction(x[t][h])
-                    for h in range(k))
+            q = sum(
+                Fraction(E2M1_VALUES[codes[r][h]]) * Fraction(svals[r][h // 16]) * Fraction(x[t][h])
+                for h in range(k)
+            )
             assert abs(Fraction(float(acc.exact[t, r])) - q) <= Fraction(float(acc.fp64_error[t, r]))
     # gate/up split by slicing keeps n and the model
     assert acc[:, :3].shape == (2, 3) and acc[:, 3:].n == k
@@ -141,11 +154,13 @@ def test_swiglu_composition_hand_cases(monkeypatch):
 def test_swiglu_against_plain_loop(monkeypatch):
     install_stub_mufu(monkeypatch)
     rng = random.Random(11)
-    gs = [float(torch.tensor(rng.uniform(-1, 1) * 2.0 ** rng.randrange(-130, 8), dtype=torch.float32))
-          for _ in range(300)] + [math.inf, -math.inf, 0.0, -0.0]
+    gs = [
+        float(torch.tensor(rng.uniform(-1, 1) * 2.0 ** rng.randrange(-130, 8), dtype=torch.float32))
+        for _ in range(300)
+    ] + [math.inf, -math.inf, 0.0, -0.0]
     us = [float(torch.tensor(rng.uniform(-4, 4), dtype=torch.float32)) for _ in gs]
     out = swiglu(t32(gs), t32(us)).float().tolist()
-    for g, u, got in zip(gs, us, out):
+    for g, u, got in zip(gs, us, out, strict=False):
         want = _ref_swiglu(g, u)
         assert (math.isnan(want) and math.isnan(got)) or f32_bits(got) == f32_bits(want), (g, u)
 
@@ -172,8 +187,9 @@ def test_expert_helpers_shapes_and_policy(monkeypatch):
         stages.append((stage, tuple(acc.shape), sorted(operands)))
         return acc.exact.to(torch.float32)
 
-    st = nvfp4_expert(x, w13, s13, torch.tensor(0.5), w2, s2, torch.tensor(2.0), accumulate=policy,
-                      info={"expert": 3})
+    st = nvfp4_expert(
+        x, w13, s13, torch.tensor(0.5), w2, s2, torch.tensor(2.0), accumulate=policy, info={"expert": 3}
+    )
     assert stages[0] == ("gate_up", (3, 2 * i), ["expert", "w13", "w13_scale", "x"])
     assert stages[1] == ("down", (3, h), ["act", "expert", "w2", "w2_scale"])
     # g = RN(g_acc * 0.5) is exact (power of two) -> equals half the rounded accumulator

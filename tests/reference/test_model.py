@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import math
 import pathlib
-import random
 from fractions import Fraction
 
 import pytest
@@ -13,8 +12,18 @@ import torch
 
 import flint_moe.reference as R
 from flint_moe.reference.formats import E2M1_VALUES, e4m3_to_float
-from tests.reference._oracle import add32, bf16, f32_bits, install_stub_mufu, mul32, rn32, scalar
-from tests.reference._oracle import stub_ex2, stub_expf, stub_rcp
+from tests.reference._oracle import (
+    add32,
+    bf16,
+    f32_bits,
+    install_stub_mufu,
+    mul32,
+    rn32,
+    scalar,
+    stub_ex2,
+    stub_expf,
+    stub_rcp,
+)
 
 REF_DIR = pathlib.Path(R.__file__).parent
 
@@ -44,7 +53,7 @@ def _dequant_py(codes: torch.Tensor, scale: torch.Tensor) -> list[list[float]]:
 
 
 def _dot(a, b):
-    return sum((Fraction(x) * Fraction(y) for x, y in zip(a, b)), Fraction(0))
+    return sum((Fraction(x) * Fraction(y) for x, y in zip(a, b, strict=False)), Fraction(0))
 
 
 def _ref_moe_nvfp4(x, wr, ex, k):
@@ -119,7 +128,9 @@ def test_moe_stage_consistency_and_shapes(monkeypatch):
     assert r.g.shape == r.u.shape == r.act.shape == (m, k, i) and r.y.shape == (m, k, h)
     assert r.gate_acc.shape == (m, k, i) and r.down_acc.shape == (m, k, h) and r.router_acc.shape == (m, e)
     # every stage re-derived from the previous stage's outputs with the stage functions
-    assert torch.equal(r.logits.view(torch.int16), R.logits_from_accumulator(r.router_acc.exact.float()).view(torch.int16))
+    assert torch.equal(
+        r.logits.view(torch.int16), R.logits_from_accumulator(r.router_acc.exact.float()).view(torch.int16)
+    )
     sel = torch.gather(r.logits, 1, r.ids.long())
     assert torch.equal(r.scores, R.routing_scores(sel))
     assert torch.equal(r.weights, R.renormalize(r.scores))
@@ -170,10 +181,16 @@ def test_decode_block_end_to_end(monkeypatch):
     m, e, h, i, si, k = 2, 12, 32, 16, 32, 5
     ex = _nvfp4_experts(e, h, i, seed=4)
     g = torch.Generator().manual_seed(4)
-    sw13 = R.NVFP4Linear(torch.randint(0, 256, (2 * si, h // 2), dtype=torch.uint8, generator=g),
-                         torch.full((2 * si, h // 16), 0x30, dtype=torch.uint8), torch.tensor(0.75))
-    sw2 = R.NVFP4Linear(torch.randint(0, 256, (h, si // 2), dtype=torch.uint8, generator=g),
-                        torch.full((h, si // 16), 0x38, dtype=torch.uint8), torch.tensor(1.5))
+    sw13 = R.NVFP4Linear(
+        torch.randint(0, 256, (2 * si, h // 2), dtype=torch.uint8, generator=g),
+        torch.full((2 * si, h // 16), 0x30, dtype=torch.uint8),
+        torch.tensor(0.75),
+    )
+    sw2 = R.NVFP4Linear(
+        torch.randint(0, 256, (h, si // 2), dtype=torch.uint8, generator=g),
+        torch.full((h, si // 16), 0x38, dtype=torch.uint8),
+        torch.tensor(1.5),
+    )
     attn = torch.randn(m, h, generator=g).bfloat16()
     res = torch.randn(m, h, generator=g).bfloat16()
     w_ln = (torch.rand(h, generator=g) + 0.5).bfloat16()
@@ -181,9 +198,12 @@ def test_decode_block_end_to_end(monkeypatch):
     d = R.moe_decode_block(attn, res, w_ln, 1e-6, wr, ex, k, sw13, sw2)
     s = attn.float() + res.float()
     assert torch.equal(d.s, s) and torch.equal(d.residual.view(torch.int16), R.to_bf16(s).view(torch.int16))
-    assert torch.equal(d.xn.view(torch.int16), R.rmsnorm_apply(s, d.sumsq_acc.exact.float(), w_ln, 1e-6).view(torch.int16))
-    sh = R.nvfp4_expert(d.xn, sw13.codes, sw13.block_scale, sw13.global_scale, sw2.codes, sw2.block_scale,
-                        sw2.global_scale)
+    assert torch.equal(
+        d.xn.view(torch.int16), R.rmsnorm_apply(s, d.sumsq_acc.exact.float(), w_ln, 1e-6).view(torch.int16)
+    )
+    sh = R.nvfp4_expert(
+        d.xn, sw13.codes, sw13.block_scale, sw13.global_scale, sw2.codes, sw2.block_scale, sw2.global_scale
+    )
     assert torch.equal(d.y_shared.view(torch.int16), sh.y.view(torch.int16))
     direct = R.moe_nvfp4(d.xn, wr, ex, k, sh.y)
     assert torch.equal(d.out.view(torch.int16), direct.out.view(torch.int16))
@@ -239,11 +259,17 @@ def test_reference_imports_only_torch_numpy_stdlib():
     }
     for f in files:
         for name in _imports(f):
-            if name.startswith(".") or name == "flint_moe.reference" or name.startswith("flint_moe.reference."):
+            if (
+                name.startswith(".")
+                or name == "flint_moe.reference"
+                or name.startswith("flint_moe.reference.")
+            ):
                 continue  # inside flint_moe.reference
             top = name.split(".")[0]
             assert top in allowed, f"{f.name} imports {name}"
-            assert not name.startswith(("triton", "flint_moe.kernels", "flint_moe.conformance", "flint_moe.layouts"))
+            assert not name.startswith(
+                ("triton", "flint_moe.kernels", "flint_moe.conformance", "flint_moe.layouts")
+            )
 
 
 @pytest.mark.slow

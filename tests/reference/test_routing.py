@@ -140,13 +140,14 @@ def test_topk_bad_input():
 def test_scores_rounding_points(monkeypatch):
     # Stand-in expf returning chosen values, recording its input (which must be -l, a bf16 value).
     seen = []
-    table = {0.0: 1.0, -0.0: 1.0, -1.0: 2.0**-24, -2.0: 3 * 2.0**-24, INF: INF, -INF: 0.0, 3.0: 7.0}
+    table = {0.0: 1.0, -1.0: 2.0**-24, -2.0: 3 * 2.0**-24, INF: INF, -INF: 0.0, 3.0: 7.0}
 
     def fake(x):
         assert x.dtype == torch.bfloat16
         seen.extend(x.to(torch.float64).reshape(-1).tolist())
-        return torch.tensor([table[v] if not math.isnan(v) else NAN for v in x.reshape(-1).tolist()],
-                            dtype=torch.float32).reshape(x.shape)
+        return torch.tensor(
+            [table[v] if not math.isnan(v) else NAN for v in x.reshape(-1).tolist()], dtype=torch.float32
+        ).reshape(x.shape)
 
     from flint_moe.reference import mufu
 
@@ -167,7 +168,7 @@ def test_scores_against_plain_loop(monkeypatch):
     install_stub_mufu(monkeypatch)
     vals = [v for v in _bf16_all().to(torch.float64).tolist() if not math.isnan(v)][::97]
     s = routing_scores(tbf([vals]))[0].tolist()
-    for v, got in zip(vals, s):
+    for v, got in zip(vals, s, strict=False):
         e = scalar(stub_expf, -v)
         d = rn32(Fraction(1) + Fraction(e)) if math.isfinite(e) else e
         want = rn32(Fraction(1) / Fraction(d)) if math.isfinite(d) else 0.0
@@ -176,7 +177,8 @@ def test_scores_against_plain_loop(monkeypatch):
 
 @pytest.mark.skipif(not mufu_tables_present(), reason="mufu tables are captured on the GPU (owner B)")
 def test_scores_with_real_expf():
-    # l = +-inf and 0 do not depend on the approximation: expf(-inf)=0 -> 1, expf(inf)=inf -> 0, expf(-0)=1 -> 0.5
+    # l = +-inf and 0 do not depend on the approximation:
+    # expf(-inf)=0 -> 1, expf(inf)=inf -> 0, expf(-0)=1 -> 0.5
     assert routing_scores(tbf([[INF, -INF, 0.0]])).tolist() == [[1.0, 0.0, 0.5]]
 
 
@@ -226,8 +228,12 @@ def test_renormalize_against_plain_loop():
     rows = []
     for k in (1, 6, 10):
         for _ in range(20):
-            rows.append([float(torch.tensor(rng.random() ** rng.choice((1, 8, 40)), dtype=torch.float32))
-                         for _ in range(k)])
+            rows.append(
+                [
+                    float(torch.tensor(rng.random() ** rng.choice((1, 8, 40)), dtype=torch.float32))
+                    for _ in range(k)
+                ]
+            )
     for row in rows:
         assert renormalize(t32([row])).tolist()[0] == _ref_renorm(row)
 
