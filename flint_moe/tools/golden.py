@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tokens must be >= 1")
 
     shape = MODEL_SHAPES[args.model]
-    console = Console()
+    console = Console(width=140)
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
     experts = synthesize_nvfp4_experts(shape, gen, args.device)
