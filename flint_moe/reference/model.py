@@ -22,6 +22,7 @@ from .decode_block import residual_add, rmsnorm_apply, sum_squares
 from .exact import FP32_RN, Accumulation, SummationModel, round_exact
 from .experts import AccumulatePolicy, ExpertStages, _policy_value, bf16_expert, nvfp4_expert
 from .formats import to_bf16
+from .layouts import experts_from_cutedsl
 from .routing import logits_from_accumulator, renormalize, router_accumulate, routing_scores, topk_total_order
 from .weights import BF16Experts, NVFP4Experts, NVFP4Linear
 
@@ -161,6 +162,19 @@ def _moe(x, router_weight, top_k, shared, run_expert, i: int, accumulate, model)
     )  # fmt: skip
 
 
+def _logical_nvfp4(experts: object) -> NVFP4Experts:
+    """Logical NVFP4 experts from the logical container or a kernel layout (through the independent decoders
+    of :mod:`.layouts`; a FlintMoEWeights-like object in FlashInfer's CuTe-DSL W4A16 layout)."""
+    if isinstance(experts, NVFP4Experts):
+        return experts
+    if all(hasattr(experts, a) for a in ("w1", "w1_sf", "w1_alpha", "w2", "w2_sf", "w2_alpha")):
+        return experts_from_cutedsl(experts)
+    raise TypeError(
+        f"experts: expected NVFP4Experts or a FlintMoEWeights-like object (w1, w1_sf, w1_alpha, w2, w2_sf, "
+        f"w2_alpha), got {type(experts).__name__}"
+    )
+
+
 def moe_nvfp4(
     x: torch.Tensor,
     router_weight: torch.Tensor,
@@ -174,14 +188,15 @@ def moe_nvfp4(
     """Rule steps 1-10 with NVFP4 experts.
 
     Args:
-        x: bf16 [M, H]; router_weight: bf16 [E, H]; experts: :class:`.weights.NVFP4Experts` (E, H, I);
+        x: bf16 [M, H]; router_weight: bf16 [E, H]; experts: :class:`.weights.NVFP4Experts` (E, H, I), or
+        weights in FlashInfer's CuTe-DSL W4A16 layout (``flint_moe.layouts.FlintMoEWeights``), which are read
+        back through the independent decoder :func:`.layouts.experts_from_cutedsl`;
         top_k: int in [1, E]; shared: bf16 [M, H] shared-expert output or None (then ``out = routed``).
         accumulate: fp32 value of each long reduction (module docstring); model: summation model of the
         bounds (re-derive others with ``Accumulation.with_model``).
     Raises: TypeError / ValueError naming the offending argument.
     """
-    if not isinstance(experts, NVFP4Experts):
-        raise TypeError(f"experts: expected NVFP4Experts, got {type(experts).__name__}")
+    experts = _logical_nvfp4(experts)
     _check_moe_inputs(x, router_weight, experts.num_experts, experts.hidden, top_k, shared)
     check_same_device(x=x, experts_w13=experts.w13)
 

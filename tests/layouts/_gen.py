@@ -44,7 +44,7 @@ def bf16(E: int, H: int, I: int, seed: int):
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Bit pattern view for exact comparison."""
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
