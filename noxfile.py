@@ -1,5 +1,5 @@
 """Sessions: ``nox -s tests`` (CPU test suite, what CI runs), ``nox -s golden`` (the main job until the
-conformance harness lands: the golden model on a real-size layer), ``nox -s lint``.
+conformance harness lands: the golden model on a real-size layer), ``nox -s bench`` (GPU), ``nox -s lint``.
 
 The CPU install takes torch 2.13.0 from the machine's local CPU build and pins triton to 3.6.0, the H200's
 version, so the interpreter and the sm_90 compile audit see the GPU machine's compiler.
@@ -40,6 +40,14 @@ def golden(session: nox.Session) -> None:
     _install(session, "test")
     args = session.posargs or ["--model", "deepseek-v3", "--tokens", "4"]
     session.run("python", "-m", "flint_moe.tools.golden", *args)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks under CUDA graphs (needs the GPU; on the H200, which has no nox, run
+    ``PYTHONPATH=$PWD python3 -m benchmarks.runner``). Extra args go to the runner."""
+    _install(session, "test")
+    session.run("python", "-m", "benchmarks.runner", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -1,0 +1,155 @@
+"""Shared benchmark runner: times every ``benchmarks/bench_*.py`` under CUDA graphs and writes one table.
+
+A benchmark module holds only its setup (Liger-Kernel style):
+
+- ``CASES: list[dict]`` — keyword arguments of ``prepare``; each dict must have a ``"name"``.
+- ``prepare(**case) -> Prepared`` — allocates weights/inputs (``rotations`` independent sets, so the 60 MB
+  L2 of the H200 does not serve a replay from the previous one) and returns a callable ``fn(i)`` that runs
+  the op once on set ``i % rotations``, plus the bytes the op must move (each input read once, each output
+  written once) and its flops.
+
+The runner measures the device-to-device copy bandwidth in the same process (bytes read + written), then for
+each case captures a CUDA graph of ``graph_calls`` calls cycling through the sets, replays it (warm-up, then
+``replays`` timed replays with CUDA events), and reports the median time per call, achieved bandwidth and its
+fraction of the measured copy bandwidth (METHOD.md: events, warm-up, graphs, rotation, median).
+
+``python -m benchmarks.runner [--filter SUBSTR] [--out DIR]`` writes ``DIR/bench.md`` and ``DIR/bench.json``
+(default ``reports/bench``) and prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import json
+import pathlib
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Prepared", "copy_bandwidth", "time_graph", "main"]
+
+
+@dataclass
+class Prepared:
+    """What a benchmark case hands the runner. ``fn(i)`` runs one op on input set ``i % rotations``."""
+
+    fn: Callable[[int], object]
+    bytes_moved: int
+    flops: int = 0
+    rotations: int = 1
+    note: str = ""
+
+
+def copy_bandwidth(nbytes: int = 1 << 31, replays: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), median of ``replays``."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(3):
+        dst.copy_(src)
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    del src, dst
+    return nbytes / statistics.median(times)
+
+
+def time_graph(prep: Prepared, graph_calls: int = 20, replays: int = 30) -> float:
+    """Median seconds per call of ``prep.fn`` replayed from a CUDA graph of ``graph_calls`` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(max(3, prep.rotations)):  # warm-up: compile and autotune outside the graph
+            prep.fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(graph_calls):
+            prep.fn(i)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3 / graph_calls)
+    return statistics.median(times)
+
+
+def _modules() -> list:
+    here = pathlib.Path(__file__).parent
+    return [importlib.import_module(f"benchmarks.{p.stem}") for p in sorted(here.glob("bench_*.py"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.runner")
+    parser.add_argument("--filter", default="", help="run only cases whose module.name contains this")
+    parser.add_argument("--out", default="reports/bench")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks need a CUDA device (the H200); nothing timed", file=sys.stderr)
+        return 2
+    bw = copy_bandwidth()
+    gpu = torch.cuda.get_device_name()
+    rows = []
+    for mod in _modules():
+        short = mod.__name__.split(".")[-1].removeprefix("bench_")
+        for case in mod.CASES:
+            name = f"{short}.{case['name']}"
+            if args.filter not in name:
+                continue
+            params = {k: v for k, v in case.items() if k != "name"}
+            prep = mod.prepare(**params)
+            t = time_graph(prep)
+            achieved = prep.bytes_moved / t
+            rows.append(
+                {"case": name, "us": t * 1e6, "bytes": prep.bytes_moved, "TB/s": achieved / 1e12,
+                 "of_copy_bw": achieved / bw, "TFLOP/s": prep.flops / t / 1e12, "note": prep.note}
+            )  # fmt: skip
+            print(f"{name}: {t * 1e6:.1f} us, {achieved / 1e12:.2f} TB/s = {achieved / bw:.0%} of copy", flush=True)
+            del prep
+            torch.cuda.empty_cache()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {
+        "gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "triton": importlib.import_module("triton").__version__,
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "copy_bandwidth_TBps": bw / 1e12,
+    }  # fmt: skip
+    (out / "bench.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))
+    lines = [
+        f"# Benchmarks on {gpu}",
+        "",
+        f"torch {env['torch']}, CUDA {env['cuda']}, triton {env['triton']}, {env['date_utc']}; "
+        f"measured copy bandwidth {bw / 1e12:.2f} TB/s (read + write). Times: median per call, CUDA graph.",
+        "",
+        "| case | time (us) | bytes moved | TB/s | of copy BW | note |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['us']:.1f} | {r['bytes']:,} | {r['TB/s']:.2f} | {r['of_copy_bw']:.0%} | {r['note']} |"
+        )
+    text = "\n".join(lines) + "\n"
+    (out / "bench.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
