@@ -114,8 +114,8 @@ def _compare_bf16_with_torch(x: torch.Tensor) -> None:
     ours = to_bf16(x).view(torch.int16)
     ref = x.to(torch.bfloat16).view(torch.int16)
     nan = torch.isnan(x)
-    assert torch.equal(ours[~nan], ref[~nan])
-    assert torch.isnan(ours.view(torch.bfloat16)[nan]).all()
+    assert torch.equal(torch.isnan(ours.view(torch.bfloat16)), nan)  # NaN compared as NaN-ness only
+    assert bool(((ours == ref) | nan).all())
     assert torch.equal(round_bf16(x).view(torch.int32), ours.to(torch.int32) << 16)
 
 
@@ -130,10 +130,10 @@ def test_bf16_vs_torch_random_and_special() -> None:
 
 @pytest.mark.slow
 def test_bf16_vs_torch_all_2_32_patterns() -> None:
-    chunk = 2**26
+    chunk = 2**22  # 16 MiB buffers get reused by the allocator; 2^26 chunks run ~2x slower on 2 cores
+    base = torch.arange(chunk, dtype=torch.int32)
     for start in range(-(2**31), 2**31, chunk):
-        bits = torch.arange(start, start + chunk, dtype=torch.int64).to(torch.int32)
-        _compare_bf16_with_torch(bits.view(torch.float32))
+        _compare_bf16_with_torch((base + start).view(torch.float32))
 
 
 @settings(max_examples=300, deadline=None)
