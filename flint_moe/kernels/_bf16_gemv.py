@@ -1,0 +1,56 @@
+"""Shared pieces of the BF16 TRT-LLM-layout decode GEMVs (owner G, issue 4).
+
+The summation order of every length-H / length-I reduction of the BF16 decode kernels
+(``bf16_gate_up.py``, ``bf16_down.py``) is the one order below, the same for every tile configuration
+(rows per program, warps, loop unrolling), so tuning a launch never changes a bit:
+
+**Lane chains, then a pairwise tree over the 64 lanes.** A reduction ``sum_h w[h] * v[h]`` of length
+``K = 64 * NB`` (K = H for gate/up, K = Ip for down; the TRT-LLM BlockMajorK block is 64 elements) is split
+into 64 lanes by ``h % 64``. Lane ``l`` (0 <= l < 64) starts from ``+0.0`` and adds its terms
+``h = l, 64 + l, 128 + l, ..., 64 * (NB - 1) + l`` in increasing ``h``, one ``fma.rn.f32`` each:
+``p_l = fma(w[h], v[h], p_l)``. The 64 lane partials are then combined by a balanced binary tree of
+``add.rn.f32`` that adds neighbours first: level 1 forms ``q_i = p_{2i} + p_{2i+1}`` (32 values), level 2
+adds neighbouring pairs of those, ... level 6 gives the sum. In closed form, with ``T(a, n)`` the sum of lanes
+``a .. a+n-1``: ``T(a, 1) = p_a``, ``T(a, n) = T(a, n/2) + T(a + n/2, n/2)``; the result is ``T(0, 64)``.
+
+Where this lives in the code: each program holds a ``[rows, 64]`` fp32 accumulator tile, one column per lane,
+updated with ``tl.fma`` once per 64-element K block (a bf16 weight and a bf16 activation, both widened exactly
+to fp32, so the product is exact in fp32 unless it underflows and ``fma(w, v, p) = RN(w * v + p)``); the tree
+is ``_sum64_pairwise`` (explicit ``reshape`` + ``split`` + ``+``, not ``tl.sum``, whose tree depends on the
+register layout). Which thread or warp owns a lane never matters: every lane chain is sequential and the tree
+is fixed by lane index.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["LANES", "sum64_pairwise"]
+
+#: Lanes of one reduction = elements of one TRT-LLM BF16 BlockMajorK block (128 bytes).
+LANES = 64
+
+
+@triton.jit
+def _pair_add(acc, R: tl.constexpr, W: tl.constexpr):
+    """[R, W] -> [R, W // 2]: element i of the result is ``acc[:, 2i] + acc[:, 2i+1]`` (one add.rn.f32)."""
+    a, b = tl.split(tl.reshape(acc, [R, W // 2, 2]))
+    return a + b
+
+
+@triton.jit
+def sum64_pairwise(acc, R: tl.constexpr):
+    """Pairwise tree over the 64 lane partials of each row: fp32 [R, 64] -> fp32 [R] (module docstring).
+
+    Six levels of neighbour additions (64 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1), so the result is
+    ``T(0, 64)`` with ``T(a, n) = T(a, n/2) + T(a + n/2, n/2)``.
+    """
+    acc = _pair_add(acc, R, 64)
+    acc = _pair_add(acc, R, 32)
+    acc = _pair_add(acc, R, 16)
+    acc = _pair_add(acc, R, 8)
+    acc = _pair_add(acc, R, 4)
+    a, b = tl.split(acc)  # [R, 2] -> 2 x [R]
+    return a + b
+

@@ -1,0 +1,258 @@
+"""BF16 decode gate/up GEMV + SwiGLU on TRT-LLM BlockMajorK weights (rule steps 6-7, "BF16 experts").
+
+One program computes ``BN`` intermediate columns of one (token, selected expert) pair: the gate rows and the
+up rows of those columns, read in place from ``g1`` through the logical -> physical row map of
+``flint_moe.layouts.trtllm_bf16_row_maps``; then the rule's SwiGLU epilogue in fp32 and one bf16 rounding.
+Seed: ``_gate_up_gemv_bf16_kernel`` of ``vllm.models.flint.ops.moe`` (semantics only; this kernel adds the
+rule's PTX instructions, a documented summation order, taps, 64-bit offsets and H not a power of two).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flint_moe.kernels._bf16_gemv import LANES, sum64_pairwise
+from flint_moe.kernels._common import (
+    BF16_CVT,
+    bf16_rn,
+    check_op_tensor,
+    ex2_approx_ftz,
+    gdc_launch_dependents,
+    gdc_wait,
+    launch_options,
+    rcp_approx_ftz,
+    register_audit,
+)
+
+__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "audit_specs"]
+
+#: Default launch configuration: ``BN`` intermediate columns per program (a divisor of 64), ``num_warps``,
+#: ``UNROLL`` (unroll factor of the K loop). None of them changes a bit of the result (the summation order is
+#: fixed per row, see ``flint_moe.kernels._bf16_gemv``); they only trade parallelism for memory-level
+#: parallelism. Chosen for the H200 by ``benchmarks/bench_decode_bf16.py``.
+GATE_UP_CONFIG = {"BN": 8, "num_warps": 2, "UNROLL": 4}
+
+#: Rule step 7 constant c = fp32(-log2(e)) = -1.44269502162933349609375 (bits 0xBFB8AA3B), exact in fp32.
+SWIGLU_C = -1.44269502162933349609375
+_C = tl.constexpr(SWIGLU_C)
+
+
+@triton.jit
+def _bf16_gate_up_kernel(
+    x_ptr,  # bf16 [M, H]
+    ids_ptr,  # int32 [M * TOPK]: selected expert of pair p = t * TOPK + j
+    w_ptr,  # bf16 g1 [E, H / 64, 2 * INTER, 64] (TRT-LLM BlockMajorK, rows permuted)
+    map_ptr,  # int32 [2 * INTER]: logical [gate; up] row -> physical row m of g1[e, :, m, :]
+    act_ptr,  # bf16 [M * TOPK, INTER] (out)
+    gacc_ptr,  # fp32 [M * TOPK, INTER] (out, TAP only): g_acc
+    uacc_ptr,  # fp32 [M * TOPK, INTER] (out, TAP only): u_acc
+    H: tl.constexpr,
+    INTER: tl.constexpr,
+    TOPK: tl.constexpr,
+    BN: tl.constexpr,
+    UNROLL: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g / u = fp32 dot products.
+
+    Grid ``(M * TOPK, INTER // BN)``; program (p, q) handles pair ``p = t * TOPK + j`` (token t, expert
+    ``e = ids[p]``) and logical intermediate columns ``n = q * BN .. q * BN + BN - 1``.
+
+    Rule step 6 (BF16): ``g_acc[n] = sum_h Wg[n, h] * x[t, h]`` and ``u_acc[n]`` likewise (logical rows n and
+    INTER + n of [gate; up], physical rows ``map[n]``, ``map[INTER + n]``), fp32; ``g = g_acc``,
+    ``u = u_acc`` (no global scale). Summation order (both sums, every n): lane ``l = h % 64`` accumulates
+    ``h = l, l + 64, ...`` in increasing h with ``fma.rn.f32`` from +0, then a neighbour-first pairwise tree
+    over the 64 lanes (``flint_moe.kernels._bf16_gemv``). Lane l of block b is ``g1[e, b, m, l]`` (the 128-byte
+    block row), which is why the lane split is the layout's own.
+
+    Rule step 7: ``a = RN(g * c)`` (``mul.f32``, c = 0xBFB8AA3B), ``p = ex2.approx.ftz.f32(a)``,
+    ``d = RN(p + 1)``, ``r = rcp.approx.ftz.f32(d)``, ``act = bf16(RN(u * RN(g * r)))``
+    (``cvt.rn.bf16.f32``); the instructions come from ``flint_moe.kernels._common`` (interpreter shims call
+    the golden model's emulations). No add is fed by a multiply here, so FP fusion cannot merge roundings.
+
+    With ``TAP`` the raw accumulators ``g_acc`` / ``u_acc`` (the last order-dependent values) are stored too.
+    Offsets: the expert base and token rows are 64-bit; offsets inside one expert are 32-bit (one expert
+    holds < 2^31 elements, checked by the launcher). Waits on the previous grid (PDL) before any memory access.
+    """
+    gdc_wait()
+    gdc_launch_dependents()
+    p = tl.program_id(0).to(tl.int64)
+    q = tl.program_id(1)
+    t = p // TOPK
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    NB: tl.constexpr = H // 64
+    ROWS: tl.constexpr = 2 * INTER
+    cols = q * BN + tl.arange(0, BN)
+    row_g = tl.load(map_ptr + cols).to(tl.int64)
+    row_u = tl.load(map_ptr + INTER + cols).to(tl.int64)
+    lane = tl.arange(0, 64)
+    off_g = row_g[:, None] * 64 + lane[None, :]
+    off_u = row_u[:, None] * 64 + lane[None, :]
+    w_e = w_ptr + e * (NB * ROWS * 64)
+    x_t = x_ptr + t * H
+    acc_g = tl.zeros([BN, 64], dtype=tl.float32)
+    acc_u = tl.zeros([BN, 64], dtype=tl.float32)
+    for b in tl.range(0, NB, loop_unroll_factor=UNROLL):
+        xb = tl.load(x_t + b * 64 + lane).to(tl.float32)
+        xb = tl.broadcast_to(xb[None, :], (BN, 64))
+        w_b = w_e + b * (ROWS * 64)  # within one expert: < 2^31 elements (checked by the launcher)
+        wg = tl.load(w_b + off_g).to(tl.float32)
+        wu = tl.load(w_b + off_u).to(tl.float32)
+        acc_g = tl.fma(wg, xb, acc_g)
+        acc_u = tl.fma(wu, xb, acc_u)
+    g = sum64_pairwise(acc_g, BN)
+    u = sum64_pairwise(acc_u, BN)
+    out_off = p * INTER + cols
+    if TAP:
+        tl.store(gacc_ptr + out_off, g)
+        tl.store(uacc_ptr + out_off, u)
+    a = g * _C
+    ex = ex2_approx_ftz(a)
+    d = ex + 1.0
+    r = rcp_approx_ftz(d)
+    act = bf16_rn(u * (g * r))
+    tl.store(act_ptr + out_off, act)
+
+
+def _config(config: dict | None) -> dict:
+    cfg = dict(GATE_UP_CONFIG)
+    if config:
+        unknown = set(config) - set(cfg)
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: {sorted(cfg)})")
+        cfg.update(config)
+    bn = cfg["BN"]
+    if not (isinstance(bn, int) and 1 <= bn <= 64 and 64 % bn == 0):
+        raise ValueError(f"config: BN = {bn!r} must be a power of two dividing 64")
+    if not (isinstance(cfg["UNROLL"], int) and cfg["UNROLL"] >= 1):
+        raise ValueError(f"config: UNROLL = {cfg['UNROLL']!r} must be a positive int")
+    return cfg
+
+
+def check_g1(w13: torch.Tensor, hidden: int, device: torch.device) -> tuple[int, int]:
+    """Validate a TRT-LLM BF16 g1 tensor for hidden size ``hidden``; returns (E, Ip)."""
+    check_op_tensor("w13", w13, dtype=torch.bfloat16, device=device)
+    if w13.dim() != 4 or w13.shape[3] != LANES or w13.shape[1] * LANES != hidden:
+        raise ValueError(
+            f"w13: expected the TRT-LLM BF16 BlockMajorK layout [E, H/64, 2I, 64] with H = {hidden}, "
+            f"got shape {tuple(w13.shape)} (convert with flint_moe.layouts.to_trtllm_bf16)"
+        )
+    n_exp, two_i = int(w13.shape[0]), int(w13.shape[2])
+    if two_i <= 0 or two_i % (2 * LANES):
+        raise ValueError(f"w13: 2I = {two_i} must be a positive multiple of 128 (I a multiple of 64)")
+    if two_i * hidden >= 2**31:
+        raise ValueError(f"w13: one expert holds {two_i * hidden} elements, more than the kernel's 2^31 - 1")
+    return n_exp, two_i // 2
+
+
+def bf16_gate_up(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    w13: torch.Tensor,
+    map13: torch.Tensor,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Rule steps 6-7 (BF16 experts) for every (token, selected expert): ``act`` bf16 [M, k, Ip].
+
+    Args:
+        x: bf16 [M, H] activations (contiguous), H a multiple of 64.
+        ids: int32 [M, k] selected experts (contiguous), every value in [0, E) (not checked on the device:
+            ``route`` produces them).
+        w13: bf16 g1 [E, H/64, 2Ip, 64] (``flint_moe.layouts.to_trtllm_bf16``), Ip a multiple of 64
+            (a padded intermediate size works: padded rows are zero and give act = 0).
+        map13: int32 [2Ip] from ``trtllm_bf16_row_maps(H, Ip)`` (logical [gate; up] row -> physical row).
+        taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, Ip] (raw
+            accumulators, before any rounding) and ``act`` bf16 [M, k, Ip] into it.
+        config: launch overrides (``GATE_UP_CONFIG`` keys); never change the result.
+
+    Returns: new bf16 tensor [M, k, Ip]. Inputs are never modified.
+    Raises: TypeError (dtype) / ValueError (shape, contiguity, device, config) naming the argument.
+    PTX: ``fma.rn.f32``, ``ex2.approx.ftz.f32``, ``rcp.approx.ftz.f32``, ``cvt.rn.bf16.f32``; PDL on the GPU.
+    """
+    check_op_tensor("x", x, dtype=torch.bfloat16)
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [M, H], got shape {tuple(x.shape)}")
+    m_tok, hidden = int(x.shape[0]), int(x.shape[1])
+    dev = x.device
+    if hidden <= 0 or hidden % LANES:
+        raise ValueError(f"x: hidden size H = {hidden} must be a positive multiple of 64")
+    check_op_tensor("ids", ids, dtype=torch.int32, device=dev)
+    if ids.dim() != 2 or ids.shape[0] != m_tok or ids.shape[1] < 1:
+        raise ValueError(f"ids: expected [M = {m_tok}, k >= 1], got shape {tuple(ids.shape)}")
+    top_k = int(ids.shape[1])
+    _, inter = check_g1(w13, hidden, dev)
+    check_op_tensor("map13", map13, dtype=torch.int32, shape=(2 * inter,), device=dev)
+    cfg = _config(config)
+    act = torch.empty((m_tok, top_k, inter), dtype=torch.bfloat16, device=dev)
+    tap = taps is not None
+    if tap:
+        if not isinstance(taps, dict):
+            raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+        g_acc = torch.empty((m_tok, top_k, inter), dtype=torch.float32, device=dev)
+        u_acc = torch.empty_like(g_acc)
+    else:
+        g_acc = u_acc = act  # never written (TAP=False)
+    if m_tok == 0:
+        return act
+    grid = (m_tok * top_k, inter // cfg["BN"])
+    _bf16_gate_up_kernel[grid](
+        x,
+        ids,
+        w13,
+        map13,
+        act,
+        g_acc,
+        u_acc,
+        H=hidden,
+        INTER=inter,
+        TOPK=top_k,
+        BN=cfg["BN"],
+        UNROLL=cfg["UNROLL"],
+        TAP=tap,
+        num_warps=cfg["num_warps"],
+        **launch_options(),
+    )
+    if tap:
+        taps["gate_acc"] = g_acc
+        taps["up_acc"] = u_acc
+        taps["act"] = act
+    return act
+
+
+#: (H, Ip, k) of the conformance matrix's BF16 specialisations: Qwen3-30B-A3B, gpt-oss-120b (I = 2880 read
+#: as is, and padded to 2944 for the TRT-LLM launcher), DeepSeek-V3-like, and the issue's odd sizes.
+AUDIT_SHAPES = ((2048, 768, 8), (2880, 2880, 4), (2880, 2944, 4), (7168, 2048, 8), (5120, 704, 8))
+
+REQUIRE = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "fma.rn.f32"]
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit specialisations (every AUDIT_SHAPES entry, TAP off and on)."""
+    names = []
+    sig = {
+        "x_ptr": "*bf16",
+        "ids_ptr": "*i32",
+        "w_ptr": "*bf16",
+        "map_ptr": "*i32",
+        "act_ptr": "*bf16",
+        "gacc_ptr": "*fp32",
+        "uacc_ptr": "*fp32",
+    }
+    cfg = GATE_UP_CONFIG
+    for h, i, k in AUDIT_SHAPES:
+        for tap in (False, True):
+            name = f"bf16_gate_up[H={h},I={i},k={k},TAP={int(tap)}]"
+            consts = dict(H=h, INTER=i, TOPK=k, BN=cfg["BN"], UNROLL=cfg["UNROLL"], TAP=tap)
+            register_audit(
+                name, _bf16_gate_up_kernel, dict(sig), consts, list(REQUIRE),
+                options={"num_warps": cfg["num_warps"]},
+            )
+            names.append(name)
+    return names
+
+
+audit_specs()

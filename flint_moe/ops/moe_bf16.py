@@ -1,0 +1,140 @@
+"""Decode MoE on BF16 experts held in the TRT-LLM BlockMajorK layout (issue 4, owner G).
+
+``flint_moe_bf16_decode`` = ``route`` (rule steps 1-4, owner E) + ``bf16_gate_up`` (steps 6-7) +
+``bf16_down_combine`` (steps 8-10): three kernels, chained with programmatic dependent launch on the GPU.
+The expert weights are read in place, in the layout FlashInfer's ``trtllm_bf16_moe`` uses (so a model that
+already holds that layout for its large-batch path needs no second copy). Seed: ``flint_moe_bf16_decode`` /
+``FlintBf16DecodeMoE`` of ``vllm.models.flint.ops.moe`` (semantics only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flint_moe.kernels._common import check_op_tensor
+from flint_moe.kernels.bf16_down import bf16_down_combine, check_g2
+from flint_moe.kernels.bf16_gate_up import bf16_gate_up, check_g1
+
+__all__ = [
+    "DECODE_BF16_MAX_TOKENS",
+    "flint_moe_bf16_decode",
+    "check_bf16_row_maps",
+    "check_bf16_row_map_values",
+]
+
+#: Largest token count of the decode path. Each (token, expert) pair reads its expert's weights once, so the
+#: bytes moved grow with M * k until tokens share experts; the tested and benchmarked range is M = 1..8
+#: (tests/kernels/test_bf16_decode_gpu.py, benchmarks/bench_decode_bf16.py). Larger M goes to a grouped
+#: GEMM path (a later issue) and raises NotImplementedError here.
+DECODE_BF16_MAX_TOKENS = 8
+
+
+def check_bf16_row_maps(row_maps: object, hidden: int, inter: int, device: torch.device) -> tuple:
+    """Validate ``row_maps`` = (map13 int32 [2Ip], map2 int32 [H]) and return it as a tuple.
+
+    Dtype, shape, device and contiguity only: the values (permutations from ``trtllm_bf16_row_maps(H, Ip)``)
+    are not read back from the device, which would synchronise every decode step. Call
+    :func:`check_bf16_row_map_values` once (e.g. at model load) to check them.
+    """
+    if not isinstance(row_maps, (tuple, list)) or len(row_maps) != 2:
+        raise TypeError("row_maps: expected a pair (map13, map2) from flint_moe.layouts.trtllm_bf16_row_maps")
+    map13, map2 = row_maps
+    check_op_tensor("row_maps[0]", map13, dtype=torch.int32, shape=(2 * inter,), device=device)
+    check_op_tensor("row_maps[1]", map2, dtype=torch.int32, shape=(hidden,), device=device)
+    return map13, map2
+
+
+def check_bf16_row_map_values(row_maps: tuple, hidden: int, inter: int) -> None:
+    """ValueError unless ``row_maps`` equal ``trtllm_bf16_row_maps(hidden, inter)`` (reads them to the host)."""
+    from flint_moe.layouts import trtllm_bf16_row_maps
+
+    want = trtllm_bf16_row_maps(hidden, inter)
+    for i, (got, exp) in enumerate(zip(row_maps, want)):
+        if got.shape != exp.shape or not torch.equal(got.cpu(), exp):
+            raise ValueError(
+                f"row_maps[{i}]: not the TRT-LLM BF16 row map of H = {hidden}, I = {inter} "
+                "(use flint_moe.layouts.trtllm_bf16_row_maps)"
+            )
+
+
+
+def flint_moe_bf16_decode(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    row_maps: tuple[torch.Tensor, torch.Tensor],
+    top_k: int,
+    counter: torch.Tensor,
+    shared_output: torch.Tensor,
+    shared_ready: torch.cuda.Event | None = None,
+    *,
+    taps: dict | None = None,
+) -> torch.Tensor:
+    """Routed experts + shared add for ``M <= DECODE_BF16_MAX_TOKENS`` tokens, BF16 rule (steps 1-4, 6-10).
+
+    Args:
+        x: bf16 [M, H] (contiguous), H a multiple of 64.
+        router_weight: bf16 [E, H].
+        w13: bf16 g1 [E, H/64, 2Ip, 64], w2: bf16 g2 [E, Ip/64, H, 64]: ``flint_moe.layouts.to_trtllm_bf16``
+            of [gate; up] experts (Ip a multiple of 64, e.g. 704 or 2880 as is, or padded to 128 with
+            ``pad_intermediate_bf16`` for FlashInfer's launcher: padded rows are zero and change nothing).
+        row_maps: ``trtllm_bf16_row_maps(H, Ip)`` on x's device (int32 [2Ip], int32 [H]).
+        top_k: k, 1 <= k <= E (the router's limits apply, see ``flint_moe.ops.route``).
+        counter: ``make_route_counter(device)`` buffer (never reset; CUDA-graph safe).
+        shared_output: bf16 [M, H], the shared expert's output (rule step 10).
+        shared_ready: optional CUDA event recorded after ``shared_output`` was produced on another stream;
+            the current stream waits on it before the down/combine kernel (the router and gate/up kernels
+            overlap the shared expert). Must be None on the CPU.
+        taps: if a dict, every kernel runs its tapped build and fills it with ``router_acc``, ``logits``,
+            ``ids``, ``weights`` (router), ``gate_acc``, ``up_acc`` fp32 [M, k, Ip], ``act`` bf16 [M, k, Ip],
+            ``down_acc`` fp32 [M, k, H], ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/CONTRACTS.md "Taps").
+            The outputs are bitwise those of the production build.
+
+    Returns: new bf16 tensor [M, H] (inputs are never modified).
+    Raises: TypeError / ValueError naming the bad argument (dtype, shape, layout, device, contiguity);
+        NotImplementedError for M > DECODE_BF16_MAX_TOKENS.
+    """
+    from flint_moe.ops.route import route  # owner E
+
+    check_op_tensor("x", x, dtype=torch.bfloat16)
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [M, H], got shape {tuple(x.shape)}")
+    m_tok, hidden = int(x.shape[0]), int(x.shape[1])
+    if m_tok > DECODE_BF16_MAX_TOKENS:
+        raise NotImplementedError(
+            f"flint_moe_bf16_decode: M = {m_tok} tokens exceeds the decode path's limit "
+            f"DECODE_BF16_MAX_TOKENS = {DECODE_BF16_MAX_TOKENS}; the grouped BF16 path for larger batches "
+            "is not implemented yet"
+        )
+    dev = x.device
+    if hidden <= 0 or hidden % 64:
+        raise ValueError(f"x: hidden size H = {hidden} must be a positive multiple of 64")
+    check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(None, hidden), device=dev)
+    n_exp = int(router_weight.shape[0])
+    e13, inter = check_g1(w13, hidden, dev)
+    if e13 != n_exp:
+        raise ValueError(f"w13: holds {e13} experts, router_weight has {n_exp}")
+    check_g2(w2, hidden, inter, n_exp, dev)
+    maps = check_bf16_row_maps(row_maps, hidden, inter, dev)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= n_exp:
+        raise ValueError(f"top_k: must be an int in [1, E = {n_exp}], got {top_k!r}")
+    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(m_tok, hidden), device=dev)
+    if shared_ready is not None:
+        if dev.type != "cuda":
+            raise ValueError("shared_ready: a CUDA event only makes sense for CUDA tensors; pass None")
+        if not isinstance(shared_ready, torch.cuda.Event):
+            raise TypeError(f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}")
+    if taps is not None and not isinstance(taps, dict):
+        raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+    if m_tok == 0:
+        return torch.empty((0, hidden), dtype=torch.bfloat16, device=dev)
+
+    ids, weights = route(x, router_weight, top_k, counter, taps=taps)
+    if taps is not None:
+        taps.setdefault("ids", ids)
+        taps.setdefault("weights", weights)
+    act = bf16_gate_up(x, ids, w13, maps[0], taps=taps)
+    if shared_ready is not None:
+        torch.cuda.current_stream(dev).wait_event(shared_ready)
+    return bf16_down_combine(act, ids, weights, w2, maps[1], shared_output, taps=taps)
