@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
+# Usage on the GPU machine, from the repository root:  bash scripts/h200.sh [verify] [tests] [bench]
+# (no argument = all three). The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
+set -uo pipefail
+OUT=${OUT:-reports/h200-run}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+steps=${*:-verify tests bench}
+rc=0
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+  git rev-parse HEAD 2>/dev/null || echo "git commit: not a git checkout (device copy)"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+for step in $steps; do
+  case $step in
+    verify) python3 -m flint_moe.tools.mufu verify --report "$OUT/mufu-verify.txt" > "$OUT/mufu-verify.log" 2>&1 || rc=1
+            tail -3 "$OUT/mufu-verify.log" ;;
+    tests)  python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests > "$OUT/pytest-gpu.txt" 2>&1 || rc=1
+            tail -15 "$OUT/pytest-gpu.txt" ;;
+    bench)  python3 -m benchmarks.runner --out "$OUT" > "$OUT/bench.log" 2>&1 || rc=1
+            tail -30 "$OUT/bench.log" ;;
+    *) echo "unknown step $step"; rc=2 ;;
+  esac
+done
+exit $rc
