@@ -76,14 +76,14 @@ def _bf16_down_combine_kernel(
     prow = tl.load(map_ptr + rows)
     lane = tl.arange(0, 64)
     w_off = prow[:, None] * 64 + lane[None, :]  # inside one expert (int32)
-    comb = tl.zeros([BH], dtype=tl.float32)
+    comb = tl.full([BH], 0.0, tl.float32)
     for j in tl.static_range(TOPK):
         p = t * TOPK + j
         e = tl.load(ids_ptr + p).to(tl.int64)
-        tw = tl.load(tw_ptr + p + tl.zeros([BH], dtype=tl.int32))  # broadcast [BH]
+        tw = tl.load(tw_ptr + p + tl.full([BH], 0, tl.int32))  # broadcast [BH]
         w_e = w_ptr + e * (NB * H * 64)
         a_p = act_ptr + p * INTER
-        acc = tl.zeros([BH, 64], dtype=tl.float32)
+        acc = tl.full([BH, 64], 0.0, tl.float32)
         for b in tl.range(0, NB, loop_unroll_factor=UNROLL):
             ab = tl.load(a_p + b * 64 + lane).to(tl.float32)
             ab = tl.broadcast_to(ab[None, :], (BH, 64))

@@ -92,8 +92,8 @@ def _bf16_gate_up_kernel(
     off_u = row_u[:, None] * 64 + lane[None, :]
     w_e = w_ptr + e * (NB * ROWS * 64)
     x_t = x_ptr + t * H
-    acc_g = tl.zeros([BN, 64], dtype=tl.float32)
-    acc_u = tl.zeros([BN, 64], dtype=tl.float32)
+    acc_g = tl.full([BN, 64], 0.0, tl.float32)
+    acc_u = tl.full([BN, 64], 0.0, tl.float32)
     for b in tl.range(0, NB, loop_unroll_factor=UNROLL):
         xb = tl.load(x_t + b * 64 + lane).to(tl.float32)
         xb = tl.broadcast_to(xb[None, :], (BN, 64))
