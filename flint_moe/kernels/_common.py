@@ -236,6 +236,7 @@ def expf_libdevice(x):
 @triton.jit
 def div_rn(a, b):
     """fp32 / fp32 correctly rounded, ``div.rn.f32`` (never ``div.full.f32``, which ``a / b`` gives).
+    ``a`` and ``b``: fp32 tensors of the same shape (``tl.math.div_rn`` does not broadcast).
     Interpreter: SHIM, numpy fp32 division (IEEE)."""
     if _INTERPRET:
         return _SHIM_div_rn(a, b)

@@ -1,0 +1,99 @@
+"""``route``: router logits + top-k + renormalised routing weights (rule steps 1-4; issue 4, owner E).
+
+- M <= ROUTE_GEMV_MAX_TOKENS: one Triton kernel (``flint_moe.kernels.router._router_gemv_topk_kernel``):
+  router GEMV with bf16 logits, the top-k in each token's last program (per-token atomic counter, never
+  reset; CUDA-graph safe).
+- larger M: an fp32 router GEMM (``torch.mm`` of x and router_weight upcast to fp32: every bf16 x bf16 product
+  is exact in fp32, and the sum is an fp32 GEMM with TF32 disabled (``torch.backends.cuda.matmul.allow_tf32 =
+  False``, and ``allow_bf16_reduced_precision_reduction = False`` for good measure), set for the call and
+  restored afterwards), then the Triton top-k kernel, which does rule step 1's bf16 cast with
+  ``cvt.rn.bf16.f32`` and steps 2-4.
+
+Seed: ``vllm.models.flint.ops.moe`` ``route`` / ``make_route_counter`` (semantics only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flint_moe.kernels._common import check_op_tensor
+from flint_moe.kernels.router import (
+    MAX_EXPERTS,
+    MAX_TOP_K,
+    ROUTE_GEMV_MAX_TOKENS,
+    launch_router_gemv_topk,
+    launch_topk,
+)
+
+__all__ = ["ROUTE_GEMV_MAX_TOKENS", "make_route_counter", "route", "router_logits_fp32"]
+
+
+def make_route_counter(device: torch.device | str | None = None) -> torch.Tensor:
+    """Zeroed int32 [ROUTE_GEMV_MAX_TOKENS] counter for ``route``'s GEMV path.
+
+    Allocate it once, outside CUDA-graph capture; it is never reset (each launch leaves every used entry a
+    multiple of 2^16 higher; int32 wraparound is harmless). Launches sharing it must be ordered on one stream.
+    """
+    return torch.zeros(ROUTE_GEMV_MAX_TOKENS, dtype=torch.int32, device=device)
+
+
+def router_logits_fp32(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
+    """fp32 router sums x @ router_weight.T (fp32 [M, E]) by an fp32 GEMM, TF32 and reduced-precision
+    reductions disabled for the call (flags restored afterwards). The large-M half of ``route``."""
+    flags = torch.backends.cuda.matmul
+    saved = (flags.allow_tf32, flags.allow_bf16_reduced_precision_reduction)
+    try:
+        flags.allow_tf32 = False
+        flags.allow_bf16_reduced_precision_reduction = False
+        return torch.mm(x.float(), router_weight.float().t())
+    finally:
+        flags.allow_tf32, flags.allow_bf16_reduced_precision_reduction = saved
+
+
+def route(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    top_k: int,
+    counter: torch.Tensor,
+    *,
+    taps: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rule steps 1-4: (ids int32 [M, k], weights fp32 [M, k]) for tokens x.
+
+    Args:
+        x: bf16 [M, H], contiguous.
+        router_weight: bf16 [E, H], contiguous, same device; E >= top_k, E <= 32768, any E (no power of two).
+        top_k: int, 1 <= top_k <= min(E, 16).
+        counter: ``make_route_counter(device)`` buffer: int32 [>= min(M, ROUTE_GEMV_MAX_TOKENS)], contiguous,
+            same device. Used (and advanced) only on the GEMV path (M <= ROUTE_GEMV_MAX_TOKENS).
+        taps: optional dict; when given, the tapped kernel build runs and the dict receives ``router_acc``
+            fp32 [M, E] (the fp32 sums before bf16), ``logits`` bf16 [M, E], ``ids``, ``weights``.
+    Returns:
+        ids: expert indices in descending totalOrder of the bf16 logits, ties to the lower index (step 2).
+        weights: bf16(div_rn(s_j, RN(S + 1e-20f))) as fp32 (steps 3-4); 0 for an all-underflow row.
+    Raises:
+        TypeError (not a tensor, dtype, top_k not an int), ValueError (shape, device, contiguity, k range,
+        counter too small); messages name the argument. Inputs are never modified.
+    """
+    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, None))
+    m, h = x.shape
+    dev = x.device
+    check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(None, h), device=dev)
+    e = int(router_weight.shape[0])
+    if not isinstance(top_k, int) or isinstance(top_k, bool):
+        raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
+    if not 1 <= top_k <= min(e, MAX_TOP_K):
+        raise ValueError(f"top_k: must satisfy 1 <= top_k <= min(E = {e}, {MAX_TOP_K}), got {top_k}")
+    if e > MAX_EXPERTS:
+        raise ValueError(f"router_weight: at most {MAX_EXPERTS} experts, got E = {e}")
+    if h < 1:
+        raise ValueError(f"x: hidden size must be >= 1, got shape {tuple(x.shape)}")
+    if taps is not None and not isinstance(taps, dict):
+        raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+    if m <= ROUTE_GEMV_MAX_TOKENS:
+        check_op_tensor("counter", counter, dtype=torch.int32, shape=(None,), device=dev)
+        if counter.numel() < m:
+            raise ValueError(f"counter: needs >= {m} entries (one per token), got {counter.numel()}")
+        return launch_router_gemv_topk(x, router_weight, top_k, counter, taps=taps)
+    acc = router_logits_fp32(x, router_weight)
+    return launch_topk(acc, top_k, taps=taps)
