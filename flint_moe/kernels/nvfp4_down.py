@@ -1,0 +1,263 @@
+"""NVFP4 decode down GEMV over a token's k experts + combine + shared add (rule steps 5, 8, 9, 10; owner F).
+
+One program computes ``BH`` hidden rows of one token: for each selected expert j (selection order) the down
+projection of that pair's activation row through ``FlintMoEWeights.w2`` (uint8 [E, H, Ip/2]) and its
+128x4-swizzled E4M3 scales, ``y_j = bf16(RN(y_acc * w2_alpha[e]))``, the combine ``acc = fma(tw_j, y_j, acc)``,
+then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``. Seed: ``_down_gemv_kernel`` of
+``vllm.models.flint.ops.moe`` (semantics only; this kernel adds the exact sm_90 E2M1 decode, the block
+grouping, the rule's rounding points, a documented summation order, taps, 64-bit offsets and H, I not powers
+of two).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flint_moe.kernels._common import (
+    BF16_CVT,
+    bf16_rn,
+    check_op_tensor,
+    gdc_launch_dependents,
+    gdc_wait,
+    launch_options,
+    register_audit,
+)
+from flint_moe.kernels._nvfp4_gemv import (
+    block_partials,
+    e4m3_to_f32,
+    load_bytes,
+    load_words,
+    swizzled_scale_offsets,
+)
+
+__all__ = ["DOWN_CONFIG", "nvfp4_down", "audit_specs"]
+
+#: Launch configuration: ``BH`` hidden rows per program, ``BKB`` code bytes of a row per K step (a power of
+#: two >= 32; fixes the summation order, see the kernel docstring), ``num_warps`` (no effect on the bits).
+DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 2}
+
+
+@triton.jit
+def _nvfp4_down_kernel(
+    act_ptr,  # int32 [M * TOPK, INTER / 2]: act (bf16 [M * TOPK, INTER]) as bf16 pairs
+    ids_ptr,  # int32 [M * TOPK]
+    tw_ptr,  # fp32 [M * TOPK]: routing weights (bf16 values)
+    w_ptr,  # uint8 w2 [E, H, IP / 2]
+    s_ptr,  # uint8 w2 scales, 128x4 swizzle [E, roundup(H, 128), KP]
+    alpha_ptr,  # fp32 [E]
+    shared_ptr,  # bf16 [M, H]
+    out_ptr,  # bf16 [M, H] (out)
+    dacc_ptr,  # fp32 [M * TOPK, H] (out, TAP only): y_acc
+    y_ptr,  # bf16 [M * TOPK, H] (out, TAP only): y
+    H: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    TOPK: tl.constexpr,
+    BH: tl.constexpr,
+    BKB: tl.constexpr,
+    ASM: tl.constexpr,
+    DECODE: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """out[t, h] = bf16(RN(fp32(bf16(acc)) + shared[t, h])), acc = fma(tw_j, y_j, acc) for j = 0..TOPK-1.
+
+    Grid ``(M, cdiv(H, BH))``: program (t, q) handles token t, rows h in [q*BH, q*BH + BH) (masked at H).
+    ``y_j = bf16(RN(y_acc_j * gs2[e_j]))`` (rule step 8, ``mul.f32`` then ``cvt.rn.bf16.f32``); combine: rule
+    step 9 (``fma.rn.f32`` from acc = +0, selection order), step 10 (``cvt.rn.bf16.f32``, ``add.f32``,
+    ``cvt.rn.bf16.f32``).
+
+    Summation order of y_acc (one row h of expert e_j, length INTER over the activation; element i, block
+    b = i // 16, byte i // 2; padded columns i >= INTER are never read): a K step covers ``BKB`` bytes
+    (``BKB / 8`` blocks); a thread holds 16 consecutive bytes (blocks 2L, 2L + 1 of the step, lane L =
+    0..BKB/16 - 1) and one fp32 accumulator per block slot. Per block: ``s = sum_{q=0..15} E2M1(code) * act``
+    sequentially in element order (exact products), then ``acc[slot] = fma(s, scale_b, acc[slot])`` from +0,
+    steps in increasing order (a partial last step adds exact zeros for its missing blocks); then ``tl.sum``
+    over the slots: each thread adds its two slots, then a butterfly across the ``BKB / 16`` lanes (xor 16, 8,
+    4, 2, 1 as far as the lanes span). Bound: block model (B = 16) of ``flint_moe.reference.exact``.
+    """
+    gdc_wait()
+    gdc_launch_dependents()
+    IB: tl.constexpr = INTER // 2  # valid code bytes (and act bf16 pairs) per row
+    IPB: tl.constexpr = IP // 2  # stored code bytes per row
+    KP: tl.constexpr = (IP // 16 + 3) // 4 * 4
+    MP: tl.constexpr = (H + 127) // 128 * 128
+    NB: tl.constexpr = BKB // 8
+    FULL: tl.constexpr = IB // BKB * BKB
+    t = tl.program_id(0)
+    q = tl.program_id(1)
+    h = q * BH + tl.arange(0, BH)
+    h_ok = h < H
+    hc = tl.where(h_ok, h, 0)
+    s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)
+    out = tl.zeros([BH], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        p = t * TOPK + j
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
+        s_row = s_ptr + e * (MP * KP)
+        a_row = act_ptr + p.to(tl.int64) * IB
+        acc = tl.zeros([BH, NB], dtype=tl.float32)
+        for k0 in tl.range(0, FULL, BKB):
+            kb = k0 + tl.arange(0, BKB)
+            codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None], other=0)
+            aw = load_words(a_row + kb, kb >= 0, ASM)
+            sb = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
+            part = block_partials(codes, aw, BH, BKB, DECODE)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
+        if FULL < IB:
+            kb = FULL + tl.arange(0, BKB)
+            cb = FULL // 8 + tl.arange(0, NB)
+            k_ok = kb < IB
+            c_ok = cb < INTER // 16
+            codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & k_ok[None, :], other=0)
+            aw = load_words(a_row + kb % IB, k_ok, ASM)
+            sb = load_bytes(
+                s_row + swizzled_scale_offsets(hc[:, None], (cb % (INTER // 16))[None, :], KP),
+                h_ok[:, None] & c_ok[None, :],
+                ASM,
+            )
+            part = block_partials(codes, aw, BH, BKB, DECODE)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
+        y_acc = tl.sum(acc, axis=1)
+        gs = tl.load(alpha_ptr + e)
+        y = bf16_rn(y_acc * gs)
+        tw = tl.load(tw_ptr + p)
+        out = tl.fma(tl.zeros([BH], dtype=tl.float32) + tw, y.to(tl.float32), out)
+        if TAP:
+            tap_off = p.to(tl.int64) * H + h
+            tl.store(dacc_ptr + tap_off, y_acc, mask=h_ok)
+            tl.store(y_ptr + tap_off, y, mask=h_ok)
+    routed = bf16_rn(out)
+    o_off = t.to(tl.int64) * H + h
+    sh = tl.load(shared_ptr + o_off, mask=h_ok, other=0.0)
+    res = bf16_rn(routed.to(tl.float32) + sh.to(tl.float32))
+    tl.store(out_ptr + o_off, res, mask=h_ok)
+
+
+def nvfp4_down(
+    act: torch.Tensor,
+    ids: torch.Tensor,
+    tw: torch.Tensor,
+    weights,
+    shared_output: torch.Tensor,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_gate_up``), ids, tw and shared.
+
+    Args:
+        act: bf16 [M * k, I] contiguous (I = ``weights.valid_intermediate``).
+        ids: int32 [M, k]; tw: fp32 [M, k] holding bf16 values (rule step 4); both contiguous.
+        weights: ``FlintMoEWeights`` (w2 uint8 [E, H, Ip/2], swizzled scales, w2_alpha fp32 [E]).
+        shared_output: bf16 [M, H] contiguous (the shared expert's output, rule step 10).
+        taps: if a dict, compiled with ``TAP=True``: ``taps["down_acc"]`` fp32 [M, k, H] (before the global
+            scale), ``taps["y"]`` bf16 [M, k, H], ``taps["out"]`` bf16 [M, H].
+        config: overrides of ``DOWN_CONFIG`` (``BH``, ``BKB``, ``num_warps``, ``DECODE``, ``ASM``).
+
+    Raises:
+        TypeError / ValueError naming the offending tensor.
+    """
+    from flint_moe.kernels.nvfp4_gate_up import _config, _decode_defaults, _weights_common
+
+    E, H, IP, INTER = _weights_common(weights)
+    dev = weights.w2.device
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(None, None), device=dev)
+    M, top_k = ids.shape
+    check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
+    check_op_tensor("act", act, dtype=torch.bfloat16, shape=(M * top_k, INTER), device=dev)
+    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
+    cfg = _config(config, DOWN_CONFIG, "nvfp4_down")
+    asm, decode = _decode_defaults(cfg, dev)
+    bh, bkb = int(cfg["BH"]), int(cfg["BKB"])
+    if bh <= 0 or bh & (bh - 1):
+        raise ValueError(f"config BH: {bh} must be a power of two")
+    if bkb < 32 or bkb & (bkb - 1):
+        raise ValueError(f"config BKB: {bkb} must be a power of two >= 32")
+    out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    tap = taps is not None
+    if tap:
+        dacc = torch.empty((M * top_k, H), dtype=torch.float32, device=dev)
+        y = torch.empty((M * top_k, H), dtype=torch.bfloat16, device=dev)
+    else:
+        dacc, y = out, out  # never written
+    if M > 0:
+        grid = (M, triton.cdiv(H, bh))
+        _nvfp4_down_kernel[grid](
+            act.view(torch.int32),
+            ids,
+            tw,
+            weights.w2,
+            weights.w2_sf_swizzled.view(torch.uint8),
+            weights.w2_alpha,
+            shared_output,
+            out,
+            dacc,
+            y,
+            H=H,
+            IP=IP,
+            INTER=INTER,
+            TOPK=top_k,
+            BH=bh,
+            BKB=bkb,
+            ASM=asm,
+            DECODE=decode,
+            TAP=tap,
+            num_warps=int(cfg["num_warps"]),
+            num_stages=1,
+            **launch_options(),
+        )
+    if tap:
+        taps["down_acc"] = dacc.view(M, top_k, H)
+        taps["y"] = y.view(M, top_k, H)
+        taps["out"] = out
+    return out
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of every (H, I) of the conformance matrix (production builds; the tapped
+    build too for DeepSeek-V3, H 7168 x I 2048)."""
+    from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES
+
+    names = []
+    sig = {
+        "act_ptr": "*i32",
+        "ids_ptr": "*i32",
+        "tw_ptr": "*fp32",
+        "w_ptr": "*u8",
+        "s_ptr": "*u8",
+        "alpha_ptr": "*fp32",
+        "shared_ptr": "*bf16",
+        "out_ptr": "*bf16",
+        "dacc_ptr": "*fp32",
+        "y_ptr": "*bf16",
+    }
+    for h, i in AUDIT_SHAPES:
+        ip = (i + 63) // 64 * 64
+        for tap in (False, True) if (h, i) == (7168, 2048) else (False,):
+            name = f"nvfp4_down.H{h}.I{i}{'.tap' if tap else ''}"
+            register_audit(
+                name,
+                _nvfp4_down_kernel,
+                sig,
+                {
+                    "H": h,
+                    "IP": ip,
+                    "INTER": i,
+                    "TOPK": 8,
+                    "BH": DOWN_CONFIG["BH"],
+                    "BKB": DOWN_CONFIG["BKB"],
+                    "ASM": True,
+                    "DECODE": 2,
+                    "TAP": tap,
+                },
+                [BF16_CVT, "fma.rn.f32", "mul.rn.f16x2", "griddepcontrol.wait"],
+                options={"num_warps": DOWN_CONFIG["num_warps"], "num_stages": 1},
+            )
+            names.append(name)
+    return names
+
+
+audit_specs()

@@ -1,0 +1,321 @@
+"""NVFP4 decode gate/up GEMV + SwiGLU on FlashInfer's CuTe-DSL W4A16 layout (rule steps 5-7; owner F).
+
+One program computes ``BN`` intermediate columns of one (token, selected expert) pair: the ``BN`` up rows and
+the ``BN`` gate rows of those columns, read in place from ``FlintMoEWeights.w1`` (uint8 [E, 2Ip, H/2], [up;
+gate] interleaved by 64 rows) and its 128x4-swizzled E4M3 scales, then the rule's global scale on the fp32
+accumulators and the SwiGLU epilogue with the pinned PTX approximations. Seed: ``_gate_up_gemv_kernel`` of
+``vllm.models.flint.ops.moe`` (semantics only; this kernel adds an exact sm_90 E2M1 decode, the block
+grouping, the rule's PTX instructions, a documented summation order, taps, 64-bit offsets and H not a power
+of two).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flint_moe.kernels._common import (
+    BF16_CVT,
+    bf16_rn,
+    check_op_tensor,
+    ex2_approx_ftz,
+    gdc_launch_dependents,
+    gdc_wait,
+    launch_options,
+    rcp_approx_ftz,
+    register_audit,
+)
+from flint_moe.kernels._nvfp4_gemv import (
+    block_partials,
+    e4m3_to_f32,
+    load_bytes,
+    load_words,
+    swizzled_scale_offsets,
+)
+
+__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "audit_specs"]
+
+#: Launch configuration: ``BN`` intermediate columns per program (a divisor of 64), ``BKB`` code bytes of a
+#: row per K step (a power of two >= 64; each thread holds 16 consecutive bytes = 32 codes = 2 blocks of a
+#: row), ``num_warps``. ``BKB`` fixes the summation order (see the kernel docstring); ``BN`` and
+#: ``num_warps`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
+GATE_UP_CONFIG = {"BN": 4, "BKB": 512, "num_warps": 4}
+
+#: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), exact in fp32.
+SWIGLU_C = -1.44269502162933349609375
+_C = tl.constexpr(SWIGLU_C)
+
+
+@triton.jit
+def _nvfp4_gate_up_kernel(
+    x_ptr,  # int32 [M, H / 2]: x (bf16 [M, H]) as bf16 pairs
+    ids_ptr,  # int32 [M * TOPK]: expert of pair p = t * TOPK + j
+    w_ptr,  # uint8 w1 [E, 2 * IP, H / 2]
+    s_ptr,  # uint8 w1 scales, 128x4 swizzle [E, 2 * IP, KP]
+    alpha_ptr,  # fp32 [E]: gate/up global scale
+    act_ptr,  # bf16 [M * TOPK, INTER] (out)
+    gacc_ptr,  # fp32 [M * TOPK, INTER] (out, TAP only)
+    uacc_ptr,  # fp32 [M * TOPK, INTER] (out, TAP only)
+    H: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    TOPK: tl.constexpr,
+    BN: tl.constexpr,
+    BKB: tl.constexpr,
+    ASM: tl.constexpr,
+    DECODE: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
+
+    Grid ``(M * TOPK, cdiv(INTER, BN))``: program (p, q) handles pair p and columns n in [q*BN, q*BN + BN)
+    (n < INTER, the valid intermediate size; padded rows are never read). Up row of n: ``(n // 64) * 128 +
+    n % 64``; gate row: that + 64. Tile rows r = 2 * (n - q*BN) + {0: up, 1: gate}.
+
+    Summation order of g_acc / u_acc (one row, length H; element h, block b = h // 16, byte = h // 2):
+    the tile covers ``BKB`` bytes (``BKB / 8`` blocks) of the row per K step; a thread holds 16 consecutive
+    bytes (blocks 2L, 2L + 1 of the step, lane L = 0..BKB/16 - 1 of the row's warp-slice) and keeps one
+    fp32 accumulator per block slot. For each block: ``s = sum_{q=0..15} E2M1(code) * x`` sequentially in
+    element order (exact products), then ``acc[slot] = fma(s, scale_b, acc[slot])`` (starting from +0), for
+    the K steps in increasing order. The last step may be partial (``H / 2`` not a multiple of ``BKB``): its
+    missing blocks add exact zeros. Then ``tl.sum`` over the step's ``BKB / 8`` slots: each thread adds its
+    two slots (slot 2L + 1 to slot 2L), then a butterfly across the ``BKB / 16`` lanes (xor 16, 8, 4, 2, 1,
+    as many as the lanes span; every lane ends with the same bits). Bound: block model (B = 16) of
+    ``flint_moe.reference.exact`` (the fma makes the scale multiply and the outer add one rounding).
+
+    Rule steps: 6 (global scale on the fp32 accumulator), 7 (SwiGLU: ``mul``, ``ex2.approx.ftz.f32``, ``add``,
+    ``rcp.approx.ftz.f32``, ``mul``, ``mul``, ``cvt.rn.bf16.f32``). TAP: also store g_acc / u_acc.
+    """
+    gdc_wait()
+    gdc_launch_dependents()
+    HB: tl.constexpr = H // 2  # code bytes (and x bf16 pairs) per row
+    KP: tl.constexpr = (H // 16 + 3) // 4 * 4  # swizzled scale columns
+    R: tl.constexpr = 2 * BN
+    NB: tl.constexpr = BKB // 8  # blocks per K step
+    p = tl.program_id(0)
+    q = tl.program_id(1)
+    t = p // TOPK
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    r = tl.arange(0, R)
+    n = q * BN + r // 2
+    row_ok = n < INTER
+    prow = (n // 64) * 128 + n % 64 + (r % 2) * 64  # physical row in w1
+    w_row = w_ptr + e * (2 * IP * HB) + prow.to(tl.int64) * HB  # [R] row base pointers (64-bit)
+    s_row = s_ptr + e * (2 * IP * KP)
+    x_row = x_ptr + t.to(tl.int64) * HB
+    acc = tl.zeros([R, NB], dtype=tl.float32)
+    FULL: tl.constexpr = HB // BKB * BKB  # bytes covered by full K steps
+    s_off = swizzled_scale_offsets(prow[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
+    for k0 in tl.range(0, FULL, BKB):
+        kb = k0 + tl.arange(0, BKB)
+        codes = tl.load(w_row[:, None] + kb[None, :], mask=row_ok[:, None], other=0)
+        xw = load_words(x_row + kb, kb >= 0, ASM)
+        # block column c = k0 / 8 + j: (c // 4) * 512 + c % 4 advances by 64 * k0 / 8 per step (BKB % 32 == 0)
+        sb = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
+        part = block_partials(codes, xw, R, BKB, DECODE)
+        acc = tl.fma(part, e4m3_to_f32(sb), acc)
+    if FULL < HB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
+        kb = FULL + tl.arange(0, BKB)
+        cb = FULL // 8 + tl.arange(0, NB)
+        k_ok = kb < HB
+        c_ok = cb < H // 16
+        codes = tl.load(w_row[:, None] + kb[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        xw = load_words(x_row + kb % HB, k_ok, ASM)
+        sb = load_bytes(
+            s_row + swizzled_scale_offsets(prow[:, None], (cb % (H // 16))[None, :], KP),
+            row_ok[:, None] & c_ok[None, :],
+            ASM,
+        )
+        part = block_partials(codes, xw, R, BKB, DECODE)
+        acc = tl.fma(part, e4m3_to_f32(sb), acc)
+    tot = tl.sum(acc, axis=1)  # [R]
+    u_acc, g_acc = tl.split(tl.reshape(tot, [BN, 2]))
+    gs = tl.load(alpha_ptr + e)
+    g = g_acc * gs
+    u = u_acc * gs
+    a = g * _C
+    pe = ex2_approx_ftz(a)
+    d = pe + 1.0
+    rc = rcp_approx_ftz(d)
+    act = bf16_rn(u * (g * rc))
+    cols = q * BN + tl.arange(0, BN)
+    ok = cols < INTER
+    out_off = p.to(tl.int64) * INTER + cols
+    tl.store(act_ptr + out_off, act, mask=ok)
+    if TAP:
+        tl.store(gacc_ptr + out_off, g_acc, mask=ok)
+        tl.store(uacc_ptr + out_off, u_acc, mask=ok)
+
+
+def _weights_common(weights) -> tuple[int, int, int, int]:
+    """(E, H, Ip, I) of a FlintMoEWeights, with the layout checks the decode kernels rely on."""
+    from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
+
+    if not isinstance(weights, FlintMoEWeights):
+        raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
+    E, H, IP, INTER = (
+        weights.num_experts,
+        weights.hidden_size,
+        weights.intermediate_size,
+        weights.valid_intermediate,
+    )
+    for name in ("w1", "w1_sf_swizzled", "w1_alpha", "w2", "w2_sf_swizzled", "w2_alpha"):
+        t = getattr(weights, name)
+        check_op_tensor(f"weights.{name}", t, device=weights.w1.device)
+    if H % 32:
+        raise ValueError(
+            f"weights: hidden size H = {H} must be a multiple of 32 for the NVFP4 decode kernels "
+            "(16-byte code vectors)"
+        )
+    if INTER % 16:
+        raise ValueError(f"weights: valid intermediate size {INTER} must be a multiple of 16 (NVFP4 block)")
+    return E, H, IP, INTER
+
+
+def _config(config: dict | None, default: dict, name: str) -> dict:
+    cfg = dict(default)
+    if config:
+        unknown = set(config) - set(default) - {"ASM", "DECODE"}
+        if unknown:
+            raise ValueError(f"{name}: unknown config keys {sorted(unknown)}")
+        cfg.update(config)
+    return cfg
+
+
+def _decode_defaults(cfg: dict, device: torch.device) -> tuple[bool, int]:
+    on_gpu = device.type == "cuda"
+    asm = bool(cfg.get("ASM", on_gpu))
+    decode = int(cfg.get("DECODE", 2 if on_gpu else 0))
+    if decode not in (0, 1, 2):
+        raise ValueError(f"config DECODE: must be 0, 1 or 2, got {decode}")
+    return asm, decode
+
+
+def nvfp4_gate_up(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Rule steps 5-7 for every (token, selected expert) pair: act bf16 [M * k, I] (I = valid intermediate).
+
+    Args:
+        x: bf16 [M, H], contiguous (never modified).
+        ids: int32 [M, k], contiguous: selected experts (rule step 2), values in [0, E) (not checked on the
+            device: an out-of-range id reads out of bounds).
+        weights: ``FlintMoEWeights`` (w1 uint8 [E, 2Ip, H/2], 64-row [up; gate] interleave, 128x4-swizzled
+            E4M3 scales, w1_alpha fp32 [E]).
+        taps: if a dict, the kernel is compiled with ``TAP=True``; ``taps["gate_acc"]`` / ``taps["up_acc"]``
+            (fp32 [M, k, I], before the global scale) and ``taps["act"]`` (bf16 [M, k, I]) are stored.
+        config: overrides of ``GATE_UP_CONFIG`` (``BN``, ``BKB``, ``num_warps``; ``DECODE`` 0/1/2 and ``ASM``
+            select the decode / load implementation on the GPU; all variants give identical bits for one BKB).
+
+    Raises:
+        TypeError / ValueError: wrong dtype, shape, device or contiguity (message names the tensor), H not a
+        multiple of 32.
+    """
+    E, H, IP, INTER = _weights_common(weights)
+    dev = weights.w1.device
+    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
+    M = x.shape[0]
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(M, None), device=dev)
+    top_k = ids.shape[1]
+    cfg = _config(config, GATE_UP_CONFIG, "nvfp4_gate_up")
+    asm, decode = _decode_defaults(cfg, dev)
+    bn, bkb = int(cfg["BN"]), int(cfg["BKB"])
+    if bn <= 0 or 64 % bn:
+        raise ValueError(f"config BN: {bn} must divide 64")
+    if bkb < 32 or bkb & (bkb - 1):
+        raise ValueError(f"config BKB: {bkb} must be a power of two >= 32")
+    act = torch.empty((M * top_k, INTER), dtype=torch.bfloat16, device=dev)
+    tap = taps is not None
+    if tap:
+        gacc = torch.empty((M * top_k, INTER), dtype=torch.float32, device=dev)
+        uacc = torch.empty_like(gacc)
+    else:
+        gacc = uacc = act  # never written
+    if M * top_k > 0:
+        grid = (M * top_k, triton.cdiv(INTER, bn))
+        _nvfp4_gate_up_kernel[grid](
+            x.view(torch.int32),
+            ids,
+            weights.w1,
+            weights.w1_sf_swizzled.view(torch.uint8),
+            weights.w1_alpha,
+            act,
+            gacc,
+            uacc,
+            H=H,
+            IP=IP,
+            INTER=INTER,
+            TOPK=top_k,
+            BN=bn,
+            BKB=bkb,
+            ASM=asm,
+            DECODE=decode,
+            TAP=tap,
+            num_warps=int(cfg["num_warps"]),
+            num_stages=1,
+            **launch_options(),
+        )
+    if tap:
+        taps["gate_acc"] = gacc.view(M, top_k, INTER)
+        taps["up_acc"] = uacc.view(M, top_k, INTER)
+        taps["act"] = act.view(M, top_k, INTER)
+    return act
+
+
+#: (H, Ip) of the conformance matrix (hidden sizes x intermediate sizes, DeepSeek-V3 included).
+AUDIT_SHAPES = [(h, i) for h in (2048, 2880, 5120, 7168) for i in (512, 704, 2048, 2880)]
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of every (H, I) of the conformance matrix (production builds; the tapped
+    build too for DeepSeek-V3, H 7168 x I 2048)."""
+    names = []
+    sig = {
+        "x_ptr": "*i32",
+        "ids_ptr": "*i32",
+        "w_ptr": "*u8",
+        "s_ptr": "*u8",
+        "alpha_ptr": "*fp32",
+        "act_ptr": "*bf16",
+        "gacc_ptr": "*fp32",
+        "uacc_ptr": "*fp32",
+    }
+    for h, i in AUDIT_SHAPES:
+        ip = (i + 63) // 64 * 64
+        for tap in (False, True) if (h, i) == (7168, 2048) else (False,):
+            name = f"nvfp4_gate_up.H{h}.I{i}{'.tap' if tap else ''}"
+            register_audit(
+                name,
+                _nvfp4_gate_up_kernel,
+                sig,
+                {
+                    "H": h,
+                    "IP": ip,
+                    "INTER": i,
+                    "TOPK": 8,
+                    "BN": GATE_UP_CONFIG["BN"],
+                    "BKB": GATE_UP_CONFIG["BKB"],
+                    "ASM": True,
+                    "DECODE": 2,
+                    "TAP": tap,
+                },
+                [
+                    BF16_CVT,
+                    "rcp.approx.ftz.f32",
+                    "ex2.approx.ftz.f32",
+                    "mul.rn.f16x2",
+                    "griddepcontrol.wait",
+                ],
+                options={"num_warps": GATE_UP_CONFIG["num_warps"], "num_stages": 1},
+            )
+            names.append(name)
+    return names
+
+
+audit_specs()

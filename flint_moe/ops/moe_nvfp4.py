@@ -1,0 +1,79 @@
+"""``flint_moe``: routed NVFP4 experts + shared output for decode (issue 4, owner F).
+
+Three launches on the current stream, chained by programmatic dependent launch: ``route`` (router GEMV +
+top-k, ``flint_moe.ops.route``; rule steps 1-4), ``nvfp4_gate_up`` (steps 5-7), ``nvfp4_down`` (steps 8-10).
+Seed: ``flint_moe`` of ``vllm.models.flint.ops.moe`` (semantics only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flint_moe.kernels._common import check_op_tensor
+from flint_moe.kernels.nvfp4_down import nvfp4_down
+from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+
+__all__ = ["DECODE_MAX_TOKENS", "flint_moe"]
+
+#: Largest token count the decode path (one gate/up and one down GEMV program set per (token, expert) pair)
+#: serves. Above it the weights of an expert picked by several tokens are read once per token, and a grouped
+#: path (a later issue) is the right tool. Chosen on the H200: docs/kernels/nvfp4-decode.md.
+DECODE_MAX_TOKENS = 8
+
+
+def flint_moe(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    weights,
+    top_k: int,
+    counter: torch.Tensor,
+    shared_output: torch.Tensor,
+    shared_ready: torch.cuda.Event | None = None,
+    *,
+    taps: dict | None = None,
+) -> torch.Tensor:
+    """Routed-expert MoE output plus ``shared_output`` for a few tokens (Flint rule steps 1-10).
+
+    Args:
+        x: bf16 [M, H] contiguous, M <= ``DECODE_MAX_TOKENS``; never modified.
+        router_weight: bf16 [E, H] contiguous.
+        weights: ``flint_moe.layouts.FlintMoEWeights`` (FlashInfer CuTe-DSL W4A16 layout).
+        top_k: experts per token, 1 <= top_k <= E.
+        counter: int32 buffer from ``flint_moe.ops.route.make_route_counter`` (never reset; launches that use
+            it must be serialized on one stream).
+        shared_output: bf16 [M, H] contiguous, the shared expert's output, read only by the last kernel.
+        shared_ready: optional event the current stream waits on before that kernel (``shared_output`` may be
+            produced on another stream).
+        taps: optional dict; when given, every kernel is compiled with its tap option and the dict receives
+            ``router_acc``, ``logits``, ``ids``, ``weights`` (``route``), ``gate_acc``, ``up_acc``, ``act``
+            (fp32 / bf16 [M, k, I]), ``down_acc``, ``y`` ([M, k, H]) and ``out`` ([M, H]) (docs/CONTRACTS.md).
+
+    Returns:
+        bf16 [M, H] (a new tensor).
+
+    Raises:
+        NotImplementedError: M > DECODE_MAX_TOKENS (the grouped path is a later issue).
+        TypeError / ValueError: wrong dtype, shape, device or contiguity (the message names the tensor),
+        top_k out of range, H of ``x`` and ``weights`` different.
+    """
+    from flint_moe.ops.route import route
+
+    dev = weights.w1.device
+    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
+    M = x.shape[0]
+    if M > DECODE_MAX_TOKENS:
+        raise NotImplementedError(
+            f"flint_moe: {M} tokens; the NVFP4 decode path serves M <= DECODE_MAX_TOKENS = "
+            f"{DECODE_MAX_TOKENS} "
+            "(the grouped path for larger batches is not implemented yet)"
+        )
+    E = weights.num_experts
+    check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= E:
+        raise ValueError(f"top_k: must be an int in [1, {E}], got {top_k!r}")
+    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
+    ids, tw = route(x, router_weight, top_k, counter, taps=taps)
+    act = nvfp4_gate_up(x, ids, weights, taps=taps)
+    if shared_ready is not None:
+        shared_ready.wait(torch.cuda.current_stream(dev))
+    return nvfp4_down(act, ids, tw, weights, shared_output, taps=taps)

@@ -1,0 +1,138 @@
+"""Golden-model checks of the NVFP4 decode kernels' taps (shared by the interpreter and the GPU tests).
+
+The golden model reads the same ``FlintMoEWeights`` through the independent decoder
+``flint_moe.reference.layouts.experts_from_cutedsl``; order-free steps are recomputed from the kernel's own
+taps and compared bit for bit, accumulators are checked against the certified bound of the kernels'
+documented grouping (block model, B = 16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
+from flint_moe.reference.combine import add_shared, combine_fp32
+from flint_moe.reference.exact import block_model, check_accumulator
+from flint_moe.reference.experts import (
+    apply_global_scale,
+    down_accumulate,
+    down_output,
+    gate_up_accumulate,
+    swiglu,
+)
+from flint_moe.reference.formats import to_bf16
+from flint_moe.reference.layouts import experts_from_cutedsl
+
+FP8 = torch.float8_e4m3fn
+MODEL = block_model(16)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN positions must match; NaN payloads are not compared)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        na, nb = torch.isnan(a), torch.isnan(b)
+        if not torch.equal(na, nb):
+            return False
+        a = torch.where(na, torch.zeros_like(a), a)
+        b = torch.where(nb, torch.zeros_like(b), b)
+    return torch.equal(bits(a), bits(b))
+
+
+def make_weights(E, H, I, *, seed=0, pad_to=None, device="cpu", scale_exp=(100, 127)) -> FlintMoEWeights:
+    """Random NVFP4 experts (all E2M1 codes; E4M3 scale bytes of both signs, exponent field limited to keep
+    sums in a moderate range) converted to FlintMoEWeights; gate/up global scales shared per expert."""
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randint(0, 256, (E, 2 * I, H // 2), dtype=torch.uint8, generator=g)
+    w2 = torch.randint(0, 256, (E, H, I // 2), dtype=torch.uint8, generator=g)
+
+    def scales(shape):
+        b = torch.randint(scale_exp[0] // 2, scale_exp[1] // 2 + 1, shape, generator=g) & 0x7F
+        b = torch.where(b == 0x7F, torch.full_like(b, 0x7E), b)
+        sign = torch.randint(0, 2, shape, generator=g) << 7
+        return (b | sign).to(torch.uint8).view(FP8)
+
+    s13 = scales((E, 2 * I, H // 16))
+    s2 = scales((E, H, I // 16))
+    gs1 = torch.rand(E, generator=g) * 2.0**-6 + 2.0**-8
+    gs2 = torch.rand(E, generator=g) * 2.0**-6 + 2.0**-8
+    w = FlintMoEWeights.from_modelopt(w13, s13, gs1, w2, s2, gs2, pad_intermediate_to=pad_to)
+    if device != "cpu":
+        for name in ("w1", "w1_sf_swizzled", "w1_alpha", "w2", "w2_sf_swizzled", "w2_alpha"):
+            setattr(w, name, getattr(w, name).to(device))
+        w.__post_init__()
+    return w
+
+
+def make_inputs(M, H, E, k, *, seed=0, device="cpu"):
+    """x bf16 [M, H] (normal), distinct ids per token, tw fp32 holding bf16 values, shared bf16 [M, H]."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    x = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).to(torch.int32)
+    tw = to_bf16(torch.rand(M, k, generator=g) / k).to(torch.float32)
+    shared = (torch.randn(M, H, generator=g) * 4).to(torch.bfloat16)
+    return tuple(t.to(device) for t in (x, ids, tw, shared))
+
+
+def check_taps(weights, x, ids, tw, shared, taps, out, *, accumulators=True):
+    """Assert every order-free step bit-exact from the taps and (optionally) accumulators within bound.
+
+    Returns a dict of counts (pairs checked, accumulator elements checked)."""
+    cpu = lambda t: t.detach().cpu()  # noqa: E731
+    ex = experts_from_cutedsl(_cpu_weights(weights))
+    x, ids, tw, shared, out = (cpu(t) for t in (x, ids, tw, shared, out))
+    t = {k: cpu(v) for k, v in taps.items()}
+    M, k = ids.shape
+    inter = weights.valid_intermediate
+    assert same(t["out"], out), "taps['out'] differs from the returned output"
+    n_acc = 0
+    for m in range(M):
+        for j in range(k):
+            e = int(ids[m, j])
+            g_acc, u_acc = t["gate_acc"][m, j], t["up_acc"][m, j]
+            gs1, gs2 = ex.w13_gs[e : e + 1], ex.w2_gs[e : e + 1]
+            act = swiglu(apply_global_scale(g_acc, gs1), apply_global_scale(u_acc, gs1))
+            assert same(t["act"][m, j], act), (
+                f"act differs from the golden SwiGLU of the taps (token {m}, slot {j})"
+            )
+            y = down_output(t["down_acc"][m, j], gs2)
+            assert same(t["y"][m, j], y), (
+                f"y differs from the golden step 8 of the taps (token {m}, slot {j})"
+            )
+            if accumulators:
+                acc = gate_up_accumulate(x[m : m + 1], ex.w13[e], ex.w13_scale[e], model=MODEL)
+                ok_g = check_accumulator(g_acc[None], acc[:, :inter], name="gate_acc")
+                ok_u = check_accumulator(u_acc[None], acc[:, inter:], name="up_acc")
+                assert bool(ok_g.all()), (
+                    f"gate_acc outside the bound (token {m}, slot {j}): {int((~ok_g).sum())}"
+                )
+                assert bool(ok_u.all()), (
+                    f"up_acc outside the bound (token {m}, slot {j}): {int((~ok_u).sum())}"
+                )
+                dacc = down_accumulate(t["act"][m, j][None], ex.w2[e], ex.w2_scale[e], model=MODEL)
+                ok_d = check_accumulator(t["down_acc"][m, j][None], dacc, name="down_acc")
+                assert bool(ok_d.all()), (
+                    f"down_acc outside the bound (token {m}, slot {j}): {int((~ok_d).sum())}"
+                )
+                n_acc += 2 * inter + weights.hidden_size
+    routed = to_bf16(combine_fp32(tw, t["y"]))
+    assert same(out, add_shared(routed, shared)), (
+        "out differs from the golden combine + shared add of the taps"
+    )
+    return {"pairs": M * k, "acc_elements": n_acc}
+
+
+def _cpu_weights(weights):
+    class _W:
+        pass
+
+    w = _W()
+    for n in ("w1", "w1_sf", "w1_alpha", "w2", "w2_sf", "w2_alpha"):
+        setattr(w, n, getattr(weights, n).detach().cpu())
+    w.valid_intermediate = weights.valid_intermediate
+    return w
