@@ -248,3 +248,25 @@ def load_bytes(ptrs, mask, ASM: tl.constexpr):
         return tl.where(mask, v, 0)
     else:
         return tl.load(ptrs, mask=mask, other=0).to(tl.int32)
+
+
+@triton.jit
+def _decode_probe_kernel(codes_ptr, lo_ptr, hi_ptr, n, BLOCK: tl.constexpr, DECODE: tl.constexpr):
+    """lo[i], hi[i] = E2M1 of the low / high nibble of codes[i] through ``decode_e2m1(DECODE)`` (tests)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    c = tl.load(codes_ptr + offs, mask=m, other=0)
+    lo, hi = decode_e2m1(c, DECODE)
+    tl.store(lo_ptr + offs, lo, mask=m)
+    tl.store(hi_ptr + offs, hi, mask=m)
+
+
+def decode_probe(codes, decode: int):
+    """(lo, hi) fp32 tensors: ``decode_e2m1`` applied to uint8 ``codes`` (1-D, length a multiple of 4)."""
+    import torch
+
+    lo = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+    hi = torch.empty_like(lo)
+    n = codes.numel()
+    _decode_probe_kernel[(triton.cdiv(n, 256),)](codes, lo, hi, n, BLOCK=256, DECODE=decode, num_warps=1)
+    return lo, hi

@@ -2,8 +2,8 @@
 
 One program computes ``BH`` hidden rows of one token: for each selected expert j (selection order) the down
 projection of that pair's activation row through ``FlintMoEWeights.w2`` (uint8 [E, H, Ip/2]) and its
-128x4-swizzled E4M3 scales, ``y_j = bf16(RN(y_acc * w2_alpha[e]))``, the combine ``acc = fma(tw_j, y_j, acc)``,
-then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``. Seed: ``_down_gemv_kernel`` of
+128x4-swizzled E4M3 scales, ``y_j = bf16(RN(y_acc * w2_alpha[e]))``, the combine
+``acc = fma(tw_j, y_j, acc)``, then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``. Seed: ``_down_gemv_kernel`` of
 ``vllm.models.flint.ops.moe`` (semantics only; this kernel adds the exact sm_90 E2M1 decode, the block
 grouping, the rule's rounding points, a documented summation order, taps, 64-bit offsets and H, I not powers
 of two).

@@ -24,5 +24,6 @@ def _reexport(module: str, names: tuple[str, ...]) -> None:
 
 # owner E
 _reexport("route", ("ROUTE_GEMV_MAX_TOKENS", "make_route_counter", "route"))
-# owner F: _reexport("moe_nvfp4", ("DECODE_MAX_TOKENS", "flint_moe"))
+# owner F
+_reexport("moe_nvfp4", ("DECODE_MAX_TOKENS", "flint_moe"))
 # owner G: _reexport("moe_bf16", ("flint_moe_bf16_decode",))

@@ -56,8 +56,10 @@ def flint_moe(
         TypeError / ValueError: wrong dtype, shape, device or contiguity (the message names the tensor),
         top_k out of range, H of ``x`` and ``weights`` different.
     """
-    from flint_moe.ops.route import route
+    from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
 
+    if not isinstance(weights, FlintMoEWeights):
+        raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
     dev = weights.w1.device
     check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
     M = x.shape[0]
@@ -72,6 +74,8 @@ def flint_moe(
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= E:
         raise ValueError(f"top_k: must be an int in [1, {E}], got {top_k!r}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
+    from flint_moe.ops.route import route
+
     ids, tw = route(x, router_weight, top_k, counter, taps=taps)
     act = nvfp4_gate_up(x, ids, weights, taps=taps)
     if shared_ready is not None:

@@ -1,0 +1,148 @@
+"""NVFP4 decode kernels under Triton's interpreter (CPU CI): golden model fed the kernels' own taps.
+
+Small shapes with the production shapes' divisibility: E, H, k not powers of two, I a multiple of 64 (and a
+padded I = 176 -> 192), K steps that leave a partial last step. Order-free steps (global scale, SwiGLU, bf16
+casts, combine, shared add) are compared bit for bit; accumulators against the certified bound of the
+kernels' documented grouping (block model, B = 16). The interpreter's arithmetic is numpy's (no FMA
+contraction, pairwise ``tl.sum``): bit-exactness of the accumulators themselves is a GPU claim
+(tests/kernels/test_nvfp4_decode_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flint_moe.kernels._nvfp4_gemv import decode_probe
+from flint_moe.kernels.nvfp4_down import nvfp4_down
+from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+from flint_moe.reference.formats import E2M1_VALUES
+from flint_moe.reference.layouts import cutedsl_w13_phys_rows, swizzle_offsets
+
+from ._nvfp4_check import check_taps, make_inputs, make_weights, same
+
+BACKEND = "interpreter"
+
+# Interpreter configs: few, large programs (the interpreter pays per program); BKB small enough that the
+# K loop has full steps and a partial last step (H/2 = 80 bytes = 2 x 32 + 16; I/2 = 96 = 64 + 32).
+GU = {"BN": 64, "BKB": 32, "num_warps": 1}
+DN = {"BH": 64, "BKB": 64, "num_warps": 1}
+
+
+def _run(w, x, ids, tw, sh, taps=None):
+    act = nvfp4_gate_up(x, ids, w, taps=taps, config=GU)
+    return nvfp4_down(act, ids, tw, w, sh, taps=taps, config=DN)
+
+
+def test_decode_all_bytes():
+    """Every code byte decodes to the exact E2M1 values of its two nibbles (low nibble = even element)."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    lo, hi = decode_probe(codes, 0)
+    vals = torch.tensor([*E2M1_VALUES], dtype=torch.float32)
+    assert same(lo, vals[codes.long() & 15]) and same(hi, vals[codes.long() >> 4])
+
+
+def test_kernels_match_golden_from_taps_and_production():
+    E, H, I, M, k = 5, 160, 192, 2, 3
+    w = make_weights(E, H, I, seed=1)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=1)
+    x0, ids0, tw0, sh0 = (t.clone() for t in (x, ids, tw, sh))
+    taps = {}
+    out = _run(w, x, ids, tw, sh, taps)
+    counts = check_taps(w, x, ids, tw, sh, taps, out)
+    assert counts["pairs"] == M * k
+    # inputs never modified
+    for a, b in ((x, x0), (ids, ids0), (tw, tw0), (sh, sh0)):
+        assert same(a, b)
+    # production build (no taps) gives the same bits
+    prod = _run(w, x, ids, tw, sh)
+    assert same(prod, out)
+    assert same(nvfp4_gate_up(x, ids, w, config=GU).view(M, k, I), taps["act"])
+
+
+def _poison(w, byte: int):
+    """Copy of ``w`` with every padding byte (swizzle and per-half intermediate padding) set to ``byte``."""
+    E, H, ip, inter = w.num_experts, w.hidden_size, w.intermediate_size, w.valid_intermediate
+    w1 = w.w1.clone()
+    w2 = w.w2.clone()
+    s1 = w.w1_sf_swizzled.view(torch.uint8).clone()
+    s2 = w.w2_sf_swizzled.view(torch.uint8).clone()
+    phys = cutedsl_w13_phys_rows(inter, ip)
+    pad_rows = torch.ones(2 * ip, dtype=torch.bool)
+    pad_rows[phys] = False
+    w1[:, pad_rows] = byte
+    w2[:, :, inter // 2 :] = byte
+    used1 = torch.zeros(s1[0].numel(), dtype=torch.bool)
+    used1[swizzle_offsets(2 * ip, H // 16)[phys].reshape(-1)] = True
+    used2 = torch.zeros(s2[0].numel(), dtype=torch.bool)
+    used2[swizzle_offsets(H, inter // 16).reshape(-1)] = True
+    s1.view(E, -1)[:, ~used1] = byte
+    s2.view(E, -1)[:, ~used2] = byte
+    assert (~used1).any() and (~used2).any() and pad_rows.any()
+    out = type(w)(
+        w1, s1.view(torch.float8_e4m3fn), w.w1_alpha, w2, s2.view(torch.float8_e4m3fn), w.w2_alpha, inter
+    )
+    return out
+
+
+@pytest.mark.parametrize("byte", [0x7F, 0xFF, 0x7E])
+def test_poisoned_padding_changes_nothing(byte):
+    E, H, I, M, k = 3, 96, 176, 1, 2  # I = 176 padded per half to 192; H/16 = 6 scale columns -> 8
+    w = make_weights(E, H, I, seed=2, pad_to=64)
+    assert w.intermediate_size == 192
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=2)
+    taps = {}
+    out = _run(w, x, ids, tw, sh, taps)
+    check_taps(w, x, ids, tw, sh, taps, out, accumulators=False)
+    assert same(_run(_poison(w, byte), x, ids, tw, sh), out)
+
+
+def test_asymmetric_gate_up():
+    """Expert 0 has all-zero up codes, expert 1 all-zero gate codes: the kernel must read the halves apart."""
+    E, H, I, M, k = 3, 96, 128, 1, 3
+    w = make_weights(E, H, I, seed=3)
+    rows = cutedsl_w13_phys_rows(I, I)
+    w.w1[0, rows[I:]] = 0  # up rows of expert 0
+    w.w1[1, rows[:I]] = 0  # gate rows of expert 1
+    x, _, tw, sh = make_inputs(M, H, E, k, seed=3)
+    ids = torch.tensor([[0, 1, 2]], dtype=torch.int32)
+    taps = {}
+    out = _run(w, x, ids, tw, sh, taps)
+    check_taps(w, x, ids, tw, sh, taps, out)
+    assert bool((taps["up_acc"][0, 0] == 0).all()) and bool((taps["gate_acc"][0, 0] != 0).any())
+    assert bool((taps["gate_acc"][0, 1] == 0).all()) and bool((taps["up_acc"][0, 1] != 0).any())
+    assert bool((taps["act"][0, 0] == 0).all()) and bool((taps["act"][0, 1] == 0).all())
+
+
+def test_bad_inputs_raise():
+    from flint_moe.ops.moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
+
+    E, H, I, M, k = 3, 96, 64, 1, 2
+    w = make_weights(E, H, I, seed=4)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=4)
+    with pytest.raises(TypeError, match="^x"):
+        nvfp4_gate_up(x.float(), ids, w)
+    with pytest.raises(ValueError, match="^x"):
+        nvfp4_gate_up(torch.zeros(M, H + 32, dtype=torch.bfloat16), ids, w)
+    with pytest.raises(ValueError, match="^x.*contiguous"):
+        nvfp4_gate_up(torch.zeros(H, 2, dtype=torch.bfloat16).t(), ids.expand(2, k), w)
+    with pytest.raises(TypeError, match="^ids"):
+        nvfp4_gate_up(x, ids.long(), w)
+    with pytest.raises(TypeError, match="^weights"):
+        nvfp4_gate_up(x, ids, object())
+    act = torch.zeros(M * k, I, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="^tw"):
+        nvfp4_down(act, ids, tw.double(), w, sh)
+    with pytest.raises(ValueError, match="^act"):
+        nvfp4_down(act[:1], ids, tw, w, sh)
+    with pytest.raises(ValueError, match="^shared_output"):
+        nvfp4_down(act, ids, tw, w, sh[:, :32])
+    with pytest.raises(ValueError, match="BN"):
+        nvfp4_gate_up(x, ids, w, config={"BN": 3})
+    big = torch.zeros(DECODE_MAX_TOKENS + 1, H, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="DECODE_MAX_TOKENS"):
+        flint_moe(big, torch.zeros(E, H, dtype=torch.bfloat16), w, k, None, big)
+    with pytest.raises(ValueError, match="top_k"):
+        flint_moe(x, torch.zeros(E, H, dtype=torch.bfloat16), w, E + 1, None, sh)
+    with pytest.raises(TypeError, match="^router_weight"):
+        flint_moe(x, torch.zeros(E, H), w, k, None, sh)
