@@ -215,12 +215,16 @@ def _topk_kernel(
 
 
 def router_config(num_experts: int, hidden: int, top_k: int) -> dict[str, int]:
-    """Compile-time parameters of both kernels for (E, H, k): EB (experts per GEMV program), BLOCK_H (lanes
+    """Compile-time parameters of both kernels for (E, H, k): EB (experts per GEMV program; 2 on the GPU),
+    BLOCK_H (lanes
     per expert row, a power of two), LOG_BH, EP2 (power of two >= E), IDXB = log2 EP2, TOPK_P2."""
     ep2 = triton.next_power_of_2(num_experts)
     block_h = min(1024, max(16, triton.next_power_of_2(hidden)))
+    # GPU: 2 experts per program (E / 2 programs per token keep the SMs busy at M = 1). The interpreter's cost
+    # is per program, so it takes up to 32 programs per token (same code, another constexpr).
+    eb = max(2, ep2 // 32) if C.INTERPRET else 2
     return {
-        "EB": 2,
+        "EB": eb,
         "BLOCK_H": block_h,
         "LOG_BH": block_h.bit_length() - 1,
         "EP2": ep2,

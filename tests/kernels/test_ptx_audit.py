@@ -63,6 +63,8 @@ def _audit(names: list[str]) -> dict[str, list[str]]:
 
 def test_registry_is_populated() -> None:
     assert "common.helpers" in SPECS
+    for name in ("router.gemv_topk.E256_k8", "router.gemv_topk.E256_k8_tap", "router.topk.E512_k10"):
+        assert name in SPECS, name
 
 
 @pytest.mark.parametrize("chunk", sorted(CHUNKS))
