@@ -3,10 +3,10 @@
 One program computes ``BH`` hidden rows of one token: for each selected expert j (selection order) the down
 projection of that pair's activation row through ``FlintMoEWeights.w2`` (uint8 [E, H, Ip/2]) and its
 128x4-swizzled E4M3 scales, ``y_j = bf16(RN(y_acc * w2_alpha[e]))``, the combine
-``acc = fma(tw_j, y_j, acc)``, then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``. Seed: ``_down_gemv_kernel`` of
-``vllm.models.flint.ops.moe`` (semantics only; this kernel adds the exact sm_90 E2M1 decode, the block
-grouping, the rule's rounding points, a documented summation order, taps, 64-bit offsets and H, I not powers
-of two).
+``acc = fma(tw_j, y_j, acc)``, then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``.
+Seed: ``_down_gemv_kernel`` of ``vllm.models.flint.ops.moe`` (semantics only; this kernel adds the exact
+sm_90 E2M1 decode, the block grouping, the rule's rounding points, a documented summation order, taps,
+64-bit offsets and H, I not powers of two).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _nvfp4_down_kernel(
     hc = tl.where(h_ok, h, 0)
     s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)
     out = tl.zeros([BH], dtype=tl.float32)
-    for j in tl.static_range(TOPK):
+    for j in tl.range(0, TOPK):
         p = t * TOPK + j
         e = tl.load(ids_ptr + p).to(tl.int64)
         w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
