@@ -53,4 +53,3 @@ def sum64_pairwise(acc, R: tl.constexpr):
     acc = _pair_add(acc, R, 4)
     a, b = tl.split(acc)  # [R, 2] -> 2 x [R]
     return a + b
-

@@ -52,7 +52,8 @@ def _bf16_down_combine_kernel(
 ):
     """out[t, h] = bf16(RN(fp32(bf16(acc)) + fp32(shared[t, h]))), acc = fma chain of tw_j * y_j.
 
-    Grid ``(M, H // BH)``; program (t, q) handles token t and output features ``h = q * BH .. q * BH + BH - 1``.
+    Grid ``(M, H // BH)``; program (t, q) handles token t and output features
+    ``h = q * BH .. q * BH + BH - 1``.
 
     Rule step 8 (BF16), for j = 0 .. TOPK - 1, ``e = ids[t, j]``: ``y_acc[h] = sum_i W2[h, i] * act[t, j, i]``
     (physical row ``map[h]``), fp32; ``y = bf16(y_acc)`` (``cvt.rn.bf16.f32``). Summation order (every h, j):
@@ -235,10 +236,14 @@ def audit_specs() -> list[str]:
     cfg = DOWN_CONFIG
     for h, i, k in AUDIT_SHAPES:
         for tap in (False, True):
-            name = f"bf16_down_combine[H={h},I={i},k={k},TAP={int(tap)}]"
+            name = f"bf16_down_combine.H{h}_I{i}_k{k}" + ("_tap" if tap else "")
             consts = dict(H=h, INTER=i, TOPK=k, BH=cfg["BH"], UNROLL=cfg["UNROLL"], TAP=tap)
             register_audit(
-                name, _bf16_down_combine_kernel, dict(sig), consts, list(REQUIRE),
+                name,
+                _bf16_down_combine_kernel,
+                dict(sig),
+                consts,
+                list(REQUIRE),
                 options={"num_warps": cfg["num_warps"]},
             )
             names.append(name)

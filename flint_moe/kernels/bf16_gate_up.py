@@ -64,8 +64,8 @@ def _bf16_gate_up_kernel(
     INTER + n of [gate; up], physical rows ``map[n]``, ``map[INTER + n]``), fp32; ``g = g_acc``,
     ``u = u_acc`` (no global scale). Summation order (both sums, every n): lane ``l = h % 64`` accumulates
     ``h = l, l + 64, ...`` in increasing h with ``fma.rn.f32`` from +0, then a neighbour-first pairwise tree
-    over the 64 lanes (``flint_moe.kernels._bf16_gemv``). Lane l of block b is ``g1[e, b, m, l]`` (the 128-byte
-    block row), which is why the lane split is the layout's own.
+    over the 64 lanes (``flint_moe.kernels._bf16_gemv``). Lane l of block b is ``g1[e, b, m, l]`` (the
+    128-byte block row), which is why the lane split is the layout's own.
 
     Rule step 7: ``a = RN(g * c)`` (``mul.f32``, c = 0xBFB8AA3B), ``p = ex2.approx.ftz.f32(a)``,
     ``d = RN(p + 1)``, ``r = rcp.approx.ftz.f32(d)``, ``act = bf16(RN(u * RN(g * r)))``
@@ -74,7 +74,8 @@ def _bf16_gate_up_kernel(
 
     With ``TAP`` the raw accumulators ``g_acc`` / ``u_acc`` (the last order-dependent values) are stored too.
     Offsets: the expert base and token rows are 64-bit; offsets inside one expert are 32-bit (one expert
-    holds < 2^31 elements, checked by the launcher). Waits on the previous grid (PDL) before any memory access.
+    holds < 2^31 elements, checked by the launcher). Waits on the previous grid (PDL) before any memory
+    access.
     """
     gdc_wait()
     gdc_launch_dependents()
@@ -245,10 +246,14 @@ def audit_specs() -> list[str]:
     cfg = GATE_UP_CONFIG
     for h, i, k in AUDIT_SHAPES:
         for tap in (False, True):
-            name = f"bf16_gate_up[H={h},I={i},k={k},TAP={int(tap)}]"
+            name = f"bf16_gate_up.H{h}_I{i}_k{k}" + ("_tap" if tap else "")
             consts = dict(H=h, INTER=i, TOPK=k, BN=cfg["BN"], UNROLL=cfg["UNROLL"], TAP=tap)
             register_audit(
-                name, _bf16_gate_up_kernel, dict(sig), consts, list(REQUIRE),
+                name,
+                _bf16_gate_up_kernel,
+                dict(sig),
+                consts,
+                list(REQUIRE),
                 options={"num_warps": cfg["num_warps"]},
             )
             names.append(name)

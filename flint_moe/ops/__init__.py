@@ -26,4 +26,5 @@ def _reexport(module: str, names: tuple[str, ...]) -> None:
 _reexport("route", ("ROUTE_GEMV_MAX_TOKENS", "make_route_counter", "route"))
 # owner F
 _reexport("moe_nvfp4", ("DECODE_MAX_TOKENS", "flint_moe"))
-# owner G: _reexport("moe_bf16", ("flint_moe_bf16_decode",))
+# owner G
+_reexport("moe_bf16", ("DECODE_BF16_MAX_TOKENS", "flint_moe_bf16_decode"))

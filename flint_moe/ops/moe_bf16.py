@@ -14,6 +14,7 @@ import torch
 from flint_moe.kernels._common import check_op_tensor
 from flint_moe.kernels.bf16_down import bf16_down_combine, check_g2
 from flint_moe.kernels.bf16_gate_up import bf16_gate_up, check_g1
+from flint_moe.ops.route import route  # owner E
 
 __all__ = [
     "DECODE_BF16_MAX_TOKENS",
@@ -45,17 +46,17 @@ def check_bf16_row_maps(row_maps: object, hidden: int, inter: int, device: torch
 
 
 def check_bf16_row_map_values(row_maps: tuple, hidden: int, inter: int) -> None:
-    """ValueError unless ``row_maps`` equal ``trtllm_bf16_row_maps(hidden, inter)`` (reads them to the host)."""
+    """ValueError unless ``row_maps`` equal ``trtllm_bf16_row_maps(hidden, inter)`` (copies them to the
+    host: call once, e.g. at model load)."""
     from flint_moe.layouts import trtllm_bf16_row_maps
 
     want = trtllm_bf16_row_maps(hidden, inter)
-    for i, (got, exp) in enumerate(zip(row_maps, want)):
+    for i, (got, exp) in enumerate(zip(row_maps, want, strict=True)):
         if got.shape != exp.shape or not torch.equal(got.cpu(), exp):
             raise ValueError(
                 f"row_maps[{i}]: not the TRT-LLM BF16 row map of H = {hidden}, I = {inter} "
                 "(use flint_moe.layouts.trtllm_bf16_row_maps)"
             )
-
 
 
 def flint_moe_bf16_decode(
@@ -95,8 +96,6 @@ def flint_moe_bf16_decode(
     Raises: TypeError / ValueError naming the bad argument (dtype, shape, layout, device, contiguity);
         NotImplementedError for M > DECODE_BF16_MAX_TOKENS.
     """
-    from flint_moe.ops.route import route  # owner E
-
     check_op_tensor("x", x, dtype=torch.bfloat16)
     if x.dim() != 2:
         raise ValueError(f"x: expected [M, H], got shape {tuple(x.shape)}")
@@ -117,14 +116,18 @@ def flint_moe_bf16_decode(
         raise ValueError(f"w13: holds {e13} experts, router_weight has {n_exp}")
     check_g2(w2, hidden, inter, n_exp, dev)
     maps = check_bf16_row_maps(row_maps, hidden, inter, dev)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= n_exp:
-        raise ValueError(f"top_k: must be an int in [1, E = {n_exp}], got {top_k!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
+    if not 1 <= top_k <= n_exp:
+        raise ValueError(f"top_k: must satisfy 1 <= top_k <= E = {n_exp}, got {top_k}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(m_tok, hidden), device=dev)
     if shared_ready is not None:
         if dev.type != "cuda":
             raise ValueError("shared_ready: a CUDA event only makes sense for CUDA tensors; pass None")
         if not isinstance(shared_ready, torch.cuda.Event):
-            raise TypeError(f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}")
+            raise TypeError(
+                f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}"
+            )
     if taps is not None and not isinstance(taps, dict):
         raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
     if m_tok == 0:

@@ -6,11 +6,12 @@ I = 704 = 11 * 64, read as is) and an intermediate size padded by ``pad_intermed
 gate/up swap cannot pass.
 
 What is checked (docs/CONTRACTS.md "Taps"): every accumulator tap within the golden model's certified bound
-(``flint_moe.reference.check_accumulator``; weights read back through ``reference.layouts.decode_trtllm_bf16``)
-and bit-equal to a replay of the order the kernel documents (``flint_moe.kernels._bf16_gemv``); every
-order-free step (SwiGLU, y, combine, shared add) bit-equal to the golden model fed the kernel's own taps;
-tapped build == production build; launch configuration never changes a bit; inputs never modified; bad
-inputs raise clear errors. Bit-exactness of the rounding instructions themselves is a GPU claim
+(``flint_moe.reference.check_accumulator``; weights read back through
+``reference.layouts.decode_trtllm_bf16``) and bit-equal to a replay of the order the kernel documents
+(``flint_moe.kernels._bf16_gemv``); every order-free step (SwiGLU, y, combine, shared add) bit-equal to the
+golden model fed the kernel's own taps; tapped build == production build; launch configuration never
+changes a bit; inputs never modified; bad inputs raise clear errors. Bit-exactness of the rounding
+instructions themselves is a GPU claim
 (test_bf16_decode_gpu.py); here the interpreter shims run the golden emulations.
 """
 
@@ -52,7 +53,9 @@ def assert_same(kernel: torch.Tensor, golden: torch.Tensor, what: str) -> None:
     kn, gn = torch.isnan(kernel.float()), torch.isnan(golden.float())
     assert torch.equal(kn, gn), f"{what}: NaN positions differ"
     diff = (_bits(kernel) != _bits(golden)) & ~kn
-    assert not bool(diff.any()), f"{what}: {int(diff.sum())} elements differ, first at {diff.nonzero()[0].tolist()}"
+    assert not bool(diff.any()), (
+        f"{what}: {int(diff.sum())} elements differ, first at {diff.nonzero()[0].tolist()}"
+    )
 
 
 def replay_order(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -92,8 +95,19 @@ def make_case(e: int, h: int, i: int, pad_to: int | None, k: int, m: int, seed: 
     tw = R.round_bf16(torch.rand(m, k, generator=gen) * 0.5 + 0.01)
     shared = (torch.randn(m, h, generator=gen) * 0.1).to(torch.bfloat16)
     return dict(
-        E=e, H=h, I=i, Ip=ip, k=k, M=m, g1=g1, g2=g2, maps=trtllm_bf16_row_maps(h, ip),
-        x=x, ids=ids, tw=tw, shared=shared,
+        E=e,
+        H=h,
+        I=i,
+        Ip=ip,
+        k=k,
+        M=m,
+        g1=g1,
+        g2=g2,
+        maps=trtllm_bf16_row_maps(h, ip),
+        x=x,
+        ids=ids,
+        tw=tw,
+        shared=shared,
         golden=decode_trtllm_bf16(g1, g2, intermediate=i),  # logical [gate; up] experts, I columns
         padded=decode_trtllm_bf16(g1, g2),  # the same with the Ip padded columns (for the replay)
     )
@@ -128,7 +142,11 @@ def case(request) -> dict:
 def test_layout_roundtrip_sanity(case) -> None:
     """The golden weights are the layout's logical experts (guards the test data, not the kernels)."""
     w = case["golden"]
-    assert w.w13.shape == (case["E"], 2 * case["I"], case["H"]) and w.w2.shape == (case["E"], case["H"], case["I"])
+    assert w.w13.shape == (case["E"], 2 * case["I"], case["H"]) and w.w2.shape == (
+        case["E"],
+        case["H"],
+        case["I"],
+    )
 
 
 def test_gate_up_accumulators(case) -> None:
@@ -150,7 +168,7 @@ def test_gate_up_accumulators(case) -> None:
 
 
 def test_swiglu_exact_from_taps(case) -> None:
-    """act == golden step 7 (BF16 rule: g = g_acc, u = u_acc) on the kernel's own accumulators, bit for bit."""
+    """act == golden step 7 (BF16 rule: g = g_acc, u = u_acc) on the kernel's own accumulators, bitwise."""
     taps = case["taps"]
     assert taps["act"] is case["act"]
     gold = R.swiglu(taps["gate_acc"].contiguous(), taps["up_acc"].contiguous())
@@ -160,7 +178,8 @@ def test_swiglu_exact_from_taps(case) -> None:
 
 
 def test_down_accumulators(case) -> None:
-    """down_acc: within the bound of the golden down GEMV on the kernel's act, bit-equal to the documented order."""
+    """down_acc: within the bound of the golden down GEMV on the kernel's act; bit-equal to the documented
+    order."""
     taps, i = case["taps"], case["I"]
     for t in range(case["M"]):
         for j in range(case["k"]):
@@ -181,20 +200,26 @@ def test_y_and_combine_exact_from_taps(case) -> None:
     assert_same(case["out"], gold, "out")
 
 
-def test_tapped_equals_production_and_config_never_changes_a_bit(case) -> None:
-    """Production build (TAP off) with the default launch configuration, and the tapped build with another
-    one: the same act, out and tap bits as the tapped reference run (one configuration per shape, to keep the
-    interpreter fast)."""
-    if case["I"] == SHAPES[0][3]:
-        act, out = run_kernels(case, None)  # GATE_UP_CONFIG, DOWN_CONFIG, TAP off
-    else:
-        taps2: dict = {}
-        alt = (dict(BN=16, num_warps=1, UNROLL=1), dict(BH=32, num_warps=2, UNROLL=3))
-        act, out = run_kernels(case, taps2, *alt)
-        for key in ("gate_acc", "up_acc", "down_acc", "y"):
-            assert_same(taps2[key], case["taps"][key], key)
+def test_other_config_gives_the_same_bits(case) -> None:
+    """Tapped build with another launch configuration: the same act, out and tap bits."""
+    taps2: dict = {}
+    alt = (dict(BN=16, num_warps=1, UNROLL=1), dict(BH=32, num_warps=2, UNROLL=3))
+    act, out = run_kernels(case, taps2, *alt)
+    for key in ("gate_acc", "up_acc", "down_acc", "y"):
+        assert_same(taps2[key], case["taps"][key], key)
     assert_same(act, case["act"], "act")
     assert_same(out, case["out"], "out")
+
+
+def test_production_build_with_default_config_equals_tapped() -> None:
+    """Production build (TAP off, GATE_UP_CONFIG / DOWN_CONFIG) == tapped build (another configuration)."""
+    c = make_case(3, 128, 128, None, 2, 2, seed=5)
+    taps: dict = {}
+    act_t, out_t = run_kernels(c, taps, *FAST)
+    act, out = run_kernels(c, None)
+    assert_same(act, act_t, "act")
+    assert_same(out, out_t, "out")
+    assert_same(out_t, R.add_shared(R.combine(c["tw"], taps["y"]), c["shared"]), "out from taps")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -204,7 +229,7 @@ def test_tapped_equals_production_and_config_never_changes_a_bit(case) -> None:
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_special_values_follow_the_golden_model() -> None:
-    """inf in x, NaN and inf in weights, a zero routing weight: NaN positions and all bits as the rule says."""
+    """inf in x, NaN and inf in weights, a zero routing weight: NaN positions and bits as the rule says."""
     c = make_case(4, 128, 64, None, 2, 2, seed=7)
     x = c["x"].clone()
     x[0, 5] = math.inf
@@ -241,9 +266,11 @@ def test_inputs_are_not_modified(case) -> None:
     maps = [m.clone() for m in case["maps"]]
     run_kernels(case, {}, *FAST)
     for n in names:
-        assert torch.equal(_bits(case[n]) if case[n].is_floating_point() else case[n], _bits(before[n])
-                           if before[n].is_floating_point() else before[n]), n
-    assert all(torch.equal(a, b) for a, b in zip(maps, case["maps"]))
+        assert torch.equal(
+            _bits(case[n]) if case[n].is_floating_point() else case[n],
+            _bits(before[n]) if before[n].is_floating_point() else before[n],
+        ), n
+    assert all(torch.equal(a, b) for a, b in zip(maps, case["maps"], strict=True))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -287,7 +314,9 @@ def test_gate_up_rejects_bad_inputs(small) -> None:
 def test_down_rejects_bad_inputs(small) -> None:
     c = small
     act = torch.zeros(1, 2, 64, dtype=torch.bfloat16)
-    args = dict(act=act, ids=c["ids"], weights=c["tw"], w2=c["g2"], map2=c["maps"][1], shared_output=c["shared"])
+    args = dict(
+        act=act, ids=c["ids"], weights=c["tw"], w2=c["g2"], map2=c["maps"][1], shared_output=c["shared"]
+    )
 
     def call(**kw):
         return bf16_down_combine(**{**args, **kw})
@@ -323,9 +352,9 @@ needs_route = pytest.mark.skipif(not _HAVE_ROUTE, reason="flint_moe.ops.route (o
 def _op_case(m: int = 2):
     from flint_moe.ops.route import make_route_counter
 
-    c = make_case(5, 192, 192, None, 3, m, seed=11)
+    c = make_case(5, 128, 64, None, 2, m, seed=11)
     gen = torch.Generator().manual_seed(12)
-    c["router"] = (torch.randn(5, 192, generator=gen) * 0.1).to(torch.bfloat16)
+    c["router"] = (torch.randn(5, 128, generator=gen) * 0.1).to(torch.bfloat16)
     c["counter"] = make_route_counter(torch.device("cpu"))
     return c
 
@@ -334,8 +363,14 @@ def _op(c, taps=None, **kw):
     from flint_moe.ops.moe_bf16 import flint_moe_bf16_decode
 
     args = dict(
-        x=c["x"], router_weight=c["router"], w13=c["g1"], w2=c["g2"], row_maps=c["maps"], top_k=c["k"],
-        counter=c["counter"], shared_output=c["shared"],
+        x=c["x"],
+        router_weight=c["router"],
+        w13=c["g1"],
+        w2=c["g2"],
+        row_maps=c["maps"],
+        top_k=c["k"],
+        counter=c["counter"],
+        shared_output=c["shared"],
     )
     args.update(kw)
     return flint_moe_bf16_decode(**args, taps=taps)
@@ -374,12 +409,14 @@ def test_op_rejects_bad_inputs() -> None:
 
     c = _op_case(1)
     with pytest.raises(NotImplementedError, match="DECODE_BF16_MAX_TOKENS"):
-        big = torch.zeros(DECODE_BF16_MAX_TOKENS + 1, 192, dtype=torch.bfloat16)
+        big = torch.zeros(DECODE_BF16_MAX_TOKENS + 1, 128, dtype=torch.bfloat16)
         _op(c, x=big, shared_output=big)
     with pytest.raises(ValueError, match="^top_k"):
         _op(c, top_k=6)
     with pytest.raises(ValueError, match="^top_k"):
         _op(c, top_k=0)
+    with pytest.raises(TypeError, match="^top_k"):
+        _op(c, top_k=2.0)
     with pytest.raises(TypeError, match="^row_maps"):
         _op(c, row_maps=c["maps"][0])
     with pytest.raises(ValueError, match=r"^row_maps\[0\]"):
@@ -389,9 +426,9 @@ def test_op_rejects_bad_inputs() -> None:
     with pytest.raises(ValueError, match="^w2: expected"):
         _op(c, w2=c["g2"][:4].contiguous())
     with pytest.raises(ValueError, match="^router_weight: dimension 1"):
-        _op(c, router_weight=c["router"][:, :128].contiguous())
+        _op(c, router_weight=c["router"][:, :64].contiguous())
     with pytest.raises(ValueError, match="^shared_output: dimension 0"):
-        _op(c, shared_output=torch.zeros(2, 192, dtype=torch.bfloat16))
+        _op(c, shared_output=torch.zeros(2, 128, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="^shared_ready"):
         _op(c, shared_ready=object())
     with pytest.raises(TypeError, match="^x: dtype"):
