@@ -10,9 +10,6 @@
 Each test module of this directory says which backend it needs with a module-level ``BACKEND``:
 ``"interpreter"`` (default for tests without the ``gpu`` marker), ``"gpu"`` (default with it) or ``"any"``
 (the PTX audit, which compiles in a subprocess). A test whose backend is not this process's is skipped.
-
-``flint_moe.kernels.mufu_probe`` (used by tests/reference/test_mufu.py to compile its probes for sm_90) is
-imported before the variable is set, so its kernels stay compilable in the same process.
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ import sys
 import pytest
 import torch
 
-import flint_moe.kernels.mufu_probe  # noqa: F401  (keep its probes compilable; see the docstring)
-
-if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+# The root tests/conftest.py sets TRITON_INTERPRET=1 without CUDA, before anything imports triton.
+if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:  # pragma: no cover - safety net
     os.environ["TRITON_INTERPRET"] = "1"
 
 _WANT_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
