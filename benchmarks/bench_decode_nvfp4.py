@@ -132,13 +132,107 @@ def time_graph(fn, rotations, calls=CALLS, replays=REPLAYS) -> float:
     return statistics.median(ts)
 
 
+#: Configuration before the 2026 tuning round (sequential-expert down, no prefetch): the bit reference.
+OLD = ({"BN": 8, "num_warps": 2, "PREFETCH": False}, {"BH": 16, "num_warps": 2, "PREFETCH": False, "SPLIT": False})
+SWEEP = {
+    "old": OLD,
+    "gu-prefetch": ({}, OLD[1]),
+    "split": (OLD[0], {"PREFETCH": False}),
+    "new": (None, None),
+    "new-combine0": (None, {"COMBINE": 0}),
+    "dn-BH8w1": (None, {"BH": 8, "num_warps": 1}),
+    "dn-BH32w4": (None, {"BH": 32, "num_warps": 4}),
+    "dn-BH16w4": (None, {"BH": 16, "num_warps": 4}),
+    "dn-BH32w2": (None, {"BH": 32, "num_warps": 2}),
+    "gu-BN8w4": ({"BN": 8, "num_warps": 4}, None),
+    "gu-BN16w4": ({"BN": 16, "num_warps": 4}, None),
+    "gu-BN16w2": ({"BN": 16, "num_warps": 2}, None),
+    "gu-BN4w2": ({"BN": 4, "num_warps": 2}, None),
+    "gu-BN4w1": ({"BN": 4, "num_warps": 1}, None),
+}
+
+
+def sweep(out_dir: str) -> int:
+    """Tuning sweep (one device call): bit checks of every variant against ``OLD``, one golden check of the
+    default at DeepSeek-V3 size, then CUDA-graph timings of gate/up alone, down alone and both."""
+    from flint_moe.kernels.nvfp4_down import nvfp4_down
+    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
+    from _nvfp4_check import check_taps, make_inputs, same
+
+    bw = copy_bw()
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    res = {"copy_bw": bw, "checks": [], "times": []}
+    # 1. bits: every variant == OLD on each model (M = 1, 8) and on a partial-step shape
+    shapes = dict(MODELS, partial=dict(E=9, H=2880, I=704, k=4))
+    for mname, cfg in shapes.items():
+        w = random_weights(cfg["E"], cfg["H"], cfg["I"], seed=3)
+        for M in (1, 8):
+            x, ids, tw, sh = make_inputs(M, cfg["H"], cfg["E"], cfg["k"], seed=M, device="cuda")
+            ref = nvfp4_down(nvfp4_gate_up(x, ids, w, config=OLD[0]), ids, tw, w, sh, config=OLD[1])
+            for v, (gu, dn) in SWEEP.items():
+                got = nvfp4_down(nvfp4_gate_up(x, ids, w, config=gu), ids, tw, w, sh, config=dn)
+                got2 = nvfp4_down(nvfp4_gate_up(x, ids, w, config=gu), ids, tw, w, sh, config=dn)
+                ok = same(got, ref) and same(got2, ref)
+                res["checks"].append(dict(model=mname, M=M, variant=v, same=ok))
+                if not ok:
+                    print(f"BIT MISMATCH {mname} M={M} {v}", flush=True)
+        if mname == "deepseek-v3":
+            x, ids, tw, sh = make_inputs(1, cfg["H"], cfg["E"], cfg["k"], seed=5, device="cuda")
+            taps = {}
+            out = nvfp4_down(nvfp4_gate_up(x, ids, w, taps=taps), ids, tw, w, sh, taps=taps)
+            check_taps(w, x, ids, tw, sh, taps, out, acc_pairs={(0, 0), (0, 7)})
+            print("golden check deepseek-v3 M=1 default: ok", flush=True)
+        del w
+        torch.cuda.empty_cache()
+    n_bad = sum(not c["same"] for c in res["checks"])
+    print(f"bit checks: {len(res['checks'])} done, {n_bad} mismatches", flush=True)
+    # 2. timings
+    plan = [("deepseek-v3", 1, list(SWEEP)), ("deepseek-v3", 8, ["old", "new", "new-combine0", "dn-BH32w4",
+            "gu-BN16w4", "gu-BN8w4"]), ("qwen3-30b-a3b", 1, ["old", "gu-prefetch", "split", "new", "new-combine0",
+            "dn-BH8w1", "gu-BN4w1", "gu-BN4w2"]), ("gpt-oss-120b", 1, ["old", "new", "dn-BH8w1", "gu-BN4w2"])]
+    for mname, M, vs in plan:
+        w = None
+        for v in vs:
+            gu, dn = SWEEP[v]
+            prep, w, sets = prepare(model=mname, M=M, gu=gu, dn=dn, weights=w)
+            t_all = time_graph(prep.fn, prep.rotations)
+            acts = [nvfp4_gate_up(x, ids, w, config=gu) for (x, ids, tw, sh) in sets]
+            t_gu = time_graph(lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS)
+            t_dn = time_graph(
+                lambda i: nvfp4_down(acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w,
+                                     sets[i % CALLS][3], config=dn), CALLS)
+            r = dict(model=mname, M=M, variant=v, us=t_all * 1e6, gu_us=t_gu * 1e6, dn_us=t_dn * 1e6,
+                     frac=prep.bytes_moved / t_all / bw, mb=prep.bytes_moved / 1e6)
+            res["times"].append(r)
+            print(f"{mname:14s} M={M} {v:13s} all {r['us']:7.1f} us ({100 * r['frac']:4.1f}%)  gu {r['gu_us']:7.1f}"
+                  f"  dn {r['dn_us']:7.1f}", flush=True)
+        del w
+        torch.cuda.empty_cache()
+    with open(os.path.join(out_dir, "sweep.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    lines = [f"copy {bw / 1e12:.3f} TB/s; bit mismatches {n_bad}", "| model | M | variant | all us | % copy | gu us | dn us |",
+             "|---|---|---|---|---|---|---|"]
+    for r in res["times"]:
+        lines.append(f"| {r['model']} | {r['M']} | {r['variant']} | {r['us']:.1f} | {100 * r['frac']:.1f} | "
+                     f"{r['gu_us']:.1f} | {r['dn_us']:.1f} |")
+    with open(os.path.join(out_dir, "sweep.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if n_bad else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/bench-nvfp4"))
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default="default")
+    ap.add_argument("--sweep", action="store_true", help="tuning sweep (bit checks + split timings)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.sweep:
+        return sweep(args.out)
     bw = copy_bw()
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     variants = {

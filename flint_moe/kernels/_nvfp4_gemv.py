@@ -270,3 +270,4 @@ def decode_probe(codes, decode: int):
     n = codes.numel()
     _decode_probe_kernel[(triton.cdiv(n, 256),)](codes, lo, hi, n, BLOCK=256, DECODE=decode, num_warps=1)
     return lo, hi
+

@@ -36,7 +36,7 @@ __all__ = ["DOWN_CONFIG", "nvfp4_down", "audit_specs"]
 
 #: Launch configuration: ``BH`` hidden rows per program, ``BKB`` code bytes of a row per K step (a power of
 #: two >= 32; fixes the summation order, see the kernel docstring), ``num_warps`` (no effect on the bits).
-DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 2}
+DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 2, "PREFETCH": True, "SPLIT": True, "COMBINE": 1}
 
 
 @triton.jit
@@ -59,6 +59,7 @@ def _nvfp4_down_kernel(
     BKB: tl.constexpr,
     ASM: tl.constexpr,
     DECODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
     TAP: tl.constexpr,
 ):
     """out[t, h] = bf16(RN(fp32(bf16(acc)) + shared[t, h])), acc = fma(tw_j, y_j, acc) for j = 0..TOPK-1.
@@ -83,14 +84,14 @@ def _nvfp4_down_kernel(
     IPB: tl.constexpr = IP // 2  # stored code bytes per row
     KP: tl.constexpr = (IP // 16 + 3) // 4 * 4
     MP: tl.constexpr = (H + 127) // 128 * 128
-    NB: tl.constexpr = BKB // 8
-    FULL: tl.constexpr = IB // BKB * BKB
     t = tl.program_id(0)
     q = tl.program_id(1)
     h = q * BH + tl.arange(0, BH)
     h_ok = h < H
     hc = tl.where(h_ok, h, 0)
-    s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)
+    NB: tl.constexpr = BKB // 8
+    FULL: tl.constexpr = IB // BKB * BKB  # bytes covered by full K steps
+    s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
     out = tl.zeros([BH], dtype=tl.float32)
     for j in tl.range(0, TOPK):
         p = t * TOPK + j
@@ -98,27 +99,42 @@ def _nvfp4_down_kernel(
         w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
         s_row = s_ptr + e * (MP * KP)
         a_row = act_ptr + p.to(tl.int64) * IB
-        acc = tl.zeros([BH, NB], dtype=tl.float32)
-        for k0 in tl.range(0, FULL, BKB):
-            kb = k0 + tl.arange(0, BKB)
-            codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None], other=0)
-            aw = load_words(a_row + kb, kb >= 0, ASM)
-            sb = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
-            part = block_partials(codes, aw, BH, BKB, DECODE)
+        acc = tl.full([BH, NB], 0.0, tl.float32)
+        ar = tl.arange(0, BKB)
+        if PREFETCH and FULL > 0:
+            codes = tl.load(w_row[:, None] + ar[None, :], mask=h_ok[:, None], other=0)
+            sb = load_bytes(s_row + s_off + 0, h_ok[:, None], ASM)
+            for k0 in tl.range(BKB, FULL, BKB):
+                codes_n = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=h_ok[:, None], other=0)
+                sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
+                xw = load_words(a_row + (k0 - BKB) + ar, ar >= 0, ASM)
+                part = block_partials(codes, xw, BH, BKB, DECODE)
+                acc = tl.fma(part, e4m3_to_f32(sb), acc)
+                codes = codes_n
+                sb = sb_n
+            xw = load_words(a_row + (FULL - BKB) + ar, ar >= 0, ASM)
+            part = block_partials(codes, xw, BH, BKB, DECODE)
             acc = tl.fma(part, e4m3_to_f32(sb), acc)
-        if FULL < IB:
-            kb = FULL + tl.arange(0, BKB)
+        else:
+            for k0 in tl.range(0, FULL, BKB):
+                codes = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=h_ok[:, None], other=0)
+                sb = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
+                xw = load_words(a_row + k0 + ar, ar >= 0, ASM)
+                part = block_partials(codes, xw, BH, BKB, DECODE)
+                acc = tl.fma(part, e4m3_to_f32(sb), acc)
+        if FULL < IB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
+            kb = FULL + ar
             cb = FULL // 8 + tl.arange(0, NB)
             k_ok = kb < IB
-            c_ok = cb < INTER // 16
+            c_ok = cb < IB // 8
             codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & k_ok[None, :], other=0)
-            aw = load_words(a_row + kb % IB, k_ok, ASM)
+            xw = load_words(a_row + kb % IB, k_ok, ASM)
             sb = load_bytes(
-                s_row + swizzled_scale_offsets(hc[:, None], (cb % (INTER // 16))[None, :], KP),
+                s_row + swizzled_scale_offsets(hc[:, None], (cb % (IB // 8))[None, :], KP),
                 h_ok[:, None] & c_ok[None, :],
                 ASM,
             )
-            part = block_partials(codes, aw, BH, BKB, DECODE)
+            part = block_partials(codes, xw, BH, BKB, DECODE)
             acc = tl.fma(part, e4m3_to_f32(sb), acc)
         y_acc = tl.sum(acc, axis=1)
         gs = tl.load(alpha_ptr + e)
@@ -134,6 +150,163 @@ def _nvfp4_down_kernel(
     sh = tl.load(shared_ptr + o_off, mask=h_ok, other=0.0)
     res = bf16_rn(routed.to(tl.float32) + sh.to(tl.float32))
     tl.store(out_ptr + o_off, res, mask=h_ok)
+
+
+@triton.jit
+def _combine_rows(t, h, h_ok, tw_ptr, y_ptr, shared_ptr, out_ptr, H: tl.constexpr, TOPK: tl.constexpr, CG: tl.constexpr):
+    """Rule steps 9-10 for token t, rows h: acc = fma(tw_j, y_j, acc) for j = 0..TOPK-1 from +0 (selection
+    order), out = bf16(RN(fp32(bf16(acc)) + fp32(shared))). ``CG``: read y through L2 only (``ld.global.cg``;
+    y was written by other programs of the same launch)."""
+    out = tl.full(h.shape, 0.0, tl.float32)
+    for j in tl.static_range(0, TOPK):
+        p = t * TOPK + j
+        if CG:
+            y = tl.load(y_ptr + p.to(tl.int64) * H + h, mask=h_ok, other=0.0, cache_modifier=".cg")
+        else:
+            y = tl.load(y_ptr + p.to(tl.int64) * H + h, mask=h_ok, other=0.0)
+        tw = tl.load(tw_ptr + p)
+        out = tl.fma(tl.full(h.shape, 0.0, tl.float32) + tw, y.to(tl.float32), out)
+    routed = bf16_rn(out)
+    o_off = t.to(tl.int64) * H + h
+    sh = tl.load(shared_ptr + o_off, mask=h_ok, other=0.0)
+    res = bf16_rn(routed.to(tl.float32) + sh.to(tl.float32))
+    tl.store(out_ptr + o_off, res, mask=h_ok)
+
+
+@triton.jit
+def _nvfp4_down_split_kernel(
+    act_ptr,  # int32 [M * TOPK, INTER / 2]: act (bf16 [M * TOPK, INTER]) as bf16 pairs
+    ids_ptr,  # int32 [M * TOPK]
+    tw_ptr,  # fp32 [M * TOPK]: routing weights (bf16 values)
+    w_ptr,  # uint8 w2 [E, H, IP / 2]
+    s_ptr,  # uint8 w2 scales, 128x4 swizzle [E, roundup(H, 128), KP]
+    alpha_ptr,  # fp32 [E]
+    shared_ptr,  # bf16 [M, H]
+    out_ptr,  # bf16 [M, H] (out, COMBINE == 1 only)
+    dacc_ptr,  # fp32 [M * TOPK, H] (out, TAP only): y_acc
+    y_ptr,  # bf16 [M * TOPK, H] (out): y of every pair
+    cnt_ptr,  # int32 [M * cdiv(H, BH)] arrival counters, all 0 on entry and on exit (COMBINE == 1 only)
+    H: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    TOPK: tl.constexpr,
+    BH: tl.constexpr,
+    BKB: tl.constexpr,
+    ASM: tl.constexpr,
+    DECODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    COMBINE: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """y[p, h] = bf16(RN(y_acc * gs2[e_p])) for one (token, selected expert) pair p and BH rows; with
+    ``COMBINE == 1`` the last of a row block's TOPK programs to finish also does rule steps 9-10 for it.
+
+    Grid ``(M * TOPK, cdiv(H, BH))``: program (p, q) handles pair p = t * TOPK + j, rows h in
+    [q*BH, q*BH + BH) (masked at H). y_acc: the summation order of ``_nvfp4_down_kernel`` (the same K loop,
+    then ``tl.sum``), so y is bit-identical to that kernel's. Combine (``_combine_rows``):
+    ``acc = fma(tw_j, y_j, acc)`` for j = 0..TOPK-1 in selection order from +0, the rule's fixed order; which
+    program does it (the last to arrive, found with an ``atom.acq_rel.gpu`` counter per (t, q) after a CTA
+    barrier) changes no bit. The counter is reset to 0 by that program. ``COMBINE == 0``: y only; the
+    launcher runs ``_nvfp4_combine_kernel`` next.
+    """
+    gdc_wait()
+    gdc_launch_dependents()
+    IB: tl.constexpr = INTER // 2  # valid code bytes (and act bf16 pairs) per row
+    IPB: tl.constexpr = IP // 2  # stored code bytes per row
+    KP: tl.constexpr = (IP // 16 + 3) // 4 * 4
+    MP: tl.constexpr = (H + 127) // 128 * 128
+    NQ: tl.constexpr = (H + BH - 1) // BH
+    p = tl.program_id(0)
+    q = tl.program_id(1)
+    t = p // TOPK
+    h = q * BH + tl.arange(0, BH)
+    h_ok = h < H
+    hc = tl.where(h_ok, h, 0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
+    s_row = s_ptr + e * (MP * KP)
+    a_row = act_ptr + p.to(tl.int64) * IB
+    NB: tl.constexpr = BKB // 8
+    FULL: tl.constexpr = IB // BKB * BKB  # bytes covered by full K steps
+    s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
+    acc = tl.full([BH, NB], 0.0, tl.float32)
+    ar = tl.arange(0, BKB)
+    if PREFETCH and FULL > 0:
+        codes = tl.load(w_row[:, None] + ar[None, :], mask=h_ok[:, None], other=0)
+        sb = load_bytes(s_row + s_off + 0, h_ok[:, None], ASM)
+        for k0 in tl.range(BKB, FULL, BKB):
+            codes_n = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=h_ok[:, None], other=0)
+            sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
+            xw = load_words(a_row + (k0 - BKB) + ar, ar >= 0, ASM)
+            part = block_partials(codes, xw, BH, BKB, DECODE)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
+            codes = codes_n
+            sb = sb_n
+        xw = load_words(a_row + (FULL - BKB) + ar, ar >= 0, ASM)
+        part = block_partials(codes, xw, BH, BKB, DECODE)
+        acc = tl.fma(part, e4m3_to_f32(sb), acc)
+    else:
+        for k0 in tl.range(0, FULL, BKB):
+            codes = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=h_ok[:, None], other=0)
+            sb = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
+            xw = load_words(a_row + k0 + ar, ar >= 0, ASM)
+            part = block_partials(codes, xw, BH, BKB, DECODE)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
+    if FULL < IB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
+        kb = FULL + ar
+        cb = FULL // 8 + tl.arange(0, NB)
+        k_ok = kb < IB
+        c_ok = cb < IB // 8
+        codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & k_ok[None, :], other=0)
+        xw = load_words(a_row + kb % IB, k_ok, ASM)
+        sb = load_bytes(
+            s_row + swizzled_scale_offsets(hc[:, None], (cb % (IB // 8))[None, :], KP),
+            h_ok[:, None] & c_ok[None, :],
+            ASM,
+        )
+        part = block_partials(codes, xw, BH, BKB, DECODE)
+        acc = tl.fma(part, e4m3_to_f32(sb), acc)
+    y_acc = tl.sum(acc, axis=1)
+    gs = tl.load(alpha_ptr + e)
+    y = bf16_rn(y_acc * gs)
+    y_off = p.to(tl.int64) * H + h
+    tl.store(y_ptr + y_off, y, mask=h_ok)
+    if TAP:
+        tl.store(dacc_ptr + y_off, y_acc, mask=h_ok)
+    if COMBINE == 1:
+        tl.debug_barrier()  # every thread's y stores precede the release below
+        c_ptr = cnt_ptr + t * NQ + q
+        arrived = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == TOPK - 1:
+            tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")
+            _combine_rows(t, h, h_ok, tw_ptr, y_ptr, shared_ptr, out_ptr, H, TOPK, True)
+
+
+@triton.jit
+def _nvfp4_combine_kernel(
+    tw_ptr, y_ptr, shared_ptr, out_ptr, H: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr
+):
+    """Rule steps 9-10 (``_combine_rows``) for token ``program_id(0)``, rows ``[q*BLOCK, q*BLOCK + BLOCK)``."""
+    gdc_wait()
+    gdc_launch_dependents()
+    t = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    _combine_rows(t, h, h < H, tw_ptr, y_ptr, shared_ptr, out_ptr, H, TOPK, False)
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters (>= n) for the split down kernel, one buffer per device, kept between
+    calls (the kernel leaves them at 0). Launches using it must be serialized on one stream (as the router's
+    counter); allocated on first use, i.e. outside a CUDA-graph capture when the op is warmed up first."""
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def nvfp4_down(
@@ -183,7 +356,46 @@ def nvfp4_down(
         y = torch.empty((M * top_k, H), dtype=torch.bfloat16, device=dev)
     else:
         dacc, y = out, out  # never written
-    if M > 0:
+    split, combine, prefetch = bool(cfg["SPLIT"]), int(cfg["COMBINE"]), bool(cfg["PREFETCH"])
+    if combine not in (0, 1):
+        raise ValueError(f"config COMBINE: must be 0 or 1, got {combine}")
+    if M > 0 and split:
+        nq = triton.cdiv(H, bh)
+        if not tap:
+            y = torch.empty((M * top_k, H), dtype=torch.bfloat16, device=dev)
+        cnt = _counters(dev, M * nq) if combine == 1 else y
+        _nvfp4_down_split_kernel[(M * top_k, nq)](
+            act.view(torch.int32),
+            ids,
+            tw,
+            weights.w2,
+            weights.w2_sf_swizzled.view(torch.uint8),
+            weights.w2_alpha,
+            shared_output,
+            out,
+            dacc,
+            y,
+            cnt,
+            H=H,
+            IP=IP,
+            INTER=INTER,
+            TOPK=top_k,
+            BH=bh,
+            BKB=bkb,
+            ASM=asm,
+            DECODE=decode,
+            PREFETCH=prefetch,
+            COMBINE=combine,
+            TAP=tap,
+            num_warps=int(cfg["num_warps"]),
+            num_stages=1,
+            **launch_options(),
+        )
+        if combine == 0:
+            _nvfp4_combine_kernel[(M, triton.cdiv(H, 1024))](
+                tw, y, shared_output, out, H=H, TOPK=top_k, BLOCK=1024, num_warps=4, **launch_options()
+            )
+    elif M > 0:
         grid = (M, triton.cdiv(H, bh))
         _nvfp4_down_kernel[grid](
             act.view(torch.int32),
@@ -204,6 +416,7 @@ def nvfp4_down(
             BKB=bkb,
             ASM=asm,
             DECODE=decode,
+            PREFETCH=prefetch,
             TAP=tap,
             num_warps=int(cfg["num_warps"]),
             num_stages=1,
@@ -233,6 +446,7 @@ def audit_specs() -> list[str]:
         "out_ptr": "*bf16",
         "dacc_ptr": "*fp32",
         "y_ptr": "*bf16",
+        "cnt_ptr": "*i32",
     }
     for h, i in AUDIT_SHAPES:
         ip = (i + 63) // 64 * 64
@@ -240,7 +454,7 @@ def audit_specs() -> list[str]:
             name = f"nvfp4_down.H{h}.I{i}{'.tap' if tap else ''}"
             register_audit(
                 name,
-                _nvfp4_down_kernel,
+                _nvfp4_down_split_kernel,
                 sig,
                 {
                     "H": h,
@@ -251,9 +465,11 @@ def audit_specs() -> list[str]:
                     "BKB": DOWN_CONFIG["BKB"],
                     "ASM": True,
                     "DECODE": 2,
+                    "PREFETCH": DOWN_CONFIG["PREFETCH"],
+                    "COMBINE": DOWN_CONFIG["COMBINE"],
                     "TAP": tap,
                 },
-                [BF16_CVT, "fma.rn.f32", "mul.rn.f16x2", "griddepcontrol.wait"],
+                [BF16_CVT, "fma.rn.f32", "mul.rn.f16x2", "griddepcontrol.wait", "atom.global.gpu.acq_rel.add"],
                 options={"num_warps": DOWN_CONFIG["num_warps"], "num_stages": 1},
             )
             names.append(name)

@@ -40,7 +40,7 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "audit_specs"]
 #: row per K step (a power of two >= 64; each thread holds 16 consecutive bytes = 32 codes = 2 blocks of a
 #: row), ``num_warps``. ``BKB`` fixes the summation order (see the kernel docstring); ``BN`` and
 #: ``num_warps`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
-GATE_UP_CONFIG = {"BN": 8, "BKB": 512, "num_warps": 2}
+GATE_UP_CONFIG = {"BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": True}
 
 #: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), exact in fp32.
 SWIGLU_C = -1.44269502162933349609375
@@ -65,6 +65,7 @@ def _nvfp4_gate_up_kernel(
     BKB: tl.constexpr,
     ASM: tl.constexpr,
     DECODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
     TAP: tl.constexpr,
 ):
     """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
@@ -104,26 +105,40 @@ def _nvfp4_gate_up_kernel(
     w_row = w_ptr + e * (2 * IP * HB) + prow.to(tl.int64) * HB  # [R] row base pointers (64-bit)
     s_row = s_ptr + e * (2 * IP * KP)
     x_row = x_ptr + t.to(tl.int64) * HB
-    acc = tl.zeros([R, NB], dtype=tl.float32)
     FULL: tl.constexpr = HB // BKB * BKB  # bytes covered by full K steps
     s_off = swizzled_scale_offsets(prow[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
-    for k0 in tl.range(0, FULL, BKB):
-        kb = k0 + tl.arange(0, BKB)
-        codes = tl.load(w_row[:, None] + kb[None, :], mask=row_ok[:, None], other=0)
-        xw = load_words(x_row + kb, kb >= 0, ASM)
-        # block column c = k0 / 8 + j: (c // 4) * 512 + c % 4 advances by 64 * k0 / 8 per step (BKB % 32 == 0)
-        sb = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
+    acc = tl.full([R, NB], 0.0, tl.float32)
+    ar = tl.arange(0, BKB)
+    if PREFETCH and FULL > 0:
+        codes = tl.load(w_row[:, None] + ar[None, :], mask=row_ok[:, None], other=0)
+        sb = load_bytes(s_row + s_off + 0, row_ok[:, None], ASM)
+        for k0 in tl.range(BKB, FULL, BKB):
+            codes_n = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=row_ok[:, None], other=0)
+            sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
+            xw = load_words(x_row + (k0 - BKB) + ar, ar >= 0, ASM)
+            part = block_partials(codes, xw, R, BKB, DECODE)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
+            codes = codes_n
+            sb = sb_n
+        xw = load_words(x_row + (FULL - BKB) + ar, ar >= 0, ASM)
         part = block_partials(codes, xw, R, BKB, DECODE)
         acc = tl.fma(part, e4m3_to_f32(sb), acc)
+    else:
+        for k0 in tl.range(0, FULL, BKB):
+            codes = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=row_ok[:, None], other=0)
+            sb = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
+            xw = load_words(x_row + k0 + ar, ar >= 0, ASM)
+            part = block_partials(codes, xw, R, BKB, DECODE)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
     if FULL < HB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
-        kb = FULL + tl.arange(0, BKB)
+        kb = FULL + ar
         cb = FULL // 8 + tl.arange(0, NB)
         k_ok = kb < HB
-        c_ok = cb < H // 16
+        c_ok = cb < HB // 8
         codes = tl.load(w_row[:, None] + kb[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
         xw = load_words(x_row + kb % HB, k_ok, ASM)
         sb = load_bytes(
-            s_row + swizzled_scale_offsets(prow[:, None], (cb % (H // 16))[None, :], KP),
+            s_row + swizzled_scale_offsets(prow[:, None], (cb % (HB // 8))[None, :], KP),
             row_ok[:, None] & c_ok[None, :],
             ASM,
         )
@@ -256,6 +271,7 @@ def nvfp4_gate_up(
             BKB=bkb,
             ASM=asm,
             DECODE=decode,
+            PREFETCH=bool(cfg["PREFETCH"]),
             TAP=tap,
             num_warps=int(cfg["num_warps"]),
             num_stages=1,
@@ -303,6 +319,7 @@ def audit_specs() -> list[str]:
                     "BKB": GATE_UP_CONFIG["BKB"],
                     "ASM": True,
                     "DECODE": 2,
+                    "PREFETCH": GATE_UP_CONFIG["PREFETCH"],
                     "TAP": tap,
                 },
                 [

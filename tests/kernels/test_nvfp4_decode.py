@@ -58,6 +58,19 @@ def test_kernels_match_golden_from_taps_and_production():
     prod = _run(w, x, ids, tw, sh)
     assert same(prod, out)
     assert same(nvfp4_gate_up(x, ids, w, config=GU).view(M, k, I), taps["act"])
+    # launch variants (register prefetch, expert-split down with a last-arriver or separate combine, the
+    # sequential-expert down) change no operation and no order: same bits
+    for gu, dn in (
+        ({"PREFETCH": False}, {"PREFETCH": False, "SPLIT": False}),
+        ({}, {"SPLIT": False}),
+        ({}, {"COMBINE": 0}),
+        ({"PREFETCH": False}, {"PREFETCH": False}),
+    ):
+        act = nvfp4_gate_up(x, ids, w, config={**GU, **gu})
+        assert same(act.view(M, k, I), taps["act"])
+        assert same(nvfp4_down(act, ids, tw, w, sh, config={**DN, **dn}), out)
+    # the split down's arrival counters are back at 0 (the next call starts clean) and give the same bits again
+    assert same(_run(w, x, ids, tw, sh), out)
 
 
 def _poison(w, byte: int):
