@@ -36,7 +36,7 @@ __all__ = ["DOWN_CONFIG", "nvfp4_down", "audit_specs"]
 
 #: Launch configuration: ``BH`` hidden rows per program, ``BKB`` code bytes of a row per K step (a power of
 #: two >= 32; fixes the summation order, see the kernel docstring), ``num_warps`` (no effect on the bits).
-DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 2, "PREFETCH": True, "SPLIT": True, "COMBINE": 1}
+DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1}
 
 
 @triton.jit

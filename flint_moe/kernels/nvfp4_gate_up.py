@@ -40,7 +40,7 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "audit_specs"]
 #: row per K step (a power of two >= 64; each thread holds 16 consecutive bytes = 32 codes = 2 blocks of a
 #: row), ``num_warps``. ``BKB`` fixes the summation order (see the kernel docstring); ``BN`` and
 #: ``num_warps`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
-GATE_UP_CONFIG = {"BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": True}
+GATE_UP_CONFIG = {"BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": False}
 
 #: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), exact in fp32.
 SWIGLU_C = -1.44269502162933349609375
