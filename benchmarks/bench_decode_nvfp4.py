@@ -62,8 +62,13 @@ def bytes_moved(w: FlintMoEWeights, ids: torch.Tensor) -> int:
     return n * per_expert + acts
 
 
-def prepare(name=None, model="deepseek-v3", M=1, rotations=CALLS, gu=None, dn=None, weights=None, seed=0):
-    """(fn(i), bytes per call, weights): fn runs gate/up + down on id set i % rotations."""
+def prepare(name=None, model="deepseek-v3", M=1, rotations=CALLS):
+    """``benchmarks/runner.py`` entry point: the ``Prepared`` of one case (default configs)."""
+    return _prepare(model=model, M=M, rotations=rotations)[0]
+
+
+def _prepare(name=None, model="deepseek-v3", M=1, rotations=CALLS, gu=None, dn=None, weights=None, seed=0):
+    """(Prepared, weights, input sets): fn(i) runs gate/up + down on id set i % rotations."""
     from benchmarks.runner import Prepared
     from flint_moe.kernels.nvfp4_down import nvfp4_down
     from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
@@ -196,7 +201,7 @@ def sweep(out_dir: str) -> int:
         w = None
         for v in vs:
             gu, dn = SWEEP[v]
-            prep, w, sets = prepare(model=mname, M=M, gu=gu, dn=dn, weights=w)
+            prep, w, sets = _prepare(model=mname, M=M, gu=gu, dn=dn, weights=w)
             t_all = time_graph(prep.fn, prep.rotations)
             acts = [nvfp4_gate_up(x, ids, w, config=gu) for (x, ids, tw, sh) in sets]
             t_gu = time_graph(lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS)
@@ -254,7 +259,7 @@ def main(argv=None) -> int:
             for M in (1, 2, 4, 8):
                 if vname != "default" and M not in (1, 8):
                     continue
-                prep, w, _ = prepare(model=model, M=M, gu=gu, dn=dn, weights=w)
+                prep, w, _ = _prepare(model=model, M=M, gu=gu, dn=dn, weights=w)
                 t = time_graph(prep.fn, prep.rotations)
                 r = dict(
                     model=model,
