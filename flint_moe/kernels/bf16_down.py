@@ -77,6 +77,7 @@ def _bf16_down_combine_kernel(
     prow = tl.load(map_ptr + rows)
     lane = tl.arange(0, 64)
     w_off = prow[:, None] * 64 + lane[None, :]  # inside one expert (int32)
+    a_off = tl.full([BH, 1], 0, tl.int32) + lane[None, :]  # [BH, 64]: lane index in every row
     comb = tl.full([BH], 0.0, tl.float32)
     for j in tl.static_range(TOPK):
         p = t * TOPK + j
@@ -86,8 +87,9 @@ def _bf16_down_combine_kernel(
         a_p = act_ptr + p * INTER
         acc = tl.full([BH, 64], 0.0, tl.float32)
         for b in tl.range(0, NB, loop_unroll_factor=UNROLL):
-            ab = tl.load(a_p + b * 64 + lane).to(tl.float32)
-            ab = tl.broadcast_to(ab[None, :], (BH, 64))
+            # act loaded as a [BH, 64] tile (rows identical) in the weight tile's layout (no shared-memory
+            # round trip per K step, unlike a [64] load broadcast afterwards).
+            ab = tl.load(a_p + b * 64 + a_off).to(tl.float32)
             wb = tl.load(w_e + b * (H * 64) + w_off).to(tl.float32)
             acc = tl.fma(wb, ab, acc)
         y_acc = sum64_pairwise(acc, BH)

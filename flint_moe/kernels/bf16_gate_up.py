@@ -93,11 +93,13 @@ def _bf16_gate_up_kernel(
     off_u = row_u[:, None] * 64 + lane[None, :]
     w_e = w_ptr + e * (NB * ROWS * 64)
     x_t = x_ptr + t * H
+    x_off = tl.full([BN, 1], 0, tl.int32) + lane[None, :]  # [BN, 64]: lane index in every row
     acc_g = tl.full([BN, 64], 0.0, tl.float32)
     acc_u = tl.full([BN, 64], 0.0, tl.float32)
     for b in tl.range(0, NB, loop_unroll_factor=UNROLL):
-        xb = tl.load(x_t + b * 64 + lane).to(tl.float32)
-        xb = tl.broadcast_to(xb[None, :], (BN, 64))
+        # x loaded as a [BN, 64] tile (every row the same 64 values) so that it arrives in the weight tile's
+        # register layout: a [64] load broadcast afterwards costs a shared-memory round trip per K step.
+        xb = tl.load(x_t + b * 64 + x_off).to(tl.float32)
         w_b = w_e + b * (ROWS * 64)  # within one expert: < 2^31 elements (checked by the launcher)
         wg = tl.load(w_b + off_g).to(tl.float32)
         wu = tl.load(w_b + off_u).to(tl.float32)
