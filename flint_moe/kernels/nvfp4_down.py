@@ -1,6 +1,10 @@
 """NVFP4 decode down GEMV over a token's k experts + combine + shared add (rule steps 5, 8, 9, 10; owner F).
 
-One program computes ``BH`` hidden rows of one token: for each selected expert j (selection order) the down
+Production path (``SPLIT``, default): ``_nvfp4_down_split_kernel``, one program per (token, selected expert,
+BH-row block) computing ``y_j``; the last of a row block's k programs to finish (arrival counter) does the
+combine in selection order, so the bits equal the sequential kernel's below (which stays as ``SPLIT=False``).
+
+Sequential kernel (``SPLIT=False``): one program computes ``BH`` hidden rows of one token: for each selected expert j (selection order) the down
 projection of that pair's activation row through ``FlintMoEWeights.w2`` (uint8 [E, H, Ip/2]) and its
 128x4-swizzled E4M3 scales, ``y_j = bf16(RN(y_acc * w2_alpha[e]))``, the combine
 ``acc = fma(tw_j, y_j, acc)``, then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``.
@@ -35,7 +39,9 @@ from flint_moe.kernels._nvfp4_gemv import (
 __all__ = ["DOWN_CONFIG", "nvfp4_down", "audit_specs"]
 
 #: Launch configuration: ``BH`` hidden rows per program, ``BKB`` code bytes of a row per K step (a power of
-#: two >= 32; fixes the summation order, see the kernel docstring), ``num_warps`` (no effect on the bits).
+#: two >= 32; fixes the summation order, see the kernel docstring), ``num_warps``, ``PREFETCH`` (register
+#: double buffer of codes + scales), ``SPLIT`` (one program per (pair, row block)), ``COMBINE`` (1: the last
+#: arriving program combines; 0: a separate combine launch). Only ``BKB`` changes bits.
 DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1}
 
 

@@ -38,8 +38,9 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "audit_specs"]
 
 #: Launch configuration: ``BN`` intermediate columns per program (a divisor of 64), ``BKB`` code bytes of a
 #: row per K step (a power of two >= 64; each thread holds 16 consecutive bytes = 32 codes = 2 blocks of a
-#: row), ``num_warps``. ``BKB`` fixes the summation order (see the kernel docstring); ``BN`` and
-#: ``num_warps`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
+#: row), ``num_warps``, ``PREFETCH`` (load step s + 1's codes and scales before step s's arithmetic; measured
+#: slower on the H200: 91 vs 61 us at DeepSeek-V3 M=1). ``BKB`` fixes the summation order (see the kernel
+#: docstring); ``BN``, ``num_warps`` and ``PREFETCH`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
 GATE_UP_CONFIG = {"BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": False}
 
 #: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), exact in fp32.
