@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
-# Usage on the GPU machine, from the repository root:  bash scripts/h200.sh [verify] [tests] [bench]
+# Usage on the GPU machine, from the repository root:  bash scripts/h200.sh [verify] [tests] [sweep] [bench]
+# FLINT_GIT_COMMIT names the commit the tree was sent from (the device copy has no .git).
 # (no argument = all three). The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
 set -uo pipefail
 OUT=${OUT:-reports/h200-run}
@@ -12,15 +13,18 @@ rc=0
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
-  git rev-parse HEAD 2>/dev/null || echo "git commit: not a git checkout (device copy)"
+  echo "git commit: $(git rev-parse HEAD 2>/dev/null || echo "${FLINT_GIT_COMMIT:-unknown} (device copy, as sent)")"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 for step in $steps; do
   case $step in
     verify) python3 -m flint_moe.tools.mufu verify --report "$OUT/mufu-verify.txt" > "$OUT/mufu-verify.log" 2>&1 || rc=1
             tail -3 "$OUT/mufu-verify.log" ;;
-    tests)  python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests > "$OUT/pytest-gpu.txt" 2>&1 || rc=1
+    tests)  python3 -m pytest -m gpu -n "${FLINT_GPU_WORKERS:-6}" -q -rs -p no:cacheprovider --durations=15 tests \
+              > "$OUT/pytest-gpu.txt" 2>&1 || rc=1
             tail -15 "$OUT/pytest-gpu.txt" ;;
+    sweep)  python3 -m benchmarks.bench_decode_bf16 --sweep > "$OUT/sweep-bf16.txt" 2>&1 || rc=1
+            tail -20 "$OUT/sweep-bf16.txt" ;;
     bench)  python3 -m benchmarks.runner --out "$OUT" > "$OUT/bench.log" 2>&1 || rc=1
             tail -30 "$OUT/bench.log" ;;
     *) echo "unknown step $step"; rc=2 ;;

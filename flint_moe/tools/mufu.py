@@ -24,6 +24,7 @@ import datetime as _dt
 import hashlib
 import json
 import platform
+import os
 import subprocess
 import sys
 import time
@@ -84,7 +85,8 @@ def environment(device: str) -> dict:
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=True
         ).stdout.strip()
     except Exception:
-        env["git_commit"] = "unknown"
+        # The GPU machine receives a copy of the tree without .git: the caller passes the commit it sent.
+        env["git_commit"] = os.environ.get("FLINT_GIT_COMMIT", "unknown")
     return env
 
 
