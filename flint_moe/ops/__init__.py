@@ -1,30 +1,24 @@
-"""Public ops (docs/CONTRACTS.md, "Issue 4"): ``route`` (owner E), ``flint_moe`` (owner F),
-``flint_moe_bf16_decode`` (owner G).
+"""Public ops of the decode path (issue 4): routing, the NVFP4 MoE and the BF16 TRT-LLM-layout MoE.
 
-Each owner imports their own names below; an op module that is missing or fails to import does not break
-the others (its names are simply absent).
+- ``make_route_counter`` / ``route``: rule steps 1-4 (flint_moe/ops/route.py).
+- ``flint_moe``: NVFP4 W4A16 routed experts on ``FlintMoEWeights`` for M <= ``DECODE_MAX_TOKENS``
+  (flint_moe/ops/moe_nvfp4.py).
+- ``flint_moe_bf16_decode``: BF16 experts in the TRT-LLM BlockMajorK layout for M <= ``DECODE_BF16_MAX_TOKENS``
+  (flint_moe/ops/moe_bf16.py).
 """
 
 from __future__ import annotations
 
-import importlib
+from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
+from .moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
+from .route import ROUTE_GEMV_MAX_TOKENS, make_route_counter, route
 
-__all__: list[str] = []
-
-
-def _reexport(module: str, names: tuple[str, ...]) -> None:
-    try:
-        mod = importlib.import_module(f"{__name__}.{module}")
-    except ImportError:  # an op module of another owner that has not landed yet
-        return
-    for name in names:
-        globals()[name] = getattr(mod, name)
-        __all__.append(name)
-
-
-# owner E
-_reexport("route", ("ROUTE_GEMV_MAX_TOKENS", "make_route_counter", "route"))
-# owner F
-_reexport("moe_nvfp4", ("DECODE_MAX_TOKENS", "flint_moe"))
-# owner G
-_reexport("moe_bf16", ("DECODE_BF16_MAX_TOKENS", "flint_moe_bf16_decode"))
+__all__ = [
+    "DECODE_BF16_MAX_TOKENS",
+    "DECODE_MAX_TOKENS",
+    "ROUTE_GEMV_MAX_TOKENS",
+    "flint_moe",
+    "flint_moe_bf16_decode",
+    "make_route_counter",
+    "route",
+]
