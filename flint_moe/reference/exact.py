@@ -2,28 +2,62 @@
 
 The length-H / length-I reductions of steps 1 (router logits), 6 (gate/up), 8 (down) and 11 (sum of squares)
 are the only places where a kernel's bits depend on its summation order. For each of them the golden model
-computes the exact value in float64 and a bound that certifies ``|kernel fp32 value - exact| <= bound``
-for every summation order (and every documented regrouping) a conforming kernel may use.
+computes the exact sum (bit-exact, independent of summation order, batch size and device; returned as its
+53-bit round-to-odd float64, whose binary32 rounding is RN32 of the exact sum) and a bound that certifies
+``|kernel fp32 value - exact| <= bound`` for every summation order (and every documented regrouping) a
+conforming kernel may use.
 
-Why the float64 value is (nearly) exact, and how its own error is bounded
--------------------------------------------------------------------------
+How the exact value is computed (bit-exact, order- and batch-independent)
+------------------------------------------------------------------------
 Every term is a product of two values representable in binary32 (bf16 activations or weights, dequantized
 NVFP4 weights ``E2M1 * E4M3`` which have at most 6 significant bits, fp32 ``s`` for the sum of squares):
 
 * significands: at most 24 + 24 = 48 bits <= 53, so each product is exact in float64 unless it leaves
   float64's normal range;
 * exponents: a non-zero binary32 value lies in [2^-149, 2^128), so a product lies in [2^-298, 2^256): far
-  inside float64's normal range [2^-1022, 2^1024). Products never underflow or overflow in float64.
+  inside float64's normal range [2^-1022, 2^1024). Products never underflow or overflow in float64;
+* every product is a multiple of 2^-298 (each factor is a multiple of 2^-149), and a product p with
+  2^e <= |p| < 2^(e+1) is a multiple of 2^(e+1-bits), ``bits`` = 48 (24 when both factors are bf16-like).
 
-Hence every term is computed exactly, and every partial sum is a multiple of 2^-298 with magnitude below
-n * 2^256: float64 never underflows (a sum of multiples of 2^-298 is either 0 or >= 2^-298 > 2^-1022) nor
-overflows (n < 2^700). The only error of the float64 value is the rounding of the additions of the float64
-matmul / sum (any order, with or without FMA): Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed,
-Lemma 3.1 / eq. (3.4) for any summation tree: ``|exact64 - exact| <= gamma_n(2^-53) * sum|t_i|`` with
-``gamma_n(u) = n*u / (1 - n*u)``. ``sum|t_i|`` is itself computed in float64 from non-negative exact
-terms, so ``Shat = S (1 + theta)``, ``|theta| <= gamma_n(2^-53)``, and ``S <= Shat * (1 + 2*gamma_n(2^-53))``
-(valid while ``gamma_n <= 1/2``). Non-finite terms (inf, NaN inputs) are taken out of the matmuls and their
-IEEE result (NaN, +-inf) is derived from exact indicator counts, independent of how a BLAS treats 0 * inf.
+The products are formed elementwise in float64 (exact), a chunk of rows at a time, and summed exactly by
+fixed-exponent binning with ``W = 32``: ``hi_b(p) = trunc(p * 2^(-W b)) * 2^(W b)`` (exact: power-of-two
+scaling and trunc are exact here), ``q_b = hi_b(p) - hi_{b+1}(p)``, so ``p = sum_b q_b`` exactly. ``q_b`` is
+a multiple of 2^(W b) with ``|q_b| < 2^(W (b+1))``; for ``K <= 2^21`` terms the row sum of ``q_b`` is a
+multiple of 2^(W b) below 2^(W b + 53) in magnitude, as is every partial sum, so ANY float64 summation order
+(torch.sum, any device, any blocking) returns it exactly. The bins run from the one holding the largest
+possible product (``max|a| * max|b|`` of the chunk) down to the one holding the lowest possible set bit
+(``min nonzero |a| * min nonzero |b| * 2^(1-bits)``, at least 2^-298); the lowest bin takes the whole
+remainder, an integer multiple of its unit. In the implementation the running remainder is kept scaled by
+``2^(-W b)`` (``y``): digit sum ``d_b = sum trunc(y)`` (an integer below 2^53), then ``y = frac(y) * 2^W``.
+
+The integer digits ``d_b`` (int64, exact) are normalised in base 2^32 from the lowest bin up (arithmetic
+shift carries), which gives the sign of the total; the magnitude's digits are then all in [0, 2^32). From the
+highest non-zero digit and the two below it a 63-bit window ``Y`` (leading bit at 2^62) and a sticky bit (any
+lower bit set) give
+
+* ``exact`` = RO53(sum): the round-to-odd of the exact sum to 53 bits (``Z = Y >> 10``, its last bit ORed
+  with the sticky bits), an ordinary float64 (``Z * 2^e``, exact, normal range). It equals the exact sum
+  whenever that is a float64, otherwise it is the neighbour with an odd last bit, so
+  ``|exact - sum| < ulp64(exact) <= 2^-52 |exact|`` (``fp64_error``; round-to-odd never leaves the binade
+  of the exact sum, so ulp64 is the same on both sides).
+* ``round_exact`` = ``fp32(exact)``, one round-to-nearest-even to binary32 (torch's float64 -> float32
+  cast; subnormals kept, overflow to inf at 2^128 - 2^103, ties to even; tests/reference/test_exact.py checks
+  the cast on every boundary). This is RN32(sum) exactly (Boldo & Melquiond, IEEE TC 57(4), 2008, for
+  53 >= 24 + 2): let ``x > 0`` be the exact sum and ``P`` the set of binary32 values, binary32 midpoints and
+  the overflow threshold. Every point of ``P`` in the binade [2^e, 2^(e+1)) of x is a multiple of
+  ``2 * ulp53(x) = 2^(e-51)``: normal-range points have at most 25 significant bits, subnormal-range points
+  are multiples of 2^-150 and there ``e <= -127``. If x is a float64 then exact = x. Otherwise exact is the
+  neighbour of x on the 53-bit grid whose last bit is odd, so it is not a multiple of 2^(e-51) and hence not
+  in P; and no point of P lies strictly between x and exact (they are adjacent 53-bit grid points, the
+  upper one 2^(e+1) being even). So x and exact lie strictly inside the same gap between consecutive points
+  of P, where RN32 is constant: RN32(exact) = RN32(x). Negative sums by symmetry.
+* the sign of an exact zero: -0 when every term is -0 (what IEEE gives in any order), else +0 (the rule:
+  "an exact sum of zero may come out as +0 or -0"; the checker accepts both).
+
+Non-finite terms (inf, NaN inputs) are taken out of the exact sum and their IEEE result (NaN, +-inf) is
+derived from exact indicator counts, independent of how a BLAS treats 0 * inf. ``abs_sum`` (``S``) is
+computed by a float64 matmul of the absolute values: ``Shat = S (1 + theta)``, ``|theta| <= gamma_n(2^-53)``,
+and the stored value is ``Shat * (1 + 2*gamma_n(2^-53))``, an upper bound on ``S``.
 
 The kernel bound (what ``bound`` certifies)
 -------------------------------------------
@@ -53,14 +87,22 @@ at most ``N`` roundings can carry an ``eta``, then (Higham Lemma 3.1, ``prod (1 
   exact in float64) is >= 2^-126, or ``S = 0``, the plain model has ``eta = 0`` (the block model always keeps
   its eta term, since a block partial can be tiny after cancellation).
 
-The stored ``bound`` is ``(gamma_d(u) * S + eta_term + gamma_n(2^-53) * S) * (1 + 2^-45)``: the kernel bound
-plus the float64 error of ``exact``, inflated to cover the few float64 roundings of the bound's own
-evaluation (each <= 2^-53 relative).
+The stored ``bound`` is ``(gamma_d(u) * S + eta_term + 2^-52 * |exact|) * (1 + 2^-45)``: the kernel bound
+plus the float64 error of ``exact`` (round-to-odd: below one ulp64 of ``|exact|``, 0 when the sum is a
+float64), inflated to cover the few float64 roundings of the bound's own evaluation (each <= 2^-53 relative).
 
 Overflow. The model above assumes no operation overflows. A binary32 partial sum or product of magnitude at
-least ``T = 2^128 - 2^103`` rounds to inf; no partial can reach ``(1 + gamma_d) S + eta_term``, so below that
-the bound holds. Where it cannot be excluded (``overflow_possible``) a kernel's value is either within the
-bound or non-finite (+-inf, or NaN from inf - inf), and truncating accumulation saturates, so there every
+least ``T = 2^128 - 2^103`` rounds to inf. For plain summation every partial is a sum of rounded terms, so
+no partial can reach ``(1 + gamma_d) S + eta_term``. For the block regrouping the documented order sums
+``code * x`` within a block BEFORE the block scale is applied: the inner products and partials are bounded
+by ``(1 + gamma_d) S_inner`` with ``S_inner = sum_h |x_h| * |E2M1(code_h)|`` (no scales), which can exceed
+``S`` by the factor ``1 / min|scale|`` (e.g. 2^9 for the smallest E4M3 subnormal scale; with a zero scale an
+inf partial even gives inf * 0 = NaN although the exact sum is finite). The NVFP4 path knows the codes and
+records ``S_inner`` (``inner_abs_sum``, an upper bound computed like ``S``); a block model without it uses
+``S_inner = S`` (a block partial is then a sum of the terms themselves). So overflow is excluded below
+``(1 + gamma_d) max(S, S_inner) + eta_term`` for block models and ``(1 + gamma_d) S + eta_term`` otherwise.
+Where it cannot be excluded (``overflow_possible``) a kernel's value is either within the bound or
+non-finite (+-inf, or NaN from inf - inf or inf * 0), and truncating accumulation saturates, so there every
 non-finite value is accepted (and, for truncation, every value): this contains the rule's "a kernel inf where
 ``|exact| + bound`` reaches the fp32 range is within bound", which is also applied as written.
 """
@@ -101,8 +143,13 @@ FP32_MAX = 2.0**128 - 2.0**104
 _FP32_MIN_NORMAL = 2.0**-126
 _U64 = 2.0**-53
 _EVAL_SLACK = 1.0 + 2.0**-45
-#: Elements of one float64 weight chunk (rows * K) in the chunked dot products (128 MiB per buffer).
+#: Elements of one float64 product chunk (tokens * rows * K) in the chunked dot products (128 MiB per buffer).
 _CHUNK_ELEMENTS = 1 << 24
+#: Bin width of the exact summation (module docstring): K <= 2^(53 - W) terms are summed exactly.
+_W = 32
+_MAX_TERMS = 1 << (53 - _W)
+#: Bin range: products lie in [2^-298, 2^256) (module docstring); bins b = -10 .. 8 cover them.
+_LOWEST_BIT = -298
 
 
 def gamma(d: int, u: float) -> float:
@@ -172,13 +219,17 @@ class Accumulation:
     """Exact value and certified bound of a batch of length-n reductions (rule "Accumulation").
 
     Fields (all tensors have the same shape and device):
-        exact: float64, the float64 evaluation of the exact sum (NaN / +-inf where IEEE gives them).
+        exact: float64, the exact sum rounded to odd at 53 bits (equal to it whenever it is a float64;
+            ``exact.to(float32)`` is RN32 of the exact sum), NaN / +-inf where IEEE gives them.
         bound: float64 >= 0, certified bound on ``|kernel binary32 value - exact|`` under ``model``
             (includes the float64 error of ``exact``; module docstring).
         abs_sum: float64, an upper bound on ``sum |t_i|`` over the finite terms.
         eta_possible: bool, where an underflow error eta cannot be excluded.
         n: the reduction length.
         model: the :class:`SummationModel` the bound was derived for.
+        inner_abs_sum: float64 or None, an upper bound on ``sum |x| * |E2M1(code)|`` (the unscaled block
+            partials of the NVFP4 block regrouping; module docstring "Overflow"); None where the reduction
+            has no block scales (block models then use ``abs_sum``).
     Derived: ``rel`` (= gamma_d(u)), ``fp64_error``, ``eta_term``, ``overflow_possible``.
     Use :meth:`with_model` for the bound of another documented summation order.
     """
@@ -189,19 +240,27 @@ class Accumulation:
     eta_possible: torch.Tensor
     n: int
     model: SummationModel = field(default=FP32_RN)
+    inner_abs_sum: torch.Tensor | None = None
 
     @staticmethod
     def build(
-        exact: torch.Tensor, abs_sum: torch.Tensor, eta_possible: torch.Tensor, n: int, model: SummationModel
+        exact: torch.Tensor,
+        abs_sum: torch.Tensor,
+        eta_possible: torch.Tensor,
+        n: int,
+        model: SummationModel,
+        inner_abs_sum: torch.Tensor | None = None,
     ) -> Accumulation:
         """Assemble an Accumulation, computing ``bound`` from the other fields."""
         model.check_length(n)
-        bound = _bound(abs_sum, eta_possible, n, model)
-        return Accumulation(exact, bound, abs_sum, eta_possible, n, model)
+        bound = _bound(exact, abs_sum, eta_possible, n, model)
+        return Accumulation(exact, bound, abs_sum, eta_possible, n, model, inner_abs_sum)
 
     def with_model(self, model: SummationModel) -> Accumulation:
         """Same exact values, bound re-derived for ``model`` (e.g. :data:`FP32_TRUNCATE`, a block model)."""
-        return Accumulation.build(self.exact, self.abs_sum, self.eta_possible, self.n, model)
+        return Accumulation.build(
+            self.exact, self.abs_sum, self.eta_possible, self.n, model, self.inner_abs_sum
+        )
 
     @property
     def shape(self) -> torch.Size:
@@ -214,8 +273,9 @@ class Accumulation:
 
     @property
     def fp64_error(self) -> torch.Tensor:
-        """Bound on ``|exact - true exact sum|`` (float64)."""
-        return gamma(self.n, _U64) * self.abs_sum
+        """Bound on ``|exact - true exact sum|`` (float64): ``2^-52 |exact|`` (> the round-to-odd error,
+        which is below one ulp64 of ``|exact|`` and 0 when the sum is a float64); 0 where not finite."""
+        return _fp64_error(self.exact)
 
     @property
     def eta_term(self) -> torch.Tensor:
@@ -225,8 +285,12 @@ class Accumulation:
 
     @property
     def overflow_possible(self) -> torch.Tensor:
-        """Where a binary32 partial sum or product may have overflowed (bool)."""
-        reach = ((1.0 + self.rel) * self.abs_sum + self.eta_term) * _EVAL_SLACK
+        """Where a binary32 partial sum or product may have overflowed (bool). For block models this includes
+        the unscaled block partials (``inner_abs_sum``; module docstring "Overflow")."""
+        s = self.abs_sum
+        if self.model.block is not None and self.inner_abs_sum is not None:
+            s = torch.maximum(s, self.inner_abs_sum)
+        reach = ((1.0 + self.rel) * s + self.eta_term) * _EVAL_SLACK
         return reach >= FP32_OVERFLOW
 
     def __getitem__(self, index) -> Accumulation:
@@ -238,13 +302,20 @@ class Accumulation:
             self.eta_possible[index],
             self.n,
             self.model,
+            None if self.inner_abs_sum is None else self.inner_abs_sum[index],
         )
 
 
-def _bound(abs_sum: torch.Tensor, eta_possible: torch.Tensor, n: int, model: SummationModel) -> torch.Tensor:
+def _fp64_error(exact: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(exact), exact.abs(), 0.0) * 2.0**-52
+
+
+def _bound(
+    exact: torch.Tensor, abs_sum: torch.Tensor, eta_possible: torch.Tensor, n: int, model: SummationModel
+) -> torch.Tensor:
     rel = gamma(model.depth(n), model.u)
     eta = model.eta_count(n) * model.eta * (1.0 + rel)
-    b = (rel + gamma(n, _U64)) * abs_sum + eta_possible.to(torch.float64) * eta
+    b = rel * abs_sum + eta_possible.to(torch.float64) * eta + _fp64_error(exact)
     return b * _EVAL_SLACK
 
 
@@ -290,6 +361,130 @@ def _special_values(a: dict, b: dict) -> tuple[torch.Tensor, torch.Tensor, torch
     return nan, pos & ~nan, neg & ~nan
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Exact summation (module docstring "How the exact value is computed")
+# ---------------------------------------------------------------------------------------------------------
+
+_MASK = (1 << _W) - 1
+
+
+def _bin_range(pmax: float, pmin: float, bits: int) -> tuple[int, int]:
+    """(lowest, highest) bin b for products with ``|p| <= pmax``, non-zero ``|p| >= pmin``, each with at most
+    ``bits`` significant bits: every product is below 2^(W (highest + 1)) and a multiple of 2^(W lowest)."""
+    top = (math.frexp(pmax)[1] - 1) // _W  # pmax < 2^E with E = frexp exponent; need W (top + 1) >= E
+    # |p| >= pmin >= 2^(E' - 1) -> its lowest set bit is >= 2^(E' - 1 - (bits - 1)); and >= 2^-298 always
+    low_bit = max(math.frexp(pmin)[1] - bits, _LOWEST_BIT) if math.isfinite(pmin) else _LOWEST_BIT
+    return min(low_bit // _W, top), top
+
+
+def _bin_digits(y: torch.Tensor, nbins: int) -> torch.Tensor:
+    """Exact digit sums of the bins of ``y`` [..., K] (overwritten).
+
+    ``y`` holds the terms scaled by 2^(-W top) (so ``|y| < 2^W``), each a multiple of 2^(-W (nbins - 1)).
+    Returns int64 [..., nbins], index 0 = lowest bin: ``d_j = sum_k trunc-digit_j(y_k)``, each an integer
+    below 2^(W + 21) <= 2^53 in magnitude, so every float64 partial sum of it is exact in any order.
+    """
+    digits = []
+    t = torch.empty_like(y) if nbins > 1 else None
+    for _ in range(nbins - 1):
+        torch.trunc(y, out=t)
+        digits.append(t.sum(dim=-1))
+        y.frac_()  # y - trunc(y): exact
+        y.mul_(2.0**_W)  # exact; |y| < 2^W again
+    digits.append(y.sum(dim=-1))  # the lowest bin: integers (lowest set bits are >= its unit)
+    return torch.stack(digits[::-1], dim=-1).to(torch.int64)
+
+
+def _normalise(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Base-2^W carry normalisation from the lowest digit up: (digits in [0, 2^W), signed top carry)."""
+    carry = torch.zeros_like(d[..., 0])
+    out = []
+    for j in range(d.shape[-1]):
+        v = d[..., j] + carry  # |v| < 2^53 + 2^22: no int64 overflow
+        out.append(v & _MASK)
+        carry = v >> _W  # arithmetic shift: floor division
+    return torch.stack(out, dim=-1), carry
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """2^e as float64 for int64 ``e`` in [-1022, 1023], assembled from its bits (exact on every device)."""
+    return ((e + 1023) << 52).view(torch.float64)
+
+
+def _round_odd53(d: torch.Tensor, b_lo: int) -> torch.Tensor:
+    """``sum_j d[..., j] * 2^(W (b_lo + j))`` (int64 digits, ``|d| < 2^53``), rounded to odd at 53 bits.
+
+    Zero gives +0. The result equals the sum when that is a float64, else it is the neighbouring float64 with
+    an odd last bit (module docstring: its binary32 rounding is RN32 of the sum).
+    """
+    digits, carry = _normalise(d)
+    neg = carry < 0  # the digits are >= 0 and below 2^(W nbins): the carry has the total's sign
+    if bool(neg.any()):
+        digits, carry = _normalise(torch.where(neg[..., None], -d, d))
+    zero = torch.zeros_like(carry)[..., None]
+    # magnitude digits: e[..., i] has weight 2^(W (b_lo + i - 2)); two zero digits below keep a 3-digit window
+    e = torch.cat([zero, zero, digits, carry[..., None]], dim=-1)
+    nz = e != 0
+    idx = torch.arange(e.shape[-1], device=e.device)
+    is_zero = ~nz.any(dim=-1)
+    top = torch.clamp(torch.where(nz, idx, 0).amax(dim=-1), min=2)  # highest non-zero digit (>= 2)
+
+    def at(i: torch.Tensor) -> torch.Tensor:
+        return e.gather(-1, i[..., None]).squeeze(-1)
+
+    hi = torch.where(is_zero, 1, at(top))
+    mid, lo = at(top - 1), at(top - 2)
+    below = (nz & (idx < (top - 2)[..., None])).any(dim=-1)  # any set bit under the window
+    length = torch.frexp(hi.to(torch.float64)).exponent.to(torch.int64)  # bit length L of hi, 1..W
+    # X = hi 2^64 + mid 2^32 + lo has 64 + L bits; Y = X >> (L + 1) has exactly 63 (leading bit 2^62)
+    one = torch.ones_like(hi)
+    mid_part = torch.where(length <= 31, mid << torch.clamp(31 - length, min=0), mid >> 1)
+    y = (hi << (63 - length)) | mid_part | (lo >> (length + 1))
+    lost = (lo & ((one << (length + 1)) - 1)) | torch.where(length == 32, mid & 1, 0)
+    sticky = (lost != 0) | below | ((y & 1023) != 0)
+    z = (y >> 10) | sticky.to(torch.int64)  # round to odd: 53 bits, [2^52, 2^53)
+    scale = _pow2(_W * (b_lo + top - 4) + length + 11)  # weight of lo is 2^(W (b_lo + top - 4))
+    val = z.to(torch.float64) * scale  # exact: z < 2^53 and the result is a normal float64
+    val = torch.where(neg, -val, val)
+    return torch.where(is_zero, 0.0, val)
+
+
+def _exact_sum_terms(
+    terms: Callable[[int, int, float], torch.Tensor],
+    n_lead: int,
+    rest: tuple[int, ...],
+    pmax: torch.Tensor,
+    pmin: torch.Tensor,
+    bits: int,
+    step: int,
+) -> torch.Tensor:
+    """Exact sums (round-to-odd float64) of term blocks along the last dim.
+
+    ``terms(i, j, s)`` returns a fresh float64 tensor [j - i, ..., K] of the finite terms of leading rows
+    i..j times ``s`` (a power of two; exact); ``rest``: the result shape after the leading dim. ``pmax`` /
+    ``pmin`` [n_lead]: upper bound on |term| / lower bound on non-zero |term| per leading row (products of
+    binary32 values: exact float64). Leading rows are processed ``step`` at a time (bounded memory); the
+    value of a sum never depends on the blocking.
+    """
+    parts = []
+    for i in range(0, n_lead, step):
+        j = min(n_lead, i + step)
+        hi_p = float(pmax[i:j].max())
+        if hi_p == 0.0:
+            parts.append(pmax.new_zeros((j - i, *rest)))  # all terms zero: +0 (callers fix -0)
+            continue
+        b_lo, b_hi = _bin_range(hi_p, float(pmin[i:j].min()), bits)
+        y = terms(i, j, 2.0 ** (-_W * b_hi))
+        parts.append(_round_odd53(_bin_digits(y, b_hi - b_lo + 1), b_lo))
+        del y
+    return torch.cat(parts, dim=0)
+
+
+def _check_terms(k: int, name: str) -> None:
+    if k > _MAX_TERMS:
+        raise ValueError(f"{name}: reduction length {k} exceeds {_MAX_TERMS} (exact summation limit)")
+
+
 def dot_accumulate_rows(
     a: torch.Tensor,
     rows: Callable[[int, int], torch.Tensor],
@@ -305,8 +500,10 @@ def dot_accumulate_rows(
         a: bf16 or fp32 [M, K], the activations.
         rows: ``rows(start, stop)`` returns float64 [stop - start, K] holding binary32-representable values
             (the chunk of B), or a tuple ``(values, all_finite: bool, row_min)`` where ``row_min`` float64
-            [stop - start] is a lower bound on each row's smallest non-zero |value| (saves two passes);
-            called for consecutive chunks of about 2^24 elements (memory: a few float64 copies of a chunk).
+            [stop - start] is a lower bound on each row's smallest non-zero |value| (saves two passes), or
+            ``(values, all_finite, row_min, inner_abs)`` for block-scaled weights, ``inner_abs`` float64
+            [stop - start, K] the unscaled |E2M1| values (recorded as ``inner_abs_sum``); called for
+            consecutive chunks of about 2^24 / M elements (memory: a few float64 buffers of 2^24 elements).
         n_rows: number of rows N of B.
         model: the kernel's summation model (default :data:`FP32_RN`).
         narrow_products: True when every product of an ``a`` value and a B value has at most 24 significant
@@ -315,40 +512,71 @@ def dot_accumulate_rows(
     Returns:
         :class:`Accumulation` of shape [M, N], on ``a``'s device.
     Raises:
-        TypeError / ValueError naming ``name`` (dtype, rank), ValueError if K does not fit ``model``.
+        TypeError / ValueError naming ``name`` (dtype, rank), ValueError if K does not fit ``model`` or
+        exceeds 2^21.
     """
     check_tensor(name, a, dtype=(torch.bfloat16, torch.float32), ndim=2)
     m, k = a.shape
     model.check_length(k)
+    _check_terms(k, name)
+    bits = 24 if narrow_products else 48
     a64 = a.to(torch.float64)
     a_fin = torch.isfinite(a64)
     a_all_finite = bool(a_fin.all())
     a0 = torch.where(a_fin, a64, 0.0)
     a_abs = a0.abs()
+    a_max = a_abs.amax(dim=-1) if k else a_abs.new_zeros(m)
     a_min = _min_nonzero_abs(a0)
+    a_neg = torch.signbit(a0).to(torch.float64)
     a_ind = None if a_all_finite else _indicators(a64)
-    chunk = max(1, _CHUNK_ELEMENTS // max(k, 1))
-    exact_parts, s_parts, eta_parts = [], [], []
+    chunk = max(1, _CHUNK_ELEMENTS // max(k * m, 1))
+    exact_parts, s_parts, eta_parts, inner_parts = [], [], [], []
     for start in range(0, n_rows, chunk):
         stop = min(n_rows, start + chunk)
         got = rows(start, stop)
-        if isinstance(
-            got, tuple
-        ):  # (values, all finite, lower bound on each row's smallest non-zero |value|)
-            b64, b_all_finite, b_min = got
+        inner_abs = None
+        # a tuple: (values, all finite, lower bound on each row's smallest |value|[, inner |E2M1| values])
+        if isinstance(got, tuple):
+            b64, b_all_finite, b_min = got[:3]
+            if len(got) > 3:
+                inner_abs = got[3]
         else:
             b64, b_all_finite, b_min = got, None, None
         if b_all_finite is None:
             b_all_finite = bool(torch.isfinite(b64).all())
         b0 = b64 if b_all_finite else torch.where(torch.isfinite(b64), b64, 0.0)
-        ex = a0 @ b0.T
-        s_hat = a_abs @ b0.abs().T
+        b_abs = b0.abs()
+        b_min = _min_nonzero_abs(b0) if b_min is None else b_min
+        s_hat = a_abs @ b_abs.T
+        if inner_abs is not None:
+            inner_parts.append(a_abs @ inner_abs.T)
         if narrow_products and model.block is None:
-            b_min = _min_nonzero_abs(b0) if b_min is None else b_min
             tiny = (a_min[:, None] * b_min[None, :]) < _FP32_MIN_NORMAL
             eta = tiny & (s_hat > 0)
         else:
             eta = s_hat > 0
+        # exact sums: products a[t, k] * b[r, k] (exact in float64), token blocks of <= 2^24 products
+        b_max = b_abs.amax() if k else b_abs.new_zeros(())
+        b_lower = b_min.amin() if b_min.numel() else b_abs.new_full((), math.inf)
+        rows_k = (stop - start) * k
+
+        def terms(i: int, j: int, s: float, b0=b0) -> torch.Tensor:
+            return a0[i:j, None, :] * (b0 * s)[None]
+
+        ex = _exact_sum_terms(
+            terms,
+            m,
+            (stop - start,),
+            a_max * b_max,
+            a_min * b_lower,
+            bits,
+            max(1, _CHUNK_ELEMENTS // max(rows_k, 1)),
+        )
+        zero_sum = s_hat == 0
+        if bool(zero_sum.any()):  # all terms are zeros: -0 iff every product is -0 (IEEE, any order)
+            b_neg = torch.signbit(b0).to(torch.float64)
+            n_neg = a_neg @ (1.0 - b_neg).T + (1.0 - a_neg) @ b_neg.T
+            ex = torch.where(zero_sum & (n_neg == k) & (k > 0), -0.0, ex)
         if not (a_all_finite and b_all_finite):
             ai = a_ind if a_ind is not None else _indicators(a64)
             nan, pinf, ninf = _special_values(ai, _indicators(b64))
@@ -356,16 +584,19 @@ def dot_accumulate_rows(
         exact_parts.append(ex)
         s_parts.append(s_hat)
         eta_parts.append(eta)
-        del b64, b0
+        del b64, b0, b_abs
+    inner = None
     if exact_parts:
         exact = torch.cat(exact_parts, dim=1)
         s_hat = torch.cat(s_parts, dim=1)
         eta = torch.cat(eta_parts, dim=1)
+        if len(inner_parts) == len(exact_parts):
+            inner = _s_upper(torch.cat(inner_parts, dim=1), k)
     else:
         exact = a64.new_zeros((m, 0))
         s_hat = exact.clone()
         eta = torch.zeros((m, 0), dtype=torch.bool, device=a.device)
-    return Accumulation.build(exact, _s_upper(s_hat, k), eta, k, model)
+    return Accumulation.build(exact, _s_upper(s_hat, k), eta, k, model, inner)
 
 
 def dot_accumulate(
@@ -373,8 +604,9 @@ def dot_accumulate(
 ) -> Accumulation:
     """Exact ``a @ b^T``: a bf16 or fp32 [M, K], b bf16 or fp32 [N, K] -> :class:`Accumulation` [M, N].
 
-    The rule's reductions 1 (x . Wr^T), 6 and 8 (BF16 experts) in float64 with the certified bound of
-    ``model``. Raises TypeError / ValueError naming ``a_name`` / ``b_name`` (dtype, rank, K mismatch, device).
+    The rule's reductions 1 (x . Wr^T), 6 and 8 (BF16 experts), exact (module docstring) with the certified
+    bound of ``model``. Raises TypeError / ValueError naming ``a_name`` / ``b_name`` (dtype, rank, K
+    mismatch, device).
     """
     check_tensor(a_name, a, dtype=(torch.bfloat16, torch.float32), ndim=2)
     check_tensor(b_name, b, dtype=(torch.bfloat16, torch.float32), shape=(None, a.shape[1]))
@@ -393,27 +625,41 @@ def sum_squares_accumulate(
 ) -> Accumulation:
     """Exact ``sum_h s[m, h]^2`` (rule step 11) for fp32 ``s`` [M, H] -> :class:`Accumulation` [M].
 
-    Each square is exact in float64 (48 bits, exponent >= -298). NaN -> NaN, inf -> +inf (IEEE).
-    Raises TypeError / ValueError naming ``name``.
+    Each square is exact in float64 (48 bits, exponent >= -298); the sum is exact (module docstring), +0 for
+    an all-zero row. NaN -> NaN, inf -> +inf (IEEE). Raises TypeError / ValueError naming ``name``.
     """
     check_tensor(name, s, dtype=torch.float32, ndim=2)
-    h = s.shape[1]
+    m, h = s.shape
     model.check_length(h)
+    _check_terms(h, name)
     s64 = s.to(torch.float64)
     sq = s64 * s64
-    exact = sq.sum(dim=-1)
     fin = torch.where(torch.isfinite(sq), sq, 0.0)
     s_hat = fin.sum(dim=-1)
+    sq_min = _min_nonzero_abs(fin)
+    if h:
+
+        def terms(i: int, j: int, sc: float) -> torch.Tensor:
+            return fin[i:j] * sc
+
+        exact = _exact_sum_terms(terms, m, (), fin.amax(dim=-1), sq_min, 48, max(1, _CHUNK_ELEMENTS // h))
+    else:
+        exact = s_hat.clone()
+    exact = torch.where(
+        torch.isnan(sq).any(dim=-1), math.nan, torch.where(torch.isinf(sq).any(dim=-1), math.inf, exact)
+    )
     if model.block is None:
-        eta = (_min_nonzero_abs(fin) < _FP32_MIN_NORMAL) & (s_hat > 0)
+        eta = (sq_min < _FP32_MIN_NORMAL) & (s_hat > 0)
     else:
         eta = s_hat > 0
     return Accumulation.build(exact, _s_upper(s_hat, h), eta, h, model)
 
 
 def round_exact(stage: str, acc: Accumulation, operands: object = None) -> torch.Tensor:
-    """Default accumulate policy: the binary32 rounding (RN, subnormals kept) of ``acc.exact``.
+    """Default accumulate policy: RN32 (binary32 round-to-nearest-even, subnormals kept) of the exact sum.
 
+    ``acc.exact`` is the exact sum rounded to odd at 53 bits, so its one binary32 rounding is RN32 of the
+    exact sum (module docstring); independent of summation order, batch size and device.
     Policy signature used by :mod:`.model`: ``policy(stage, acc, operands) -> fp32`` of ``acc.shape``.
     ``operands`` (a dict of the reduction's inputs) lets other policies replay a kernel's summation order.
     """

@@ -86,12 +86,14 @@ def _nvfp4_accumulate(x, x_name, codes, codes_name, scale, scale_name, model) ->
     check_tensor(x_name, x, dtype=torch.bfloat16, shape=(None, k))
     check_same_device(**{x_name: x, codes_name: codes})
 
-    def rows(i: int, j: int) -> tuple[torch.Tensor, bool, torch.Tensor]:
+    def rows(i: int, j: int) -> tuple[torch.Tensor, bool, torch.Tensor, torch.Tensor]:
         # NVFP4 weights are finite (NaN scale bytes rejected); a non-zero |W| is >= 0.5 * |scale| >= 0.5 *
-        # (the row's smallest non-zero |scale|), a lower bound for the underflow refinement.
+        # (the row's smallest non-zero |scale|), a lower bound for the underflow refinement. The unscaled
+        # |E2M1| values give the block model's inner partial sums (exact.py, "Overflow").
         s = e4m3_to_float(scale_bytes(scale[i:j])).to(torch.float64).abs()
         s_min = torch.where(s > 0, s, math.inf).amin(dim=1) * 0.5
-        return _dequant_rows(codes, scale, i, j, torch.float64), True, s_min
+        inner = _byte_table(torch.float64, codes.device).abs()[codes[i:j].long()].view(j - i, -1)
+        return _dequant_rows(codes, scale, i, j, torch.float64), True, s_min, inner
 
     return dot_accumulate_rows(x, rows, n, model=model, narrow_products=True, name=x_name)
 

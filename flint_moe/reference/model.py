@@ -102,6 +102,8 @@ class _AccBuffer:
                 "abs_sum": torch.zeros(shape, **f64),
                 "eta_possible": torch.zeros(shape, dtype=torch.bool, device=self.device),
             }
+            if acc.inner_abs_sum is not None:  # NVFP4 block partials (exact.py, "Overflow")
+                self.parts["inner_abs_sum"] = torch.zeros(shape, **f64)
             self.n, self.model = acc.n, acc.model
         for name, t in self.parts.items():
             t[tokens, slots] = getattr(acc, name)

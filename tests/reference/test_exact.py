@@ -66,12 +66,11 @@ def test_fp64_value_matches_fractions_within_its_own_error():
 
 
 def test_cancellation_is_exact():
-    # 2^100 * 1 + 1 * 1 + (-2^100) * 1: float64 left to right gives 0 (1 is lost), the exact sum is 1.
-    # Products are exact, and torch's float64 matmul may lose the 1; fp64_error covers it:
-    # gamma_3(2^-53) * (2^101 + 1) ~ 3 * 2^-53 * 2^101 = 3 * 2^48 >= 1.
+    # 2^100 * 1 + 1 * 1 + (-2^100) * 1: float64 left to right gives 0 (1 is lost), the exact sum is 1, and
+    # the exact summation returns exactly 1 (a float64, so round-to-odd leaves it unchanged).
     acc = dot_accumulate(tbf([[2.0**100, 1.0, -(2.0**100)]]), tbf([[1.0, 1.0, 1.0]]))
-    assert abs(float(acc.exact[0, 0]) - 1.0) <= float(acc.fp64_error[0, 0])
-    assert float(acc.fp64_error[0, 0]) >= 1.0
+    assert float(acc.exact[0, 0]) == 1.0
+    assert float(acc.fp64_error[0, 0]) == 2.0**-52  # 2^-52 |exact|
 
 
 def test_products_below_fp32_range_are_exact_in_fp64():
@@ -118,9 +117,9 @@ def test_chunked_rows_equal_unchunked(monkeypatch):
 def test_sum_squares_exact_and_specials():
     s = torch.tensor([[3.0, 4.0, 2.0**-100], [1.0, math.nan, 0.0], [math.inf, 1.0, 0.0]], dtype=torch.float32)
     acc = sum_squares_accumulate(s)
-    # 9 + 16 + 2^-200 is exact in float64? no: needs bits 2^4..2^-200; the fp64 value is 25, the error is
-    # 2^-200 <= fp64_error = gamma_3(2^-53) * 25.
-    assert float(acc.exact[0]) == 25.0
+    # 9 + 16 + 2^-200 is not a float64 (needs bits 2^4..2^-200): round to odd at 53 bits gives the odd
+    # neighbour 25 + 2^-48 (ulp64 of 25 is 2^(4-52)); error 2^-48 - 2^-200 <= fp64_error = 2^-52 * |exact|.
+    assert float(acc.exact[0]) == 25.0 + 2.0**-48
     assert abs(Fraction(25) + Fraction(2) ** -200 - Fraction(float(acc.exact[0]))) <= Fraction(
         float(acc.fp64_error[0])
     )
@@ -330,3 +329,274 @@ def test_inputs_not_modified():
     dot_accumulate(x, w)
     assert torch.equal(x.view(torch.int16), xc.view(torch.int16))
     assert torch.equal(w.view(torch.int16), wc.view(torch.int16))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# exact summation: bit-exact, order- and batch-independent, round_exact = RN32(exact sum)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _ro53(q: Fraction) -> float:
+    """Round-to-odd of an exact rational to 53 significant bits (plain Python; float64 exponent range)."""
+    if q == 0:
+        return 0.0
+    sign = -1.0 if q < 0 else 1.0
+    a = abs(q)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    while Fraction(2) ** e > a:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= a:
+        e += 1
+    quantum = Fraction(2) ** (e - 52)
+    n, rem = divmod(a, quantum)
+    n = int(n) | (1 if rem else 0)
+    return sign * float(n * quantum)
+
+
+def _f32_bits_list(t: torch.Tensor) -> list[int]:
+    return t.contiguous().view(torch.int32).reshape(-1).tolist()
+
+
+def _f64_bits_list(t: torch.Tensor) -> list[int]:
+    return t.contiguous().view(torch.int64).reshape(-1).tolist()
+
+
+FMAX = 2.0**128 - 2.0**104  # largest finite binary32
+F32_ADVERSARIAL = [
+    # (a row, b row) of binary32 values; the expected results come from Fractions
+    ([1.0, 2.0**-12, 2.0**-35], [1.0, 2.0**-12, 2.0**-35]),  # 1 + 2^-24 + 2^-70: just above a tie -> up
+    ([-1.0, -(2.0**-12), -(2.0**-35)], [1.0, 2.0**-12, 2.0**-35]),  # the same, negative
+    ([1.0, 2.0**-12], [1.0, 2.0**-12]),  # 1 + 2^-24: exact tie -> even (1.0)
+    ([1.0, 2.0**-12, 2.0**-35], [1.0, 2.0**-12, -(2.0**-35)]),  # just below the tie -> 1.0
+    ([1.0, 2.0**-23, 2.0**-12], [1.0, 1.0, 2.0**-12]),  # 1 + 2^-23 + 2^-24: tie -> even (1 + 2^-22)
+    # huge cancellation: 2^254-scale terms cancel, leaving 1 + 2^-298 (RN32 1, RO53 1 + 2^-52)
+    ([FMAX, 1.0, -FMAX, 2.0**-149], [FMAX, 1.0, FMAX, 2.0**-149]),
+    # cancellation leaving only subnormal-range bits: 2^200 - 2^200 + 3 * 2^-150 (tie -> 2^-148)
+    ([2.0**100, -(2.0**100), 3.0 * 2.0**-75], [2.0**100, 2.0**100, 2.0**-75]),
+    # terms spanning 2^-298 .. 2^256: overflow in binary32
+    ([2.0**-149, FMAX, 1.0], [2.0**-149, FMAX, 1.0]),
+    # subnormal results: 2.5 * 2^-149 is a tie -> 2^-148; + 2^-298 -> 3 * 2^-149; 2^-150 alone -> +0
+    ([2.0**-74, 2.0**-75], [2.0**-74, 2.0**-75]),
+    ([2.0**-74, 2.0**-75, 2.0**-149], [2.0**-74, 2.0**-75, 2.0**-149]),
+    ([2.0**-75, 2.0**-149], [2.0**-75, -(2.0**-149)]),
+    ([2.0**-75], [2.0**-75]),
+    ([2.0**-100, -(2.0**-100), 2.0**-149], [2.0**-40, 2.0**-40, 2.0**-149]),
+    # the overflow threshold 2^128 - 2^103: a tie -> inf; 2^-298 below it -> largest finite; above -> inf
+    ([2.0**127, 2.0**127 - 2.0**103], [1.0, 1.0]),
+    ([2.0**127, 2.0**127 - 2.0**103, -(2.0**-149)], [1.0, 1.0, 2.0**-149]),
+    ([2.0**127, 2.0**127 - 2.0**103, 2.0**-149], [1.0, 1.0, 2.0**-149]),
+    ([-(2.0**127), -(2.0**127 - 2.0**103)], [1.0, 1.0]),
+    # intermediate overflow of every binary32 order, finite exact sum
+    ([FMAX, FMAX, -FMAX], [1.0, 1.0, 1.0]),
+    # exact zero from cancellation: +0
+    ([3.0, -3.0, 2.0**-149, -(2.0**-149)], [5.0, 5.0, 2.0**-149, 2.0**-149]),
+]
+
+
+@pytest.mark.parametrize("a_row,b_row", F32_ADVERSARIAL)
+def test_round_exact_is_rn32_of_the_fraction_sum(a_row, b_row):
+    a = torch.tensor([a_row], dtype=torch.float32)
+    b = torch.tensor([b_row], dtype=torch.float32)
+    assert [float(v) for v in a[0]] == a_row and [float(v) for v in b[0]] == b_row  # binary32 inputs
+    q = _fraction_dot(a_row, b_row)
+    acc = dot_accumulate(a, b)
+    got = X.round_exact("router", acc)
+    want = rn32(q)
+    assert _f32_bits_list(got) == _f32_bits_list(torch.tensor([want], dtype=torch.float32)), (
+        float(got),
+        want,
+    )
+    assert float(acc.exact[0, 0]) == _ro53(q)
+    assert abs(Fraction(float(acc.exact[0, 0])) - q) <= Fraction(float(acc.fp64_error[0, 0]))
+
+
+def test_round_exact_random_wide_range_against_fractions():
+    # binary32 x binary32 products spanning 2^-298 .. 2^250 with heavy cancellation; every result checked
+    rng = random.Random(11)
+
+    def f32v(lo, hi):
+        m = rng.randrange(1 << 23, 1 << 24)
+        return rng.choice((-1.0, 1.0)) * m * 2.0 ** (rng.randrange(lo, hi) - 23)
+
+    rows_a, rows_b = [], []
+    for r in range(12):
+        lo, hi = [(-149, 127), (-40, 40), (-149, -100), (100, 127)][r % 4]
+        a = [f32v(lo, hi) for _ in range(40)]
+        b = [f32v(lo, hi) for _ in range(40)]
+        if r % 3 == 0:  # cancel the largest terms exactly, leaving the small ones
+            a += [-v for v in a[:10]]
+            b += b[:10]
+        else:
+            a += [f32v(lo, hi) for _ in range(10)]
+            b += [f32v(lo, hi) for _ in range(10)]
+        rows_a.append(a)
+        rows_b.append(b)
+    ta = torch.tensor(rows_a, dtype=torch.float32)
+    tb = torch.tensor(rows_b, dtype=torch.float32)
+    rows_a, rows_b = ta.double().tolist(), tb.double().tolist()  # the binary32 values (subnormals rounded)
+    acc = dot_accumulate(ta, tb)
+    got = X.round_exact("router", acc)
+    for i in range(12):
+        for j in range(12):
+            q = _fraction_dot(rows_a[i], rows_b[j])
+            assert float(acc.exact[i, j]) == _ro53(q), (i, j)
+            assert _f32_bits_list(got[i, j : j + 1]) == _f32_bits_list(torch.tensor([rn32(q)])), (i, j)
+
+
+def test_fp64_to_fp32_cast_rounds_to_nearest_even_with_subnormals_and_overflow():
+    # round_exact relies on torch's float64 -> float32 cast being one IEEE RN-even rounding
+    cases = [
+        (2.0**-150, 0.0),  # tie -> even (0)
+        (2.0**-150 + 2.0**-200, 2.0**-149),
+        (3 * 2.0**-150, 2.0**-148),  # tie -> even
+        (5 * 2.0**-151, 2.0**-149),
+        (-(2.0**-150), -0.0),
+        (2.0**-126 - 2.0**-150, 2.0**-126),  # tie at the normal boundary -> even (2^-126)
+        (2.0**128 - 2.0**103, math.inf),  # overflow threshold: tie -> inf
+        (2.0**128 - 2.0**103 - 2.0**75, FMAX),
+        (1.0 + 2.0**-24, 1.0),
+        (1.0 + 3 * 2.0**-24, 1.0 + 2.0**-22),
+    ]
+    src = torch.tensor([c[0] for c in cases], dtype=torch.float64)
+    want = torch.tensor([c[1] for c in cases], dtype=torch.float32)
+    assert _f32_bits_list(src.to(torch.float32)) == _f32_bits_list(want)
+
+
+def test_batch_invariance():
+    # The reviewer's case: K = 4096, terms 1, 2^-24, 2^-53, 2^-53 at positions 1, 3993, 1776, 216 (exact sum
+    # 1 + 2^-24 + 2^-52: above the binary32 tie, RN32 = 1 + 2^-23). Alone and inside a batch of 16 rows the
+    # exact and round_exact bits must be identical.
+    k = 4096
+    row = torch.zeros(k, dtype=torch.float64)
+    for pos, v in ((1, 1.0), (3993, 2.0**-12), (1776, 2.0**-26), (216, 2.0**-27)):
+        row[pos] = v
+    w_row = torch.zeros(k, dtype=torch.float64)
+    for pos, v in ((1, 1.0), (3993, 2.0**-12), (1776, 2.0**-27), (216, 2.0**-26)):
+        w_row[pos] = v
+    g = torch.Generator().manual_seed(3)
+    batch = (torch.randn(16, k, generator=g) * 4.0 ** torch.randint(-6, 6, (16, 1), generator=g)).to(
+        torch.bfloat16
+    )
+    batch[5] = row.to(torch.bfloat16)
+    w = (torch.randn(24, k, generator=g) * 0.05).to(torch.bfloat16)
+    w[7] = w_row.to(torch.bfloat16)
+    alone = dot_accumulate(batch[5:6], w)
+    batched = dot_accumulate(batch, w)
+    assert float(alone.exact[0, 7]) == _ro53(Fraction(1) + Fraction(2) ** -24 + Fraction(2) ** -52)
+    assert float(X.round_exact("router", alone)[0, 7]) == 1.0 + 2.0**-23
+    assert _f64_bits_list(alone.exact) == _f64_bits_list(batched.exact[5:6])
+    assert _f32_bits_list(X.round_exact("r", alone)) == _f32_bits_list(X.round_exact("r", batched)[5:6])
+    # the same for the NVFP4 path and the sum of squares
+    from flint_moe.reference import experts as EX
+
+    codes = torch.randint(0, 256, (40, k // 2), dtype=torch.uint8, generator=g)
+    scales = torch.randint(0x01, 0x7F, (40, k // 16), dtype=torch.uint8, generator=g)
+    one = EX.gate_up_accumulate(batch[5:6], codes, scales)
+    many = EX.gate_up_accumulate(batch, codes, scales)
+    assert _f64_bits_list(one.exact) == _f64_bits_list(many.exact[5:6])
+    s = batch.float() * 1.7
+    assert _f64_bits_list(sum_squares_accumulate(s[5:6]).exact) == _f64_bits_list(
+        sum_squares_accumulate(s).exact[5:6]
+    )
+
+
+def test_order_and_chunking_independence(monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    k = 96
+    x = (torch.randn(6, k, generator=g) * 2.0 ** torch.randint(-40, 40, (6, k), generator=g)).to(
+        torch.bfloat16
+    )
+    w = (torch.randn(9, k, generator=g) * 2.0 ** torch.randint(-40, 40, (9, k), generator=g)).to(
+        torch.bfloat16
+    )
+    x[:, 10:20] = -x[:, 0:10]  # exact cancellations
+    w[:, 10:20] = w[:, 0:10]
+    base = dot_accumulate(x, w)
+    for seed in range(4):
+        perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))
+        p = dot_accumulate(x[:, perm], w[:, perm])
+        assert _f64_bits_list(p.exact) == _f64_bits_list(base.exact)
+    monkeypatch.setattr(X, "_CHUNK_ELEMENTS", k * 2)  # 1 row per chunk, 2 tokens per product block
+    small = dot_accumulate(x, w)
+    assert _f64_bits_list(small.exact) == _f64_bits_list(base.exact)
+    for i in range(6):
+        for j in range(9):
+            q = _fraction_dot([float(v) for v in x[i]], [float(v) for v in w[j]])
+            assert float(base.exact[i, j]) == _ro53(q)
+
+
+def test_sum_squares_exact_against_fractions_wide_range():
+    rng = random.Random(4)
+    rows = [
+        [
+            rng.choice((-1.0, 1.0)) * rng.randrange(1 << 23, 1 << 24) * 2.0 ** rng.randrange(-172, 104)
+            for _ in range(33)
+        ]
+        for _ in range(5)
+    ]
+    rows.append([2.0**-149] * 3 + [0.0])  # 3 * 2^-298
+    rows.append([-0.0, 0.0])  # squares are +0: +0
+    width = max(len(r) for r in rows)
+    rows = [r + [0.0] * (width - len(r)) for r in rows]
+    s = torch.tensor(rows, dtype=torch.float32)
+    rows = s.double().tolist()  # the binary32 values
+    acc = sum_squares_accumulate(s)
+    for i, r in enumerate(rows):
+        q = sum((Fraction(v) ** 2 for v in r), Fraction(0))
+        assert float(acc.exact[i]) == _ro53(q), i
+        assert float(X.round_exact("sumsq", acc)[i]) == rn32(q)
+    assert not math.copysign(1.0, float(acc.exact[-1])) < 0
+
+
+def test_sign_of_an_exact_zero():
+    # all terms -0 -> -0 (IEEE in every order); mixed zeros or cancellation -> +0
+    # row 0: -0*1, 0*-2, 1*-0 are all -0 -> -0; row 1: +0, -0, -0 -> +0; row 2: 2 - 2 + -0 -> +0
+    acc = dot_accumulate(tbf([[-0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [2.0, 1.0, 0.0]]), tbf([[1.0, -2.0, -0.0]]))
+    signs = [math.copysign(1.0, float(v)) for v in acc.exact[:, 0]]
+    assert float(acc.exact.abs().max()) == 0.0 and signs == [-1.0, 1.0, 1.0]
+    got = X.round_exact("router", acc)
+    assert [math.copysign(1.0, float(v)) for v in got[:, 0]] == signs
+
+
+def test_too_long_reduction_is_rejected():
+    with pytest.raises(ValueError, match="exceeds 2097152"):
+        z = torch.zeros(1, (1 << 21) + 1, dtype=torch.bfloat16)
+        dot_accumulate(z, z)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# block model: unscaled block partials (review finding 1)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_block_model_inner_partials_set_overflow_possible():
+    from flint_moe.reference import experts as EX
+    from flint_moe.reference.formats import pack_e2m1
+
+    h = 32
+    x = torch.full((2, h), 2.0**127).to(torch.bfloat16)
+    x[1] = 1.0
+    codes = pack_e2m1(torch.full((3, h), 7, dtype=torch.uint8))  # E2M1 value 6
+    scale = torch.tensor([[0x01, 0x01], [0x00, 0x01], [0x7E, 0x7E]], dtype=torch.uint8)  # 2^-9; 0; 448
+    acc = EX.gate_up_accumulate(x, codes, scale)
+    assert acc.inner_abs_sum is not None
+    # S_inner = sum |x| * 6 (an upper bound, inflated by (1 + 2 gamma) (1 + 2^-45))
+    inner = float(acc.inner_abs_sum[1, 0])
+    assert 6.0 * h <= inner <= 6.0 * h * (1 + 2**-40)
+    plain = acc  # FP32_RN: the products are the scaled terms, exact sum 1.5 * 2^125 and 0.75 * 2^124 etc.
+    blk = acc.with_model(block_model(16))
+    assert blk.inner_abs_sum is acc.inner_abs_sum
+    # row 0 (x = 2^127): the plain model cannot overflow for scales 2^-9 (S = 32 * 6 * 2^118), the block
+    # model's inner partial 16 * 6 * 2^127 does
+    assert not bool(plain.overflow_possible[0, 0]) and bool(blk.overflow_possible[0, 0])
+    # zero scale in block 0: the block kernel computes inf * 0 = NaN; exact is 6 * 2^-9 * 2^127 * 16 finite
+    assert torch.isfinite(blk.exact[0, 1])
+    k = torch.tensor([[math.inf, math.nan, math.inf], [0.0, 0.0, 0.0]])
+    k[1] = X.round_exact("gate_up", blk)[1]
+    ok = check_accumulator(k, blk)
+    assert ok[0].tolist() == [True, True, True] and ok[1].tolist() == [True, True, True]
+    assert not bool(blk.overflow_possible[1].any())
+    # slicing keeps the inner sums; a block model without them (BF16 path) uses abs_sum
+    assert blk[:, :2].inner_abs_sum.shape == (2, 2)
+    bf = dot_accumulate(tbf([[2.0**120] * 16]), tbf([[1.0] * 16])).with_model(block_model(16))
+    assert bf.inner_abs_sum is None and not bool(bf.overflow_possible[0, 0])

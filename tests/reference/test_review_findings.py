@@ -1,8 +1,8 @@
 """Review findings against the golden model (flint_moe.reference), one test per bug.
 
 Each test asserts the behaviour the specification (shared/notes/flint-rule.md) requires, with the expected
-value derived independently in the comments (exact rationals / IEEE reasoning, no package code), and is
-marked xfail(strict=True) until the bug is fixed.
+value derived independently in the comments (exact rationals / IEEE reasoning, no package code). Both were
+marked xfail(strict=True) until fixed in flint_moe/reference/exact.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import math
 import struct
 from fractions import Fraction
 
-import pytest
 import torch
 
 import flint_moe.reference as R
@@ -33,11 +32,6 @@ def _rn32(q: Fraction) -> float:
     return float(n * quantum)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="exact.py: block-regrouped model misses overflow of the unscaled block partial sum(code*x); a "
-    "kernel following the documented grouping returns inf and check_accumulator rejects it",
-)
 def test_block_model_inner_partial_overflow_is_certified():
     # One NVFP4 row, H = 16 (one block): x[h] = 2^127 (a bf16 value), code 7 (E2M1 value 6), scale byte 0x01
     # (E4M3 subnormal 2^-9). Terms t_h = 6 * 2^-9 * 2^127 = 1.5 * 2^120; exact sum = 16 * 1.5 * 2^120 =
@@ -66,11 +60,6 @@ def test_block_model_inner_partial_overflow_is_certified():
     assert bool(X.check_accumulator(kernel, acc)[0, 0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="exact.py: Accumulation.exact is a float64 sum, not exact; round_exact double-rounds it, so the "
-    "golden fp32 accumulator is not RN32(exact) and depends on BLAS order (batch size / device)",
-)
 def test_round_exact_is_correctly_rounded_sum():
     # x = [1, 2^-12, 2^-35], w = [1, 2^-12, 2^-35] (all bf16 values): terms 1, 2^-24, 2^-70.
     # Exact sum S = 1 + 2^-24 + 2^-70. In binary32 the neighbours are 1 and 1 + 2^-23 with midpoint
