@@ -228,14 +228,114 @@ def sweep(out_dir: str) -> int:
     return 1 if n_bad else 0
 
 
+#: Round 3 (codes as int32 words, WORDS): variant -> (gate/up config, down config); "new" = the defaults.
+WORDS_SWEEP = {
+    "new": (None, None),
+    "gu-Wpf": ({"WORDS": True, "PREFETCH": True}, None),
+    "gu-Wpf-BN4w2": ({"WORDS": True, "PREFETCH": True, "BN": 4, "num_warps": 2}, None),
+    "gu-Wpf-BN8w4": ({"WORDS": True, "PREFETCH": True, "BN": 8, "num_warps": 4}, None),
+    "gu-Wpf-BN16w4": ({"WORDS": True, "PREFETCH": True, "BN": 16, "num_warps": 4}, None),
+    "dn-W": (None, {"WORDS": True}),
+    "dn-W-BH32w4": (None, {"WORDS": True, "BH": 32, "num_warps": 4}),
+}
+
+
+def sweep_words(out_dir: str) -> int:
+    """Round 3 (one device call): bit checks of every ``WORDS_SWEEP`` variant against the defaults at
+    DeepSeek-V3 M = 1, 8 and at H 2880 x I 704 (partial K steps), CUDA-graph timings (gate/up alone, down
+    alone, both) at DeepSeek-V3 M = 1 and 8, then the fastest gate/up variant vs the default on the other models
+    at M = 1."""
+    from flint_moe.kernels.nvfp4_down import nvfp4_down
+    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
+    from _nvfp4_check import make_inputs, same
+
+    t0 = time.time()
+    bw = copy_bw()
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    res = {"copy_bw": bw, "checks": [], "times": []}
+    md = os.path.join(out_dir, "words.md")
+
+    def check(mname, cfg, variants, Ms=(1, 8)):
+        w = random_weights(cfg["E"], cfg["H"], cfg["I"], seed=3)
+        for M in Ms:
+            x, ids, tw, sh = make_inputs(M, cfg["H"], cfg["E"], cfg["k"], seed=M, device="cuda")
+            ref_act = nvfp4_gate_up(x, ids, w)
+            ref = nvfp4_down(ref_act, ids, tw, w, sh)
+            for v in variants:
+                gu, dn = WORDS_SWEEP[v]
+                act = nvfp4_gate_up(x, ids, w, config=gu)
+                got = nvfp4_down(act, ids, tw, w, sh, config=dn)
+                got2 = nvfp4_down(nvfp4_gate_up(x, ids, w, config=gu), ids, tw, w, sh, config=dn)
+                ok = same(act, ref_act) and same(got, ref) and same(got2, ref)
+                res["checks"].append(dict(model=mname, M=M, variant=v, same=ok))
+                print(f"check {mname} M={M} {v}: {'same bits' if ok else 'BIT MISMATCH'} ({time.time() - t0:.0f} s)",
+                      flush=True)
+        del w
+        torch.cuda.empty_cache()
+
+    def timing(mname, M, variants):
+        w = None
+        for v in variants:
+            gu, dn = WORDS_SWEEP[v]
+            prep, w, sets = _prepare(model=mname, M=M, gu=gu, dn=dn, weights=w)
+            t_all = time_graph(prep.fn, prep.rotations)
+            acts = [nvfp4_gate_up(x, ids, w, config=gu) for (x, ids, tw, sh) in sets]
+            t_gu = time_graph(lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS)
+            t_dn = time_graph(
+                lambda i: nvfp4_down(acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w,
+                                     sets[i % CALLS][3], config=dn), CALLS)
+            r = dict(model=mname, M=M, variant=v, us=t_all * 1e6, gu_us=t_gu * 1e6, dn_us=t_dn * 1e6,
+                     frac=prep.bytes_moved / t_all / bw, mb=prep.bytes_moved / 1e6)
+            res["times"].append(r)
+            print(f"{mname:14s} M={M} {v:14s} all {r['us']:7.1f} us ({100 * r['frac']:4.1f}%)  gu {r['gu_us']:7.1f}"
+                  f"  dn {r['dn_us']:7.1f} ({time.time() - t0:.0f} s)", flush=True)
+        del w
+        torch.cuda.empty_cache()
+
+    def dump():
+        n_bad = sum(not c["same"] for c in res["checks"])
+        lines = [f"copy {bw / 1e12:.3f} TB/s; bit checks {len(res['checks'])}, mismatches {n_bad}",
+                 "| model | M | variant | all us | % copy | gu us | dn us |", "|---|---|---|---|---|---|---|"]
+        for r in res["times"]:
+            lines.append(f"| {r['model']} | {r['M']} | {r['variant']} | {r['us']:.1f} | {100 * r['frac']:.1f} | "
+                         f"{r['gu_us']:.1f} | {r['dn_us']:.1f} |")
+        with open(md, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(out_dir, "words.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        return n_bad, lines
+
+    allv = list(WORDS_SWEEP)
+    check("deepseek-v3", MODELS["deepseek-v3"], allv[1:])
+    timing("deepseek-v3", 1, allv)
+    dump()
+    check("partial", dict(E=9, H=2880, I=704, k=4), allv[1:])
+    dump()
+    gus = [r for r in res["times"] if r["variant"].startswith("gu-")]
+    best = min(gus, key=lambda r: r["gu_us"])["variant"]
+    timing("deepseek-v3", 8, ["new", best] + (["dn-W-BH32w4"] if "dn-W-BH32w4" != best else []))
+    dump()
+    for mname in ("qwen3-30b-a3b", "gpt-oss-120b"):
+        timing(mname, 1, ["new", best])
+        dump()
+    n_bad, lines = dump()
+    print("\n".join(lines))
+    return 1 if n_bad else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/bench-nvfp4"))
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default="default")
     ap.add_argument("--sweep", action="store_true", help="tuning sweep (bit checks + split timings)")
+    ap.add_argument("--words", action="store_true", help="round 3 sweep: int32-word code tiles (WORDS)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.words:
+        return sweep_words(args.out)
     if args.sweep:
         return sweep(args.out)
     bw = copy_bw()

@@ -46,6 +46,10 @@ from flint_moe.kernels._common import INTERPRET
 
 __all__ = [
     "decode_e2m1",
+    "decode_e2m1_words",
+    "block_partials_words",
+    "load_codes",
+    "code_partials",
     "block_partials",
     "swizzled_scale_offsets",
     "e4m3_to_f32",
@@ -175,6 +179,78 @@ def decode_e2m1(codes, DECODE: tl.constexpr):
 
 
 @triton.jit
+def decode_e2m1_words(words, DECODE: tl.constexpr):
+    """int32 code words (any shape; word = 4 code bytes, byte j at bits 8j..8j+7) -> 8 fp32 tensors of the
+    same shape: ``(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3)``, E2M1 of the low / high nibble of byte j.
+
+    Same PTX as ``decode_e2m1`` (``DECODE`` 2 / 1) with ``pack=1``: the asm takes the 32-bit word as loaded,
+    so no byte is unpacked into its own register and re-packed (``prmt``) before the decode. Identical values.
+    """
+    if DECODE == 2 and not _INTERPRET:
+        return tl.inline_asm_elementwise(
+            _DECODE_F16,
+            "=f,=f,=f,=f,=f,=f,=f,=f,r,r",
+            [words, tl.full(words.shape, 0x74007400, tl.int32)],
+            dtype=(tl.float32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+    elif DECODE == 1 and not _INTERPRET:
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            _DECODE_BF16,
+            "=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+            [words, tl.full(words.shape, 0x7E807E80, tl.int32)],
+            dtype=(tl.int32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+        return (
+            o0.to(tl.float32, bitcast=True),
+            o1.to(tl.float32, bitcast=True),
+            o2.to(tl.float32, bitcast=True),
+            o3.to(tl.float32, bitcast=True),
+            o4.to(tl.float32, bitcast=True),
+            o5.to(tl.float32, bitcast=True),
+            o6.to(tl.float32, bitcast=True),
+            o7.to(tl.float32, bitcast=True),
+        )
+    else:
+        return (
+            _e2m1_nibble_f32(words & 15),
+            _e2m1_nibble_f32((words >> 8) & 15),
+            _e2m1_nibble_f32((words >> 16) & 15),
+            _e2m1_nibble_f32((words >> 24) & 15),
+            _e2m1_nibble_f32((words >> 4) & 15),
+            _e2m1_nibble_f32((words >> 12) & 15),
+            _e2m1_nibble_f32((words >> 20) & 15),
+            _e2m1_nibble_f32((words >> 28) & 15),
+        )
+
+
+@triton.jit
+def _join4(a, b, c, d):
+    """[..., 4] with [..., j] = (a, b, c, d)[j] (tl.join appends the new axis last, hence the pairing)."""
+    return tl.join(tl.join(a, c), tl.join(b, d))
+
+
+@triton.jit
+def block_partials_words(words, xw, R: tl.constexpr, B: tl.constexpr, DECODE: tl.constexpr):
+    """``block_partials`` with the codes as int32 words [R, B // 4] (word i = code bytes 4i..4i+3 of the row).
+
+    Same values and the same order: the words are decoded to the [R, B] lo / hi tiles of ``block_partials``
+    (byte 4i + j = byte j of word i) and the rest is that function's code.
+    """
+    l0, l1, l2, l3, h0, h1, h2, h3 = decode_e2m1_words(words, DECODE)
+    lo = tl.reshape(_join4(l0, l1, l2, l3), [R, B])
+    hi = tl.reshape(_join4(h0, h1, h2, h3), [R, B])
+    xe = (xw << 16).to(tl.float32, bitcast=True)
+    xo = (xw & -65536).to(tl.float32, bitcast=True)
+    prod = tl.join(lo * xe[None, :], hi * xo[None, :])  # [R, B, 2]: element 2i, 2i + 1
+    prod = tl.reshape(prod, [R, B // 8, 16])
+    return tl.sum(prod, axis=2)
+
+
+@triton.jit
 def block_partials(codes, xw, R: tl.constexpr, B: tl.constexpr, DECODE: tl.constexpr):
     """fp32 [R, B // 8]: per 16-element block, sum of E2M1(code) * x in element order (module docstring)."""
     lo, hi = decode_e2m1(codes, DECODE)
@@ -183,6 +259,27 @@ def block_partials(codes, xw, R: tl.constexpr, B: tl.constexpr, DECODE: tl.const
     prod = tl.join(lo * xe[None, :], hi * xo[None, :])  # [R, B, 2]: element 2i, 2i + 1
     prod = tl.reshape(prod, [R, B // 8, 16])
     return tl.sum(prod, axis=2)
+
+
+@triton.jit
+def load_codes(w_row, k0, row_ok, BKB: tl.constexpr, WORDS: tl.constexpr):
+    """Codes of bytes [k0, k0 + BKB) of each row: uint8 [R, BKB], or int32 words [R, BKB / 4] with WORDS
+    (``w_row`` then int32 pointers)."""
+    if WORDS:
+        aw = tl.arange(0, BKB // 4)
+        return tl.load(w_row[:, None] + tl.multiple_of(k0 // 4 + aw, 4)[None, :], mask=row_ok[:, None], other=0)
+    else:
+        ar = tl.arange(0, BKB)
+        return tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=row_ok[:, None], other=0)
+
+
+@triton.jit
+def code_partials(codes, xw, R: tl.constexpr, BKB: tl.constexpr, DECODE: tl.constexpr, WORDS: tl.constexpr):
+    """``block_partials_words`` (WORDS) or ``block_partials`` of a ``load_codes`` tile (identical values)."""
+    if WORDS:
+        return block_partials_words(codes, xw, R, BKB, DECODE)
+    else:
+        return block_partials(codes, xw, R, BKB, DECODE)
 
 
 @triton.jit

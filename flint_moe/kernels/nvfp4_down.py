@@ -30,6 +30,8 @@ from flint_moe.kernels._common import (
 )
 from flint_moe.kernels._nvfp4_gemv import (
     block_partials,
+    code_partials,
+    load_codes,
     e4m3_to_f32,
     load_bytes,
     load_words,
@@ -41,8 +43,9 @@ __all__ = ["DOWN_CONFIG", "nvfp4_down", "audit_specs"]
 #: Launch configuration: ``BH`` hidden rows per program, ``BKB`` code bytes of a row per K step (a power of
 #: two >= 32; fixes the summation order, see the kernel docstring), ``num_warps``, ``PREFETCH`` (register
 #: double buffer of codes + scales), ``SPLIT`` (one program per (pair, row block)), ``COMBINE`` (1: the last
-#: arriving program combines; 0: a separate combine launch). Only ``BKB`` changes bits.
-DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1}
+#: arriving program combines; 0: a separate combine launch), ``WORDS`` (split kernel only: codes loaded and
+#: carried as int32 words, decoded 8 codes per asm; same values). Only ``BKB`` changes bits.
+DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1, "WORDS": False}
 
 
 @triton.jit
@@ -201,6 +204,7 @@ def _nvfp4_down_split_kernel(
     ASM: tl.constexpr,
     DECODE: tl.constexpr,
     PREFETCH: tl.constexpr,
+    WORDS: tl.constexpr,
     COMBINE: tl.constexpr,
     TAP: tl.constexpr,
 ):
@@ -237,40 +241,47 @@ def _nvfp4_down_split_kernel(
     s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
     acc = tl.full([BH, NB], 0.0, tl.float32)
     ar = tl.arange(0, BKB)
+    if WORDS:  # codes as int32 words (IPB is a multiple of 32: every row starts 16-byte aligned)
+        w_off = tl.multiple_of(e * (H * IPB // 4) + hc.to(tl.int64) * (IPB // 4), 4)
+        w_row = w_ptr.to(tl.pointer_type(tl.int32)) + w_off
     if PREFETCH and FULL > 0:
-        codes = tl.load(w_row[:, None] + ar[None, :], mask=h_ok[:, None], other=0)
+        codes = load_codes(w_row, 0, h_ok, BKB, WORDS)
         sb = load_bytes(s_row + s_off + 0, h_ok[:, None], ASM)
         for k0 in tl.range(BKB, FULL, BKB):
-            codes_n = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=h_ok[:, None], other=0)
+            codes_n = load_codes(w_row, k0, h_ok, BKB, WORDS)
             sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
             xw = load_words(a_row + (k0 - BKB) + ar, ar >= 0, ASM)
-            part = block_partials(codes, xw, BH, BKB, DECODE)
+            part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
             acc = tl.fma(part, e4m3_to_f32(sb), acc)
             codes = codes_n
             sb = sb_n
         xw = load_words(a_row + (FULL - BKB) + ar, ar >= 0, ASM)
-        part = block_partials(codes, xw, BH, BKB, DECODE)
+        part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
         acc = tl.fma(part, e4m3_to_f32(sb), acc)
     else:
         for k0 in tl.range(0, FULL, BKB):
-            codes = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=h_ok[:, None], other=0)
+            codes = load_codes(w_row, k0, h_ok, BKB, WORDS)
             sb = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
             xw = load_words(a_row + k0 + ar, ar >= 0, ASM)
-            part = block_partials(codes, xw, BH, BKB, DECODE)
+            part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
             acc = tl.fma(part, e4m3_to_f32(sb), acc)
     if FULL < IB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
         kb = FULL + ar
         cb = FULL // 8 + tl.arange(0, NB)
         k_ok = kb < IB
         c_ok = cb < IB // 8
-        codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & k_ok[None, :], other=0)
+        if WORDS:
+            kw = FULL // 4 + tl.arange(0, BKB // 4)
+            codes = tl.load(w_row[:, None] + kw[None, :], mask=h_ok[:, None] & (kw < IB // 4)[None, :], other=0)
+        else:
+            codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & k_ok[None, :], other=0)
         xw = load_words(a_row + kb % IB, k_ok, ASM)
         sb = load_bytes(
             s_row + swizzled_scale_offsets(hc[:, None], (cb % (IB // 8))[None, :], KP),
             h_ok[:, None] & c_ok[None, :],
             ASM,
         )
-        part = block_partials(codes, xw, BH, BKB, DECODE)
+        part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
         acc = tl.fma(part, e4m3_to_f32(sb), acc)
     y_acc = tl.sum(acc, axis=1)
     gs = tl.load(alpha_ptr + e)
@@ -391,6 +402,7 @@ def nvfp4_down(
             ASM=asm,
             DECODE=decode,
             PREFETCH=prefetch,
+            WORDS=bool(cfg["WORDS"]),
             COMBINE=combine,
             TAP=tap,
             num_warps=int(cfg["num_warps"]),
@@ -472,6 +484,7 @@ def audit_specs() -> list[str]:
                     "ASM": True,
                     "DECODE": 2,
                     "PREFETCH": DOWN_CONFIG["PREFETCH"],
+                    "WORDS": DOWN_CONFIG["WORDS"],
                     "COMBINE": DOWN_CONFIG["COMBINE"],
                     "TAP": tap,
                 },

@@ -27,8 +27,9 @@ from flint_moe.kernels._common import (
     register_audit,
 )
 from flint_moe.kernels._nvfp4_gemv import (
-    block_partials,
+    code_partials as _partials,
     e4m3_to_f32,
+    load_codes as _load_codes,
     load_bytes,
     load_words,
     swizzled_scale_offsets,
@@ -39,9 +40,13 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "audit_specs"]
 #: Launch configuration: ``BN`` intermediate columns per program (a divisor of 64), ``BKB`` code bytes of a
 #: row per K step (a power of two >= 64; each thread holds 16 consecutive bytes = 32 codes = 2 blocks of a
 #: row), ``num_warps``, ``PREFETCH`` (load step s + 1's codes and scales before step s's arithmetic; measured
-#: slower on the H200: 91 vs 61 us at DeepSeek-V3 M=1). ``BKB`` fixes the summation order (see the kernel
-#: docstring); ``BN``, ``num_warps`` and ``PREFETCH`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
-GATE_UP_CONFIG = {"BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": False}
+#: slower on the H200: 91 vs 61 us at DeepSeek-V3 M=1), ``WORDS`` (codes loaded and carried as int32 words
+#: [R, BKB / 4], decoded 8 codes per asm call with no byte unpack / ``prmt`` re-pack; same values and order;
+#: with PREFETCH it cuts the prefetch build from 253 to 182 registers (BN 8 / 2 warps) and 91 to 73 us, but no
+#: WORDS variant beat the default at both M = 1 and M = 8: docs/kernels/nvfp4-decode.md, round 3).
+#: ``BKB`` fixes the summation order (see the kernel docstring); ``BN``, ``num_warps``, ``PREFETCH`` and
+#: ``WORDS`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
+GATE_UP_CONFIG = {"BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": False, "WORDS": False}
 
 #: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), exact in fp32.
 SWIGLU_C = -1.44269502162933349609375
@@ -67,6 +72,7 @@ def _nvfp4_gate_up_kernel(
     ASM: tl.constexpr,
     DECODE: tl.constexpr,
     PREFETCH: tl.constexpr,
+    WORDS: tl.constexpr,
     TAP: tl.constexpr,
 ):
     """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
@@ -110,40 +116,47 @@ def _nvfp4_gate_up_kernel(
     s_off = swizzled_scale_offsets(prow[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
     acc = tl.full([R, NB], 0.0, tl.float32)
     ar = tl.arange(0, BKB)
+    if WORDS:  # codes as int32 words (HB is a multiple of 16, so every row starts 16-byte aligned)
+        w_off = tl.multiple_of(e * (2 * IP * HB // 4) + prow.to(tl.int64) * (HB // 4), 4)  # 16-byte aligned
+        w_row = w_ptr.to(tl.pointer_type(tl.int32)) + w_off
     if PREFETCH and FULL > 0:
-        codes = tl.load(w_row[:, None] + ar[None, :], mask=row_ok[:, None], other=0)
+        codes = _load_codes(w_row, 0, row_ok, BKB, WORDS)
         sb = load_bytes(s_row + s_off + 0, row_ok[:, None], ASM)
         for k0 in tl.range(BKB, FULL, BKB):
-            codes_n = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=row_ok[:, None], other=0)
+            codes_n = _load_codes(w_row, k0, row_ok, BKB, WORDS)
             sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
             xw = load_words(x_row + (k0 - BKB) + ar, ar >= 0, ASM)
-            part = block_partials(codes, xw, R, BKB, DECODE)
+            part = _partials(codes, xw, R, BKB, DECODE, WORDS)
             acc = tl.fma(part, e4m3_to_f32(sb), acc)
             codes = codes_n
             sb = sb_n
         xw = load_words(x_row + (FULL - BKB) + ar, ar >= 0, ASM)
-        part = block_partials(codes, xw, R, BKB, DECODE)
+        part = _partials(codes, xw, R, BKB, DECODE, WORDS)
         acc = tl.fma(part, e4m3_to_f32(sb), acc)
     else:
         for k0 in tl.range(0, FULL, BKB):
-            codes = tl.load(w_row[:, None] + (k0 + ar)[None, :], mask=row_ok[:, None], other=0)
+            codes = _load_codes(w_row, k0, row_ok, BKB, WORDS)
             sb = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
             xw = load_words(x_row + k0 + ar, ar >= 0, ASM)
-            part = block_partials(codes, xw, R, BKB, DECODE)
+            part = _partials(codes, xw, R, BKB, DECODE, WORDS)
             acc = tl.fma(part, e4m3_to_f32(sb), acc)
     if FULL < HB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
         kb = FULL + ar
         cb = FULL // 8 + tl.arange(0, NB)
         k_ok = kb < HB
         c_ok = cb < HB // 8
-        codes = tl.load(w_row[:, None] + kb[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        if WORDS:
+            kw = FULL // 4 + tl.arange(0, BKB // 4)
+            codes = tl.load(w_row[:, None] + kw[None, :], mask=row_ok[:, None] & (kw < HB // 4)[None, :], other=0)
+        else:
+            codes = tl.load(w_row[:, None] + kb[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
         xw = load_words(x_row + kb % HB, k_ok, ASM)
         sb = load_bytes(
             s_row + swizzled_scale_offsets(prow[:, None], (cb % (HB // 8))[None, :], KP),
             row_ok[:, None] & c_ok[None, :],
             ASM,
         )
-        part = block_partials(codes, xw, R, BKB, DECODE)
+        part = _partials(codes, xw, R, BKB, DECODE, WORDS)
         acc = tl.fma(part, e4m3_to_f32(sb), acc)
     tot = tl.sum(acc, axis=1)  # [R]
     u_acc, g_acc = tl.split(tl.reshape(tot, [BN, 2]))
@@ -273,6 +286,7 @@ def nvfp4_gate_up(
             ASM=asm,
             DECODE=decode,
             PREFETCH=bool(cfg["PREFETCH"]),
+            WORDS=bool(cfg["WORDS"]),
             TAP=tap,
             num_warps=int(cfg["num_warps"]),
             num_stages=1,
@@ -321,6 +335,7 @@ def audit_specs() -> list[str]:
                     "ASM": True,
                     "DECODE": 2,
                     "PREFETCH": GATE_UP_CONFIG["PREFETCH"],
+                    "WORDS": GATE_UP_CONFIG["WORDS"],
                     "TAP": tap,
                 },
                 [
