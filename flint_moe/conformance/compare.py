@@ -1,0 +1,656 @@
+"""Stage-by-stage comparison of one kernel run against the golden model, with teacher forcing (issue 5).
+
+``compare_case(case, inputs, taps, out) -> CaseResult``. Each order-free rule step is recomputed by the golden
+model (``flint_moe.reference``) from the kernel's OWN inputs to that step (its taps) and must match bit for
+bit; each long reduction (``router_acc``, ``gate_acc``, ``up_acc``, ``down_acc``) must lie within the golden
+model's certified bound for the kernel's documented summation order:
+
+================  ============================================================  =========================
+stage             golden value                                                  criterion
+================  ============================================================  =========================
+router_acc        exact ``x . Wr^T`` (plain fp32 RN model)                      within bound
+logits            ``bf16(router_acc)``                                          bits
+ids               totalOrder top-k of the kernel's ``logits``                   equal
+weights           steps 3-4 on the kernel's logits at the kernel's ``ids``      bits
+gate_acc/up_acc   exact ``x . W13^T`` of expert ``ids[m, j]``                   within bound
+act               SwiGLU of ``RN(gate_acc * gs1)``, ``RN(up_acc * gs1)``        bits
+                  (BF16 rule: of ``gate_acc``, ``up_acc`` directly)
+down_acc          exact ``act . W2^T`` on the kernel's ``act``                  within bound
+y                 ``bf16(RN(down_acc * gs2))`` (BF16: ``bf16(down_acc)``)        bits
+out               step-9 combine of the kernel's ``weights`` and ``y`` + shared  bits (returned output)
+================  ============================================================  =========================
+
+"bits": every element bitwise equal, NaN compared as NaN-ness (payloads ignored), signed zeros compared.
+Summation models: NVFP4 decode gate/up/down use the documented block regrouping ``block_model(16)``; the
+router and the BF16 kernels plain fp32 round-to-nearest in any order (``FP32_RN``); see the kernel docstrings
+in ``flint_moe/kernels``.
+
+Verdicts per stage: ``EXACT`` (all bits equal to the golden value; for an accumulation: to ``RN32`` of the
+exact sum), ``WITHIN-BOUND`` (accumulations: every element within the certified bound), ``FAIL``. The case
+verdict is the worst stage. Everything is per element; nothing is averaged.
+
+Interface with the case objects (duck-typed, docs/CONTRACTS.md "Issue 5"): ``case.id``, ``case.path``
+(``"nvfp4_decode"`` | ``"bf16_decode"``), ``case.k`` (optional ``shape``, ``M``, ``E``, ``H``, ``I``,
+``profile``, ``seed`` are copied into the result when present); ``inputs.x``, ``inputs.router_weight``,
+``inputs.shared``, ``inputs.weights_logical`` (or ``inputs.logical``; ``NVFP4Experts`` / ``BF16Experts``).
+The golden model runs
+on ``inputs.x``'s device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from flint_moe.reference.combine import add_shared, combine
+from flint_moe.reference.exact import (
+    FP32_RN,
+    Accumulation,
+    SummationModel,
+    block_model,
+    check_accumulator,
+    ulp_fp32,
+)
+from flint_moe.reference.experts import (
+    apply_global_scale,
+    down_accumulate,
+    down_accumulate_bf16,
+    down_output,
+    down_output_bf16,
+    gate_up_accumulate,
+    gate_up_accumulate_bf16,
+    swiglu,
+)
+from flint_moe.reference.routing import (
+    logits_from_accumulator,
+    renormalize,
+    router_accumulate,
+    routing_scores,
+    topk_total_order,
+)
+from flint_moe.reference.weights import BF16Experts, NVFP4Experts
+
+__all__ = [
+    "EXACT",
+    "WITHIN_BOUND",
+    "FAIL",
+    "VERDICT_ORDER",
+    "STAGES",
+    "ACCUMULATION_STAGES",
+    "PATH_MODELS",
+    "WARN_FACTOR",
+    "StageResult",
+    "CaseResult",
+    "compare_case",
+    "compare_bits",
+    "compare_accumulation",
+    "ulp_distance",
+    "worst_verdict",
+    "tensor_digest",
+]
+
+EXACT = "EXACT"
+WITHIN_BOUND = "WITHIN-BOUND"
+FAIL = "FAIL"
+#: Verdicts from best to worst (EXPLAINED will sit between WITHIN-BOUND and FAIL).
+VERDICT_ORDER = (EXACT, WITHIN_BOUND, FAIL)
+
+#: Stages in rule order (docs/CONTRACTS.md "Issue 5").
+STAGES = ("router_acc", "logits", "ids", "weights", "gate_acc", "up_acc", "act", "down_acc", "y", "out")
+ACCUMULATION_STAGES = ("router_acc", "gate_acc", "up_acc", "down_acc")
+
+#: Summation model of each path's expert reductions (the router is always FP32_RN).
+PATH_MODELS: dict[str, SummationModel] = {"nvfp4_decode": block_model(16), "bf16_decode": FP32_RN}
+
+#: WARNING when an accumulation error exceeds this many times the probabilistic estimate sqrt(d) * u * S.
+WARN_FACTOR = 10.0
+
+#: Coordinates listed per stage (first failures, worst warnings).
+MAX_COORDS = 5
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StageResult:
+    """Outcome of one stage of one case.
+
+    Fields:
+        stage: stage name (:data:`STAGES`). kind: ``"bits"`` (order-free step) or ``"accumulation"``.
+        verdict: EXACT / WITHIN-BOUND / FAIL.
+        elements: elements compared. mismatches: elements failing the stage's criterion (bits differ, or
+            outside the bound for accumulations). exact: elements bitwise equal to the golden value (for
+            accumulations: to RN32 of the exact sum).
+        max_ulp: largest ulp distance kernel vs golden over all elements (ordered-integer keys of the
+            kernel's dtype; inf where exactly one is NaN; None for integer stages such as ``ids``).
+        first_failures: up to 5 coordinates (index lists) of failing elements, in row-major order.
+        note: free text (why a stage could not be checked, what was compared).
+        Accumulations only: model (summation model name); max_err_ulps (largest ``|kernel - exact|`` in
+        binary32 ulps of the exact value); max_bound_fraction (largest ``|kernel - exact| / bound``);
+        warnings (elements whose error exceeds WARN_FACTOR * sqrt(d) * u * sum|terms|, see module docs) and
+        worst_warnings (up to 5 of them, worst first: {"index", "err_ulps", "ratio"}).
+    """
+
+    stage: str
+    kind: str
+    verdict: str
+    elements: int = 0
+    mismatches: int = 0
+    exact: int = 0
+    max_ulp: float | None = None
+    first_failures: list[list[int]] = field(default_factory=list)
+    note: str = ""
+    model: str | None = None
+    max_err_ulps: float | None = None
+    max_bound_fraction: float | None = None
+    warnings: int = 0
+    worst_warnings: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        """JSON-ready dict (non-finite floats written as the strings "inf" / "nan")."""
+        return _json_safe(asdict(self))
+
+
+@dataclass
+class CaseResult:
+    """Outcome of one case: the worst stage's verdict, every stage, output digests.
+
+    Fields:
+        case_id: ``case.id``. path: ``case.path``. verdict: worst stage verdict.
+        stages: one :class:`StageResult` per entry of :data:`STAGES` (in that order).
+        meta: case parameters (shape, M, k, E, H, I, profile, seed where the case has them; device).
+        digests: SHA-256 (hex) of the bytes of the returned output ``out`` and of every tap tensor.
+    """
+
+    case_id: str
+    path: str
+    verdict: str
+    stages: list[StageResult]
+    meta: dict = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
+
+    def stage(self, name: str) -> StageResult:
+        """The result of stage ``name`` (KeyError if absent)."""
+        for s in self.stages:
+            if s.stage == name:
+                return s
+        raise KeyError(f"no stage {name!r} in case {self.case_id}")
+
+    @property
+    def failed_stages(self) -> list[str]:
+        """Names of the stages whose verdict is FAIL."""
+        return [s.stage for s in self.stages if s.verdict == FAIL]
+
+    @property
+    def warnings(self) -> int:
+        """Total accumulation WARNING elements."""
+        return sum(s.warnings for s in self.stages)
+
+    def to_json(self) -> dict:
+        """JSON-ready dict: case_id, path, verdict, meta, digests, stages (list of dicts)."""
+        return {
+            "case_id": self.case_id,
+            "path": self.path,
+            "verdict": self.verdict,
+            "meta": _json_safe(dict(self.meta)),
+            "digests": dict(self.digests),
+            "stages": [s.to_json() for s in self.stages],
+        }
+
+
+def worst_verdict(verdicts) -> str:
+    """The worst of ``verdicts`` in :data:`VERDICT_ORDER` (EXACT for an empty sequence)."""
+    worst = 0
+    for v in verdicts:
+        if v not in VERDICT_ORDER:
+            raise ValueError(f"unknown verdict {v!r}; expected one of {VERDICT_ORDER}")
+        worst = max(worst, VERDICT_ORDER.index(v))
+    return VERDICT_ORDER[worst]
+
+
+def _json_safe(obj):
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """SHA-256 (hex) of a tensor's bytes in row-major order (dtype and shape are not part of the digest)."""
+    b = t.detach().contiguous().cpu().reshape(-1)
+    return hashlib.sha256(b.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Element-wise metrics
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _ordered_key(t: torch.Tensor) -> torch.Tensor:
+    """int64 key monotone in the value of a float tensor (+0 and -0 share key 0); NaN keys are meaningless."""
+    iv = _INT_VIEW[t.element_size()]
+    b = t.contiguous().view(iv).to(torch.int64)
+    mag_mask = (1 << (8 * t.element_size() - 1)) - 1
+    return torch.where(b < 0, -(b & mag_mask), b)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float64 ulp distance of two float tensors of one dtype/shape: |key(a) - key(b)| on the ordered
+    integer keys of the dtype (fp32: binary32 ulps, bf16: bf16 ulps); 0 where both are NaN, inf where exactly
+    one is NaN. +0 and -0 are at distance 0 (compare bits to see the sign)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise ValueError(f"ulp_distance: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}")
+    na, nb = torch.isnan(a), torch.isnan(b)
+    d = (_ordered_key(a) - _ordered_key(b)).abs().to(torch.float64)
+    d = torch.where(na & nb, 0.0, d)
+    return torch.where(na ^ nb, math.inf, d)
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bool mask: bitwise equal, NaN == NaN (payload ignored), +0 != -0."""
+    if not a.is_floating_point():
+        return a == b
+    na, nb = torch.isnan(a), torch.isnan(b)
+    iv = _INT_VIEW[a.element_size()]
+    eq = a.contiguous().view(iv) == b.contiguous().view(iv)
+    return torch.where(na | nb, na & nb, eq)
+
+
+def _coords(mask: torch.Tensor, limit: int = MAX_COORDS) -> list[list[int]]:
+    return (
+        [[int(i) for i in row] for row in torch.nonzero(mask)[:limit].tolist()]
+        if mask.dim()
+        else ([[]] if bool(mask) else [])
+    )
+
+
+def _shape_error(stage: str, kind: str, kernel, golden_shape, golden_dtype) -> StageResult | None:
+    if kernel is None:
+        return StageResult(stage, kind, FAIL, note=f"tap {stage!r} missing from the kernel's taps")
+    if not isinstance(kernel, torch.Tensor):
+        return StageResult(
+            stage, kind, FAIL, note=f"tap {stage!r} is a {type(kernel).__name__}, not a tensor"
+        )
+    if tuple(kernel.shape) != tuple(golden_shape) or kernel.dtype != golden_dtype:
+        return StageResult(
+            stage,
+            kind,
+            FAIL,
+            note=f"kernel {kernel.dtype} {tuple(kernel.shape)}, golden {golden_dtype} {tuple(golden_shape)}",
+        )
+    return None
+
+
+def compare_bits(
+    stage: str, kernel: torch.Tensor | None, golden: torch.Tensor, *, note: str = ""
+) -> StageResult:
+    """Order-free stage: every element of ``kernel`` must equal ``golden`` bit for bit (NaN as NaN-ness)."""
+    err = _shape_error(stage, "bits", kernel, golden.shape, golden.dtype)
+    if err is not None:
+        return err
+    kernel = kernel.detach().to(golden.device)
+    ok = _bits_equal(kernel, golden)
+    n = ok.numel()
+    bad = n - int(ok.sum())
+    max_ulp = None
+    if golden.is_floating_point() and n:
+        max_ulp = float(ulp_distance(kernel, golden).max())
+    return StageResult(
+        stage,
+        "bits",
+        EXACT if bad == 0 else FAIL,
+        elements=n,
+        mismatches=bad,
+        exact=n - bad,
+        max_ulp=max_ulp,
+        first_failures=_coords(~ok),
+        note=note,
+    )
+
+
+def compare_accumulation(
+    stage: str, kernel: torch.Tensor | None, acc: Accumulation, *, note: str = ""
+) -> StageResult:
+    """Accumulation stage: ``kernel`` fp32 within ``acc``'s certified bound everywhere (rule "Accumulation").
+
+    Also reports the observed error in ulps and as a fraction of the bound, and WARNING elements whose
+    error exceeds ``WARN_FACTOR * (sqrt(d) * u * S + eta_term)`` (d = the model's rounding depth, S the
+    exact sum of |terms|): what fp32 summation in any order practically never produces, e.g. a bf16
+    accumulation or a dropped small term.
+    """
+    err = _shape_error(stage, "accumulation", kernel, acc.shape, torch.float32)
+    if err is not None:
+        return err
+    kernel = kernel.detach().to(acc.exact.device)
+    ok = check_accumulator(kernel, acc, name=stage)
+    n = ok.numel()
+    bad = n - int(ok.sum())
+    rounded = acc.exact.to(torch.float32)
+    exact_bits = _bits_equal(kernel, rounded)
+    k64 = kernel.to(torch.float64)
+    fin = torch.isfinite(k64) & torch.isfinite(acc.exact)
+    abs_err = torch.where(fin, (k64 - acc.exact).abs(), 0.0)
+    err_ulps = abs_err / ulp_fp32(acc.exact)
+    frac = torch.where(acc.bound > 0, abs_err / acc.bound, torch.where(abs_err > 0, math.inf, 0.0))
+    model = acc.model
+    estimate = math.sqrt(model.depth(acc.n)) * model.u * acc.abs_sum + acc.eta_term
+    ratio = torch.where(estimate > 0, abs_err / estimate, torch.where(abs_err > 0, math.inf, 0.0))
+    warn = fin & (ratio > WARN_FACTOR)
+    worst = []
+    if bool(warn.any()):
+        flat = torch.where(warn, ratio, -1.0).reshape(-1)
+        top = torch.topk(flat, min(MAX_COORDS, int(warn.sum()))).indices
+        for f in top.tolist():
+            idx = [int(i) for i in torch.unravel_index(torch.tensor(f), ratio.shape)]
+            worst.append(
+                {
+                    "index": idx,
+                    "err_ulps": float(err_ulps.reshape(-1)[f]),
+                    "ratio": float(ratio.reshape(-1)[f]),
+                }
+            )
+    if bad:
+        verdict = FAIL
+    elif bool(exact_bits.all()):
+        verdict = EXACT
+    else:
+        verdict = WITHIN_BOUND
+    return StageResult(
+        stage,
+        "accumulation",
+        verdict,
+        elements=n,
+        mismatches=bad,
+        exact=int(exact_bits.sum()),
+        max_ulp=float(ulp_distance(kernel, rounded).max()) if n else None,
+        first_failures=_coords(~ok),
+        note=note,
+        model=model.name,
+        max_err_ulps=float(err_ulps.max()) if n else 0.0,
+        max_bound_fraction=float(frac.max()) if n else 0.0,
+        warnings=int(warn.sum()),
+        worst_warnings=worst,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Golden side helpers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _stack_acc(parts: list[Accumulation], shape: tuple[int, ...]) -> Accumulation:
+    """Stack per-row Accumulations [W] (same n / model) into one of ``shape`` (row-major)."""
+    a0 = parts[0]
+    inner = None
+    if all(p.inner_abs_sum is not None for p in parts):
+        inner = torch.stack([p.inner_abs_sum for p in parts]).reshape(shape)
+    return Accumulation(
+        torch.stack([p.exact for p in parts]).reshape(shape),
+        torch.stack([p.bound for p in parts]).reshape(shape),
+        torch.stack([p.abs_sum for p in parts]).reshape(shape),
+        torch.stack([p.eta_possible for p in parts]).reshape(shape),
+        a0.n,
+        a0.model,
+        inner,
+    )
+
+
+def _pad_acc(acc: Accumulation, width: int) -> Accumulation:
+    """Extend the last dim of a 1-D Accumulation with exact zero sums (bound 0: +0 or -0 accepted), for the
+    padded intermediate columns whose weights are zero."""
+    extra = width - acc.shape[-1]
+    if extra <= 0:
+        return acc
+
+    def z(t, fill):
+        return torch.cat([t, t.new_full((extra,), fill)])
+
+    inner = None if acc.inner_abs_sum is None else z(acc.inner_abs_sum, 0.0)
+    return Accumulation(
+        z(acc.exact, 0.0), z(acc.bound, 0.0), z(acc.abs_sum, 0.0), z(acc.eta_possible, False),
+        acc.n, acc.model, inner,
+    )  # fmt: skip
+
+
+def _tap(taps: dict, name: str, dev: torch.device):
+    t = taps.get(name)
+    return t.detach().to(dev) if isinstance(t, torch.Tensor) else t
+
+
+def _meta(case, inputs, dev) -> dict:
+    meta = {}
+    for key in ("shape", "shape_name", "M", "k", "E", "H", "I", "pad_to", "profile", "seed"):
+        v = getattr(case, key, None)
+        if v is not None:
+            meta[key] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    meta.setdefault("M", int(inputs.x.shape[0]))
+    meta["device"] = str(dev)
+    return meta
+
+
+def _logical_weights(inputs):
+    """``inputs.weights_logical`` (brief) or ``inputs.logical`` (cases.CaseInputs); clear error if neither."""
+    for name in ("weights_logical", "logical"):
+        w = getattr(inputs, name, None)
+        if w is not None:
+            return w
+    raise ValueError("inputs: no logical weights (expected attribute 'weights_logical' or 'logical')")
+
+
+def _pair_ok(ids: torch.Tensor | None, E: int, M: int, k: int) -> tuple[bool, str]:
+    if not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (M, k) or ids.dtype != torch.int32:
+        return False, "kernel ids unusable (missing or wrong shape/dtype): expert stages not checked"
+    if bool(((ids < 0) | (ids >= E)).any()):
+        return False, f"kernel ids outside [0, {E}): expert stages not checked"
+    return True, ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# compare_case
+# ---------------------------------------------------------------------------------------------------------
+
+
+def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
+    """Compare one kernel run (its taps and returned output) with the golden model, stage by stage.
+
+    Args:
+        case: object with ``id``, ``path`` ("nvfp4_decode" | "bf16_decode"), ``k``.
+        inputs: object with ``x`` bf16 [M, H], ``router_weight`` bf16 [E, H], ``shared`` bf16 [M, H],
+            ``weights_logical`` (``NVFP4Experts`` for nvfp4_decode, ``BF16Experts`` for bf16_decode).
+        taps: the dict the path's launcher filled (docs/CONTRACTS.md "Taps").
+        out: the kernel's returned output bf16 [M, H].
+    Returns:
+        :class:`CaseResult` with one :class:`StageResult` per stage of :data:`STAGES`.
+    Raises:
+        ValueError: unknown ``case.path``, or logical weights of the wrong kind for the path.
+        TypeError: ``taps`` not a dict.
+    """
+    path = case.path
+    if path not in PATH_MODELS:
+        raise ValueError(f"case {case.id}: unknown path {path!r}; expected one of {sorted(PATH_MODELS)}")
+    if not isinstance(taps, dict):
+        raise TypeError(f"taps: expected a dict, got {type(taps).__name__}")
+    wl = _logical_weights(inputs)
+    want = NVFP4Experts if path == "nvfp4_decode" else BF16Experts
+    if not isinstance(wl, want):
+        raise ValueError(
+            f"case {case.id}: path {path} needs weights_logical {want.__name__}, got {type(wl).__name__}"
+        )
+    model = PATH_MODELS[path]
+    x = inputs.x.detach()
+    dev = x.device
+    router_w = inputs.router_weight.detach().to(dev)
+    shared = inputs.shared.detach().to(dev)
+    k = int(case.k)
+    M, H = x.shape
+    E = router_w.shape[0]
+    t = {name: _tap(taps, name, dev) for name in STAGES}
+    res: dict[str, StageResult] = {}
+
+    # Steps 1-4: routing.
+    res["router_acc"] = compare_accumulation("router_acc", t["router_acc"], router_accumulate(x, router_w))
+    if isinstance(t["router_acc"], torch.Tensor) and t["router_acc"].dtype == torch.float32:
+        res["logits"] = compare_bits(
+            "logits", t["logits"], logits_from_accumulator(t["router_acc"].contiguous())
+        )
+    else:
+        res["logits"] = StageResult(
+            "logits", "bits", FAIL, note="router_acc tap unusable: logits not checked"
+        )
+    logits = t["logits"]
+    logits_ok = (
+        isinstance(logits, torch.Tensor) and logits.dtype == torch.bfloat16 and tuple(logits.shape) == (M, E)
+    )
+    if logits_ok:
+        res["ids"] = compare_bits("ids", t["ids"], topk_total_order(logits.contiguous(), k))
+    else:
+        res["ids"] = StageResult("ids", "bits", FAIL, note="logits tap unusable: ids not checked")
+    ids = t["ids"]
+    ids_ok, ids_note = _pair_ok(ids, E, M, k)
+    if logits_ok and ids_ok:
+        sel = torch.gather(logits, 1, ids.long())
+        res["weights"] = compare_bits(
+            "weights", t["weights"], renormalize(routing_scores(sel)), note="steps 3-4 at the kernel's ids"
+        )
+    else:
+        res["weights"] = StageResult("weights", "bits", FAIL, note=ids_note or "logits tap unusable")
+
+    # Steps 5-8: experts, one (token, slot) pair at a time at the kernel's expert ids.
+    if ids_ok:
+        res.update(_expert_stages(path, model, wl, x, ids, t, M, k, H))
+    else:
+        for name in ("gate_acc", "up_acc", "act", "down_acc", "y"):
+            kind = "accumulation" if name in ACCUMULATION_STAGES else "bits"
+            res[name] = StageResult(name, kind, FAIL, note=ids_note)
+
+    # Steps 9-10: combine (kernel weights and y) + shared, against the RETURNED output.
+    tw, y = t["weights"], t["y"]
+    if (
+        isinstance(tw, torch.Tensor) and tw.dtype == torch.float32 and tuple(tw.shape) == (M, k)
+        and isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and tuple(y.shape) == (M, k, H)
+    ):  # fmt: skip
+        gold_out = add_shared(combine(tw.contiguous(), y.contiguous()), shared)
+        r = compare_bits("out", out, gold_out, note="combine of the kernel's weights and y, plus shared")
+        tap_out = t["out"]
+        if (
+            isinstance(tap_out, torch.Tensor)
+            and isinstance(out, torch.Tensor)
+            and (tap_out.shape != out.shape or not bool(_bits_equal(tap_out, out.detach().to(dev)).all()))
+        ):
+            r.verdict = FAIL
+            r.note += "; taps['out'] differs from the returned output"
+        res["out"] = r
+    else:
+        res["out"] = StageResult("out", "bits", FAIL, note="weights or y tap unusable: out not checked")
+
+    digests = {}
+    if isinstance(out, torch.Tensor):
+        digests["out"] = tensor_digest(out)
+    for name, v in sorted(taps.items()):
+        if isinstance(v, torch.Tensor):
+            digests[f"taps.{name}"] = tensor_digest(v)
+    stages = [res[name] for name in STAGES]
+    return CaseResult(
+        case_id=str(case.id),
+        path=path,
+        verdict=worst_verdict(s.verdict for s in stages),
+        stages=stages,
+        meta=_meta(case, inputs, dev),
+        digests=digests,
+    )
+
+
+def _expert_stages(path, model, wl, x, ids, t, M, k, H) -> dict[str, StageResult]:
+    """gate_acc, up_acc, act, down_acc, y for every (token, slot) pair, teacher-forced."""
+    nv = path == "nvfp4_decode"
+    dev = x.device
+    I = wl.w13.shape[1] // 2  # noqa: E741  (logical intermediate size)
+    res: dict[str, StageResult] = {}
+    g_tap, u_tap, a_tap = t["gate_acc"], t["up_acc"], t["act"]
+    width = g_tap.shape[-1] if isinstance(g_tap, torch.Tensor) and g_tap.dim() == 3 else I
+    if width < I:
+        width = I
+    pairs = [(m, j, int(ids[m, j])) for m in range(M) for j in range(k)]
+    experts = sorted({e for _, _, e in pairs})
+
+    # gate/up accumulations: one golden call per distinct expert over all M tokens, rows picked per pair.
+    gu = {}
+    for e in experts:
+        w13 = wl.w13[e].to(dev)
+        if nv:
+            gu[e] = gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=model)
+        else:
+            gu[e] = gate_up_accumulate_bf16(x, w13, model=model)
+    g_parts = [_pad_acc(gu[e][m, :I], width) for m, _, e in pairs]
+    u_parts = [_pad_acc(gu[e][m, I:], width) for m, _, e in pairs]
+    note = f"{len(experts)} experts, padded columns {width - I}" if width > I else f"{len(experts)} experts"
+    res["gate_acc"] = compare_accumulation("gate_acc", g_tap, _stack_acc(g_parts, (M, k, width)), note=note)
+    res["up_acc"] = compare_accumulation("up_acc", u_tap, _stack_acc(u_parts, (M, k, width)), note=note)
+
+    # act from the kernel's own accumulators.
+    shape3 = (M, k, width)
+    g_ok = _usable(g_tap, shape3, torch.float32) and _usable(u_tap, shape3, torch.float32)
+    if g_ok:
+        if nv:
+            gs1 = wl.w13_gs.to(dev)
+            act_rows = [
+                swiglu(apply_global_scale(g_tap[m, j].contiguous(), gs1[e : e + 1]),
+                       apply_global_scale(u_tap[m, j].contiguous(), gs1[e : e + 1]))
+                for m, j, e in pairs
+            ]  # fmt: skip
+            gold_act = torch.stack(act_rows).reshape(shape3)
+        else:
+            gold_act = swiglu(g_tap.contiguous(), u_tap.contiguous())
+        res["act"] = compare_bits("act", a_tap, gold_act)
+    else:
+        res["act"] = StageResult("act", "bits", FAIL, note="gate_acc/up_acc taps unusable: act not checked")
+
+    # down accumulation on the kernel's act (logical I columns), one golden call per expert.
+    d_tap, y_tap = t["down_acc"], t["y"]
+    if _usable(a_tap, shape3, torch.bfloat16):
+        parts: list[Accumulation | None] = [None] * len(pairs)
+        for e in experts:
+            rows = [p for p, (_, _, pe) in enumerate(pairs) if pe == e]
+            act_e = torch.stack([a_tap[pairs[p][0], pairs[p][1], :I] for p in rows]).contiguous()
+            w2 = wl.w2[e].to(dev)
+            if nv:
+                acc = down_accumulate(act_e, w2, wl.w2_scale[e].to(dev), model=model)
+            else:
+                acc = down_accumulate_bf16(act_e, w2, model=model)
+            for r, p in enumerate(rows):
+                parts[p] = acc[r]
+        res["down_acc"] = compare_accumulation("down_acc", d_tap, _stack_acc(parts, (M, k, H)))
+    else:
+        res["down_acc"] = StageResult("down_acc", "accumulation", FAIL, note="act tap unusable: not checked")
+
+    # y from the kernel's own down accumulator.
+    if _usable(d_tap, (M, k, H), torch.float32):
+        if nv:
+            gs2 = wl.w2_gs.to(dev)
+            gold_y = torch.stack([down_output(d_tap[m, j].contiguous(), gs2[e : e + 1]) for m, j, e in pairs])
+            gold_y = gold_y.reshape(M, k, H)
+        else:
+            gold_y = down_output_bf16(d_tap.contiguous())
+        res["y"] = compare_bits("y", y_tap, gold_y)
+    else:
+        res["y"] = StageResult("y", "bits", FAIL, note="down_acc tap unusable: y not checked")
+    return res
+
+
+def _usable(t, shape, dtype) -> bool:
+    return isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(shape) and t.dtype == dtype

@@ -1,0 +1,152 @@
+"""Conformance reports: ``write_report(results, env, out_dir)`` -> report.json and summary.md (issue 5).
+
+report.json (schema :data:`SCHEMA`): ``{"schema", "env", "totals", "cases": [CaseResult.to_json(), ...]}``,
+each case with its per-stage metrics and verdicts and the SHA-256 of every output tensor (``digests``).
+summary.md (for a pull request): the backend line first (on the CPU it says bit-exactness is not claimed:
+the interpreter runs the golden model's emulations of the rounding instructions), a table path x shape x M
+with verdict, exact %, max ulp, worst accumulation error and failures, then the details of each failure.
+Each file must stay below :data:`MAX_BYTES`; the details are truncated to fit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from .compare import ACCUMULATION_STAGES, FAIL, VERDICT_ORDER, CaseResult
+
+__all__ = ["SCHEMA", "MAX_BYTES", "write_report", "report_dict", "summary_markdown", "backend_line"]
+
+SCHEMA = "flint-moe-conformance/1"
+#: Every report file stays under 16 MiB.
+MAX_BYTES = 16 * 2**20
+#: Failing cases detailed in summary.md (the rest are only in the table and report.json).
+MAX_DETAILED = 50
+
+
+def backend_line(env: dict) -> str:
+    """One prominent line naming the backend; on a CPU backend it says bit-exactness is not claimed."""
+    backend = str(env.get("backend", "unknown"))
+    gpu = env.get("gpu")
+    low = backend.lower()
+    if gpu and "cpu" not in low and "interpret" not in low:
+        return (
+            f"**Backend: {backend} ({gpu}).** Bit-exactness of the rounding instructions is measured on "
+            "this GPU."
+        )
+    return (
+        f"**Backend: {backend}.** CPU run (Triton interpreter): the rounding instructions run the golden "
+        "model's emulations, so bit-exactness is not claimed; run the `gpu` profile on the H200 for that."
+    )
+
+
+def report_dict(results: list[CaseResult], env: dict) -> dict:
+    """The report.json content (JSON-ready)."""
+    totals = Counter(r.verdict for r in results)
+    return {
+        "schema": SCHEMA,
+        "env": dict(env),
+        "totals": {v: int(totals.get(v, 0)) for v in VERDICT_ORDER} | {"cases": len(results)},
+        "cases": [r.to_json() for r in results],
+    }
+
+
+def _fmt(v, spec: str = ".3g") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if isinstance(v, float) else str(v)
+
+
+def _row(r: CaseResult) -> str:
+    n = sum(s.elements for s in r.stages)
+    ex = sum(s.exact for s in r.stages)
+    pct = f"{100.0 * ex / n:.2f}" if n else "-"
+    bits = [s.max_ulp for s in r.stages if s.kind == "bits" and s.max_ulp is not None]
+    accs = [s for s in r.stages if s.stage in ACCUMULATION_STAGES and s.max_bound_fraction is not None]
+    worst = max(accs, key=lambda s: s.max_bound_fraction, default=None)
+    acc = "-" if worst is None else f"{_fmt(worst.max_err_ulps)} ulp ({_fmt(worst.max_bound_fraction)} bound)"
+    failures = ", ".join(f"{s.stage}:{s.mismatches}" for s in r.stages if s.verdict == FAIL) or "-"
+    shape = r.meta.get("shape", "-")
+    m = r.meta.get("M", "-")
+    return (
+        f"| {r.path} | {shape} | {m} | `{r.case_id}` | **{r.verdict}** | {pct} "
+        f"| {_fmt(max(bits, default=None))} | {acc} | {r.warnings} | {failures} |"
+    )
+
+
+def _details(r: CaseResult) -> list[str]:
+    lines = [f"### `{r.case_id}`: {r.verdict}", ""]
+    for s in r.stages:
+        if s.verdict != FAIL and not s.warnings:
+            continue
+        lines.append(
+            f"- **{s.stage}** {s.verdict}: {s.mismatches} of {s.elements} elements; "
+            f"max ulp {_fmt(s.max_ulp)}; first failing {s.first_failures}"
+            + (f"; note: {s.note}" if s.note else "")
+        )
+        if s.kind == "accumulation" and s.max_bound_fraction is not None:
+            lines.append(
+                f"  - model {s.model}: max |kernel-exact| {_fmt(s.max_err_ulps)} ulp = "
+                f"{_fmt(s.max_bound_fraction)} x bound; WARNING elements {s.warnings}"
+                + (f", worst {s.worst_warnings}" if s.worst_warnings else "")
+            )
+    return lines + [""]
+
+
+def summary_markdown(results: list[CaseResult], env: dict) -> str:
+    """The summary.md text."""
+    totals = Counter(r.verdict for r in results)
+    lines = [
+        "# flint-moe conformance",
+        "",
+        backend_line(env),
+        "",
+        "Totals: "
+        + ", ".join(f"{v} {totals.get(v, 0)}" for v in VERDICT_ORDER)
+        + f" (of {len(results)} cases)",
+        "",
+        "| path | shape | M | case | verdict | exact % | max ulp | worst accumulation | warnings "
+        "| failures |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [_row(r) for r in results]
+    lines += [
+        "",
+        "exact %: elements bitwise equal to the golden value over all stages (accumulations: to RN32 of the "
+        "exact sum); max ulp: order-free stages; worst accumulation: max |kernel - exact| in fp32 ulps "
+        "and as a fraction of the certified bound; failures: stage:count.",
+        "",
+    ]
+    failing = [r for r in results if r.verdict == FAIL or r.warnings]
+    lines += ["## Failures", ""]
+    if not failing:
+        lines += ["None.", ""]
+    for r in failing[:MAX_DETAILED]:
+        lines += _details(r)
+    if len(failing) > MAX_DETAILED:
+        lines += [f"... and {len(failing) - MAX_DETAILED} more (see report.json).", ""]
+    env_lines = [f"- {k}: {v}" for k, v in env.items()]
+    return "\n".join(lines + ["## Environment", ""] + env_lines) + "\n"
+
+
+def write_report(results: list[CaseResult], env: dict, out_dir) -> dict[str, Path]:
+    """Write report.json and summary.md into ``out_dir`` (created if needed).
+
+    Returns ``{"json": Path, "summary": Path}``. Raises ValueError if a file would reach 16 MiB (report.json:
+    the caller should split the run; summary.md is truncated automatically first).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(report_dict(results, env), indent=1, allow_nan=False)
+    if len(data.encode()) >= MAX_BYTES:
+        raise ValueError(
+            f"report.json would be {len(data.encode())} bytes (limit {MAX_BYTES}); split the run"
+        )
+    md = summary_markdown(results, env)
+    if len(md.encode()) >= MAX_BYTES:
+        md = md.encode()[: MAX_BYTES - 200].decode(errors="ignore") + "\n\n(truncated: see report.json)\n"
+    paths = {"json": out / "report.json", "summary": out / "summary.md"}
+    paths["json"].write_text(data)
+    paths["summary"].write_text(md)
+    return paths
