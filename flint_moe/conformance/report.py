@@ -75,6 +75,10 @@ def _row(r: CaseResult) -> str:
     )
 
 
+def _warn_text(worst: list[dict]) -> str:
+    return "; ".join(f"{w['index']}: {w['err_ulps']:.3g} ulp, {w['ratio']:.3g}x estimate" for w in worst)
+
+
 def _details(r: CaseResult) -> list[str]:
     lines = [f"### `{r.case_id}`: {r.verdict}", ""]
     for s in r.stages:
@@ -89,7 +93,7 @@ def _details(r: CaseResult) -> list[str]:
             lines.append(
                 f"  - model {s.model}: max |kernel-exact| {_fmt(s.max_err_ulps)} ulp = "
                 f"{_fmt(s.max_bound_fraction)} x bound; WARNING elements {s.warnings}"
-                + (f", worst {s.worst_warnings}" if s.worst_warnings else "")
+                + (f", worst {_warn_text(s.worst_warnings)}" if s.worst_warnings else "")
             )
     return lines + [""]
 

@@ -349,6 +349,14 @@ def test_mutation_out_element(built) -> None:
     assert (res.stage("out").mismatches, res.stage("out").first_failures) == (1, [[0, 3]])
 
 
+def test_cases_inputs_attribute_name(bf16) -> None:
+    """cases.CaseInputs names the logical weights ``logical``; compare_case accepts it too."""
+    case, inputs, taps, out = bf16
+    alt = SimpleNamespace(x=inputs.x, router_weight=inputs.router_weight, shared=inputs.shared,
+                          logical=inputs.weights_logical)  # fmt: skip
+    assert compare_case(case, alt, taps, out).verdict != FAIL
+
+
 def test_missing_tap_fails_clearly(nvfp4) -> None:
     case, inputs, taps, out = nvfp4
     t = dict(taps)
