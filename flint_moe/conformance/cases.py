@@ -1,0 +1,229 @@
+"""The conformance case matrix: path x shape x token count x data profile x seed, each case reproducible from
+its id (issue 5; docs/CONTRACTS.md "Issue 5").
+
+- ``Case``: frozen dataclass; ``Case.id`` is ``<path>/<shape>/M<m>/<profile>/s<seed>`` (e.g.
+  ``nvfp4_decode/deepseek-v3/M1/gaussian/s0``) and ``Case.from_id(id)`` rebuilds it (sizes from ``SHAPES``).
+- ``SHAPES``: the real layers of ``flint_moe.shapes.MODEL_SHAPES`` (plus an intermediate-padded gpt-oss
+  variant) and scaled-down CPU shapes keeping the production divisibility (E not a power of two; H a
+  multiple of 32 (NVFP4) or 64 (BF16 BlockMajorK), not a power of two; I a multiple of 64 only, or padded).
+- ``matrix("cpu" | "gpu")``: the case list of a profile.
+- ``make_inputs(case, device) -> CaseInputs``: deterministic inputs (data profiles in
+  ``flint_moe.conformance.profiles``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from flint_moe.shapes import MODEL_SHAPES
+
+__all__ = [
+    "PATH_NAMES",
+    "PATH_PROFILES",
+    "SHAPES",
+    "Case",
+    "CaseInputs",
+    "ShapeSpec",
+    "make_inputs",
+    "matrix",
+]
+
+#: Kernel paths of this slice (``flint_moe.conformance.paths.PATHS`` keys).
+PATH_NAMES = ("nvfp4_decode", "bf16_decode")
+
+#: Data profiles each path supports (docs/CONTRACTS.md "Issue 5"; generators in ``profiles.py``).
+#: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
+#: 2^-20..2^4 and ``zero_blocks`` zeroes 64-element (BlockMajorK) blocks.
+PATH_PROFILES: dict[str, tuple[str, ...]] = {
+    "nvfp4_decode": (
+        "gaussian", "heavy_tailed", "tied_logits", "skewed_routing", "global_scales", "e4m3_scales",
+        "zero_blocks", "poisoned_padding", "asymmetric", "tiny_sigmoids", "modelopt",
+    ),
+    "bf16_decode": (
+        "gaussian", "heavy_tailed", "tied_logits", "skewed_routing", "global_scales", "zero_blocks",
+        "asymmetric", "tiny_sigmoids",
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    """One layer shape: E experts, hidden H, logical intermediate I, top_k; ``pad_to``: the stored
+    intermediate size is roundup(I, pad_to) (per half of w13; ``flint_moe.layouts.padding``), None = as is."""
+
+    name: str
+    E: int
+    H: int
+    I: int  # noqa: E741
+    k: int
+    pad_to: int | None = None
+
+
+def _cpu(E: int, H: int, I: int, k: int, pad_to: int | None = None) -> ShapeSpec:  # noqa: E741
+    name = f"cpu-E{E}-H{H}-I{I}" + (f"-P{pad_to}" if pad_to else "") + f"-k{k}"
+    return ShapeSpec(name, E, H, I, k, pad_to)
+
+
+#: Scaled-down CPU shapes (interpreter-sized): NVFP4 needs H % 32 == 0, BF16 H % 64 == 0, both I % 64 == 0
+#: after padding.
+CPU_SHAPES = {
+    "nvfp4_decode": (_cpu(6, 96, 64, 3), _cpu(10, 160, 192, 3), _cpu(6, 96, 48, 3, pad_to=64)),
+    "bf16_decode": (_cpu(6, 192, 192, 3), _cpu(10, 320, 64, 3), _cpu(6, 192, 96, 3, pad_to=128)),
+}
+
+#: Real layers (shared/notes/models-and-formats.md) and one padded variant (gpt-oss I = 2880 padded to 128,
+#: as FlashInfer's TRT-LLM BF16 launcher needs).
+REAL_SHAPES = tuple(
+    ShapeSpec(s.name, s.num_experts, s.hidden, s.intermediate, s.top_k) for s in MODEL_SHAPES.values()
+) + (ShapeSpec("gpt-oss-120b-p128", 128, 2880, 2880, 4, pad_to=128),)
+
+SHAPES: dict[str, ShapeSpec] = {
+    s.name: s for s in (*REAL_SHAPES, *CPU_SHAPES["nvfp4_decode"], *CPU_SHAPES["bf16_decode"])
+}
+
+_ID_RE = re.compile(r"^(?P<path>[a-z0-9_]+)/(?P<shape>[A-Za-z0-9_.\-]+)/M(?P<M>\d+)/(?P<profile>[a-z0-9_]+)/s(?P<seed>\d+)$")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance case. ``shape`` names a ``SHAPES`` entry; E, H, I, k, pad_to are copied from it.
+
+    Fields: path (``PATH_NAMES``), shape, E, H, I (logical intermediate), k, M (tokens), profile (data
+    profile, ``PATH_PROFILES[path]``), seed (int >= 0), pad_to (stored intermediate alignment or None).
+    """
+
+    path: str
+    shape: str
+    E: int
+    H: int
+    I: int  # noqa: E741
+    k: int
+    M: int
+    profile: str
+    seed: int = 0
+    pad_to: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.path not in PATH_NAMES:
+            raise ValueError(f"Case: unknown path {self.path!r} (known: {', '.join(PATH_NAMES)})")
+        if self.profile not in PATH_PROFILES[self.path]:
+            raise ValueError(
+                f"Case: profile {self.profile!r} not defined for path {self.path!r} "
+                f"(known: {', '.join(PATH_PROFILES[self.path])})"
+            )
+        if self.M < 1 or self.seed < 0 or not 1 <= self.k <= self.E:
+            raise ValueError(f"Case: need M >= 1, seed >= 0, 1 <= k <= E; got M={self.M} seed={self.seed} "
+                             f"k={self.k} E={self.E}")  # fmt: skip
+
+    @classmethod
+    def make(cls, path: str, shape: str | ShapeSpec, M: int, profile: str, seed: int = 0) -> Case:
+        """Case of a registered shape (sizes from ``SHAPES``)."""
+        s = shape if isinstance(shape, ShapeSpec) else _shape(shape)
+        return cls(path, s.name, s.E, s.H, s.I, s.k, M, profile, seed, s.pad_to)
+
+    @property
+    def id(self) -> str:
+        """``<path>/<shape>/M<m>/<profile>/s<seed>``."""
+        return f"{self.path}/{self.shape}/M{self.M}/{self.profile}/s{self.seed}"
+
+    @property
+    def Ip(self) -> int:  # noqa: N802
+        """Stored (padded) intermediate size."""
+        return self.I if self.pad_to is None else -(-self.I // self.pad_to) * self.pad_to
+
+    @classmethod
+    def from_id(cls, case_id: str) -> Case:
+        """Rebuild a case from its id. ValueError on a malformed id or an unknown path/shape/profile."""
+        m = _ID_RE.match(case_id)
+        if m is None:
+            raise ValueError(f"case id {case_id!r}: expected <path>/<shape>/M<m>/<profile>/s<seed>")
+        return cls.make(m["path"], m["shape"], int(m["M"]), m["profile"], int(m["seed"]))
+
+
+def _shape(name: str) -> ShapeSpec:
+    try:
+        return SHAPES[name]
+    except KeyError:
+        raise ValueError(f"unknown shape {name!r} (known: {', '.join(SHAPES)})") from None
+
+
+@dataclass
+class CaseInputs:
+    """Everything a path and the golden model need for one case (all on one device).
+
+    Fields:
+        x: bf16 [M, H] tokens. router_weight: bf16 [E, H]. shared: bf16 [M, H] shared-expert output.
+        logical: the golden model's weights in checkpoint layout, logical (unpadded) I:
+            ``reference.weights.NVFP4Experts`` (nvfp4_decode) or ``BF16Experts`` (bf16_decode).
+        stored: what the kernel reads: ``layouts.FlintMoEWeights`` (nvfp4_decode) or
+            ``(g1, g2, row_maps)`` of ``layouts.to_trtllm_bf16`` / ``trtllm_bf16_row_maps`` (bf16_decode).
+        notes: profile facts for tests and reports (e.g. ``poison_bytes``, ``tie_levels``).
+    """
+
+    x: torch.Tensor
+    router_weight: torch.Tensor
+    shared: torch.Tensor
+    logical: object
+    stored: object
+    notes: dict
+
+
+def matrix(profile: str) -> list[Case]:
+    """The case list of a run profile: ``"cpu"`` (interpreter-sized, ~20 cases) or ``"gpu"`` (real layers,
+    >= 200 cases incl. DeepSeek-V3). Cases sharing weights are adjacent (``make_inputs`` caches them)."""
+    if profile == "cpu":
+        return _cpu_matrix()
+    if profile == "gpu":
+        return _gpu_matrix()
+    raise ValueError(f"matrix: profile must be 'cpu' or 'gpu', got {profile!r}")
+
+
+def _cpu_matrix() -> list[Case]:
+    a, b, c = CPU_SHAPES["nvfp4_decode"]
+    d, e, f = CPU_SHAPES["bf16_decode"]
+    nv = [
+        (a, 1, "gaussian"), (a, 3, "heavy_tailed"), (a, 3, "tied_logits"), (a, 4, "skewed_routing"),
+        (a, 2, "tiny_sigmoids"), (a, 2, "global_scales"), (a, 2, "e4m3_scales"), (a, 2, "zero_blocks"),
+        (a, 2, "poisoned_padding"), (a, 2, "asymmetric"), (a, 2, "modelopt"),
+        (a, 8, "gaussian"), (b, 2, "gaussian"), (c, 2, "gaussian"), (c, 1, "poisoned_padding"),
+    ]  # fmt: skip
+    bf = [(d, 1, "gaussian"), (d, 3, "tied_logits"), (d, 2, "asymmetric"), (e, 8, "gaussian"), (f, 2, "gaussian")]
+    return [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv] + [
+        Case.make("bf16_decode", s, m, p) for s, m, p in bf
+    ]
+
+
+#: Real shapes small enough to quantize with the ModelOpt recipe (``modelopt`` profile) on the device.
+_MODELOPT_MAX_PARAMS = 3 * 2**28
+_GPU_M_CYCLE = (1, 2, 3, 5, 8, 4, 7, 6)
+
+
+def _gpu_matrix() -> list[Case]:
+    from flint_moe.conformance.profiles import weight_key
+
+    cases = []
+    for path in PATH_NAMES:
+        for s in REAL_SHAPES:
+            profs = [p for p in PATH_PROFILES[path] if p != "gaussian"]
+            if s.E * s.H * s.I * 3 > _MODELOPT_MAX_PARAMS and "modelopt" in profs:
+                profs.remove("modelopt")
+            group = [Case.make(path, s, m, "gaussian") for m in range(1, 9)]  # both sides of every M <= 8
+            group += [Case.make(path, s, _GPU_M_CYCLE[j % 8], p) for j, p in enumerate(profs)]
+            group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
+            cases += group
+    return cases
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
+    """Deterministic inputs of ``case`` on ``device`` (same id and device -> same bytes).
+
+    Random draws come from ``torch.Generator``s on ``device`` seeded from the case id (weights from the
+    weight-relevant part only, so cases differing in M / routing profile share weights and a one-entry cache
+    reuses them). Raises ValueError for a case whose sizes the path's layout rejects.
+    """
+    from flint_moe.conformance.profiles import build_inputs
+
+    return build_inputs(case, torch.device(device))
