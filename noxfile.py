@@ -55,3 +55,12 @@ def lint(session: nox.Session) -> None:
     """ruff check over the package, tests and noxfile."""
     session.install("ruff")
     session.run("ruff", "check", "flint_moe", "tests", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def conformance(session: nox.Session) -> None:
+    """Main job: every kernel path against the golden model (python -m flint_moe.conformance). Args after
+    ``--`` pass through (--profile auto|cpu|gpu, --filter S, --out DIR); default profile auto: gpu when CUDA
+    is available, else cpu (Triton interpreter)."""
+    _install(session, "test")
+    session.run("python", "-m", "flint_moe.conformance", *(session.posargs or ["--profile", "auto"]))

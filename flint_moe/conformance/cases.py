@@ -84,7 +84,9 @@ SHAPES: dict[str, ShapeSpec] = {
     s.name: s for s in (*REAL_SHAPES, *CPU_SHAPES["nvfp4_decode"], *CPU_SHAPES["bf16_decode"])
 }
 
-_ID_RE = re.compile(r"^(?P<path>[a-z0-9_]+)/(?P<shape>[A-Za-z0-9_.\-]+)/M(?P<M>\d+)/(?P<profile>[a-z0-9_]+)/s(?P<seed>\d+)$")
+_ID_RE = re.compile(
+    r"^(?P<path>[a-z0-9_]+)/(?P<shape>[A-Za-z0-9_.\-]+)/M(?P<M>\d+)/(?P<profile>[a-z0-9_]+)/s(?P<seed>\d+)$"
+)
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,13 @@ def _cpu_matrix() -> list[Case]:
         (a, 2, "poisoned_padding"), (a, 2, "asymmetric"), (a, 2, "modelopt"),
         (a, 8, "gaussian"), (b, 2, "gaussian"), (c, 2, "gaussian"), (c, 1, "poisoned_padding"),
     ]  # fmt: skip
-    bf = [(d, 1, "gaussian"), (d, 3, "tied_logits"), (d, 2, "asymmetric"), (e, 8, "gaussian"), (f, 2, "gaussian")]
+    bf = [
+        (d, 1, "gaussian"),
+        (d, 3, "tied_logits"),
+        (d, 2, "asymmetric"),
+        (e, 8, "gaussian"),
+        (f, 2, "gaussian"),
+    ]
     return [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv] + [
         Case.make("bf16_decode", s, m, p) for s, m, p in bf
     ]

@@ -19,7 +19,8 @@ __all__ = ["KernelPath", "PATHS"]
 @dataclass(frozen=True)
 class KernelPath:
     """One kernel path: ``name`` (a ``cases.PATH_NAMES`` entry), ``max_tokens`` (largest M served),
-    ``weights`` ("nvfp4" | "bf16": the stored layout it reads), ``fn(inputs, counter, taps) -> bf16 [M, H]``."""
+    ``weights`` ("nvfp4" | "bf16": the stored layout it reads),
+    ``fn(inputs, counter, taps) -> bf16 [M, H]``."""
 
     name: str
     max_tokens: int

@@ -179,7 +179,9 @@ def _all_e4m3(shape, g, dev) -> torch.Tensor:
     b = torch.where(b >= 0x7F, b + 1, b)  # skip 0x7F; 0xFF is out of range
     b[..., 0] = 0x7E
     if shape[-1] > 1:
-        b[..., 1] = torch.randint(1, 8, shape[:-1], generator=g, device=dev) | 0x80 * (torch.arange(shape[-2], device=dev) % 2)
+        b[..., 1] = torch.randint(1, 8, shape[:-1], generator=g, device=dev) | 0x80 * (
+            torch.arange(shape[-2], device=dev) % 2
+        )
     return b.to(torch.uint8)
 
 
