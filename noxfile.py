@@ -1,5 +1,5 @@
-"""Sessions: ``nox -s tests`` (CPU test suite, what CI runs), ``nox -s golden`` (the main job until the
-conformance harness lands: the golden model on a real-size layer), ``nox -s bench`` (GPU), ``nox -s lint``.
+"""Sessions: ``nox -s conformance`` (the main job), ``nox -s tests`` (CPU test suite, what CI runs),
+``nox -s golden`` (the golden model alone on a real-size layer), ``nox -s bench`` (GPU), ``nox -s lint``.
 
 The CPU install takes torch 2.13.0 from the machine's local CPU build and pins triton to 3.6.0, the H200's
 version, so the interpreter and the sm_90 compile audit see the GPU machine's compiler.

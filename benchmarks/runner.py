@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         "gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
         "triton": importlib.import_module("triton").__version__,
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "copy_bandwidth_TBps": bw / 1e12,
     }  # fmt: skip
     (out / "bench.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))

@@ -64,8 +64,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents_ptx
-from triton.language.extra.cuda import gdc_wait as _gdc_wait_ptx
+from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents_ptx, gdc_wait as _gdc_wait_ptx
 
 __all__ = [
     "INTERPRET",

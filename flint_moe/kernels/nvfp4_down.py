@@ -4,8 +4,9 @@ Production path (``SPLIT``, default): ``_nvfp4_down_split_kernel``, one program 
 BH-row block) computing ``y_j``; the last of a row block's k programs to finish (arrival counter) does the
 combine in selection order, so the bits equal the sequential kernel's below (which stays as ``SPLIT=False``).
 
-Sequential kernel (``SPLIT=False``): one program computes ``BH`` hidden rows of one token: for each selected expert j (selection order) the down
-projection of that pair's activation row through ``FlintMoEWeights.w2`` (uint8 [E, H, Ip/2]) and its
+Sequential kernel (``SPLIT=False``): one program computes ``BH`` hidden rows of one token: for each selected
+expert j (selection order) the down projection of that pair's activation row through ``FlintMoEWeights.w2``
+(uint8 [E, H, Ip/2]) and its
 128x4-swizzled E4M3 scales, ``y_j = bf16(RN(y_acc * w2_alpha[e]))``, the combine
 ``acc = fma(tw_j, y_j, acc)``, then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``.
 Seed: ``_down_gemv_kernel`` of ``vllm.models.flint.ops.moe`` (semantics only; this kernel adds the exact
@@ -31,9 +32,9 @@ from flint_moe.kernels._common import (
 from flint_moe.kernels._nvfp4_gemv import (
     block_partials,
     code_partials,
-    load_codes,
     e4m3_to_f32,
     load_bytes,
+    load_codes,
     load_words,
     swizzled_scale_offsets,
 )
@@ -162,7 +163,9 @@ def _nvfp4_down_kernel(
 
 
 @triton.jit
-def _combine_rows(t, h, h_ok, tw_ptr, y_ptr, shared_ptr, out_ptr, H: tl.constexpr, TOPK: tl.constexpr, CG: tl.constexpr):
+def _combine_rows(
+    t, h, h_ok, tw_ptr, y_ptr, shared_ptr, out_ptr, H: tl.constexpr, TOPK: tl.constexpr, CG: tl.constexpr
+):
     """Rule steps 9-10 for token t, rows h: acc = fma(tw_j, y_j, acc) for j = 0..TOPK-1 from +0 (selection
     order), out = bf16(RN(fp32(bf16(acc)) + fp32(shared))). ``CG``: read y through L2 only (``ld.global.cg``;
     y was written by other programs of the same launch)."""

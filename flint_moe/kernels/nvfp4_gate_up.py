@@ -29,8 +29,8 @@ from flint_moe.kernels._common import (
 from flint_moe.kernels._nvfp4_gemv import (
     code_partials as _partials,
     e4m3_to_f32,
-    load_codes as _load_codes,
     load_bytes,
+    load_codes as _load_codes,
     load_words,
     swizzled_scale_offsets,
 )

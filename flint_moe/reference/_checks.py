@@ -37,7 +37,7 @@ def check_tensor(
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
     if shape is not None:
-        for axis, (want, got) in enumerate(zip(shape, t.shape)):
+        for axis, (want, got) in enumerate(zip(shape, t.shape, strict=True)):
             if want is not None and want != got:
                 raise ValueError(
                     f"{name}: dimension {axis} must be {want}, got {got} (shape {tuple(t.shape)})"

@@ -23,8 +23,8 @@ import argparse
 import datetime as _dt
 import hashlib
 import json
-import platform
 import os
+import platform
 import subprocess
 import sys
 import time

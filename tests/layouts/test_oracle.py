@@ -13,6 +13,7 @@ import torch
 from flint_moe.layouts import (
     FlintMoEWeights,
     mma_view,
+    rows as L,
     swizzle_block_scales,
     to_trtllm_bf16,
     to_trtllm_deepseek_fp8,
@@ -20,7 +21,6 @@ from flint_moe.layouts import (
     to_trtllm_mxfp8,
     to_trtllm_nvfp4,
 )
-from flint_moe.layouts import rows as L
 from tests.layouts._gen import FP8, bf16, bits, gen, nvfp4, same, u8
 
 fi = pytest.importorskip("flashinfer")

@@ -11,8 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from flint_moe.reference.formats import (
     E2M1_VALUES,
@@ -213,13 +212,13 @@ def test_e2m1_encode_hand_examples() -> None:
 def test_e2m1_encode_vs_fp64_nearest() -> None:
     # all values of the grid, all midpoints, +-1 ulp around them and a random sweep; reference in fp64
     grid = [abs(e2m1_fp64(c)) for c in range(8)]
-    pts = grid + [(a + b) / 2 for a, b in zip(grid, grid[1:])]
+    pts = grid + [(a + b) / 2 for a, b in zip(grid, grid[1:], strict=False)]
     x = torch.tensor(pts, dtype=torch.float32)
     x = torch.cat([x, torch.nextafter(x, torch.tensor(math.inf)), torch.nextafter(x, torch.tensor(0.0))])
     x = torch.cat([x, torch.rand(20000, generator=torch.Generator().manual_seed(2)) * 8])
     x = torch.cat([x, -x])
     got = float_to_e2m1(x).tolist()
-    for v, c in zip(x.tolist(), got):
+    for v, c in zip(x.tolist(), got, strict=True):
         dists = [abs(abs(v) - g) for g in grid]
         best = min(dists)
         cands = [i for i, d in enumerate(dists) if d == best]

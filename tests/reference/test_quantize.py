@@ -9,8 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from flint_moe.reference.formats import e2m1_to_float, e4m3_to_float, unpack_e2m1
@@ -322,7 +321,7 @@ def test_cuda_matches_cpu() -> None:
         a = quantize_nvfp4(w.to(dt))
         b = quantize_nvfp4(w.to(dt).cuda())
         assert b[0].is_cuda
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert torch.equal(x.view(torch.uint8), y.cpu().view(torch.uint8))
     c, s, gs = a
     assert torch.equal(dequantize_nvfp4(c.cuda(), s.cuda(), gs.cuda()).cpu(), dequantize_nvfp4(c, s, gs))
