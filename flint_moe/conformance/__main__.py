@@ -1,6 +1,7 @@
 """``python -m flint_moe.conformance``: run the conformance matrix and write the report (issue 5).
 
     python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR] [--list]
+                                    [--invariance | --no-invariance]
 
 For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
@@ -66,13 +67,17 @@ def select(profile: str, filters: list[str]) -> list:
     return [c for c in matrix(profile) if all(f in c.id for f in filters)]
 
 
-def run_cases(cases: list, device: torch.device, console=None) -> list:
+def run_cases(cases: list, device: torch.device, console=None, *, invariance: bool = False) -> list:
     """Run and compare every case on ``device`` (rich progress bar); returns the CaseResults in order.
+    With ``invariance``, each case's invariances (``invariance.check_invariances``) are attached; a required
+    one that FAILs makes the case FAIL. FAIL cases get ``faults.diagnose`` names.
     An exception in a case (bad inputs, a kernel error) propagates: the run stops with a traceback."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flint_moe.conformance import compare
     from flint_moe.conformance.cases import make_inputs
+    from flint_moe.conformance.faults import diagnose
+    from flint_moe.conformance.invariance import check_invariances, required_failed
     from flint_moe.conformance.paths import PATHS
     from flint_moe.ops import make_route_counter
 
@@ -85,8 +90,16 @@ def run_cases(cases: list, device: torch.device, console=None) -> list:
             prog.update(task, description=case.id)
             inputs = make_inputs(case, device)
             taps: dict = {}
-            out = PATHS[case.path].run(inputs, counter, taps)
-            results.append(compare.compare_case(case, inputs, taps, out))
+            path = PATHS[case.path]
+            out = path.run(inputs, counter, taps)
+            res = compare.compare_case(case, inputs, taps, out)
+            if res.verdict == compare.FAIL:
+                res.diagnosis = diagnose(case, inputs, taps, out, res)
+            if invariance:
+                res.invariance = check_invariances(case, inputs, path, counter, out, taps)
+                if required_failed(res.invariance):
+                    res.verdict = compare.FAIL
+            results.append(res)
             prog.advance(task)
     return results
 
@@ -98,12 +111,15 @@ def summary_table(results: list):
     style = {"EXACT": "green", "WITHIN-BOUND": "cyan", "EXPLAINED": "yellow", "FAIL": "bold red"}
     t = Table(title="flint-moe conformance")
     t.add_column("case", overflow="fold")
-    for col in ("verdict", "stages failing", "warnings"):
+    for col in ("verdict", "stages failing", "warnings", "invariances failing", "diagnosis"):
         t.add_column(col)
     for r in results:
         v = r.verdict
+        inv = ", ".join(i.name for i in r.invariance if i.outcome == "FAIL") or ("-" if r.invariance else "n/a")
+        diag = "; ".join(d.split(":")[0] for d in r.diagnosis) or "-"
         t.add_row(
-            r.case_id, f"[{style.get(v, '')}]{v}[/]", ", ".join(r.failed_stages) or "-", str(r.warnings)
+            r.case_id, f"[{style.get(v, '')}]{v}[/]", ", ".join(r.failed_stages) or "-", str(r.warnings),
+            inv, diag,
         )
     return t
 
@@ -130,6 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=None, help="report directory (default reports/<run-id>/)")
     ap.add_argument("--list", action="store_true", help="print the selected case ids and exit")
+    ap.add_argument(
+        "--invariance",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="check determinism, row independence, CUDA-graph replay (required) and batch invariance "
+        "(measured) for every case (default: on for gpu, off for cpu, where the interpreter makes the ~2 + "
+        "2 + M extra runs per case too slow for the 5-minute budget)",
+    )
     args = ap.parse_args(argv)  # fmt: skip
 
     profile = args.profile
@@ -151,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     run_id = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{profile}"
     out_dir = Path(args.out) if args.out else Path("reports") / run_id
     console.print(f"backend: {env['backend']}; {len(cases)} cases ({profile}); report -> {out_dir}")
-    results = run_cases(cases, device, console)
+    invariance = (profile == "gpu") if args.invariance is None else bool(args.invariance)
+    env["invariance"] = invariance
+    results = run_cases(cases, device, console, invariance=invariance)
     paths = write_report(results, env, out_dir)
     console.print(summary_table(results))
     n_fail = sum(r.verdict == "FAIL" for r in results)

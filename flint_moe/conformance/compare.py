@@ -168,6 +168,8 @@ class CaseResult:
         stages: one :class:`StageResult` per entry of :data:`STAGES` (in that order).
         meta: case parameters (shape, M, k, E, H, I, profile, seed where the case has them; device).
         digests: SHA-256 (hex) of the bytes of the returned output ``out`` and of every tap tensor.
+        invariance: ``invariance.InvarianceResult`` list (empty unless the runner checked them).
+        diagnosis: catalogued faults reproducing a failing stage (``faults.diagnose``).
     """
 
     case_id: str
@@ -176,6 +178,8 @@ class CaseResult:
     stages: list[StageResult]
     meta: dict = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    invariance: list = field(default_factory=list)  # invariance.InvarianceResult, filled by the runner
+    diagnosis: list[str] = field(default_factory=list)  # faults.diagnose() names, for FAIL cases
 
     def stage(self, name: str) -> StageResult:
         """The result of stage ``name`` (KeyError if absent)."""
@@ -203,6 +207,8 @@ class CaseResult:
             "meta": _json_safe(dict(self.meta)),
             "digests": dict(self.digests),
             "stages": [s.to_json() for s in self.stages],
+            "invariance": [i.to_json() for i in self.invariance],
+            "diagnosis": list(self.diagnosis),
         }
 
 

@@ -71,8 +71,37 @@ def _row(r: CaseResult) -> str:
     m = r.meta.get("M", "-")
     return (
         f"| {r.path} | {shape} | {m} | `{r.case_id}` | **{r.verdict}** | {pct} "
-        f"| {_fmt(max(bits, default=None))} | {acc} | {r.warnings} | {failures} |"
+        f"| {_fmt(max(bits, default=None))} | {acc} | {r.warnings} | {failures} | {_inv_cell(r)} |"
     )
+
+
+def _inv_cell(r: CaseResult) -> str:
+    if not r.invariance:
+        return "-"
+    short = {"PASS": "ok", "FAIL": "FAIL", "SKIP": "skip", "MEASURED": "meas"}
+    return " ".join(f"{i.name.split('_')[0]}:{short.get(i.outcome, i.outcome)}" for i in r.invariance)
+
+
+def _invariance_section(results: list[CaseResult]) -> list[str]:
+    rows = [r for r in results if r.invariance]
+    if not rows:
+        return []
+    lines = ["## Invariances", "",
+             "determinism, row independence and CUDA-graph replay are required (a FAIL fails the case); batch "
+             "invariance (each token alone vs in the batch) is measured.", ""]  # fmt: skip
+    fails = [(r, i) for r in rows for i in r.invariance if i.outcome == "FAIL"]
+    lines += [f"- `{r.case_id}` **{i.name} FAIL**: {i.note}" for r, i in fails] or ["No required invariance failed."]
+    batch = [(r, i) for r in rows for i in r.invariance if i.name == "batch_invariance" and i.outcome == "MEASURED"]
+    if batch:
+        eq = sum(i.details.get("rows_equal", 0) for _, i in batch)
+        tot = sum(i.details.get("rows", 0) for _, i in batch)
+        lines += ["", f"Batch invariance: {eq} of {tot} token rows bitwise equal alone vs in the batch "
+                  f"({len(batch)} cases)."]  # fmt: skip
+        lines += [f"- `{r.case_id}`: {i.note}" for r, i in batch if i.details.get("rows_differing")]
+    skips = sorted({f"{i.name}: {i.note}" for r in rows for i in r.invariance if i.outcome == "SKIP"
+                    and i.name == "cuda_graph"})  # fmt: skip
+    lines += [f"- skipped {s}" for s in skips]
+    return lines + [""]
 
 
 def _warn_text(worst: list[dict]) -> str:
@@ -81,6 +110,11 @@ def _warn_text(worst: list[dict]) -> str:
 
 def _details(r: CaseResult) -> list[str]:
     lines = [f"### `{r.case_id}`: {r.verdict}", ""]
+    for d in r.diagnosis:
+        lines.append(f"- **diagnosis**: {d}")
+    for i in r.invariance:
+        if i.outcome == "FAIL":
+            lines.append(f"- **invariance {i.name}** FAIL: {i.note}")
     for s in r.stages:
         if s.verdict != FAIL and not s.warnings:
             continue
@@ -111,8 +145,8 @@ def summary_markdown(results: list[CaseResult], env: dict) -> str:
         + f" (of {len(results)} cases)",
         "",
         "| path | shape | M | case | verdict | exact % | max ulp | worst accumulation | warnings "
-        "| failures |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| failures | invariances |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_row(r) for r in results]
     lines += [
@@ -122,6 +156,7 @@ def summary_markdown(results: list[CaseResult], env: dict) -> str:
         "and as a fraction of the certified bound; failures: stage:count.",
         "",
     ]
+    lines += _invariance_section(results)
     failing = [r for r in results if r.verdict == FAIL or r.warnings]
     lines += ["## Failures", ""]
     if not failing:
