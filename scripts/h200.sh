@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
-# Usage on the GPU machine, from the repository root:  bash scripts/h200.sh [verify] [tests] [sweep] [bench]
+# Usage on the GPU machine, from the repository root:  bash scripts/h200.sh [verify] [tests] [conformance] [bench] [sweep]
+# (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request).
 # FLINT_GIT_COMMIT names the commit the tree was sent from (the device copy has no .git).
-# (no argument = all three). The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
+# The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
 set -uo pipefail
 OUT=${OUT:-reports/h200-run}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-steps=${*:-verify tests bench}
+steps=${*:-verify tests conformance bench}
 rc=0
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
@@ -23,6 +24,8 @@ for step in $steps; do
     tests)  python3 -m pytest -m gpu -n "${FLINT_GPU_WORKERS:-6}" -q -rs -p no:cacheprovider --durations=15 tests \
               > "$OUT/pytest-gpu.txt" 2>&1 || rc=1
             tail -15 "$OUT/pytest-gpu.txt" ;;
+    conformance) python3 -m flint_moe.conformance --profile gpu --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1 || rc=1
+            tail -3 "$OUT/conformance.log" ;;
     sweep)  python3 -m benchmarks.bench_decode_bf16 --sweep > "$OUT/sweep-bf16.txt" 2>&1 || rc=1
             tail -20 "$OUT/sweep-bf16.txt" ;;
     bench)  python3 -m benchmarks.runner --out "$OUT" > "$OUT/bench.log" 2>&1 || rc=1

@@ -147,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="report directory (default reports/<run-id>/)")
     ap.add_argument("--list", action="store_true", help="print the selected case ids and exit")
     ap.add_argument(
+        "--force",
+        action="store_true",
+        help="run the gpu profile without CUDA (real shapes under the Triton interpreter: minutes per case)",
+    )
+    ap.add_argument(
         "--invariance",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -168,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         console.print(f"[red]no case of profile {profile!r} matches filters {args.filter}[/]")
         return 1
+    if profile == "gpu" and not torch.cuda.is_available() and not args.force:
+        console.print(
+            "[red]the gpu profile runs real layer shapes; without CUDA they would run under the Triton "
+            "interpreter (minutes per case, and bit-exactness is not claimed there). Use --profile cpu, "
+            "or --force to run them anyway.[/]"
+        )
+        return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment()
     env["profile"] = profile

@@ -31,8 +31,9 @@ def backend_line(env: dict) -> str:
     gpu = env.get("gpu")
     low = backend.lower()
     if gpu and "cpu" not in low and "interpret" not in low:
+        named = backend if str(gpu) in backend else f"{backend} ({gpu})"
         return (
-            f"**Backend: {backend} ({gpu}).** Bit-exactness of the rounding instructions is measured on "
+            f"**Backend: {named}.** Bit-exactness of the rounding instructions is measured on "
             "this GPU."
         )
     return (

@@ -1,0 +1,22 @@
+"""The CLI refuses the gpu profile on a machine without CUDA unless --force is given (real shapes under the
+interpreter would take minutes per case and claim nothing)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flint_moe.conformance.__main__ import main
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the guard only applies without CUDA")
+def test_gpu_profile_without_cuda_is_refused(capsys):
+    assert main(["--profile", "gpu", "--filter", "qwen3-30b-a3b/M1/gaussian"]) == 2
+    assert "--force" in capsys.readouterr().out
+
+
+def test_backend_line_names_the_device_once():
+    from flint_moe.conformance.report import backend_line
+
+    line = backend_line({"backend": "triton-cuda (NVIDIA H200)", "gpu": "NVIDIA H200"})
+    assert line.count("NVIDIA H200") == 1 and "measured on this GPU" in line
