@@ -3,14 +3,27 @@
 Modules: ``formats`` (bit-level bf16 / E2M1 / E4M3), ``weights`` (checkpoint-layout containers), ``quantize``
 (ModelOpt NVFP4 recipe), ``mufu`` (bit-exact PTX special functions), ``exact`` (exact long reductions and
 their certified bounds), ``routing`` (steps 1-4), ``experts`` (steps 5-8), ``combine`` (steps 9-10),
-``decode_block`` (step 11), ``model`` (end to end). The public names of each are re-exported here.
+``decode_block`` (step 11), ``model`` (end to end). The public names of each are re-exported here;
+``layouts`` (independent decoders of the stored kernel layouts) is reachable as a module.
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import combine, decode_block, exact, experts, formats, model, mufu, quantize, routing, weights  # noqa: F401
+from . import (  # noqa: F401
+    combine,
+    decode_block,
+    exact,
+    experts,
+    formats,
+    layouts,
+    model,
+    mufu,
+    quantize,
+    routing,
+    weights,
+)
 from .combine import *  # noqa: F403
 from .decode_block import *  # noqa: F403
 from .exact import *  # noqa: F403
