@@ -184,7 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     env["profile"] = profile
     env["filters"] = list(args.filter)
-    run_id = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ") + f"-{profile}"
+    now = datetime.datetime.now(datetime.UTC)
+    env["date_utc"] = now.isoformat(timespec="seconds")
+    env["command"] = " ".join(["python -m flint_moe.conformance", *(sys.argv[1:] if argv is None else argv)])
+    from flint_moe.conformance.cases import matrix
+
+    env["cases_run"] = f"{len(cases)} of {len(matrix(profile))}"
+    run_id = now.strftime("%Y%m%dT%H%M%SZ") + f"-{profile}"
     out_dir = Path(args.out) if args.out else Path("reports") / run_id
     console.print(f"backend: {env['backend']}; {len(cases)} cases ({profile}); report -> {out_dir}")
     invariance = (profile == "gpu") if args.invariance is None else bool(args.invariance)

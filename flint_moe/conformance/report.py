@@ -133,6 +133,19 @@ def _details(r: CaseResult) -> list[str]:
     return lines + [""]
 
 
+def _run_line(env: dict) -> str:
+    """Date, coverage, commit and command of the run (what a reviewer needs to reproduce it)."""
+    parts = []
+    if env.get("date_utc"):
+        parts.append(f"run {env['date_utc']}")
+    if env.get("cases_run"):
+        parts.append(f"cases {env['cases_run']} of profile `{env.get('profile', '?')}`")
+    parts.append(f"commit `{env.get('git_commit') or 'unknown'}`")
+    if env.get("command"):
+        parts.append(f"command `{env['command']}`")
+    return "Run: " + "; ".join(parts) + "."
+
+
 def summary_markdown(results: list[CaseResult], env: dict) -> str:
     """The summary.md text."""
     totals = Counter(r.verdict for r in results)
@@ -140,6 +153,8 @@ def summary_markdown(results: list[CaseResult], env: dict) -> str:
         "# flint-moe conformance",
         "",
         backend_line(env),
+        "",
+        _run_line(env),
         "",
         "Totals: "
         + ", ".join(f"{v} {totals.get(v, 0)}" for v in VERDICT_ORDER)

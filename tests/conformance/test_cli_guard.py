@@ -20,3 +20,18 @@ def test_backend_line_names_the_device_once():
 
     line = backend_line({"backend": "triton-cuda (NVIDIA H200)", "gpu": "NVIDIA H200"})
     assert line.count("NVIDIA H200") == 1 and "measured on this GPU" in line
+
+
+def test_summary_has_the_run_line():
+    from flint_moe.conformance.report import summary_markdown
+
+    env = {
+        "backend": "triton-interpreter (CPU)",
+        "date_utc": "2026-11-29T00:00:00+00:00",
+        "cases_run": "1 of 20",
+        "profile": "cpu",
+        "git_commit": "abc123",
+        "command": "python -m flint_moe.conformance --profile cpu",
+    }
+    text = summary_markdown([], env)
+    assert "Run: run 2026-11-29T00:00:00+00:00; cases 1 of 20 of profile `cpu`; commit `abc123`; command " in text
