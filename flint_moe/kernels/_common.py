@@ -66,6 +66,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_dependents_ptx, gdc_wait as _gdc_wait_ptx
 
+from flint_moe.reference._checks import check_tensor
+
 __all__ = [
     "INTERPRET",
     "rcp_approx_ftz",
@@ -327,22 +329,7 @@ def check_op_tensor(
     given device has an index, the index. Raises ``TypeError`` (not a tensor, wrong dtype) or ``ValueError``
     (rank, shape, device, not contiguous); the message starts with ``name``.
     """
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if dtype is not None:
-        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
-        if t.dtype not in allowed:
-            want = " or ".join(str(d) for d in allowed)
-            raise TypeError(f"{name}: dtype must be {want}, got {t.dtype}")
-    if shape is not None:
-        shape = tuple(shape)
-        if t.dim() != len(shape):
-            raise ValueError(f"{name}: expected {len(shape)} dimensions, got shape {tuple(t.shape)}")
-        for axis, (want, got) in enumerate(zip(shape, t.shape, strict=True)):
-            if want is not None and int(want) != got:
-                raise ValueError(
-                    f"{name}: dimension {axis} must be {want}, got {got} (shape {tuple(t.shape)})"
-                )
+    check_tensor(name, t, dtype=dtype, shape=None if shape is None else tuple(shape))
     if device is not None:
         dev = torch.device(device)
         if t.device.type != dev.type or (dev.index is not None and t.device.index != dev.index):
