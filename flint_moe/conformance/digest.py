@@ -1,0 +1,252 @@
+"""Source digest of the kernels and the golden model, and the freshness check of a committed GPU report
+(issue 5 "Committed GPU evidence").
+
+:func:`source_digest` hashes every file under :data:`DIGEST_DIRS` (``flint_moe/kernels``, ``flint_moe/ops``,
+``flint_moe/reference``, data files included; ``__pycache__`` and ``*.pyc`` excluded) with SHA-256:
+
+- a ``.py`` file is hashed in a normalised form, so that comments, docstrings, blank lines and formatting do
+  not count: it is parsed with :mod:`ast`, the docstrings (a string constant as the first statement of the
+  module, a class or a function) are dropped, and the tree is written out by :func:`_canonical`, a
+  serializer of node types and field values that skips location attributes, ``None`` and empty-list fields
+  and ``Constant.kind``, so that the same code gives the same text on Python 3.11 (CI) and 3.12 (the H200),
+  whose ASTs differ only by such empty fields (e.g. 3.12's ``type_params``). A file that does not parse is
+  hashed as raw bytes (marked ``raw`` in :data:`ALGORITHM`'s sense: its digest is that of its bytes).
+- any other file (``reference/data/*.npz``, ``*.json``) is hashed as raw bytes.
+
+The digest of the whole set is SHA-256 over the sorted lines ``<relative path> <file digest>\\n``; the
+per-file digests are kept, so a check can say which files changed.
+
+``python -m flint_moe.conformance.digest --check reports/h200/report.json`` prints one loud line:
+``GPU REPORT CURRENT (...)``, ``GPU REPORT STALE since <files> changed (...)``, or ``GPU REPORT MISSING
+(...)`` and exits 0 (``--strict``: 1 unless current). ``--print`` writes the current digest as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+__all__ = [
+    "ALGORITHM",
+    "DIGEST_DIRS",
+    "DEFAULT_GPU_REPORT",
+    "normalized_source",
+    "file_digest",
+    "source_digest",
+    "Freshness",
+    "check_report",
+    "main",
+]
+
+#: Name of the normalisation + hashing scheme; a report made with another one is reported stale.
+ALGORITHM = "sha256/ast-canonical-v1"
+#: Directories (relative to the repository root) whose files make up the digest.
+DIGEST_DIRS = ("flint_moe/kernels", "flint_moe/ops", "flint_moe/reference")
+#: Where the lead commits the latest H200 run.
+DEFAULT_GPU_REPORT = "reports/h200/report.json"
+#: Files named in the stale line before "and N more".
+MAX_NAMED = 6
+
+_SKIP_FIELDS = frozenset({"kind", "type_comment"})
+
+
+def repo_root() -> Path:
+    """The directory holding the ``flint_moe`` package (the repository root in a checkout)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    node.body = body[1:] or ([ast.Pass()] if not isinstance(node, ast.Module) else [])
+    return tree
+
+
+def _canonical(node) -> str:
+    """Version-stable text of an AST: ``Type(field=value, ...)`` without locations, None/empty fields."""
+    if isinstance(node, ast.AST):
+        parts = []
+        for name in node._fields:
+            if name in _SKIP_FIELDS:
+                continue
+            v = getattr(node, name, None)
+            if v is None or (isinstance(v, list) and not v):
+                continue
+            parts.append(f"{name}={_canonical(v)}")
+        return f"{type(node).__name__}({','.join(parts)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(v) for v in node) + "]"
+    return f"{type(node).__name__}:{node!r}"
+
+
+def normalized_source(text: str) -> str:
+    """Canonical text of Python source ``text`` without comments, docstrings and formatting.
+
+    Raises SyntaxError if ``text`` does not parse."""
+    return _canonical(_strip_docstrings(ast.parse(text)))
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 (hex) of one file: normalised source for ``.py`` files that parse, raw bytes otherwise."""
+    data = Path(path).read_bytes()
+    if Path(path).suffix == ".py":
+        try:
+            data = ("py:" + normalized_source(data.decode("utf-8"))).encode()
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            data = b"raw:" + data
+    return hashlib.sha256(data).hexdigest()
+
+
+def _files(root: Path, dirs) -> list[Path]:
+    out = []
+    for d in dirs:
+        base = root / d
+        if not base.is_dir():
+            continue
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo"):
+                out.append(p)
+    return out
+
+
+def source_digest(root: Path | str | None = None, dirs=DIGEST_DIRS) -> dict:
+    """Digest of the kernels' and golden model's sources under ``root`` (default: this checkout).
+
+    Returns ``{"algorithm": ALGORITHM, "digest": hex, "dirs": [...], "files": {relpath: hex}}`` with POSIX
+    relative paths. Raises FileNotFoundError if none of ``dirs`` exists under ``root``."""
+    root = repo_root() if root is None else Path(root)
+    files = _files(root, dirs)
+    if not files:
+        raise FileNotFoundError(f"source_digest: none of {list(dirs)} exists under {root}")
+    per = {p.relative_to(root).as_posix(): file_digest(p) for p in files}
+    total = hashlib.sha256("".join(f"{k} {v}\n" for k, v in sorted(per.items())).encode()).hexdigest()
+    return {"algorithm": ALGORITHM, "digest": total, "dirs": list(dirs), "files": per}
+
+
+class Freshness:
+    """Outcome of :func:`check_report`: ``status`` ("CURRENT" | "STALE" | "MISSING"), ``line`` (the loud
+    one-line message), ``changed`` / ``added`` / ``removed`` (relative paths vs the report's digest)."""
+
+    def __init__(self, status: str, line: str, changed=(), added=(), removed=()):
+        self.status, self.line = status, line
+        self.changed, self.added, self.removed = list(changed), list(added), list(removed)
+
+    @property
+    def current(self) -> bool:
+        return self.status == "CURRENT"
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "line": self.line, "changed": self.changed, "added": self.added,
+                "removed": self.removed}  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"Freshness({self.status!r}, {self.line!r})"
+
+
+def _stamp(env: dict, dig: dict | None) -> str:
+    bits = [f"commit {str(env.get('git_commit') or 'unknown')[:12]}"]
+    if env.get("date_utc"):
+        bits.append(f"run {env['date_utc']}")
+    if env.get("gpu"):
+        bits.append(str(env["gpu"]))
+    if dig and dig.get("digest"):
+        bits.append(f"sources {dig['digest'][:12]}")
+    return ", ".join(bits)
+
+
+def _display(p: Path) -> str:
+    try:
+        return p.resolve().relative_to(repo_root()).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def _names(paths: list[str]) -> str:
+    shown = ", ".join(paths[:MAX_NAMED])
+    return shown + (f" and {len(paths) - MAX_NAMED} more" if len(paths) > MAX_NAMED else "")
+
+
+def check_report(report: Path | str | dict | None = None, current: dict | None = None) -> Freshness:
+    """Is the GPU report ``report`` (a report.json path, a report directory, or its loaded dict; default
+    :data:`DEFAULT_GPU_REPORT` under the repository root) current for the sources digested by ``current``
+    (default :func:`source_digest`)? Never raises for a missing or unreadable report: that is MISSING."""
+    if report is None:
+        report = repo_root() / DEFAULT_GPU_REPORT
+    where = "given report"
+    if isinstance(report, dict):
+        data = report
+    else:
+        p = Path(report)
+        if p.is_dir():
+            p = p / "report.json"
+        where = _display(p)
+        if not p.is_file():
+            return Freshness(
+                "MISSING",
+                f"GPU REPORT MISSING (no committed GPU report at {where}: run the gpu profile on the H200, "
+                "scripts/h200.sh, and commit its report.json and summary.md there)",
+            )
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            return Freshness("MISSING", f"GPU REPORT MISSING ({where} unreadable: {e})")
+    env = data.get("env", {}) if isinstance(data, dict) else {}
+    dig = env.get("source_digest")
+    cur = source_digest() if current is None else current
+    if not isinstance(dig, dict) or not isinstance(dig.get("files"), dict):
+        return Freshness(
+            "STALE", f"GPU REPORT STALE since an unknown change: {where} carries no source digest ({_stamp(env, None)})"
+        )
+    if dig.get("algorithm") != cur["algorithm"]:
+        return Freshness(
+            "STALE",
+            f"GPU REPORT STALE since the digest algorithm changed ({dig.get('algorithm')} -> {cur['algorithm']}; "
+            f"{_stamp(env, dig)})",
+        )
+    old, new = dig["files"], cur["files"]
+    changed = sorted(f for f in old.keys() & new.keys() if old[f] != new[f])
+    added = sorted(new.keys() - old.keys())
+    removed = sorted(old.keys() - new.keys())
+    if not (changed or added or removed) and dig.get("digest") == cur["digest"]:
+        return Freshness("CURRENT", f"GPU REPORT CURRENT ({_stamp(env, dig)}; {len(new)} source files unchanged)")
+    what = [f"{f} changed" for f in changed] + [f"{f} added" for f in added] + [f"{f} removed" for f in removed]
+    return Freshness(
+        "STALE",
+        f"GPU REPORT STALE since {_names(what)} ({_stamp(env, dig)}; now sources {cur['digest'][:12]})",
+        changed,
+        added,
+        removed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``--check [REPORT]`` prints the freshness line (exit 0; ``--strict``: 1 unless CURRENT);
+    ``--print`` prints the current source digest as JSON."""
+    ap = argparse.ArgumentParser(prog="python -m flint_moe.conformance.digest", description=__doc__.split("\n")[0])
+    ap.add_argument("--check", nargs="?", const=DEFAULT_GPU_REPORT, metavar="REPORT",
+                    help=f"report.json (or its directory) to check (default {DEFAULT_GPU_REPORT})")  # fmt: skip
+    ap.add_argument("--strict", action="store_true", help="exit 1 when the report is stale or missing")
+    ap.add_argument("--print", dest="show", action="store_true", help="print the current digest as JSON")
+    args = ap.parse_args(argv)
+    if args.show:
+        print(json.dumps(source_digest(), indent=1))
+    if args.check is not None or not args.show:
+        target = Path(args.check or DEFAULT_GPU_REPORT)
+        if not target.is_absolute() and not target.exists():
+            target = repo_root() / target
+        fresh = check_report(target)
+        bar = "=" * min(120, max(40, len(fresh.line)))
+        print(f"{bar}\n{fresh.line}\n{bar}", flush=True)
+        return 1 if (args.strict and not fresh.current) else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
