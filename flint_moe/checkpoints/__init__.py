@@ -1,0 +1,45 @@
+"""Real checkpoint loading: one MoE layer of a ModelOpt NVFP4 safetensors directory or a GGUF file, read into
+the ModelOpt checkpoint layout (``ModelOptExperts``) plus the router weight (``CheckpointLayer``), from which
+``CheckpointLayer.build_module`` makes a loaded ``flint_moe.modules.FlintNvfp4Experts``.
+
+- ``read_modelopt_layer`` (``checkpoints.modelopt``): ``hf_quant_config.json`` + ``*.safetensors`` (sharded
+  with an index json or not).
+- ``read_gguf_layer`` (``checkpoints.gguf``): per-expert ModelOpt tensors stored as plain GGUF tensors, or
+  llama.cpp's NVFP4 type 40 with merged experts and ``<name>.scale`` global scales (converted exactly).
+- ``read_layer``: either, by path (a directory -> ModelOpt, a ``.gguf`` file -> GGUF).
+
+Formats and conversion rules: docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from flint_moe.checkpoints.experts import ExpertStack, ModelOptExperts
+from flint_moe.checkpoints.gguf import nvfp4_gguf_to_modelopt, read_gguf_layer
+from flint_moe.checkpoints.layer import CheckpointLayer
+from flint_moe.checkpoints.modelopt import read_modelopt_layer
+
+__all__ = [
+    "CheckpointLayer",
+    "ExpertStack",
+    "ModelOptExperts",
+    "nvfp4_gguf_to_modelopt",
+    "read_gguf_layer",
+    "read_layer",
+    "read_modelopt_layer",
+]
+
+
+def read_layer(path: str | Path, layer: int, *, device: torch.device | str | None = "cpu") -> CheckpointLayer:
+    """Layer ``layer`` of the checkpoint at ``path``: a directory is read as ModelOpt safetensors
+    (``read_modelopt_layer``), a file as GGUF (``read_gguf_layer``). FileNotFoundError if ``path`` does not
+    exist; other errors as the readers raise them."""
+    p = Path(path)
+    if p.is_dir():
+        return read_modelopt_layer(p, layer, device=device)
+    if p.is_file():
+        return read_gguf_layer(p, layer, device=device)
+    raise FileNotFoundError(f"{p}: no such checkpoint directory or GGUF file")

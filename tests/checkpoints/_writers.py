@@ -1,0 +1,168 @@
+"""Checkpoint writers for the tests, using the libraries' own writers (safetensors ``save_file``, gguf-py's
+``GGUFWriter``) and nvidia-modelopt's quantizer; independent of ``flint_moe.checkpoints``.
+
+- ``modelopt_experts``: bf16 experts -> ModelOpt NVFP4 per-expert tensors with ``NVFP4QTensor.quantize``
+  (gate and up of an expert quantized as one fused [2I, H] matrix, so they share one ``weight_scale_2``, as fused
+  exports have; or separately, which gives differing scales).
+- ``write_modelopt_dir``: hf_quant_config.json + config.json + safetensors shards + index json.
+- ``write_gguf_modelopt``: convention (a), ModelOpt tensors as I8 / F32 / BF16 GGUF tensors under HF names.
+- ``write_gguf_nvfp4``: convention (b), llama.cpp's ``convert_hf_to_gguf.py`` NVFP4 repack restated here:
+  per 16-value block the code nibbles are re-paired (value j low, j + 8 high), the E4M3 scale bytes keep their
+  bits with the sign bit cleared, 4 scales + 32 code bytes per 64-value block, experts stacked per projection,
+  ``.scale`` / ``.input_scale`` F32 [E] written unless all within 1e-6 of 1.0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FP8 = torch.float8_e4m3fn
+PROJ_GGUF = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+
+
+def modelopt_experts(w13: torch.Tensor, w2: torch.Tensor, *, shared_gate_up: bool = True) -> dict[str, torch.Tensor]:
+    """``{e}.{proj}.{kind}`` -> tensor, quantized by nvidia-modelopt 0.47.0 (bf16 w13 [E, 2I, H] rows
+    [gate; up], w2 [E, H, I])."""
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    E, two_i, _ = w13.shape
+    inter = two_i // 2
+    out: dict[str, torch.Tensor] = {}
+
+    def put(e: int, proj: str, q, s, g) -> None:
+        out[f"{e}.{proj}.weight"] = q._quantized_data.clone()
+        out[f"{e}.{proj}.weight_scale"] = s.clone()
+        out[f"{e}.{proj}.weight_scale_2"] = g.float().reshape(()).clone()
+        out[f"{e}.{proj}.input_scale"] = torch.tensor(1.0 + e / 8.0)  # W4A4 only: ignored by W4A16
+
+    for e in range(E):
+        if shared_gate_up:
+            q, s, g = NVFP4QTensor.quantize(w13[e].clone(), 16)
+            data, sc = q._quantized_data, s
+            for j, proj in enumerate(("gate_proj", "up_proj")):
+                rows = slice(j * inter, (j + 1) * inter)
+                out[f"{e}.{proj}.weight"] = data[rows].clone()
+                out[f"{e}.{proj}.weight_scale"] = sc[rows].clone()
+                out[f"{e}.{proj}.weight_scale_2"] = g.float().reshape(()).clone()
+                out[f"{e}.{proj}.input_scale"] = torch.tensor(0.5)
+        else:
+            put(e, "gate_proj", *NVFP4QTensor.quantize(w13[e, :inter].clone(), 16))
+            put(e, "up_proj", *NVFP4QTensor.quantize(w13[e, inter:].clone(), 16))
+        put(e, "down_proj", *NVFP4QTensor.quantize(w2[e].clone(), 16))
+    return out
+
+
+def write_modelopt_dir(
+    d: Path, layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]], *, top_k: int, shards: int = 2
+) -> Path:
+    """ModelOpt NVFP4 export: ``model.layers.{L}.mlp.experts.{name}`` + ``model.layers.{L}.mlp.gate.weight``
+    spread round-robin over ``shards`` files (index json when shards > 1)."""
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "hf_quant_config.json").write_text(json.dumps({
+        "producer": {"name": "modelopt", "version": "0.47.0"},
+        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                         "exclude_modules": ["lm_head", "model.layers.*.mlp.gate"]},
+    }))  # fmt: skip
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts_per_tok": top_k}))
+    tensors: dict[str, torch.Tensor] = {}
+    for L, (experts, router) in layers.items():
+        for n, t in experts.items():
+            tensors[f"model.layers.{L}.mlp.experts.{n}"] = t.contiguous().clone()
+        tensors[f"model.layers.{L}.mlp.gate.weight"] = router.contiguous().clone()
+    tensors["model.embed_tokens.weight"] = torch.zeros(4, 16, dtype=torch.bfloat16)
+    parts: list[dict[str, torch.Tensor]] = [{} for _ in range(shards)]
+    for i, (n, t) in enumerate(sorted(tensors.items())):
+        parts[i % shards][n] = t
+    if shards == 1:
+        save_file(parts[0], str(d / "model.safetensors"), metadata={"format": "pt"})
+        return d
+    weight_map = {}
+    for i, p in enumerate(parts):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file(p, str(d / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in p})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return d
+
+
+def _writer(path: Path, top_k: int):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_expert_used_count(top_k)
+    return w
+
+
+def _finish(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _bf16_router(w, name: str, router: torch.Tensor) -> None:
+    import gguf
+
+    raw = router.contiguous().view(torch.int16).numpy().view(np.uint8)  # [E, 2H] bytes
+    w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
+
+
+def write_gguf_modelopt(
+    path: Path, layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]], *, top_k: int
+) -> Path:
+    """Convention (a): ModelOpt tensors as plain GGUF tensors (codes / scale bytes as I8, scales F32 [1],
+    router BF16)."""
+    w = _writer(path, top_k)
+    for L, (experts, router) in layers.items():
+        for n, t in experts.items():
+            name = f"model.layers.{L}.mlp.experts.{n}"
+            if t.dtype in (torch.uint8, FP8):
+                w.add_tensor(name, t.contiguous().view(torch.uint8).numpy().view(np.int8))
+            else:
+                w.add_tensor(name, t.float().reshape(1).numpy())
+        _bf16_router(w, f"model.layers.{L}.mlp.gate.weight", router)
+    _finish(w)
+    return path
+
+
+def nvfp4_pack(weight: torch.Tensor, scale: torch.Tensor) -> np.ndarray:
+    """One ModelOpt matrix (uint8 [N, K/2], E4M3 [N, K/16]) -> NVFP4 type-40 bytes [N, K/64 * 36] (llama.cpp's
+    repack: nibbles re-paired per 16-value block, scale bits with bit 7 cleared)."""
+    n, nblk = scale.shape
+    w = weight.numpy().reshape(n, nblk, 8)
+    vals = np.stack([w & 0x0F, w >> 4], axis=-1).reshape(n, nblk, 16)  # value order
+    qs = (vals[:, :, :8] | (vals[:, :, 8:] << 4)).astype(np.uint8)
+    d = scale.view(torch.uint8).numpy() & 0x7F
+    nsup = nblk // 4
+    raw = np.concatenate([d.reshape(n, nsup, 4), qs.reshape(n, nsup, 32)], axis=-1)
+    return np.ascontiguousarray(raw.reshape(n, nsup * 36))
+
+
+def write_gguf_nvfp4(
+    path: Path, layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]], *, top_k: int
+) -> Path:
+    """Convention (b): llama.cpp NVFP4 merged experts (``blk.{L}.ffn_*_exps.weight`` type 40, ``.scale`` F32
+    [E]), router ``blk.{L}.ffn_gate_inp.weight`` F32."""
+    import gguf
+
+    w = _writer(path, top_k)
+    for L, (experts, router) in layers.items():
+        E = router.shape[0]
+        for proj, g in PROJ_GGUF.items():
+            merged = np.stack([nvfp4_pack(experts[f"{e}.{proj}.weight"], experts[f"{e}.{proj}.weight_scale"])
+                               for e in range(E)])  # fmt: skip
+            name = f"blk.{L}.{g}.weight"
+            w.add_tensor(name, merged, raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+            for kind, suffix in (("weight_scale_2", "scale"), ("input_scale", "input_scale")):
+                vals = [float(experts[f"{e}.{proj}.{kind}"]) for e in range(E)]
+                if not np.allclose(vals, 1.0, atol=1e-6):
+                    w.add_tensor(f"blk.{L}.{g}.{suffix}", np.array(vals, dtype=np.float32))
+        w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", router.float().numpy())
+    _finish(w)
+    return path
