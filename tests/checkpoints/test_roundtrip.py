@@ -1,0 +1,173 @@
+"""Real input round trip (issue 6 "Checkpoints"): a bf16 expert stack quantized by nvidia-modelopt 0.47.0,
+written as a sharded ModelOpt safetensors directory and as GGUF in both conventions with the libraries' writers
+(tests/checkpoints/_writers.py), read back by ``flint_moe.checkpoints`` -> bitwise identical ModelOpt tensors,
+router and FlintMoEWeights, equal to the golden model's own quantizer + ``FlintMoEWeights.from_modelopt``.
+Plus the rejections: differing gate/up global scales, NaN scale bytes, a missing layer, bad configs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flint_moe.checkpoints import read_gguf_layer, read_layer, read_modelopt_layer
+from flint_moe.checkpoints.gguf import gguf_moe_layers
+from flint_moe.checkpoints.modelopt import modelopt_moe_layers
+from flint_moe.layouts import FlintMoEWeights
+from flint_moe.reference.quantize import quantize_experts
+from tests.checkpoints._writers import (
+    modelopt_experts,
+    write_gguf_modelopt,
+    write_gguf_nvfp4,
+    write_modelopt_dir,
+)
+
+pytestmark = pytest.mark.oracle
+E, H, I, K = 4, 128, 64, 2  # noqa: E741  (H, I multiples of 64: the GGUF NVFP4 block)
+LAYERS = (1, 3)
+FORMATS = ("modelopt", "gguf-modelopt", "gguf-nvfp4")
+
+
+def _bf16_layer(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gate = torch.randn(E, I, H, generator=g) * 0.05 + 0.01
+    up = torch.randn(E, I, H, generator=g) * torch.linspace(0.1, 0.4, E).reshape(E, 1, 1)  # up holds the amax
+    w2 = torch.randn(E, H, I, generator=g) * torch.exp2(torch.arange(E) - 4.0).reshape(E, 1, 1)
+    router = torch.randn(E, H, generator=g) * 0.1
+    return torch.cat([gate, up], 1).bfloat16(), w2.bfloat16(), router.bfloat16()
+
+
+def _write_all(d: Path, layers: dict) -> dict[str, Path]:
+    return {
+        "modelopt": write_modelopt_dir(d / "modelopt", layers, top_k=K, shards=2),
+        "gguf-modelopt": write_gguf_modelopt(d / "a.gguf", layers, top_k=K),
+        "gguf-nvfp4": write_gguf_nvfp4(d / "b.gguf", layers, top_k=K),
+    }
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    pytest.importorskip("modelopt")
+    pytest.importorskip("gguf")
+    pytest.importorskip("safetensors")
+    g = torch.Generator().manual_seed(3)
+    bf16 = {L: _bf16_layer(g) for L in LAYERS}
+    layers = {L: (modelopt_experts(w13, w2), router) for L, (w13, w2, router) in bf16.items()}
+    paths = _write_all(tmp_path_factory.mktemp("ckpt"), layers)
+    return bf16, layers, paths
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.uint8)
+
+
+def _same_flint(a: FlintMoEWeights, b: FlintMoEWeights) -> None:
+    for f in ("w1", "w1_sf_swizzled", "w1_alpha", "w2", "w2_sf_swizzled", "w2_alpha"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.shape == y.shape and x.dtype == y.dtype, f
+        assert torch.equal(_bits(x), _bits(y)), f
+    assert a.valid_intermediate == b.valid_intermediate
+
+
+def test_every_format_loads_bitwise_identical(ckpt) -> None:
+    bf16, layers, paths = ckpt
+    for L in LAYERS:
+        w13, w2, router = bf16[L]
+        # independent: the golden model's ModelOpt recipe (bit-exact to ModelOpt, tests/reference/test_quantize.py)
+        ref = quantize_experts(w13, w2)
+        want = FlintMoEWeights.from_modelopt(ref.w13, ref.w13_scale, ref.w13_gs, ref.w2, ref.w2_scale, ref.w2_gs)
+        for fmt in FORMATS:
+            layer = read_layer(paths[fmt], L)
+            assert layer.source == fmt and layer.layer == L and layer.top_k == K
+            assert (layer.num_experts, layer.hidden_size, layer.intermediate_size) == (E, H, I)
+            assert torch.equal(layer.router_weight.view(torch.int16), router.view(torch.int16)), fmt
+            ex = layer.experts
+            assert torch.equal(ex.w13, ref.w13), fmt
+            assert torch.equal(ex.w13_scale.view(torch.uint8), ref.w13_scale.view(torch.uint8)), fmt
+            assert torch.equal(ex.w2, ref.w2), fmt
+            assert torch.equal(ex.w2_scale.view(torch.uint8), ref.w2_scale.view(torch.uint8)), fmt
+            assert torch.equal(_bits(ex.w13_scale_2[:, 0]), _bits(ref.w13_gs)), fmt
+            assert torch.equal(_bits(ex.w13_scale_2[:, 1]), _bits(ref.w13_gs)), fmt
+            assert torch.equal(_bits(ex.w2_scale_2), _bits(ref.w2_gs)), fmt
+            module = layer.build_module()  # through FlintNvfp4Experts.load_weights
+            assert module.loaded and module.top_k == K
+            _same_flint(module.weights, want)
+
+
+def test_layers_listed_and_missing_layer(ckpt) -> None:
+    _, _, paths = ckpt
+    assert modelopt_moe_layers(paths["modelopt"]) == list(LAYERS)
+    assert gguf_moe_layers(paths["gguf-modelopt"]) == list(LAYERS)
+    assert gguf_moe_layers(paths["gguf-nvfp4"]) == list(LAYERS)
+    with pytest.raises(ValueError, match=r"^layer 2: no tensors named .* \(MoE layers present: \[1, 3\]\)"):
+        read_modelopt_layer(paths["modelopt"], 2)
+    for fmt in ("gguf-modelopt", "gguf-nvfp4"):
+        with pytest.raises(ValueError, match=r"^layer 0: neither blk.0.ffn_gate_exps.weight .*present: \[1, 3\]"):
+            read_gguf_layer(paths[fmt], 0)
+    with pytest.raises(FileNotFoundError, match=r"no such checkpoint"):
+        read_layer(paths["modelopt"] / "nope", 1)
+
+
+def test_differing_gate_up_global_scales_rejected(tmp_path: Path) -> None:
+    pytest.importorskip("modelopt")
+    g = torch.Generator().manual_seed(4)
+    w13, w2, router = _bf16_layer(g)
+    experts = modelopt_experts(w13, w2, shared_gate_up=False)  # gate and up quantized apart: own amax each
+    assert all(experts[f"{e}.gate_proj.weight_scale_2"] != experts[f"{e}.up_proj.weight_scale_2"] for e in range(E))
+    paths = _write_all(tmp_path, {0: (experts, router)})
+    for fmt in FORMATS:
+        layer = read_layer(paths[fmt], 0)  # reading keeps both scales ...
+        with pytest.raises(ValueError, match=r"gate and up global scales differ for experts \[0, 1, 2, 3\]"):
+            layer.build_module()  # ... the repack rejects them
+        with pytest.raises(ValueError, match=r"gate and up global scales differ"):
+            layer.experts.to_logical()
+
+
+def test_nan_scale_bytes_rejected(tmp_path: Path, ckpt) -> None:
+    _, layers, _ = ckpt
+    experts, router = layers[1]
+    for byte in (0x7F, 0xFF):
+        bad = dict(experts)
+        s = experts["2.up_proj.weight_scale"].clone()
+        s.view(torch.uint8)[5, 3] = byte
+        bad["2.up_proj.weight_scale"] = s
+        d = write_modelopt_dir(tmp_path / f"nan{byte:x}", {1: (bad, router)}, top_k=K, shards=1)
+        with pytest.raises(
+            ValueError,
+            match=rf"^model.layers.1.mlp.experts.2.up_proj.weight_scale: E4M3 NaN scale byte 0x{byte:02X} at index "
+            r"\(5, 3\)",
+        ):
+            read_modelopt_layer(d, 1)
+        a = write_gguf_modelopt(tmp_path / f"nan{byte:x}.gguf", {1: (bad, router)}, top_k=K)
+        with pytest.raises(ValueError, match=rf"up_proj.weight_scale: E4M3 NaN scale byte 0x{byte:02X}"):
+            read_gguf_layer(a, 1)
+        # llama.cpp's converter clears bit 7: both NaN bytes become 0x7F, which gguf decodes as 0 -> E4M3 0x00
+        b = read_gguf_layer(write_gguf_nvfp4(tmp_path / f"nan{byte:x}b.gguf", {1: (bad, router)}, top_k=K), 1)
+        assert b.experts.w13_scale.view(torch.uint8)[2, I + 5, 3].item() == 0x00
+
+
+def test_bad_directory(tmp_path: Path, ckpt) -> None:
+    _, layers, _ = ckpt
+    d = write_modelopt_dir(tmp_path / "m", {1: layers[1]}, top_k=K, shards=1)
+    (d / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    with pytest.raises(ValueError, match=r"quant_algo is 'FP8', expected 'NVFP4'"):
+        read_modelopt_layer(d, 1)
+    (d / "hf_quant_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"not a ModelOpt checkpoint"):
+        read_modelopt_layer(d, 1)
+    # a router that is not bf16-valued is refused, not rounded
+    experts, router = layers[1]
+    r32 = router.float()
+    r32[2, 7] += 2.0**-20
+    d2 = write_modelopt_dir(tmp_path / "r", {1: (experts, r32)}, top_k=K, shards=1)
+    with pytest.raises(ValueError, match=r"^model.layers.1.mlp.gate.weight: torch.float32 value .* at index \(2, 7\)"):
+        read_modelopt_layer(d2, 1)
+    # a missing expert tensor
+    part = {n: t for n, t in experts.items() if n != "3.down_proj.weight_scale_2"}
+    d3 = write_modelopt_dir(tmp_path / "p", {1: (part, router)}, top_k=K, shards=1)
+    with pytest.raises(
+        ValueError, match=r"1 of 36 required tensors missing, e.g. .*experts.3.down_proj.weight_scale_2$"
+    ):
+        read_modelopt_layer(d3, 1)
