@@ -1,13 +1,19 @@
 """``python -m flint_moe.conformance``: run the conformance matrix and write the report (issue 5).
 
     python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR] [--list]
-                                    [--invariance | --no-invariance]
+                                    [--invariance | --no-invariance] [--mutation | --no-mutation]
+                                    [--baseline OTHER] [--no-html] [--gpu-report REPORT]
 
 For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
-(``compare.compare_case``); then ``report.write_report`` into ``--out`` (default
-``reports/<run-id>/``), a rich
-summary table (case, verdict, failing stages), exit status 1 on any FAIL (or a case that raised), else 0.
+(``compare.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``):
+report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md and
+report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
+OTHER`` (a report directory or report.json) the verdict changes and changed output digests
+(``baseline.compare_reports``). Every run ends with the freshness line of the committed GPU report
+(``digest.check_report``, default reports/h200/report.json), also in summary.md. A rich progress bar
+runs during the cases and a rich summary table follows; exit status 1 on any FAIL (or a case that raised),
+2 for a bad baseline or a refused gpu profile, else 0.
 Without CUDA the kernels run under Triton's interpreter: TRITON_INTERPRET=1 is set here before triton is
 imported (bit-exactness is then NOT claimed; the report says so).
 """
@@ -34,8 +40,11 @@ INTERPRETER_BACKEND = "triton-interpreter (CPU): bit-exactness NOT claimed"
 
 
 def environment() -> dict:
-    """Run environment for the report: backend, gpu, torch, triton, python, cuda, git commit (or None)."""
+    """Run environment for the report: backend, gpu, driver, cuda, torch, triton, python, git commit (or None)
+    and the source digest of the kernels and the golden model (``digest.source_digest``)."""
     import triton
+
+    from flint_moe.conformance.digest import source_digest
 
     cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
     env = {
@@ -47,8 +56,21 @@ def environment() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "git_commit": os.environ.get("FLINT_GIT_COMMIT") or _git_commit(),
+        "driver": _driver() if cuda else None,
+        "source_digest": source_digest(),
     }
     return env
+
+
+def _driver() -> str | None:
+    try:
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _git_commit() -> str | None:
@@ -74,11 +96,6 @@ def run_cases(cases: list, device: torch.device, console=None, *, invariance: bo
     An exception in a case (bad inputs, a kernel error) propagates: the run stops with a traceback."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flint_moe.conformance import compare
-    from flint_moe.conformance.cases import make_inputs
-    from flint_moe.conformance.faults import diagnose
-    from flint_moe.conformance.invariance import check_invariances, required_failed
-    from flint_moe.conformance.paths import PATHS
     from flint_moe.ops import make_route_counter
 
     counter = make_route_counter(device)
@@ -88,46 +105,84 @@ def run_cases(cases: list, device: torch.device, console=None, *, invariance: bo
         task = prog.add_task("conformance", total=len(cases))
         for case in cases:
             prog.update(task, description=case.id)
-            inputs = make_inputs(case, device)
-            taps: dict = {}
-            path = PATHS[case.path]
-            out = path.run(inputs, counter, taps)
-            res = compare.compare_case(case, inputs, taps, out)
-            if res.verdict == compare.FAIL:
-                res.diagnosis = diagnose(case, inputs, taps, out, res)
-            if invariance:
-                res.invariance = check_invariances(case, inputs, path, counter, out, taps)
-                if required_failed(res.invariance):
-                    res.verdict = compare.FAIL
-            results.append(res)
+            results.append(run_case(case, device, counter, invariance=invariance))
             prog.advance(task)
     return results
 
 
+def run_case(case, device: torch.device, counter: torch.Tensor | None = None, *, invariance: bool = False):
+    """Run one case on ``device`` and compare it (the body of :func:`run_cases`; the pytest entry
+    tests/conformance/test_matrix.py calls it too). ``counter``: ``ops.make_route_counter(device)`` (made here
+    when None). Returns the CaseResult (FAIL cases carry ``faults.diagnose`` names)."""
+    from flint_moe.conformance import compare
+    from flint_moe.conformance.cases import make_inputs
+    from flint_moe.conformance.faults import diagnose
+    from flint_moe.conformance.invariance import check_invariances, required_failed
+    from flint_moe.conformance.paths import PATHS
+    from flint_moe.ops import make_route_counter
+
+    if counter is None:
+        counter = make_route_counter(device)
+    inputs = make_inputs(case, device)
+    taps: dict = {}
+    path = PATHS[case.path]
+    out = path.run(inputs, counter, taps)
+    res = compare.compare_case(case, inputs, taps, out)
+    if res.verdict == compare.FAIL:
+        res.diagnosis = diagnose(case, inputs, taps, out, res)
+    if invariance:
+        res.invariance = check_invariances(case, inputs, path, counter, out, taps)
+        if required_failed(res.invariance):
+            res.verdict = compare.FAIL
+    return res
+
+
 def summary_table(results: list):
-    """rich Table: case, verdict, failing stages, warnings."""
+    """rich Table: case (black-box labelled), verdict, exact %, max ulp, end to end, failing stages,
+    warnings, failing invariances, diagnosis (``results``: CaseResults or their JSON dicts)."""
     from rich.table import Table
+
+    from flint_moe.conformance.report import _e2e_cell, _max_ulp, _warnings, case_dicts, exact_percent
 
     style = {"EXACT": "green", "WITHIN-BOUND": "cyan", "EXPLAINED": "yellow", "FAIL": "bold red"}
     t = Table(title="flint-moe conformance")
     t.add_column("case", overflow="fold")
-    for col in ("verdict", "stages failing", "warnings", "invariances failing", "diagnosis"):
+    for col in ("verdict", "exact %", "max ulp", "end to end", "stages failing", "warnings", "invariances failing",
+                "diagnosis"):  # fmt: skip
         t.add_column(col)
-    for r in results:
-        v = r.verdict
-        inv = ", ".join(i.name for i in r.invariance if i.outcome == "FAIL") or ("-" if r.invariance else "n/a")
-        diag = "; ".join(d.split(":")[0] for d in r.diagnosis) or "-"
+    for c in case_dicts(results):
+        v = c["verdict"]
+        inv = ", ".join(i["name"] for i in c.get("invariance") or [] if i.get("outcome") == "FAIL")
+        inv = inv or ("-" if c.get("invariance") else "n/a")
+        diag = "; ".join(d.split(":")[0] for d in c.get("diagnosis") or []) or "-"
+        failing = ", ".join(s["stage"] for s in c.get("stages", []) if s.get("verdict") == "FAIL") or "-"
+        pct, mu = exact_percent(c), _max_ulp(c)
+        label = " [magenta](black-box)[/]" if c.get("mode") == "black-box" else ""
         t.add_row(
-            r.case_id, f"[{style.get(v, '')}]{v}[/]", ", ".join(r.failed_stages) or "-", str(r.warnings),
-            inv, diag,
-        )
+            c["case_id"] + label, f"[{style.get(v, '')}]{v}[/]", "-" if pct is None else f"{pct:.2f}",
+            "-" if mu is None else f"{mu:.3g}", _e2e_cell(c), failing, str(_warnings(c)), inv, diag,
+        )  # fmt: skip
     return t
 
 
+def _mutation(console) -> dict | None:
+    """``mutation.mutation_report(mutation.run_mutations())`` (issue 5 self-test), or None with a note when
+    the module is not there yet."""
+    try:
+        from flint_moe.conformance.mutation import mutation_report, run_mutations
+    except ImportError as e:
+        console.print(f"[yellow]mutation testing unavailable ({e}); report without a kill rate[/]")
+        return None
+    console.print("mutation testing: injecting each catalogued fault ...")
+    return mutation_report(run_mutations())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (1 on any FAIL or no case selected, else 0)."""
+    """CLI entry point; returns the exit status (1 on any FAIL or no case selected, 2 for a refused gpu
+    profile or an unusable baseline, else 0)."""
     from rich.console import Console
 
+    from flint_moe.conformance.digest import DEFAULT_GPU_REPORT, check_report, repo_root
     from flint_moe.conformance.report import write_report
 
     ap = argparse.ArgumentParser(prog="python -m flint_moe.conformance", description=__doc__.split("\n")[0])
@@ -159,6 +214,26 @@ def main(argv: list[str] | None = None) -> int:
         "(measured) for every case (default: on for gpu, off for cpu, where the interpreter makes the ~2 + "
         "2 + M extra runs per case too slow for the 5-minute budget)",
     )
+    ap.add_argument(
+        "--mutation",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mutation-test the harness (inject each catalogued fault, report the kill rate; default: on for "
+        "gpu, off for cpu)",
+    )
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        metavar="OTHER",
+        help="an earlier report (directory or report.json): list verdict changes and changed output digests",
+    )
+    ap.add_argument("--html", action=argparse.BooleanOptionalAction, default=True, help="write report.html")
+    ap.add_argument(
+        "--gpu-report",
+        default=DEFAULT_GPU_REPORT,
+        metavar="REPORT",
+        help=f"committed GPU report whose freshness ends the run (default {DEFAULT_GPU_REPORT})",
+    )
     args = ap.parse_args(argv)  # fmt: skip
 
     profile = args.profile
@@ -180,6 +255,15 @@ def main(argv: list[str] | None = None) -> int:
             "or --force to run them anyway.[/]"
         )
         return 2
+    base = None
+    if args.baseline:
+        from flint_moe.conformance.baseline import load_report
+
+        try:
+            base = load_report(args.baseline)
+        except (FileNotFoundError, ValueError) as e:
+            console.print(f"[red]{e}[/]")
+            return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment()
     env["profile"] = profile
@@ -196,10 +280,35 @@ def main(argv: list[str] | None = None) -> int:
     invariance = (profile == "gpu") if args.invariance is None else bool(args.invariance)
     env["invariance"] = invariance
     results = run_cases(cases, device, console, invariance=invariance)
-    paths = write_report(results, env, out_dir)
+    mutation = _mutation(console) if ((profile == "gpu") if args.mutation is None else args.mutation) else None
+    gpu_path = Path(args.gpu_report)
+    if not gpu_path.is_absolute() and not gpu_path.exists():
+        gpu_path = repo_root() / gpu_path
+    fresh = check_report(gpu_path, current=env["source_digest"])
+    diff = None
+    if base is not None:
+        from flint_moe.conformance.baseline import compare_reports
+        from flint_moe.conformance.report import report_dict
+
+        diff = compare_reports(report_dict(results, env), base[0], base[1])
+    paths = write_report(
+        results, env, out_dir, mutation=mutation, baseline=diff, gpu_report=fresh.to_json(), html=args.html
+    )
     console.print(summary_table(results))
     n_fail = sum(r.verdict == "FAIL" for r in results)
+    if mutation:
+        from flint_moe.conformance.report import mutation_line
+
+        console.print(mutation_line(mutation))
+    if diff is not None:
+        worse = sum(v["direction"] == "worse" for v in diff["verdict_changes"])
+        console.print(
+            f"vs baseline {diff['other']}: {len(diff['verdict_changes'])} verdict changes ({worse} worse), "
+            f"{len(diff['digest_changes'])} output digests changed"
+        )
     console.print(f"{len(results)} cases, {n_fail} FAIL; report: {', '.join(str(p) for p in paths.values())}")
+    style = "bold green" if fresh.current else "bold yellow"
+    console.print(f"[{style}]{fresh.line}[/]", highlight=False)
     return 1 if n_fail else 0
 
 

@@ -1,11 +1,22 @@
-"""Conformance reports: ``write_report(results, env, out_dir)`` -> report.json and summary.md (issue 5).
+"""Conformance reports: ``write_report(results, env, out_dir, ...)`` -> report.json, summary.md, report.html
+(issue 5 "Reports and interface").
 
 report.json (schema :data:`SCHEMA`): ``{"schema", "env", "totals", "cases": [CaseResult.to_json(), ...]}``,
-each case with its per-stage metrics and verdicts and the SHA-256 of every output tensor (``digests``).
+each case with its per-stage metrics and verdicts and the SHA-256 of every output tensor (``digests``); the
+env carries the git commit and ``source_digest`` (:mod:`flint_moe.conformance.digest`); optional top-level
+keys ``"mutation"`` (``mutation.mutation_report``), ``"baseline"`` (``baseline.compare_reports``) and
+``"gpu_report"`` (freshness of the committed GPU report, ``digest.Freshness.to_json``).
+
 summary.md (for a pull request): the backend line first (on the CPU it says bit-exactness is not claimed:
-the interpreter runs the golden model's emulations of the rounding instructions), a table path x shape x M
-with verdict, exact %, max ulp, worst accumulation error and failures, then the details of each failure.
-Each file must stay below :data:`MAX_BYTES`; the details are truncated to fit.
+the interpreter runs the golden model's emulations of the rounding instructions), the run line, the GPU-report
+freshness line, totals and the mutation kill rate, a table path x shape x M with verdict, exact %, max ulp,
+worst accumulation error and failures, then the details of each failure (first coordinates, diagnosis), the
+EXPLAINED differences, the invariance and batch-invariance findings, the mutation results and the changes vs
+a baseline. report.html: :mod:`flint_moe.conformance.html`.
+
+Every function here takes CaseResult objects or their ``to_json()`` dicts (e.g. a loaded report.json), and
+reads the keys added by later slices (``mode``, ``end_to_end``, ``warnings``, stage ``map``) with defaults.
+Each file must stay below :data:`MAX_BYTES`; summary.md details are truncated to fit.
 """
 
 from __future__ import annotations
@@ -14,15 +25,26 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .compare import ACCUMULATION_STAGES, FAIL, VERDICT_ORDER, CaseResult
+from .compare import ACCUMULATION_STAGES, FAIL, VERDICT_ORDER
 
-__all__ = ["SCHEMA", "MAX_BYTES", "write_report", "report_dict", "summary_markdown", "backend_line"]
+__all__ = [
+    "SCHEMA",
+    "MAX_BYTES",
+    "write_report",
+    "report_dict",
+    "summary_markdown",
+    "backend_line",
+    "case_dicts",
+    "freshness_line",
+]
 
 SCHEMA = "flint-moe-conformance/1"
 #: Every report file stays under 16 MiB.
 MAX_BYTES = 16 * 2**20
 #: Failing cases detailed in summary.md (the rest are only in the table and report.json).
 MAX_DETAILED = 50
+EXPLAINED = "EXPLAINED"
+BLACK_BOX = "black-box"
 
 
 def backend_line(env: dict) -> str:
@@ -32,105 +54,300 @@ def backend_line(env: dict) -> str:
     low = backend.lower()
     if gpu and "cpu" not in low and "interpret" not in low:
         named = backend if str(gpu) in backend else f"{backend} ({gpu})"
-        return (
-            f"**Backend: {named}.** Bit-exactness of the rounding instructions is measured on "
-            "this GPU."
-        )
+        return f"**Backend: {named}.** Bit-exactness of the rounding instructions is measured on this GPU."
     return (
         f"**Backend: {backend}.** CPU run (Triton interpreter): the rounding instructions run the golden "
         "model's emulations, so bit-exactness is not claimed; run the `gpu` profile on the H200 for that."
     )
 
 
-def report_dict(results: list[CaseResult], env: dict) -> dict:
-    """The report.json content (JSON-ready)."""
-    totals = Counter(r.verdict for r in results)
-    return {
+def case_dicts(results) -> list[dict]:
+    """``results`` (CaseResult objects or their to_json() dicts) as JSON dicts, in order."""
+    return [r if isinstance(r, dict) else r.to_json() for r in results]
+
+
+def _warnings(c: dict) -> int:
+    w = c.get("warnings")
+    return int(w) if isinstance(w, (int, float)) else sum(int(s.get("warnings") or 0) for s in c.get("stages", []))
+
+
+def _mode(c: dict) -> str:
+    return str(c.get("mode") or "taps")
+
+
+def _e2e(c: dict) -> dict | None:
+    e = c.get("end_to_end")
+    return e if isinstance(e, dict) else None
+
+
+def report_dict(results, env: dict, *, mutation=None, baseline=None, gpu_report=None) -> dict:
+    """The report.json content (JSON-ready). ``mutation``, ``baseline``, ``gpu_report``: optional dicts put
+    under those top-level keys (absent when None)."""
+    cases = case_dicts(results)
+    totals = Counter(c["verdict"] for c in cases)
+    out = {
         "schema": SCHEMA,
         "env": dict(env),
-        "totals": {v: int(totals.get(v, 0)) for v in VERDICT_ORDER} | {"cases": len(results)},
-        "cases": [r.to_json() for r in results],
+        "totals": {v: int(totals.get(v, 0)) for v in VERDICT_ORDER} | {"cases": len(cases)},
+        "cases": cases,
     }
+    for key, val in (("mutation", mutation), ("baseline", baseline), ("gpu_report", gpu_report)):
+        if val is not None:
+            out[key] = val
+    return out
+
+
+def _num(v):
+    """A JSON metric as float (the strings "inf"/"nan" of compare._json_safe), None stays None."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return float(v)
 
 
 def _fmt(v, spec: str = ".3g") -> str:
+    v = _num(v) if isinstance(v, str) else v
     if v is None:
         return "-"
     return format(v, spec) if isinstance(v, float) else str(v)
 
 
-def _row(r: CaseResult) -> str:
-    n = sum(s.elements for s in r.stages)
-    ex = sum(s.exact for s in r.stages)
-    pct = f"{100.0 * ex / n:.2f}" if n else "-"
-    bits = [s.max_ulp for s in r.stages if s.kind == "bits" and s.max_ulp is not None]
-    accs = [s for s in r.stages if s.stage in ACCUMULATION_STAGES and s.max_bound_fraction is not None]
-    worst = max(accs, key=lambda s: s.max_bound_fraction, default=None)
-    acc = "-" if worst is None else f"{_fmt(worst.max_err_ulps)} ulp ({_fmt(worst.max_bound_fraction)} bound)"
-    failures = ", ".join(f"{s.stage}:{s.mismatches}" for s in r.stages if s.verdict == FAIL) or "-"
-    shape = r.meta.get("shape", "-")
-    m = r.meta.get("M", "-")
+def exact_percent(c: dict) -> float | None:
+    """Elements bitwise equal to the golden value over all stages, in percent (black-box cases: over the
+    end-to-end output); None when nothing was compared."""
+    stages = c.get("stages", [])
+    n = sum(int(s.get("elements") or 0) for s in stages)
+    ex = sum(int(s.get("exact") or 0) for s in stages)
+    e = _e2e(c)
+    if not stages and e and e.get("elements"):
+        n, ex = int(e["elements"]), int(e["elements"]) - int(e.get("differing") or 0)
+    return 100.0 * ex / n if n else None
+
+
+def _max_ulp(c: dict):
+    bits = [_num(s.get("max_ulp")) for s in c.get("stages", []) if s.get("kind") == "bits"]
+    bits = [b for b in bits if b is not None]
+    e = _e2e(c)
+    if e is not None and _num(e.get("max_ulp")) is not None:
+        bits.append(_num(e.get("max_ulp")))
+    return max(bits, default=None)
+
+
+def _worst_acc(c: dict) -> str:
+    accs = [
+        s
+        for s in c.get("stages", [])
+        if s.get("stage") in ACCUMULATION_STAGES and _num(s.get("max_bound_fraction")) is not None
+    ]
+    worst = max(accs, key=lambda s: _num(s["max_bound_fraction"]), default=None)
+    if worst is None:
+        return "-"
+    return f"{_fmt(_num(worst.get('max_err_ulps')))} ulp ({_fmt(_num(worst['max_bound_fraction']))} bound)"
+
+
+def _e2e_cell(c: dict) -> str:
+    e = _e2e(c)
+    if e is None:
+        return "-"
+    v = e.get("verdict", "?")
+    diff = int(e.get("differing") or 0)
+    if not diff:
+        return str(v)
+    return f"{v} {diff} diff, {int(e.get('unexplained') or 0)} unexpl."
+
+
+def _row(c: dict) -> str:
+    pct = exact_percent(c)
+    meta = c.get("meta", {})
+    failures = ", ".join(
+        f"{s['stage']}:{s.get('mismatches', 0)}" for s in c.get("stages", []) if s.get("verdict") == FAIL
+    )
+    e = _e2e(c)
+    if e is not None and e.get("verdict") == FAIL:
+        failures = ", ".join(x for x in (failures, f"end-to-end:{int(e.get('unexplained') or 0)}") if x)
+    label = f" ({BLACK_BOX})" if _mode(c) == BLACK_BOX else ""
     return (
-        f"| {r.path} | {shape} | {m} | `{r.case_id}` | **{r.verdict}** | {pct} "
-        f"| {_fmt(max(bits, default=None))} | {acc} | {r.warnings} | {failures} | {_inv_cell(r)} |"
+        f"| {c.get('path', '-')}{label} | {meta.get('shape', '-')} | {meta.get('M', '-')} | `{c['case_id']}` "
+        f"| **{c['verdict']}** | {'-' if pct is None else f'{pct:.2f}'} | {_fmt(_max_ulp(c))} | {_worst_acc(c)} "
+        f"| {_e2e_cell(c)} | {_warnings(c)} | {failures or '-'} | {_inv_cell(c)} |"
     )
 
 
-def _inv_cell(r: CaseResult) -> str:
-    if not r.invariance:
+def _inv_cell(c: dict) -> str:
+    inv = c.get("invariance") or []
+    if not inv:
         return "-"
     short = {"PASS": "ok", "FAIL": "FAIL", "SKIP": "skip", "MEASURED": "meas"}
-    return " ".join(f"{i.name.split('_')[0]}:{short.get(i.outcome, i.outcome)}" for i in r.invariance)
+    return " ".join(f"{i['name'].split('_')[0]}:{short.get(i['outcome'], i['outcome'])}" for i in inv)
 
 
-def _invariance_section(results: list[CaseResult]) -> list[str]:
-    rows = [r for r in results if r.invariance]
+def _invariance_section(cases: list[dict]) -> list[str]:
+    rows = [c for c in cases if c.get("invariance")]
     if not rows:
         return []
     lines = ["## Invariances", "",
              "determinism, row independence and CUDA-graph replay are required (a FAIL fails the case); batch "
              "invariance (each token alone vs in the batch) is measured.", ""]  # fmt: skip
-    fails = [(r, i) for r in rows for i in r.invariance if i.outcome == "FAIL"]
-    lines += [f"- `{r.case_id}` **{i.name} FAIL**: {i.note}" for r, i in fails] or ["No required invariance failed."]
-    batch = [(r, i) for r in rows for i in r.invariance if i.name == "batch_invariance" and i.outcome == "MEASURED"]
+    fails = [(c, i) for c in rows for i in c["invariance"] if i.get("outcome") == "FAIL"]
+    lines += [f"- `{c['case_id']}` **{i['name']} FAIL**: {i.get('note', '')}" for c, i in fails] or [
+        "No required invariance failed."
+    ]
+    batch = [
+        (c, i)
+        for c in rows
+        for i in c["invariance"]
+        if i["name"] == "batch_invariance" and i.get("outcome") == "MEASURED"
+    ]
     if batch:
-        eq = sum(i.details.get("rows_equal", 0) for _, i in batch)
-        tot = sum(i.details.get("rows", 0) for _, i in batch)
+        eq = sum(int((i.get("details") or {}).get("rows_equal", 0)) for _, i in batch)
+        tot = sum(int((i.get("details") or {}).get("rows", 0)) for _, i in batch)
         lines += ["", f"Batch invariance: {eq} of {tot} token rows bitwise equal alone vs in the batch "
                   f"({len(batch)} cases)."]  # fmt: skip
-        lines += [f"- `{r.case_id}`: {i.note}" for r, i in batch if i.details.get("rows_differing")]
-    skips = sorted({f"{i.name}: {i.note}" for r in rows for i in r.invariance if i.outcome == "SKIP"
-                    and i.name == "cuda_graph"})  # fmt: skip
+        lines += [
+            f"- `{c['case_id']}`: {i.get('note', '')}"
+            for c, i in batch
+            if (i.get("details") or {}).get("rows_differing")
+        ]
+    skips = sorted({f"{i['name']}: {i.get('note', '')}" for c in rows for i in c["invariance"]
+                    if i.get("outcome") == "SKIP" and i["name"] == "cuda_graph"})  # fmt: skip
     lines += [f"- skipped {s}" for s in skips]
     return lines + [""]
 
 
 def _warn_text(worst: list[dict]) -> str:
-    return "; ".join(f"{w['index']}: {w['err_ulps']:.3g} ulp, {w['ratio']:.3g}x estimate" for w in worst)
+    return "; ".join(
+        f"{w['index']}: {_fmt(_num(w['err_ulps']))} ulp, {_fmt(_num(w['ratio']))}x estimate" for w in worst
+    )
 
 
-def _details(r: CaseResult) -> list[str]:
-    lines = [f"### `{r.case_id}`: {r.verdict}", ""]
-    for d in r.diagnosis:
+def _e2e_lines(e: dict) -> list[str]:
+    out = [
+        f"- **end to end** ({e.get('mode', 'taps')}) {e.get('verdict')}: {int(e.get('differing') or 0)} of "
+        f"{int(e.get('elements') or 0)} output elements differ from the golden model run on its own, "
+        f"{int(e.get('explained') or 0)} explained, {int(e.get('unexplained') or 0)} unexplained; "
+        f"max ulp {_fmt(_num(e.get('max_ulp')))}"
+        + (f"; NaN position mismatches {e['nan_mismatches']}" if e.get("nan_mismatches") else "")
+        + (f"; signed-zero mismatches {e['signed_zero_mismatches']}" if e.get("signed_zero_mismatches") else "")
+    ]
+    if e.get("causes"):
+        out.append("  - explained by: " + ", ".join(f"{k} {v}" for k, v in e["causes"].items()))
+    if e.get("first_failures"):
+        out.append(f"  - first unexplained: {e['first_failures']}")
+    elif e.get("first_differences"):
+        out.append(f"  - first differing: {e['first_differences']}")
+    for d in (e.get("failure_details") or [])[:5]:
+        lo_hi = ""
+        if d.get("lo") is not None or d.get("hi") is not None:
+            lo_hi = f", interval [{_fmt(_num(d.get('lo')))}, {_fmt(_num(d.get('hi')))}]"
+        out.append(
+            f"  - {d.get('index')}: kernel {_fmt(_num(d.get('kernel')), '.6g')}, golden "
+            f"{_fmt(_num(d.get('golden')), '.6g')}{lo_hi}: {d.get('why', '')}"
+        )
+    if e.get("note"):
+        out.append(f"  - note: {e['note']}")
+    return out
+
+
+def _details(c: dict) -> list[str]:
+    label = f" ({BLACK_BOX})" if _mode(c) == BLACK_BOX else ""
+    lines = [f"### `{c['case_id']}`{label}: {c['verdict']}", ""]
+    for d in c.get("diagnosis") or []:
         lines.append(f"- **diagnosis**: {d}")
-    for i in r.invariance:
-        if i.outcome == "FAIL":
-            lines.append(f"- **invariance {i.name}** FAIL: {i.note}")
-    for s in r.stages:
-        if s.verdict != FAIL and not s.warnings:
+    if c.get("verdict") == FAIL and not c.get("diagnosis") and _mode(c) != BLACK_BOX:
+        lines.append("- **diagnosis**: no catalogued fault reproduces the kernel's output")
+    for i in c.get("invariance") or []:
+        if i.get("outcome") == "FAIL":
+            lines.append(f"- **invariance {i['name']}** FAIL: {i.get('note', '')}")
+    for s in c.get("stages", []):
+        if s.get("verdict") != FAIL and not s.get("warnings"):
             continue
         lines.append(
-            f"- **{s.stage}** {s.verdict}: {s.mismatches} of {s.elements} elements; "
-            f"max ulp {_fmt(s.max_ulp)}; first failing {s.first_failures}"
-            + (f"; note: {s.note}" if s.note else "")
+            f"- **{s['stage']}** {s['verdict']}: {s.get('mismatches', 0)} of {s.get('elements', 0)} elements; "
+            f"max ulp {_fmt(_num(s.get('max_ulp')))}; first failing {s.get('first_failures', [])}"
+            + (f"; note: {s['note']}" if s.get("note") else "")
         )
-        if s.kind == "accumulation" and s.max_bound_fraction is not None:
+        if s.get("kind") == "accumulation" and _num(s.get("max_bound_fraction")) is not None:
             lines.append(
-                f"  - model {s.model}: max |kernel-exact| {_fmt(s.max_err_ulps)} ulp = "
-                f"{_fmt(s.max_bound_fraction)} x bound; WARNING elements {s.warnings}"
-                + (f", worst {_warn_text(s.worst_warnings)}" if s.worst_warnings else "")
+                f"  - model {s.get('model')}: max |kernel-exact| {_fmt(_num(s.get('max_err_ulps')))} ulp = "
+                f"{_fmt(_num(s.get('max_bound_fraction')))} x bound; WARNING elements {s.get('warnings', 0)}"
+                + (f", worst {_warn_text(s['worst_warnings'])}" if s.get("worst_warnings") else "")
+            )
+    e = _e2e(c)
+    if e is not None and (e.get("verdict") != "EXACT" or c.get("verdict") == FAIL):
+        lines += _e2e_lines(e)
+    return lines + [""]
+
+
+def _explained_section(cases: list[dict]) -> list[str]:
+    ex = [c for c in cases if c.get("verdict") == EXPLAINED]
+    if not ex:
+        return []
+    causes = Counter()
+    for c in ex:
+        causes.update((_e2e(c) or {}).get("causes") or {})
+    lines = ["## Explained differences", "",
+             f"{len(ex)} case(s) differ from the golden model run on its own only where an upstream accumulation "
+             "(or a tie within bounds) explains it" + (": " + ", ".join(f"{k} {v}" for k, v in causes.most_common())
+                                                       if causes else "") + ".", ""]  # fmt: skip
+    for c in ex[:MAX_DETAILED]:
+        e = _e2e(c) or {}
+        lines.append(
+            f"- `{c['case_id']}`: {int(e.get('differing') or 0)} of {int(e.get('elements') or 0)} elements, max ulp "
+            f"{_fmt(_num(e.get('max_ulp')))}"
+            + (", " + ", ".join(f"{k} {v}" for k, v in e["causes"].items()) if e.get("causes") else "")
+            + (f"; first {e['first_differences'][:3]}" if e.get("first_differences") else "")
+        )
+    if len(ex) > MAX_DETAILED:
+        lines.append(f"- ... and {len(ex) - MAX_DETAILED} more (report.json)")
+    return lines + [""]
+
+
+def mutation_line(mutation: dict | None) -> str | None:
+    """One line with the mutation kill rate (None when the run did not measure it)."""
+    if not mutation:
+        return None
+    total = int(mutation.get("total") or 0)
+    killed = int(mutation.get("killed") or 0)
+    named = mutation.get("named")
+    rate = _num(mutation.get("kill_rate"))
+    missed = [r.get("fault") for r in mutation.get("results") or [] if not (r.get("killed") and r.get("named", True))]
+    text = f"Mutation kill rate: {_fmt(rate * 100 if rate is not None else None, '.1f')}% ({killed} of {total} "
+    text += "catalogued faults failed the case" + (
+        f", {int(named)} named by the diagnosis" if named is not None else ""
+    )
+    text += ")"
+    return text + (f"; missed: {', '.join(str(m) for m in missed)}." if missed else "; every catalogued fault caught.")
+
+
+def _mutation_section(mutation: dict | None) -> list[str]:
+    if not mutation:
+        return []
+    lines = ["## Mutation testing", "", mutation_line(mutation), ""]
+    res = mutation.get("results") or []
+    if res:
+        lines += [
+            "| fault | injection | case | killed | named | verdict | diagnosis |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in res:
+            diag = "; ".join(d.split(":")[0] for d in r.get("diagnosis") or []) or "-"
+            lines.append(
+                f"| {r.get('fault')} | {r.get('injection', '-')} | `{r.get('case_id', '-')}` "
+                f"| {'yes' if r.get('killed') else '**no**'} | {'yes' if r.get('named') else '**no**'} "
+                f"| {r.get('verdict', '-')} | {diag} |"
             )
     return lines + [""]
+
+
+def freshness_line(gpu_report: dict | None) -> str | None:
+    """The GPU-report freshness line in bold (None when not checked)."""
+    if not gpu_report or not gpu_report.get("line"):
+        return None
+    return f"**{gpu_report['line']}**"
 
 
 def _run_line(env: dict) -> str:
@@ -141,67 +358,93 @@ def _run_line(env: dict) -> str:
     if env.get("cases_run"):
         parts.append(f"cases {env['cases_run']} of profile `{env.get('profile', '?')}`")
     parts.append(f"commit `{env.get('git_commit') or 'unknown'}`")
+    sd = env.get("source_digest")
+    if isinstance(sd, dict) and sd.get("digest"):
+        parts.append(f"sources `{sd['digest'][:12]}`")
     if env.get("command"):
         parts.append(f"command `{env['command']}`")
     return "Run: " + "; ".join(parts) + "."
 
 
-def summary_markdown(results: list[CaseResult], env: dict) -> str:
-    """The summary.md text."""
-    totals = Counter(r.verdict for r in results)
-    lines = [
-        "# flint-moe conformance",
-        "",
-        backend_line(env),
-        "",
-        _run_line(env),
-        "",
-        "Totals: "
-        + ", ".join(f"{v} {totals.get(v, 0)}" for v in VERDICT_ORDER)
-        + f" (of {len(results)} cases)",
-        "",
-        "| path | shape | M | case | verdict | exact % | max ulp | worst accumulation | warnings "
+def _env_lines(env: dict) -> list[str]:
+    out = []
+    for k, v in env.items():
+        if k == "source_digest" and isinstance(v, dict):
+            n, dirs = len(v.get("files") or {}), ", ".join(v.get("dirs") or [])
+            v = f"{v.get('digest')} ({v.get('algorithm')}, {n} files under {dirs})"
+        out.append(f"- {k}: {v}")
+    return out
+
+
+def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_report=None) -> str:
+    """The summary.md text (``results``: CaseResults or their JSON dicts; the optional dicts as in
+    :func:`report_dict`)."""
+    from .baseline import baseline_markdown
+
+    cases = case_dicts(results)
+    totals = Counter(c["verdict"] for c in cases)
+    lines = ["# flint-moe conformance", "", backend_line(env), "", _run_line(env), ""]
+    fl = freshness_line(gpu_report)
+    if fl:
+        lines += [fl, ""]
+    lines.append("Totals: " + ", ".join(f"{v} {totals.get(v, 0)}" for v in VERDICT_ORDER) + f" (of {len(cases)} cases)")
+    n_bb = sum(_mode(c) == BLACK_BOX for c in cases)
+    if n_bb:
+        lines[-1] += f"; {n_bb} {BLACK_BOX} (end to end only, no taps)"
+    ml = mutation_line(mutation)
+    lines += ["", ml, ""] if ml else [""]
+    lines += [
+        "| path | shape | M | case | verdict | exact % | max ulp | worst accumulation | end to end | warnings "
         "| failures | invariances |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    lines += [_row(r) for r in results]
+    lines += [_row(c) for c in cases]
     lines += [
         "",
         "exact %: elements bitwise equal to the golden value over all stages (accumulations: to RN32 of the "
-        "exact sum); max ulp: order-free stages; worst accumulation: max |kernel - exact| in fp32 ulps "
-        "and as a fraction of the certified bound; failures: stage:count.",
+        "exact sum); max ulp: order-free stages and the end-to-end output; worst accumulation: max |kernel - "
+        "exact| in fp32 ulps and as a fraction of the certified bound; end to end: the returned output vs the "
+        "golden model run on its own (differing / unexplained elements); failures: stage:count.",
         "",
     ]
-    lines += _invariance_section(results)
-    failing = [r for r in results if r.verdict == FAIL or r.warnings]
+    failing = [c for c in cases if c["verdict"] == FAIL or _warnings(c)]
     lines += ["## Failures", ""]
     if not failing:
         lines += ["None.", ""]
-    for r in failing[:MAX_DETAILED]:
-        lines += _details(r)
+    for c in failing[:MAX_DETAILED]:
+        lines += _details(c)
     if len(failing) > MAX_DETAILED:
         lines += [f"... and {len(failing) - MAX_DETAILED} more (see report.json).", ""]
-    env_lines = [f"- {k}: {v}" for k, v in env.items()]
-    return "\n".join(lines + ["## Environment", ""] + env_lines) + "\n"
+    lines += _explained_section(cases)
+    lines += _invariance_section(cases)
+    lines += _mutation_section(mutation)
+    if baseline is not None:
+        lines += baseline_markdown(baseline)
+    return "\n".join(lines + ["## Environment", ""] + _env_lines(env)) + "\n"
 
 
-def write_report(results: list[CaseResult], env: dict, out_dir) -> dict[str, Path]:
-    """Write report.json and summary.md into ``out_dir`` (created if needed).
+def write_report(
+    results, env: dict, out_dir, *, mutation=None, baseline=None, gpu_report=None, html: bool = True
+) -> dict[str, Path]:
+    """Write report.json, summary.md and (``html``) report.html into ``out_dir`` (created if needed).
 
-    Returns ``{"json": Path, "summary": Path}``. Raises ValueError if a file would reach 16 MiB (report.json:
-    the caller should split the run; summary.md is truncated automatically first).
+    Returns ``{"json": Path, "summary": Path, "html": Path}``. Raises ValueError if report.json would reach
+    16 MiB (the caller should split the run); summary.md is truncated and report.html drops figures to fit.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(report_dict(results, env), indent=1, allow_nan=False)
+    rep = report_dict(results, env, mutation=mutation, baseline=baseline, gpu_report=gpu_report)
+    data = json.dumps(rep, indent=1, allow_nan=False)
     if len(data.encode()) >= MAX_BYTES:
-        raise ValueError(
-            f"report.json would be {len(data.encode())} bytes (limit {MAX_BYTES}); split the run"
-        )
-    md = summary_markdown(results, env)
+        raise ValueError(f"report.json would be {len(data.encode())} bytes (limit {MAX_BYTES}); split the run")
+    md = summary_markdown(rep["cases"], env, mutation=mutation, baseline=baseline, gpu_report=gpu_report)
     if len(md.encode()) >= MAX_BYTES:
         md = md.encode()[: MAX_BYTES - 200].decode(errors="ignore") + "\n\n(truncated: see report.json)\n"
     paths = {"json": out / "report.json", "summary": out / "summary.md"}
     paths["json"].write_text(data)
     paths["summary"].write_text(md)
+    if html:
+        from .html import write_html
+
+        paths["html"] = write_html(rep, out / "report.html", max_bytes=MAX_BYTES)
     return paths
