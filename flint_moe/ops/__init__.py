@@ -3,6 +3,8 @@
 - ``make_route_counter`` / ``route``: rule steps 1-4 (flint_moe/ops/route.py).
 - ``flint_moe``: NVFP4 W4A16 routed experts on ``FlintMoEWeights`` for M <= ``DECODE_MAX_TOKENS``
   (flint_moe/ops/moe_nvfp4.py).
+- ``flint_moe_grouped``: the same NVFP4 MoE by grouped GEMMs for larger batches (``flint_moe`` calls it for
+  M > ``DECODE_MAX_TOKENS``; flint_moe/ops/moe_nvfp4_grouped.py).
 - ``flint_moe_bf16_decode``: BF16 experts in the TRT-LLM BlockMajorK layout for M <= ``DECODE_BF16_MAX_TOKENS``
   (flint_moe/ops/moe_bf16.py).
 """
@@ -11,14 +13,17 @@ from __future__ import annotations
 
 from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
 from .moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
+from .moe_nvfp4_grouped import GROUPED_MAX_TOKENS, flint_moe_grouped
 from .route import ROUTE_GEMV_MAX_TOKENS, make_route_counter, route
 
 __all__ = [
     "DECODE_BF16_MAX_TOKENS",
     "DECODE_MAX_TOKENS",
+    "GROUPED_MAX_TOKENS",
     "ROUTE_GEMV_MAX_TOKENS",
     "flint_moe",
     "flint_moe_bf16_decode",
+    "flint_moe_grouped",
     "make_route_counter",
     "route",
 ]

@@ -35,7 +35,8 @@ def flint_moe(
     """Routed-expert MoE output plus ``shared_output`` for a few tokens (Flint rule steps 1-10).
 
     Args:
-        x: bf16 [M, H] contiguous, M <= ``DECODE_MAX_TOKENS``; never modified.
+        x: bf16 [M, H] contiguous; never modified. M <= ``DECODE_MAX_TOKENS`` runs the decode kernels below,
+            larger M the grouped path (``flint_moe.ops.moe_nvfp4_grouped.flint_moe_grouped``, issue 6).
         router_weight: bf16 [E, H] contiguous.
         weights: ``flint_moe.layouts.FlintMoEWeights`` (FlashInfer CuTe-DSL W4A16 layout).
         top_k: experts per token, 1 <= top_k <= E.
@@ -52,7 +53,7 @@ def flint_moe(
         bf16 [M, H] (a new tensor).
 
     Raises:
-        NotImplementedError: M > DECODE_MAX_TOKENS (the grouped path is a later issue).
+        ValueError: M > ``GROUPED_MAX_TOKENS`` (grouped path).
         TypeError / ValueError: wrong dtype, shape, device or contiguity (the message names the tensor),
         top_k out of range, H of ``x`` and ``weights`` different.
     """
@@ -64,11 +65,9 @@ def flint_moe(
     check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
     M = x.shape[0]
     if M > DECODE_MAX_TOKENS:
-        raise NotImplementedError(
-            f"flint_moe: {M} tokens; the NVFP4 decode path serves M <= DECODE_MAX_TOKENS = "
-            f"{DECODE_MAX_TOKENS} "
-            "(the grouped path for larger batches is not implemented yet)"
-        )
+        from flint_moe.ops.moe_nvfp4_grouped import flint_moe_grouped
+
+        return flint_moe_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps=taps)
     E = weights.num_experts
     check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= E:

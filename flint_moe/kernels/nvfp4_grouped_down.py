@@ -1,0 +1,286 @@
+"""NVFP4 grouped down GEMM (rule steps 5, 8) + combine and shared add (steps 9-10) for larger batches
+(issue 6, owner C).
+
+``_grouped_down_kernel``: one program computes ``BH`` hidden rows of ``y`` for one row block of one expert's
+(token, slot) pairs (``moe_permute``'s schedule): ``FlintMoEWeights.w2`` codes and E4M3 block scales
+dequantised to bf16 in the main loop (exact), ``tl.dot`` with the pairs' bf16 activation rows (fp32
+accumulation on the tensor cores), epilogue ``y = bf16(RN(y_acc * w2_alpha[e]))`` (rule step 8).
+``_grouped_combine_kernel``: per token, ``acc = fma(tw_j, y_j, acc)`` for j = 0..k-1 in selection order from
++0, then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``: the decode path's combine (``nvfp4_down``'s
+``_combine_rows``), the same order and instructions, so the combine never breaks batch invariance across
+``DECODE_MAX_TOKENS`` (the accumulators may: their summation orders differ).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flint_moe.kernels._common import (
+    BF16_CVT,
+    bf16_rn,
+    check_op_tensor,
+    gdc_launch_dependents,
+    gdc_wait,
+    launch_options,
+    register_audit,
+)
+from flint_moe.kernels._nvfp4_gemv import swizzled_scale_offsets
+from flint_moe.kernels.nvfp4_grouped_gate_up import _cfg, _check_perm, default_warps, dequant_tile, mma
+
+__all__ = ["GROUPED_DOWN_CONFIG", "COMBINE_BLOCK", "nvfp4_grouped_down", "audit_specs"]
+
+#: Default launch configuration: ``BH`` hidden rows per program (a power of two >= 64), ``BK`` K elements
+#: per main-loop step (a power of two >= 32), ``num_stages``; ``num_warps`` None = ``default_warps(BM)``
+#: (``BM`` comes from the permutation).
+GROUPED_DOWN_CONFIG = {"BH": 128, "BK": 128, "num_warps": None, "num_stages": 3}
+
+#: Hidden rows per combine program.
+COMBINE_BLOCK = 1024
+
+
+@triton.jit
+def _grouped_down_kernel(
+    act_ptr,  # bf16 [P, INTER], row = pair id
+    order_ptr,  # int32 [P]
+    bexp_ptr,  # int32 [NB]
+    bstart_ptr,  # int32 [NB]
+    bend_ptr,  # int32 [NB]
+    w_ptr,  # uint8 w2 [E, H, IP / 2]
+    s_ptr,  # uint8 w2 scales, 128x4 swizzle [E, roundup(H, 128), KP]
+    alpha_ptr,  # fp32 [E]
+    y_ptr,  # bf16 [P, H] (out), row = pair id
+    dacc_ptr,  # fp32 [P, H] (out, TAP only)
+    H: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    BM: tl.constexpr,
+    BH: tl.constexpr,
+    BK: tl.constexpr,
+    DECODE: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """y[p, h] = bf16(RN(y_acc[p, h] * gs2[e])) (rule step 8) for the pairs of row block b, rows h.
+
+    Grid ``(cdiv(H, BH), NB)``: program (q, b) handles rows h in [q*BH, q*BH + BH) (masked at H) of the pairs
+    ``order[block_start[b]:block_end[b]]`` of expert ``block_expert[b]``.
+
+    Summation order of y_acc (one (pair, row), length I over the activation; padded columns i >= I are never
+    read): K steps of ``BK`` elements in increasing order, each one ``tl.dot`` (dequantised bf16 weights,
+    exact; bf16 activations; exact products) accumulated into fp32 from +0 by the tensor cores (sm_90 wgmma:
+    the hardware's internal order, truncating alignment); a partial last step adds exact zeros. Bound:
+    ``flint_moe.reference.exact.FP32_TRUNCATE`` (plain any-order model, u = 2^-23, d = I). Interpreter:
+    numpy fp32 matmul per step.
+    """
+    gdc_wait()
+    gdc_launch_dependents()
+    IPB: tl.constexpr = IP // 2
+    IB: tl.constexpr = INTER // 2
+    KP: tl.constexpr = (IP // 16 + 3) // 4 * 4
+    MP: tl.constexpr = (H + 127) // 128 * 128
+    q = tl.program_id(0)
+    b = tl.program_id(1)
+    e = tl.load(bexp_ptr + b).to(tl.int64)
+    start = tl.load(bstart_ptr + b)
+    end = tl.load(bend_ptr + b)
+    pos = start + tl.arange(0, BM)
+    r_ok = pos < end
+    pair = tl.load(order_ptr + pos, mask=r_ok, other=0).to(tl.int64)
+    h = q * BH + tl.arange(0, BH)
+    h_ok = h < H
+    hc = tl.where(h_ok, h, 0)
+    w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
+    s_base = s_ptr + e * (MP * KP)
+    a_row = act_ptr + pair * INTER
+    acc = tl.zeros([BH, BM], dtype=tl.float32)
+    if end > start:
+        for k0 in tl.range(0, INTER, BK):
+            kb = k0 // 2 + tl.arange(0, BK // 2)
+            kc = k0 // 16 + tl.arange(0, BK // 16)
+            kx = k0 + tl.arange(0, BK)
+            codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & (kb < IB)[None, :], other=0)
+            sb = tl.load(
+                s_base + swizzled_scale_offsets(hc[:, None], kc[None, :], KP),
+                mask=h_ok[:, None] & (kc < INTER // 16)[None, :],
+                other=0,
+            )
+            at = tl.load(a_row[:, None] + kx[None, :], mask=r_ok[:, None] & (kx < INTER)[None, :], other=0.0)
+            acc = mma(dequant_tile(codes, sb.to(tl.int32), BH, BK, DECODE), tl.trans(at), acc)
+    gs = tl.load(alpha_ptr + e)
+    y = bf16_rn(acc * gs)
+    off = pair[None, :] * H + h[:, None]
+    ok = h_ok[:, None] & r_ok[None, :]
+    tl.store(y_ptr + off, y, mask=ok)
+    if TAP:
+        tl.store(dacc_ptr + off, acc, mask=ok)
+
+
+@triton.jit
+def _grouped_combine_kernel(
+    tw_ptr,  # fp32 [M * TOPK]: routing weights (bf16 values)
+    y_ptr,  # bf16 [M * TOPK, H]
+    shared_ptr,  # bf16 [M, H]
+    out_ptr,  # bf16 [M, H] (out)
+    H: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Rule steps 9-10 for token ``program_id(0)``, rows [q*BLOCK, q*BLOCK + BLOCK): ``acc = fma(tw_j, y_j,
+    acc)`` for j = 0..TOPK-1 from +0 (``fma.rn.f32``, selection order), ``out = bf16(RN(fp32(bf16(acc)) +
+    fp32(shared)))`` (``cvt.rn.bf16.f32``, ``add.f32``, ``cvt.rn.bf16.f32``)."""
+    gdc_wait()
+    gdc_launch_dependents()
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    h_ok = h < H
+    out = tl.full([BLOCK], 0.0, tl.float32)
+    for j in tl.static_range(0, TOPK):
+        p = t * TOPK + j
+        y = tl.load(y_ptr + p * H + h, mask=h_ok, other=0.0)
+        tw = tl.load(tw_ptr + p)
+        out = tl.fma(tl.full([BLOCK], 0.0, tl.float32) + tw, y.to(tl.float32), out)
+    routed = bf16_rn(out)
+    sh = tl.load(shared_ptr + t * H + h, mask=h_ok, other=0.0)
+    res = bf16_rn(routed.to(tl.float32) + sh.to(tl.float32))
+    tl.store(out_ptr + t * H + h, res, mask=h_ok)
+
+
+def nvfp4_grouped_down(
+    act: torch.Tensor,
+    ids: torch.Tensor,
+    tw: torch.Tensor,
+    perm,
+    weights,
+    shared_output: torch.Tensor,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_grouped_gate_up``), grouped by expert.
+
+    Args:
+        act: bf16 [M * k, I] contiguous (row = pair t * k + j; I = ``weights.valid_intermediate``).
+        ids: int32 [M, k]; tw: fp32 [M, k] holding bf16 values (rule step 4); both contiguous.
+        perm: ``moe_permute(ids, E, block_m)`` (the same one the gate/up GEMM used).
+        weights: ``FlintMoEWeights`` (w2 uint8 [E, H, Ip/2], swizzled E4M3 scales, w2_alpha fp32 [E]).
+        shared_output: bf16 [M, H] contiguous (rule step 10).
+        taps: if a dict, the tapped build stores ``down_acc`` fp32 [M, k, H] (before the global scale),
+            ``y`` bf16 [M, k, H] and ``out`` bf16 [M, H].
+        config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK``, ``num_warps``, ``num_stages``, ``DECODE``).
+    Returns: a new bf16 [M, H] tensor (inputs never modified).
+    Raises: TypeError / ValueError naming the bad argument.
+    """
+    from flint_moe.kernels.nvfp4_gate_up import _weights_common
+
+    E, H, IP, INTER = _weights_common(weights)
+    dev = weights.w2.device
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(None, None), device=dev)
+    M, top_k = ids.shape
+    P = M * top_k
+    check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
+    check_op_tensor("act", act, dtype=torch.bfloat16, shape=(P, INTER), device=dev)
+    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
+    _check_perm(perm, P, E, dev)
+    if perm.top_k != top_k:
+        raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+    cfg = _cfg(config, GROUPED_DOWN_CONFIG, "nvfp4_grouped_down")
+    bh = int(cfg["BH"])
+    if bh < 64 or bh & (bh - 1):
+        raise ValueError(f"nvfp4_grouped_down: config BH = {bh} must be a power of two >= 64")
+    out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    y = torch.empty((P, H), dtype=torch.bfloat16, device=dev)
+    tap = taps is not None
+    dacc = torch.empty((P, H), dtype=torch.float32, device=dev) if tap else y
+    if P > 0:
+        _grouped_down_kernel[(triton.cdiv(H, bh), perm.num_blocks)](
+            act,
+            perm.order,
+            perm.block_expert,
+            perm.block_start,
+            perm.block_end,
+            weights.w2,
+            weights.w2_sf_swizzled.view(torch.uint8),
+            weights.w2_alpha,
+            y,
+            dacc,
+            H=H,
+            IP=IP,
+            INTER=INTER,
+            BM=perm.block_m,
+            BH=bh,
+            BK=int(cfg["BK"]),
+            DECODE=cfg["DECODE"],
+            TAP=tap,
+            num_warps=int(cfg["num_warps"] or default_warps(perm.block_m)),
+            num_stages=int(cfg["num_stages"]),
+            **launch_options(),
+        )
+        _grouped_combine_kernel[(M, triton.cdiv(H, COMBINE_BLOCK))](
+            tw, y, shared_output, out, H=H, TOPK=top_k, BLOCK=COMBINE_BLOCK, num_warps=4, **launch_options()
+        )
+    if tap:
+        taps["down_acc"] = dacc.view(M, top_k, H)
+        taps["y"] = y.view(M, top_k, H)
+        taps["out"] = out
+    return out
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of the grouped down kernel (the real shapes' specialisations, the tapped
+    DeepSeek-V3 build) and of the combine kernel (k = 8 and 4)."""
+    from flint_moe.kernels.nvfp4_grouped_gate_up import AUDIT_CASES
+
+    sig = {
+        "act_ptr": "*bf16",
+        "order_ptr": "*i32",
+        "bexp_ptr": "*i32",
+        "bstart_ptr": "*i32",
+        "bend_ptr": "*i32",
+        "w_ptr": "*u8",
+        "s_ptr": "*u8",
+        "alpha_ptr": "*fp32",
+        "y_ptr": "*bf16",
+        "dacc_ptr": "*fp32",
+    }
+    names = []
+    for h, i, _k, bm in AUDIT_CASES:
+        ip = (i + 63) // 64 * 64
+        for tap in (False, True) if (h, i, bm) == (7168, 2048, 128) else (False,):
+            name = f"nvfp4_grouped_down.H{h}.I{i}.BM{bm}{'.tap' if tap else ''}"
+            register_audit(
+                name,
+                _grouped_down_kernel,
+                sig,
+                {
+                    "H": h,
+                    "IP": ip,
+                    "INTER": i,
+                    "BM": bm,
+                    "BH": GROUPED_DOWN_CONFIG["BH"],
+                    "BK": GROUPED_DOWN_CONFIG["BK"],
+                    "DECODE": 2,
+                    "TAP": tap,
+                },
+                [BF16_CVT, "wgmma.mma_async", "griddepcontrol.wait"],
+                options={
+                    "num_warps": default_warps(bm),
+                    "num_stages": GROUPED_DOWN_CONFIG["num_stages"],
+                },
+            )
+            names.append(name)
+    for h, k in ((7168, 8), (2880, 4)):
+        name = f"nvfp4_grouped_combine.H{h}.k{k}"
+        register_audit(
+            name,
+            _grouped_combine_kernel,
+            {"tw_ptr": "*fp32", "y_ptr": "*bf16", "shared_ptr": "*bf16", "out_ptr": "*bf16"},
+            {"H": h, "TOPK": k, "BLOCK": COMBINE_BLOCK},
+            [BF16_CVT, "fma.rn.f32", "griddepcontrol.wait"],
+            options={"num_warps": 4},
+        )
+        names.append(name)
+    return names
+
+
+audit_specs()

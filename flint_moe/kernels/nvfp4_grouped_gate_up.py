@@ -1,0 +1,367 @@
+"""NVFP4 grouped gate/up GEMM + SwiGLU for larger batches on Hopper (rule steps 5-7; issue 6, owner C).
+
+One program computes a ``BC``-column slice of the intermediate (its up and its gate rows) for one row block of
+one expert's (token, slot) pairs (``moe_permute``'s schedule): the NVFP4 codes and E4M3 block scales of
+``FlintMoEWeights.w1`` are dequantised in the main loop to bf16 (``E2M1 x E4M3`` has at most 2 + 4
+significant bits and lies in [2^-10, 2688]: exact in bf16), multiplied with the gathered bf16 token rows on
+the tensor cores (``tl.dot``: wgmma with fp32 accumulation on sm_90), and the epilogue applies rule steps 6-7
+(global scale on the fp32 accumulator, the SwiGLU with the pinned ``ex2.approx.ftz.f32`` /
+``rcp.approx.ftz.f32``, ``cvt.rn.bf16.f32``) exactly as the decode kernel ``nvfp4_gate_up`` does.
+
+The product is computed transposed (``acc[BC, BM] = W[BC, K] . X[BM, K]^T``: weight rows on the MMA's M
+side, tokens on its N side) so that small row blocks (16 pairs) still use the 64-row wgmma. Seed: the
+SM100 CuTe-DSL grouped GEMM ``moe_cute`` of ``vllm.models.flint`` (semantics only: same weights, same rule).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flint_moe.kernels._common import (
+    BF16_CVT,
+    INTERPRET,
+    bf16_rn,
+    check_op_tensor,
+    ex2_approx_ftz,
+    gdc_launch_dependents,
+    gdc_wait,
+    launch_options,
+    rcp_approx_ftz,
+    register_audit,
+)
+from flint_moe.kernels._nvfp4_gemv import decode_e2m1, e4m3_to_f32, swizzled_scale_offsets
+
+__all__ = [
+    "GROUPED_GATE_UP_CONFIG",
+    "grouped_config",
+    "default_warps",
+    "nvfp4_grouped_gate_up",
+    "dequant_tile",
+    "audit_specs",
+]
+
+_INTERPRET = tl.constexpr(INTERPRET)
+
+#: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), as the decode kernel.
+_C = tl.constexpr(-1.44269502162933349609375)
+
+#: Default launch configuration: ``BC`` intermediate columns per program (16, 32 or 64, so a tile's rows
+#: lie in one 128-row [up; gate] group of w1), ``BK`` K elements per main-loop step (a power of two >= 32),
+#: ``num_stages``; ``num_warps`` None = ``default_warps(BM)``. ``BM`` (pairs per row block) comes from the
+#: permutation (:func:`grouped_config`). The K steps are added in increasing order and the order inside one
+#: tensor-core dot is the hardware's, so ``BK`` (and possibly the MMA shape that ``BM`` / ``num_warps``
+#: select) can change accumulator bits; the certified bound holds for all of them (kernel docstring).
+GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": 128, "num_warps": None, "num_stages": 3}
+
+
+def default_warps(block_m: int) -> int:
+    """8 warps for 128-pair row blocks (two warpgroups split the tokens), else 4 (one warpgroup)."""
+    return 8 if block_m >= 128 else 4
+
+
+def grouped_config(pairs: int, num_experts: int) -> dict:
+    """Row-block size ``BM`` and warps for ``pairs`` (token, slot) pairs over ``num_experts`` experts.
+
+    ``BM`` = the power of two in [16, 128] at or above the mean pairs per expert (so a typical expert fills
+    one block without much padding); ``num_warps`` 8 for ``BM = 128`` (two 64-row accumulators of 128 columns
+    each), else 4. Depends only on (pairs, E), never on the routing, so the kernels' bits for a row never
+    depend on the other rows' values (row independence).
+    """
+    mean = -(-pairs // max(num_experts, 1))
+    bm = 16
+    while bm < mean and bm < 128:
+        bm *= 2
+    return {"BM": bm, "num_warps": default_warps(bm)}
+
+
+@triton.jit
+def dequant_tile(codes, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):
+    """uint8 codes [R, BK/2] (low nibble = even element) and E4M3 scale bytes [R, BK/16] (int32) ->
+    the exact dequantised weights ``E2M1 * E4M3`` [R, BK]: fp32 under the interpreter, bf16 on the GPU
+    (the product is exact in both; the conversion is exact)."""
+    lo, hi = decode_e2m1(codes, DECODE)
+    sc = e4m3_to_f32(sb)
+    w = tl.reshape(tl.join(lo, hi), [R, BK // 16, 16]) * sc[:, :, None]
+    w = tl.reshape(w, [R, BK])
+    if _INTERPRET:
+        return w
+    else:
+        return w.to(tl.bfloat16)
+
+
+@triton.jit
+def mma(w, xt, acc):
+    """``acc + w . xt`` with fp32 accumulation: GPU ``tl.dot`` on bf16 (wgmma); interpreter: an fp32 dot of
+    the exact fp32 values (INTERPRETER SHIM: Triton 3.6's interpreter multiplies bf16 bit patterns as
+    integers), ``input_precision="ieee"`` (numpy fp32 matmul, round-to-nearest)."""
+    if _INTERPRET:
+        return tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(w, xt, acc)
+
+
+@triton.jit
+def _grouped_gate_up_kernel(
+    x_ptr,  # bf16 [M, H]
+    order_ptr,  # int32 [P]: pair ids sorted by expert
+    bexp_ptr,  # int32 [NB]: expert of row block b
+    bstart_ptr,  # int32 [NB]: first position of block b in order
+    bend_ptr,  # int32 [NB]: one past its last position
+    w_ptr,  # uint8 w1 [E, 2 * IP, H / 2]
+    s_ptr,  # uint8 w1 scales, 128x4 swizzle [E, roundup(2 * IP, 128), KP]
+    alpha_ptr,  # fp32 [E]
+    act_ptr,  # bf16 [P, INTER] (out), row = pair id
+    gacc_ptr,  # fp32 [P, INTER] (out, TAP only)
+    uacc_ptr,  # fp32 [P, INTER] (out, TAP only)
+    H: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    TOPK: tl.constexpr,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    DECODE: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
+
+    Grid ``(cdiv(INTER, BC), NB)``: program (q, b) handles columns n in [q*BC, q*BC + BC) (n < INTER; padded
+    rows of w1 are never read) of the pairs ``order[block_start[b]:block_end[b]]`` of expert
+    ``block_expert[b]`` (an empty block does nothing). Up row of n: ``(n // 64) * 128 + n % 64``, gate row:
+    that + 64 (docs/layouts.md).
+
+    Summation order of g_acc / u_acc (one (pair, column), length H): K steps of ``BK`` elements in increasing
+    order, each one ``tl.dot`` of the dequantised bf16 weights (exact) and the bf16 token row (exact
+    products) accumulated into the fp32 accumulator (from +0) by the tensor cores (sm_90 wgmma, the hardware's
+    internal order and its truncating alignment inside one MMA); columns of a partial last step (H not a
+    multiple of BK) add exact zeros. Bound: the plain any-order model with tensor-core truncation,
+    ``flint_moe.reference.exact.FP32_TRUNCATE`` (u = 2^-23, d = H). Under the interpreter: numpy fp32 matmul
+    per step (round to nearest), within the same bound. No block regrouping: a product is
+    ``x * (E2M1 * E4M3)``, not ``(x * E2M1) * E4M3``.
+
+    Rule steps: 6 (``mul.f32`` by w1_alpha[e] on the fp32 accumulator), 7 (``mul``, ``ex2.approx.ftz.f32``,
+    ``add``, ``rcp.approx.ftz.f32``, ``mul``, ``mul``, ``cvt.rn.bf16.f32``). TAP: also store g_acc / u_acc.
+    """
+    gdc_wait()
+    gdc_launch_dependents()
+    HB: tl.constexpr = H // 2
+    KP: tl.constexpr = (H // 16 + 3) // 4 * 4
+    MP: tl.constexpr = (2 * IP + 127) // 128 * 128
+    q = tl.program_id(0)
+    b = tl.program_id(1)
+    e = tl.load(bexp_ptr + b).to(tl.int64)
+    start = tl.load(bstart_ptr + b)
+    end = tl.load(bend_ptr + b)
+    pos = start + tl.arange(0, BM)
+    r_ok = pos < end
+    pair = tl.load(order_ptr + pos, mask=r_ok, other=0)
+    tok = (pair // TOPK).to(tl.int64)
+    cols = q * BC + tl.arange(0, BC)
+    c_ok = cols < INTER
+    up_row = (cols // 64) * 128 + cols % 64
+    gate_row = up_row + 64
+    w_base = w_ptr + e * (2 * IP * HB)
+    s_base = s_ptr + e * (MP * KP)
+    wu_row = w_base + up_row.to(tl.int64) * HB
+    wg_row = w_base + gate_row.to(tl.int64) * HB
+    x_row = x_ptr + tok * H
+    acc_u = tl.zeros([BC, BM], dtype=tl.float32)
+    acc_g = tl.zeros([BC, BM], dtype=tl.float32)
+    if end > start:
+        for k0 in tl.range(0, H, BK):
+            kb = k0 // 2 + tl.arange(0, BK // 2)
+            kc = k0 // 16 + tl.arange(0, BK // 16)
+            kx = k0 + tl.arange(0, BK)
+            cm = c_ok[:, None] & (kb < HB)[None, :]
+            sm = c_ok[:, None] & (kc < H // 16)[None, :]
+            cu = tl.load(wu_row[:, None] + kb[None, :], mask=cm, other=0)
+            cg = tl.load(wg_row[:, None] + kb[None, :], mask=cm, other=0)
+            su = tl.load(s_base + swizzled_scale_offsets(up_row[:, None], kc[None, :], KP), mask=sm, other=0)
+            sg = tl.load(s_base + swizzled_scale_offsets(gate_row[:, None], kc[None, :], KP), mask=sm, other=0)
+            xt = tl.load(x_row[:, None] + kx[None, :], mask=r_ok[:, None] & (kx < H)[None, :], other=0.0)
+            xt = tl.trans(xt)  # [BK, BM]
+            acc_u = mma(dequant_tile(cu, su.to(tl.int32), BC, BK, DECODE), xt, acc_u)
+            acc_g = mma(dequant_tile(cg, sg.to(tl.int32), BC, BK, DECODE), xt, acc_g)
+    gs = tl.load(alpha_ptr + e)
+    g = acc_g * gs
+    u = acc_u * gs
+    a = g * _C
+    pe = ex2_approx_ftz(a)
+    d = pe + 1.0
+    rc = rcp_approx_ftz(d)
+    act = bf16_rn(u * (g * rc))
+    off = pair.to(tl.int64)[None, :] * INTER + cols[:, None]
+    ok = c_ok[:, None] & r_ok[None, :]
+    tl.store(act_ptr + off, act, mask=ok)
+    if TAP:
+        tl.store(gacc_ptr + off, acc_g, mask=ok)
+        tl.store(uacc_ptr + off, acc_u, mask=ok)
+
+
+def _check_perm(perm, pairs: int, num_experts: int, dev: torch.device) -> None:
+    from flint_moe.kernels.moe_permute import MoEPermutation
+
+    if not isinstance(perm, MoEPermutation):
+        raise TypeError(f"perm: expected a MoEPermutation (moe_permute), got {type(perm).__name__}")
+    if perm.num_experts != num_experts:
+        raise ValueError(f"perm: built for {perm.num_experts} experts, weights hold {num_experts}")
+    check_op_tensor("perm.order", perm.order, dtype=torch.int32, shape=(pairs,), device=dev)
+    nb = perm.num_blocks
+    for name in ("block_expert", "block_start", "block_end"):
+        check_op_tensor(f"perm.{name}", getattr(perm, name), dtype=torch.int32, shape=(nb,), device=dev)
+
+
+def _cfg(config: dict | None, default: dict, name: str) -> dict:
+    cfg = dict(default)
+    if config:
+        unknown = set(config) - set(default) - {"DECODE"}
+        if unknown:
+            raise ValueError(f"{name}: unknown config keys {sorted(unknown)}")
+        cfg.update(config)
+    bk = int(cfg["BK"])
+    if bk < 32 or bk & (bk - 1):
+        raise ValueError(f"{name}: config BK = {bk} must be a power of two >= 32")
+    decode = int(cfg.get("DECODE", 0 if INTERPRET else 2))
+    if decode not in (0, 1, 2):
+        raise ValueError(f"{name}: config DECODE must be 0, 1 or 2, got {decode}")
+    cfg["DECODE"] = decode
+    return cfg
+
+
+def nvfp4_grouped_gate_up(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    perm,
+    weights,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Rule steps 5-7 for every (token, slot) pair, grouped by expert: act bf16 [M * k, I] (row = pair).
+
+    Args:
+        x: bf16 [M, H] contiguous (never modified).
+        ids: int32 [M, k] contiguous (rule step 2): the experts ``perm`` was built from.
+        perm: ``moe_permute(ids, E, block_m)``; ``block_m`` is the kernel's BM.
+        weights: ``FlintMoEWeights`` (w1 uint8 [E, 2Ip, H/2], 128x4-swizzled E4M3 scales, w1_alpha fp32 [E]).
+        taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, I] (before the
+            global scale) and ``act`` bf16 [M, k, I].
+        config: overrides of ``GROUPED_GATE_UP_CONFIG`` (``BC``, ``BK``, ``num_warps``, ``num_stages``,
+            ``DECODE``).
+    Raises:
+        TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, config).
+    """
+    from flint_moe.kernels.nvfp4_gate_up import _weights_common
+
+    E, H, IP, INTER = _weights_common(weights)
+    dev = weights.w1.device
+    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
+    M = x.shape[0]
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(M, None), device=dev)
+    top_k = ids.shape[1]
+    _check_perm(perm, M * top_k, E, dev)
+    if perm.top_k != top_k:
+        raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+    cfg = _cfg(config, GROUPED_GATE_UP_CONFIG, "nvfp4_grouped_gate_up")
+    bc = int(cfg["BC"])
+    if bc < 16 or bc > 64 or bc & (bc - 1):
+        raise ValueError(f"nvfp4_grouped_gate_up: config BC = {bc} must be 16, 32 or 64")
+    P = M * top_k
+    act = torch.empty((P, INTER), dtype=torch.bfloat16, device=dev)
+    tap = taps is not None
+    if tap:
+        gacc = torch.empty((P, INTER), dtype=torch.float32, device=dev)
+        uacc = torch.empty_like(gacc)
+    else:
+        gacc = uacc = act  # never written
+    if P > 0:
+        grid = (triton.cdiv(INTER, bc), perm.num_blocks)
+        _grouped_gate_up_kernel[grid](
+            x,
+            perm.order,
+            perm.block_expert,
+            perm.block_start,
+            perm.block_end,
+            weights.w1,
+            weights.w1_sf_swizzled.view(torch.uint8),
+            weights.w1_alpha,
+            act,
+            gacc,
+            uacc,
+            H=H,
+            IP=IP,
+            INTER=INTER,
+            TOPK=top_k,
+            BM=perm.block_m,
+            BC=bc,
+            BK=int(cfg["BK"]),
+            DECODE=cfg["DECODE"],
+            TAP=tap,
+            num_warps=int(cfg["num_warps"] or default_warps(perm.block_m)),
+            num_stages=int(cfg["num_stages"]),
+            **launch_options(),
+        )
+    if tap:
+        taps["gate_acc"] = gacc.view(M, top_k, INTER)
+        taps["up_acc"] = uacc.view(M, top_k, INTER)
+        taps["act"] = act.view(M, top_k, INTER)
+    return act
+
+
+#: (H, I, k, BM) specialisations of the conformance matrix's real shapes audited for sm_90.
+AUDIT_CASES = [
+    (7168, 2048, 8, 16),
+    (7168, 2048, 8, 128),
+    (2048, 768, 8, 64),
+    (4096, 1536, 8, 128),
+    (2880, 2880, 4, 128),
+]
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of the grouped gate/up kernel (production builds, and the tapped build of
+    DeepSeek-V3): the rule's instructions present, wgmma present (tensor cores), no fp64 / div.full."""
+    sig = {
+        "x_ptr": "*bf16",
+        "order_ptr": "*i32",
+        "bexp_ptr": "*i32",
+        "bstart_ptr": "*i32",
+        "bend_ptr": "*i32",
+        "w_ptr": "*u8",
+        "s_ptr": "*u8",
+        "alpha_ptr": "*fp32",
+        "act_ptr": "*bf16",
+        "gacc_ptr": "*fp32",
+        "uacc_ptr": "*fp32",
+    }
+    names = []
+    for h, i, k, bm in AUDIT_CASES:
+        ip = (i + 63) // 64 * 64
+        for tap in (False, True) if (h, i, bm) == (7168, 2048, 128) else (False,):
+            name = f"nvfp4_grouped_gate_up.H{h}.I{i}.BM{bm}{'.tap' if tap else ''}"
+            warps = default_warps(bm)
+            register_audit(
+                name,
+                _grouped_gate_up_kernel,
+                sig,
+                {
+                    "H": h,
+                    "IP": ip,
+                    "INTER": i,
+                    "TOPK": k,
+                    "BM": bm,
+                    "BC": GROUPED_GATE_UP_CONFIG["BC"],
+                    "BK": GROUPED_GATE_UP_CONFIG["BK"],
+                    "DECODE": 2,
+                    "TAP": tap,
+                },
+                [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "wgmma.mma_async", "griddepcontrol.wait"],
+                options={"num_warps": warps, "num_stages": GROUPED_GATE_UP_CONFIG["num_stages"]},
+            )
+            names.append(name)
+    return names
+
+
+audit_specs()

@@ -1,0 +1,94 @@
+"""``flint_moe_grouped``: routed NVFP4 experts + shared output for larger batches (issue 6, owner C).
+
+Launches on the current stream: ``route`` (for M > ROUTE_GEMV_MAX_TOKENS the fp32 cuBLAS router GEMM, the
+explicit bf16 cast and the Triton top-k; rule steps 1-4), ``moe_permute`` (pairs sorted by expert, row-block
+schedule; torch ops, deterministic, no host synchronisation), ``nvfp4_grouped_gate_up`` (steps 5-7),
+``nvfp4_grouped_down`` (steps 5, 8) and its combine kernel (steps 9-10). Reads the same ``FlintMoEWeights``
+as the decode path. ``flint_moe`` (flint_moe/ops/moe_nvfp4.py) calls it for M > DECODE_MAX_TOKENS; it serves
+any M >= 1 itself (the conformance path ``nvfp4_grouped`` runs it on both sides of the threshold).
+Seed: the grouped (``moe_cute``) branch of ``vllm.models.flint.ops.moe`` (semantics only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flint_moe.kernels._common import check_op_tensor
+from flint_moe.kernels.moe_permute import moe_permute
+from flint_moe.kernels.nvfp4_grouped_down import nvfp4_grouped_down
+from flint_moe.kernels.nvfp4_grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+
+__all__ = ["GROUPED_MAX_TOKENS", "flint_moe_grouped"]
+
+#: Largest token count accepted (tested on the H200 up to 16384 at DeepSeek-V3; the limit keeps the
+#: activation and y buffers, P * (I + H) * 2 bytes with P = M * k, and the int32 pair positions in range).
+GROUPED_MAX_TOKENS = 65536
+
+
+def flint_moe_grouped(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    weights,
+    top_k: int,
+    counter: torch.Tensor,
+    shared_output: torch.Tensor,
+    shared_ready: torch.cuda.Event | None = None,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Routed-expert MoE output plus ``shared_output`` by grouped GEMMs (Flint rule steps 1-10).
+
+    Args:
+        x: bf16 [M, H] contiguous, M <= GROUPED_MAX_TOKENS (M = 0 returns an empty tensor and fills no
+            taps); never modified.
+        router_weight: bf16 [E, H] contiguous.
+        weights: ``flint_moe.layouts.FlintMoEWeights``.
+        top_k: experts per token, 1 <= top_k <= E (and the router's limit, 16).
+        counter: ``make_route_counter(device)`` buffer (used by ``route`` only for M <= ROUTE_GEMV_MAX_TOKENS).
+        shared_output: bf16 [M, H] contiguous (rule step 10), read only by the combine kernel.
+        shared_ready: optional CUDA event the current stream waits on before the down GEMM.
+        taps: optional dict; receives ``router_acc``, ``logits``, ``ids``, ``weights`` (``route``),
+            ``gate_acc``, ``up_acc`` fp32 [M, k, I], ``act`` bf16 [M, k, I], ``down_acc`` fp32 [M, k, H],
+            ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/CONTRACTS.md "Taps"); outputs are bitwise those of
+            the production build.
+        config: optional ``{"gate_up": {...}, "down": {...}, "BM": int}`` launch overrides (benchmarks).
+    Returns:
+        bf16 [M, H] (a new tensor).
+    Raises:
+        TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, top_k range);
+        ValueError for M > GROUPED_MAX_TOKENS.
+    """
+    from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
+
+    if not isinstance(weights, FlintMoEWeights):
+        raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
+    dev = weights.w1.device
+    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
+    M = int(x.shape[0])
+    if M > GROUPED_MAX_TOKENS:
+        raise ValueError(f"x: {M} tokens exceed GROUPED_MAX_TOKENS = {GROUPED_MAX_TOKENS}")
+    E = weights.num_experts
+    check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= E:
+        raise ValueError(f"top_k: must be an int in [1, {E}], got {top_k!r}")
+    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
+    if shared_ready is not None and not isinstance(shared_ready, torch.cuda.Event):
+        raise TypeError(f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}")
+    if taps is not None and not isinstance(taps, dict):
+        raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+    cfg = dict(config or {})
+    unknown = set(cfg) - {"gate_up", "down", "BM"}
+    if unknown:
+        raise ValueError(f"config: unknown keys {sorted(unknown)}")
+    from flint_moe.ops.route import route
+
+    if M == 0:
+        return torch.empty((0, weights.hidden_size), dtype=torch.bfloat16, device=dev)
+    ids, tw = route(x, router_weight, top_k, counter, taps=taps)
+    bm = int(cfg.get("BM", grouped_config(M * top_k, E)["BM"]))
+    perm = moe_permute(ids, E, bm)
+    act = nvfp4_grouped_gate_up(x, ids, perm, weights, taps=taps, config=cfg.get("gate_up"))
+    if shared_ready is not None:
+        shared_ready.wait(torch.cuda.current_stream(dev))
+    return nvfp4_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=cfg.get("down"))

@@ -1,0 +1,153 @@
+"""Grouped NVFP4 path under Triton's interpreter (CPU CI): golden model fed the kernels' own taps.
+
+DeepSeek-like properties scaled down: E and H not powers of two, k = 3 of E = 6..10, I a multiple of 64 and
+a padded I (176 -> 192), K steps with a partial last step (H = 160 with BK = 64; I = 176 with BK = 64),
+row blocks shared by several tokens, experts with no token and one expert picked by every token.
+Order-free steps (global scale, SwiGLU, bf16 casts, combine, shared add) are compared bit for bit for every
+pair; accumulators against the certified bound of the kernels' documented order (``FP32_TRUNCATE``, the
+plain any-order tensor-core model). The tapped build's outputs equal the production build's bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flint_moe.kernels.moe_permute import moe_permute
+from flint_moe.kernels.nvfp4_grouped_down import nvfp4_grouped_down
+from flint_moe.kernels.nvfp4_grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_grouped, make_route_counter
+
+from ._grouped_check import check_grouped_taps
+from ._nvfp4_check import make_inputs, make_weights, same
+from ._router_check import check_route
+
+BACKEND = "interpreter"
+
+# Interpreter configs: small K steps so that H = 160 and I = 176 end in a partial step.
+GU = {"BC": 32, "BK": 64}
+DN = {"BH": 64, "BK": 64}
+
+
+def _run(w, x, ids, tw, sh, taps=None, bm=16):
+    perm = moe_permute(ids, w.num_experts, bm)
+    act = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps, config=GU)
+    return nvfp4_grouped_down(act, ids, tw, perm, w, sh, taps=taps, config=DN)
+
+
+def _all_pairs(M, k):
+    return [(m, j) for m in range(M) for j in range(k)]
+
+
+def test_kernels_match_golden_from_taps_and_production():
+    E, H, I, M, k = 6, 160, 192, 11, 3
+    w = make_weights(E, H, I, seed=3)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=3)
+    x0, ids0, tw0, sh0 = (t.clone() for t in (x, ids, tw, sh))
+    taps: dict = {}
+    out = _run(w, x, ids, tw, sh, taps)
+    counts = check_grouped_taps(w, x, ids, tw, sh, taps, out, acc_pairs=_all_pairs(M, k))
+    assert counts["pairs"] == M * k and counts["acc_elements"] == M * k * (2 * I + H)
+    for a, b in ((x, x0), (ids, ids0), (tw, tw0), (sh, sh0)):
+        assert same(a, b), "an input was modified"
+    assert same(_run(w, x, ids, tw, sh), out), "production build differs from the tapped build"
+    # another row-block size and launch shape give the same act bits here (numpy dots per K step)
+    assert same(_run(w, x, ids, tw, sh, bm=32), out)
+
+
+def test_empty_experts_and_expert_with_every_token_padded_intermediate():
+    # I = 176 stored padded to 192 (padded rows / columns never read); expert 4 is picked by every token
+    # (19 pairs: two row blocks of 16), experts 1, 3, 6 by none.
+    E, H, I, M, k = 7, 96, 176, 19, 2
+    w = make_weights(E, H, I, seed=5, pad_to=192)
+    x, _, tw, sh = make_inputs(M, H, E, k, seed=5)
+    ids = torch.empty(M, k, dtype=torch.int32)
+    ids[:, 0] = 4
+    ids[:, 1] = torch.tensor([0, 2, 5])[torch.arange(M) % 3].to(torch.int32)
+    taps: dict = {}
+    out = _run(w, x, ids, tw, sh, taps)
+    check_grouped_taps(w, x, ids, tw, sh, taps, out, acc_pairs=[(0, 0), (M - 1, 0), (5, 1), (M - 1, 1)])
+
+
+def test_poisoned_padding_changes_nothing():
+    """NaN / 0x7F bytes in the padded rows and columns of w1 / w2 codes and scales change no bit."""
+    E, H, I, M, k = 5, 96, 176, 10, 2
+    w = make_weights(E, H, I, seed=7, pad_to=192)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=7)
+    clean = _run(w, x, ids, tw, sh)
+    w.w1.view(E, -1, 128, H // 2)[:, -1, 48:64] = 0x77  # up rows of padded columns 176..191
+    w.w1.view(E, -1, 128, H // 2)[:, -1, 112:128] = 0x77  # gate rows of padded columns
+    w.w2[:, :, I // 2 :] = 0xFF
+    w.w2_sf_swizzled.view(torch.uint8).view(E, -1)[:, :] = torch.where(
+        w.w2_sf_swizzled.view(torch.uint8).view(E, -1) == 0, 0x7F, w.w2_sf_swizzled.view(torch.uint8).view(E, -1)
+    )
+    assert same(_run(w, x, ids, tw, sh), clean)
+
+
+def test_op_end_to_end_and_dispatch():
+    """route (cuBLAS-path GEMM + top-k for M > 8) + permutation + grouped GEMMs; ``flint_moe`` dispatches
+    M > DECODE_MAX_TOKENS to it (same bits)."""
+    E, H, I, k, M = 10, 160, 64, 3, DECODE_MAX_TOKENS + 4
+    w = make_weights(E, H, I, seed=9)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    router = (torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16)
+    shared = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    counter = make_route_counter("cpu")
+    taps: dict = {}
+    out_t = flint_moe_grouped(x, router, w, k, counter, shared, taps=taps)
+    check_route(x, router, k, taps["ids"], taps["weights"], taps)
+    check_grouped_taps(w, x, taps["ids"], taps["weights"], shared, taps, out_t, acc_pairs=[(0, 0), (M - 1, 2)])
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared), out_t)
+    assert same(flint_moe(x, router, w, k, counter, shared), out_t)
+    # the grouped op also serves M <= DECODE_MAX_TOKENS (the conformance path runs both sides)
+    t2: dict = {}
+    o2 = flint_moe_grouped(x[:3].contiguous(), router, w, k, counter, shared[:3].contiguous(), taps=t2)
+    check_grouped_taps(w, x[:3], t2["ids"], t2["weights"], shared[:3], t2, o2)
+
+
+def test_grouped_config():
+    assert grouped_config(8 * 16384, 256) == {"BM": 128, "num_warps": 8}
+    assert grouped_config(8 * 4096, 256) == {"BM": 128, "num_warps": 8}
+    assert grouped_config(8 * 1024, 256) == {"BM": 32, "num_warps": 4}
+    assert grouped_config(8 * 16, 256) == {"BM": 16, "num_warps": 4}
+
+
+def test_bad_inputs_raise():
+    E, H, I, M, k = 5, 96, 64, 9, 2
+    w = make_weights(E, H, I, seed=1)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=1)
+    perm = moe_permute(ids, E, 16)
+    with pytest.raises(TypeError, match="^perm"):
+        nvfp4_grouped_gate_up(x, ids, object(), w)
+    with pytest.raises(ValueError, match="^perm"):
+        nvfp4_grouped_gate_up(x, ids, moe_permute(ids, E + 1, 16), w)
+    with pytest.raises(ValueError, match="^perm.order"):
+        nvfp4_grouped_gate_up(x[:4].contiguous(), ids[:4].contiguous(), perm, w)
+    with pytest.raises(TypeError, match="^x"):
+        nvfp4_grouped_gate_up(x.float(), ids, perm, w)
+    with pytest.raises(ValueError, match="BK"):
+        nvfp4_grouped_gate_up(x, ids, perm, w, config={"BK": 48})
+    with pytest.raises(ValueError, match="BC"):
+        nvfp4_grouped_gate_up(x, ids, perm, w, config={"BC": 128})
+    with pytest.raises(ValueError, match="unknown config"):
+        nvfp4_grouped_gate_up(x, ids, perm, w, config={"BN": 8})
+    act = torch.zeros(M * k, I, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^act"):
+        nvfp4_grouped_down(act[:3], ids, tw, perm, w, sh)
+    with pytest.raises(TypeError, match="^tw"):
+        nvfp4_grouped_down(act, ids, tw.double(), perm, w, sh)
+    with pytest.raises(ValueError, match="^shared_output"):
+        nvfp4_grouped_down(act, ids, tw, perm, w, sh[:, :32])
+    with pytest.raises(ValueError, match="BH"):
+        nvfp4_grouped_down(act, ids, tw, perm, w, sh, config={"BH": 32})
+    router = torch.zeros(E, H, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="top_k"):
+        flint_moe_grouped(x, router, w, E + 1, None, sh)
+    with pytest.raises(TypeError, match="^router_weight"):
+        flint_moe_grouped(x, router.float(), w, k, None, sh)
+    with pytest.raises(TypeError, match="^weights"):
+        flint_moe_grouped(x, router, object(), k, None, sh)
+    with pytest.raises(ValueError, match="^config"):
+        flint_moe_grouped(x, router, w, k, None, sh, config={"BN": 1})
+    assert flint_moe_grouped(x[:0], router, w, k, None, sh[:0]).shape == (0, H)
