@@ -93,6 +93,7 @@ class FlintNvfp4Experts(nn.Module):
         self._stack: ExpertStack | None = ExpertStack(num_experts, hidden_size, intermediate_size, device=dev)
         self.weights = None  # FlintMoEWeights once loaded
         self.compiled_token_counts: list[int] = []
+        self._repack_error: str | None = None
         self.register_buffer("route_counter", make_route_counter(dev), persistent=False)
         self._shared = SharedRunner()
 
@@ -109,7 +110,7 @@ class FlintNvfp4Experts(nn.Module):
         """Load (name, tensor) pairs (class docstring); returns the names accepted by this call."""
         done: set[str] = set()
         for name, t in weights:
-            if self._stack is None:
+            if self._stack is None or self._repack_error is not None:
                 raise ValueError(f"{name}: every expert is already loaded (load_weights after completion)")
             self._stack.add(name, t)
             done.add(name)
@@ -119,9 +120,13 @@ class FlintNvfp4Experts(nn.Module):
 
     def _repack(self) -> None:
         experts = self._stack.finish()
-        self._stack = None  # the checkpoint buffers go with it (w13 becomes w1 when repacked in place)
         inplace = self.pad_intermediate_to is None
-        self.weights = experts.to_flint_weights(pad_intermediate_to=self.pad_intermediate_to, inplace=inplace)
+        try:  # from_modelopt validates everything before it reorders w13 in place
+            self.weights = experts.to_flint_weights(pad_intermediate_to=self.pad_intermediate_to, inplace=inplace)
+        except ValueError as exc:
+            self._repack_error = str(exc)
+            raise
+        self._stack = None  # the checkpoint buffers go with it (w13 became w1 when repacked in place)
         del experts
         self._warmup()
 
@@ -159,6 +164,8 @@ class FlintNvfp4Experts(nn.Module):
             RuntimeError: before every expert is loaded. NotImplementedError: M above what ``flint_moe``
             serves. TypeError / ValueError from ``flint_moe`` (names the tensor).
         """
+        if self._repack_error is not None:
+            raise RuntimeError(f"FlintNvfp4Experts: loading failed: {self._repack_error}")
         if self.weights is None:
             have = 0 if self._stack is None else len(self._stack.loaded)
             miss = [] if self._stack is None else self._stack.missing(4)
