@@ -31,8 +31,10 @@ __all__ = [
     "matrix",
 ]
 
-#: Kernel paths of this slice (``flint_moe.conformance.paths.PATHS`` keys).
-PATH_NAMES = ("nvfp4_decode", "bf16_decode")
+#: Kernel paths of this slice (``flint_moe.conformance.paths.PATHS`` keys). A path's name starts with the
+#: stored weight format it reads (``nvfp4_`` -> ``FlintMoEWeights``, ``bf16_`` -> the TRT-LLM BF16 layout).
+#: ``nvfp4_grouped`` (issue 6): ``flint_moe.ops.flint_moe_grouped`` on both sides of DECODE_MAX_TOKENS.
+PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped")
 
 #: Data profiles each path supports (docs/CONTRACTS.md "Issue 5"; generators in ``profiles.py``).
 #: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
@@ -47,6 +49,7 @@ PATH_PROFILES: dict[str, tuple[str, ...]] = {
         "asymmetric", "tiny_sigmoids",
     ),
 }  # fmt: skip
+PATH_PROFILES["nvfp4_grouped"] = PATH_PROFILES["nvfp4_decode"]  # same weights (FlintMoEWeights), same rule
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ CPU_SHAPES = {
     "nvfp4_decode": (_cpu(6, 96, 64, 3), _cpu(10, 160, 192, 3), _cpu(6, 96, 48, 3, pad_to=64)),
     "bf16_decode": (_cpu(6, 192, 192, 3), _cpu(10, 320, 64, 3), _cpu(6, 192, 96, 3, pad_to=128)),
 }
+CPU_SHAPES["nvfp4_grouped"] = CPU_SHAPES["nvfp4_decode"]
 
 #: Real layers (shared/notes/models-and-formats.md) and one padded variant (gpt-oss I = 2880 padded to 128,
 #: as FlashInfer's TRT-LLM BF16 launcher needs).
@@ -199,9 +203,14 @@ def _cpu_matrix() -> list[Case]:
         (e, 8, "gaussian"),
         (f, 2, "gaussian"),
     ]
-    return [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv] + [
-        Case.make("bf16_decode", s, m, p) for s, m, p in bf
-    ]
+    # grouped path: M > DECODE_MAX_TOKENS (row blocks shared by several tokens, experts with no token, a
+    # padded intermediate, skewed routing: expert 0 takes every token)
+    gr = [(a, 12, "gaussian"), (c, 9, "skewed_routing")]
+    return (
+        [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv]
+        + [Case.make("bf16_decode", s, m, p) for s, m, p in bf]
+        + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
+    )
 
 
 #: Real shapes small enough to quantize with the ModelOpt recipe (``modelopt`` profile) on the device.
@@ -213,7 +222,7 @@ def _gpu_matrix() -> list[Case]:
     from flint_moe.conformance.profiles import weight_key
 
     cases = []
-    for path in PATH_NAMES:
+    for path in ("nvfp4_decode", "bf16_decode"):
         for s in REAL_SHAPES:
             profs = [p for p in PATH_PROFILES[path] if p != "gaussian"]
             if s.E * s.H * s.I * 3 > _MODELOPT_MAX_PARAMS and "modelopt" in profs:
@@ -222,6 +231,33 @@ def _gpu_matrix() -> list[Case]:
             group += [Case.make(path, s, _GPU_M_CYCLE[j % 8], p) for j, p in enumerate(profs)]
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
+    return cases + _gpu_grouped_cases()
+
+
+#: Token counts of the grouped path on the gpu profile: both sides of DECODE_MAX_TOKENS (8) on every real
+#: shape, and large M (``_GPU_GROUPED_LARGE``) on three of them. The golden model's exact accumulations
+#: dominate a case's cost at large M (M * k rows of (2I + H) exact dot products).
+_GPU_GROUPED_M = (4, 8, 9, 16, 64, 256)
+_GPU_GROUPED_LARGE = {"deepseek-v3": (2048,), "qwen3-30b-a3b": (1024, 4096), "gpt-oss-120b": (2048,)}
+_GPU_GROUPED_M_CYCLE = (9, 33, 16, 130, 64, 24, 12, 300, 10, 48, 17)
+
+
+def _gpu_grouped_cases() -> list[Case]:
+    from flint_moe.conformance.profiles import weight_key
+
+    cases = []
+    for s in REAL_SHAPES:
+        profs = [p for p in PATH_PROFILES["nvfp4_grouped"] if p != "gaussian"]
+        if s.E * s.H * s.I * 3 > _MODELOPT_MAX_PARAMS and "modelopt" in profs:
+            profs.remove("modelopt")
+        ms = _GPU_GROUPED_M + _GPU_GROUPED_LARGE.get(s.name, ())
+        group = [Case.make("nvfp4_grouped", s, m, "gaussian") for m in ms]
+        group += [
+            Case.make("nvfp4_grouped", s, _GPU_GROUPED_M_CYCLE[j % len(_GPU_GROUPED_M_CYCLE)], p)
+            for j, p in enumerate(profs)
+        ]
+        group.sort(key=lambda c: weight_key(c))
+        cases += group
     return cases
 
 

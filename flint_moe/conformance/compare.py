@@ -48,6 +48,7 @@ import torch
 from flint_moe.reference.combine import add_shared, combine
 from flint_moe.reference.exact import (
     FP32_RN,
+    FP32_TRUNCATE,
     Accumulation,
     SummationModel,
     block_model,
@@ -103,7 +104,13 @@ STAGES = ("router_acc", "logits", "ids", "weights", "gate_acc", "up_acc", "act",
 ACCUMULATION_STAGES = ("router_acc", "gate_acc", "up_acc", "down_acc")
 
 #: Summation model of each path's expert reductions (the router is always FP32_RN).
-PATH_MODELS: dict[str, SummationModel] = {"nvfp4_decode": block_model(16), "bf16_decode": FP32_RN}
+#: ``nvfp4_grouped`` (issue 6): tensor-core dots of the dequantised weights, plain any-order truncating model
+#: (flint_moe/kernels/nvfp4_grouped_gate_up.py, docs/kernels/nvfp4-grouped.md).
+PATH_MODELS: dict[str, SummationModel] = {
+    "nvfp4_decode": block_model(16),
+    "bf16_decode": FP32_RN,
+    "nvfp4_grouped": FP32_TRUNCATE,
+}
 
 #: WARNING when an accumulation error exceeds this many times the probabilistic estimate sqrt(d) * u * S.
 WARN_FACTOR = 10.0
@@ -492,7 +499,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
     if not isinstance(taps, dict):
         raise TypeError(f"taps: expected a dict, got {type(taps).__name__}")
     wl = _logical_weights(inputs)
-    want = NVFP4Experts if path == "nvfp4_decode" else BF16Experts
+    want = NVFP4Experts if path.startswith("nvfp4_") else BF16Experts
     if not isinstance(wl, want):
         raise ValueError(
             f"case {case.id}: path {path} needs weights_logical {want.__name__}, got {type(wl).__name__}"
@@ -583,7 +590,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
 
 def _expert_stages(path, model, wl, x, ids, t, M, k, H) -> dict[str, StageResult]:
     """gate_acc, up_acc, act, down_acc, y for every (token, slot) pair, teacher-forced."""
-    nv = path == "nvfp4_decode"
+    nv = path.startswith("nvfp4_")
     dev = x.device
     I = wl.w13.shape[1] // 2  # noqa: E741  (logical intermediate size)
     res: dict[str, StageResult] = {}

@@ -44,6 +44,13 @@ def _nvfp4(inputs, counter, taps):
     return flint_moe(inputs.x, inputs.router_weight, inputs.stored, k, counter, inputs.shared, taps=taps)
 
 
+def _nvfp4_grouped(inputs, counter, taps):
+    from flint_moe.ops import flint_moe_grouped
+
+    k = _top_k(inputs)
+    return flint_moe_grouped(inputs.x, inputs.router_weight, inputs.stored, k, counter, inputs.shared, taps=taps)
+
+
 def _bf16(inputs, counter, taps):
     from flint_moe.ops import flint_moe_bf16_decode
 
@@ -62,11 +69,12 @@ def _top_k(inputs) -> int:
 
 
 def _build() -> dict[str, KernelPath]:
-    from flint_moe.ops import DECODE_BF16_MAX_TOKENS, DECODE_MAX_TOKENS
+    from flint_moe.ops import DECODE_BF16_MAX_TOKENS, DECODE_MAX_TOKENS, GROUPED_MAX_TOKENS
 
     return {
         "nvfp4_decode": KernelPath("nvfp4_decode", DECODE_MAX_TOKENS, "nvfp4", _nvfp4),
         "bf16_decode": KernelPath("bf16_decode", DECODE_BF16_MAX_TOKENS, "bf16", _bf16),
+        "nvfp4_grouped": KernelPath("nvfp4_grouped", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_grouped),
     }
 
 

@@ -50,7 +50,7 @@ def build_inputs(case, device: torch.device):
     if key not in _cache:
         _cache.clear()  # one entry: real layers are large
         g = _gen(device, "/".join(map(str, key[:4])))
-        build = _nvfp4_weights if case.path == "nvfp4_decode" else _bf16_weights
+        build = _nvfp4_weights if case.path.startswith("nvfp4_") else _bf16_weights
         _cache[key] = build(case, g, device)
     logical, stored, notes = _cache[key]
     x, router, shared, rnotes = _tokens(case, _gen(device, case.id), device)
