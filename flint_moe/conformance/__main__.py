@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = "gpu" if torch.cuda.is_available() else "cpu"
     cases = select(profile, args.filter)
     console = Console()
+    if not console.is_terminal:  # CI logs, pipes: wide enough for the summary table's case ids
+        console = Console(width=max(console.width, 180))
     if args.list:
         for c in cases:
             console.print(c.id, highlight=False)

@@ -33,7 +33,7 @@ __all__ = ["write_html", "render_html", "have_matplotlib", "MAX_HEATMAP_CASES", 
 
 #: FAIL / EXPLAINED cases drawn as heatmaps (the rest are listed).
 MAX_HEATMAP_CASES = 60
-#: Bytes kept free for the tables and text when figures are added.
+#: Bytes kept free for the tables and text when figures are added: min(2 MiB, max_bytes / 8).
 _TEXT_RESERVE = 2 * 2**20
 _COLORS = {"EXACT": "#2e7d32", "WITHIN-BOUND": "#0288d1", "EXPLAINED": "#f9a825", "FAIL": "#c62828"}
 _ORDER = ("EXACT", "WITHIN-BOUND", "EXPLAINED", "FAIL")
@@ -82,7 +82,7 @@ class _Figs:
 
         FigureCanvasAgg(fig)
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=dpi)
         uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
         if self.used + len(uri) + 200 > self.budget:
             self.dropped += 1
@@ -139,7 +139,8 @@ def _overview_fig(path: str, cases: list[dict], verdicts):
     ax2.set_yticks(range(len(rows)), [f"{s} | {p}" for s, p in rows], fontsize=6)
     ax2.set_xlabel("tokens M")
     ax2.set_title("worst verdict: shape | data profile x M (grey: no case)", fontsize=9)
-    fig.tight_layout()
+    h = fig.get_figheight()
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.6 / h, top=1 - 0.35 / h, wspace=0.5)
     return fig
 
 
@@ -219,7 +220,8 @@ def _ulp_fig(path: str, cases: list[dict]):
     for extra in axes[n:]:
         extra.set_visible(False)
     fig.suptitle(f"{path}: ulp histograms", fontsize=10)
-    fig.tight_layout()
+    h = fig.get_figheight()
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.75 / h, top=1 - 0.5 / h, wspace=0.3, hspace=1.1 / 2.4 * 2)
     return fig
 
 
@@ -315,7 +317,8 @@ def _heat_fig(c: dict):
     for extra in axes[used:]:
         extra.set_visible(False)
     fig.suptitle(f"{c['case_id']}: {c['verdict']}", fontsize=9)
-    fig.tight_layout()
+    h = fig.get_figheight()
+    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.5 / h, top=1 - 0.55 / h, wspace=0.45, hspace=0.6)
     return fig
 
 
@@ -387,7 +390,7 @@ def render_html(report: dict, *, max_bytes: int = 16 * 2**20, plots: bool | None
     if not plots:
         body.append(f"<p class=loud>{GET_MATPLOTLIB}</p>")
     else:
-        figs = _Figs(max(0, max_bytes - text_bytes - _TEXT_RESERVE))
+        figs = _Figs(max(0, max_bytes - text_bytes - min(_TEXT_RESERVE, max_bytes // 8)))
         by_path = defaultdict(list)
         for c in cases:
             by_path[c.get("path", "?")].append(c)

@@ -1,0 +1,95 @@
+"""report.html (flint_moe.conformance.html): figures embedded, heatmaps for FAIL / EXPLAINED cases, size
+bounded, and a page that says how to get the plots when matplotlib is missing."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+from flint_moe.conformance import html as hp
+from flint_moe.conformance.report import report_dict, write_report
+from tests.conformance._report_data import MUTATION, results
+
+ENV = {"backend": "triton-interpreter (CPU)", "git_commit": "abc"}
+FRESH = {"status": "MISSING", "line": "GPU REPORT MISSING (no committed GPU report at reports/h200/report.json)"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _imgs(text: str) -> list[bytes]:
+    return [base64.b64decode(b) for b in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)]
+
+
+@pytest.fixture(scope="module")
+def report():
+    return report_dict(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
+
+
+@pytest.fixture(scope="module")
+def full_html(report):
+    pytest.importorskip("matplotlib")
+    return hp.render_html(report)
+
+
+def test_figures_and_sections(full_html):
+    text = full_html
+    imgs = _imgs(text)
+    # 2 paths x (overview + ulp histograms) + heatmaps of the 1 FAIL and the 1 EXPLAINED case.
+    assert len(imgs) == 6 and all(i.startswith(PNG) for i in imgs)
+    assert text.count("<h3><code>") == 2
+    assert "<h3><code>nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0</code></h3>" in text
+    assert "<h3><code>bf16_decode/cpu-E6-H192-I192-k3/M2/asymmetric/s0</code></h3>" in text
+    assert f"<p class=loud>{FRESH['line']}</p>" in text
+    assert "Mutation kill rate: 50.0%" in text and "left out" not in text
+    assert "<td class='v-FAIL'>FAIL</td>" in text and "<td>black-box</td>" in text
+    assert 'src="http' not in text and "<script" not in text  # self-contained
+
+
+def test_size_bound_drops_figures(report, full_html):
+    full = full_html
+    tables_only = hp.render_html(report, plots=False)
+    # Budget for about half of the figures: limit - text - limit // 8 (the text reserve) = figures / 2.
+    figures = len(full.encode()) - len(tables_only.encode())
+    limit = int((len(tables_only.encode()) + 4096 + figures / 2) * 8 / 7)
+    small = hp.render_html(report, max_bytes=limit)
+    assert len(small.encode()) < limit
+    assert 0 < len(_imgs(small)) < 6
+    m = re.search(r"(\d+) figures left out to keep this file under (\d+) bytes", small)
+    assert m and int(m.group(1)) == 6 - len(_imgs(small)) and int(m.group(2)) == limit
+
+
+def test_without_matplotlib(report, monkeypatch, tmp_path):
+    monkeypatch.setattr(hp, "have_matplotlib", lambda: False)
+    text = hp.render_html(report)
+    assert _imgs(text) == [] and "pip install 'flint-moe[report]'" in text
+    assert "nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0" in text  # the case table is still there
+    p = write_report(results(), ENV, tmp_path)["html"]
+    assert p.name == "report.html" and "pip install 'flint-moe[report]'" in p.read_text()
+
+
+def test_write_report_html_under_16_mib(tmp_path):
+    pytest.importorskip("matplotlib")
+    paths = write_report(results(), ENV, tmp_path, mutation=MUTATION, gpu_report=FRESH)
+    assert set(paths) == {"json", "summary", "html"}
+    for p in paths.values():
+        assert 0 < p.stat().st_size < 16 * 2**20
+    assert len(_imgs(paths["html"].read_text())) == 6
+
+
+def test_case_ids_are_escaped():
+    rep = report_dict(results()[:1], ENV)
+    rep["cases"][0]["case_id"] = "<b>x</b>"
+    text = hp.render_html(rep, plots=False)
+    assert "<b>x</b>" not in text and "&lt;b&gt;x&lt;/b&gt;" in text
+
+
+def test_rerender_cli(tmp_path, report, capsys, monkeypatch):
+    monkeypatch.setattr(hp, "have_matplotlib", lambda: False)  # tables only: fast
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    assert hp.main([str(tmp_path)]) == 0
+    assert "nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0" in (tmp_path / "report.html").read_text()
+    assert "wrote" in capsys.readouterr().out
+    out = tmp_path / "elsewhere.html"
+    assert hp.main([str(tmp_path / "report.json"), "--out", str(out)]) == 0 and out.exists()

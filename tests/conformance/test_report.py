@@ -1,0 +1,133 @@
+"""summary.md / report.json content from hand-built CaseResults (flint_moe.conformance.report): the table
+values, failure details, invariance findings, mutation kill rate, black-box label, EXPLAINED section and the
+GPU-report freshness line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flint_moe.conformance import report as rp
+from tests.conformance._report_data import MUTATION, black_box_explained, ok_case, results
+
+ENV = {"backend": "triton-interpreter (CPU)", "git_commit": "abc123", "date_utc": "2026-11-29T20:00:00+00:00",
+       "cases_run": "5 of 20", "profile": "cpu", "command": "python -m flint_moe.conformance",
+       "source_digest": {"algorithm": "sha256/ast-canonical-v1", "digest": "0123456789abcdef" * 4, "dirs": ["a"],
+                         "files": {"a/x.py": "1" * 64}}}  # fmt: skip
+FRESH = {"status": "STALE", "line": "GPU REPORT STALE since flint_moe/kernels/router.py changed (commit x)"}
+
+
+def _table_rows(md: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in md.splitlines():
+        if line.startswith("| ") and "`" in line:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[3].strip("`")] = cells
+    return rows
+
+
+def test_table_values():
+    md = rp.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
+    rows = _table_rows(md)
+    ok = rows["nvfp4_decode/cpu-E6-H96-I64-k3/M1/gaussian/s0"]
+    # exact %: (5 + 96) of (6 + 96) elements; max ulp over bits stages: 0; worst accumulation of router_acc.
+    assert ok[:3] == ["nvfp4_decode", "cpu-E6-H96-I64-k3", "1"]
+    assert ok[4:] == ["**WITHIN-BOUND**", f"{100 * 101 / 102:.2f}", "0", "1.5 ulp (0.0125 bound)", "-", "0", "-", "-"]
+    bad = rows["nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0"]
+    # exact %: (500 + 574) of 1152; failures act:2; warnings 1; invariances short form.
+    assert bad[4:10] == ["**FAIL**", f"{100 * 1074 / 1152:.2f}", "3", "40 ulp (0.5 bound)", "-", "1"]
+    assert bad[10] == "act:2" and bad[11] == "determinism:ok row:FAIL batch:meas"
+    bb = rows["bf16_decode/cpu-E6-H192-I192-k3/M2/asymmetric/s0"]
+    # black-box: exact % over the end-to-end output (380 of 384), labelled in the path column.
+    assert bb[0] == "bf16_decode (black-box)" and bb[4] == "**EXPLAINED**" and bb[5] == f"{100 * 380 / 384:.2f}"
+    assert bb[8] == "EXPLAINED 4 diff, 0 unexpl."
+    assert "Totals: EXACT 0, WITHIN-BOUND 3, EXPLAINED 1, FAIL 1 (of 5 cases); 1 black-box" in md
+
+
+def test_header_lines_in_order():
+    md = rp.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
+    lines = md.splitlines()
+    assert lines[0] == "# flint-moe conformance" and lines[2].startswith("**Backend: triton-interpreter (CPU).**")
+    assert lines[4] == (
+        "Run: run 2026-11-29T20:00:00+00:00; cases 5 of 20 of profile `cpu`; commit `abc123`; sources "
+        "`0123456789ab`; command `python -m flint_moe.conformance`."
+    )
+    assert lines[6] == f"**{FRESH['line']}**"
+    assert lines[10] == (
+        "Mutation kill rate: 50.0% (3 of 4 catalogued faults failed the case, 2 named by the diagnosis); "
+        "missed: act_rounded_twice, no_epsilon."
+    )
+    # the env's source digest is one line, not the per-file dict
+    assert "- source_digest: " + "0123456789abcdef" * 4 + " (sha256/ast-canonical-v1, 1 files under a)" in lines
+
+
+def test_failure_details_invariances_and_explained():
+    md = rp.summary_markdown(results(), ENV, mutation=MUTATION)
+    fails = md.split("## Failures")[1].split("## Explained differences")[0]
+    assert "### `nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0`: FAIL" in fails
+    assert "- **diagnosis**: act_rounded_twice: matches the reference with act rounded twice" in fails
+    assert "- **act** FAIL: 2 of 576 elements; max ulp 3; first failing [[0, 1, 2], [2, 0, 63]]" in fails
+    assert "WARNING elements 1, worst [1, 2, 3]: 40 ulp, 12.5x estimate" in fails
+    assert "- **invariance row_independence** FAIL: row 1 differs in out" in fails
+    assert fails.count("### ") == 1  # only the failing case (no other has warnings)
+    expl = md.split("## Explained differences")[1].split("## Invariances")[0]
+    assert "1 case(s) differ" in expl and ": interval 4." in expl
+    assert "- `bf16_decode/cpu-E6-H192-I192-k3/M2/asymmetric/s0`: 4 of 384 elements, max ulp 1, interval 4" in expl
+    inv = md.split("## Invariances")[1].split("## Mutation testing")[0]
+    assert "**row_independence FAIL**: row 1 differs in out" in inv
+    assert "Batch invariance: 1 of 3 token rows bitwise equal alone vs in the batch (1 cases)." in inv
+    mut = md.split("## Mutation testing")[1].split("## Environment")[0]
+    assert "| no_epsilon | path | `c2` | **no** | **no** | WITHIN-BOUND | - |" in mut
+    assert "| gate_up_swapped | weights | `c1` | yes | yes | FAIL | gate_up_swapped |" in mut
+
+
+def test_no_failures_no_optional_sections():
+    md = rp.summary_markdown([ok_case(1)], {"backend": "cpu"})
+    assert "## Failures\n\nNone." in md
+    for absent in ("## Explained", "## Invariances", "## Mutation", "## Changes vs baseline", "GPU REPORT"):
+        assert absent not in md
+
+
+def test_end_to_end_failure_details_rendered():
+    c = black_box_explained()
+    c["verdict"] = "FAIL"
+    c["end_to_end"].update(verdict="FAIL", explained=3, unexplained=1, first_failures=[[1, 191]],
+                           failure_details=[{"index": [1, 191], "kernel": 1.5, "golden": 1.25, "lo": 1.0,
+                                             "hi": 1.375, "why": "outside the propagated interval"}])  # fmt: skip
+    md = rp.summary_markdown([c], {"backend": "cpu"})
+    row = _table_rows(md)[c["case_id"]]
+    assert row[10] == "end-to-end:1"
+    assert "- **end to end** (black-box) FAIL: 4 of 384 output elements differ" in md
+    assert "3 explained, 1 unexplained" in md and "first unexplained: [[1, 191]]" in md
+    assert "[1, 191]: kernel 1.5, golden 1.25, interval [1, 1.38]: outside the propagated interval" in md
+
+
+def test_report_dict_and_files(tmp_path):
+    base = {
+        "other": "x",
+        "verdict_changes": [],
+        "digest_changes": [],
+        "cases_compared": 0,
+        "unchanged_cases": 0,
+        "outputs_only_here": [],
+        "outputs_only_there": [],
+        "cases_only_here": [],
+        "cases_only_there": [],
+    }
+    paths = rp.write_report(results(), ENV, tmp_path, mutation=MUTATION, baseline=base, gpu_report=FRESH, html=False)
+    assert set(paths) == {"json", "summary"} and not (tmp_path / "report.html").exists()
+    data = json.loads(paths["json"].read_text())
+    assert data["schema"] == rp.SCHEMA
+    assert data["totals"] == {"EXACT": 0, "WITHIN-BOUND": 3, "EXPLAINED": 1, "FAIL": 1, "cases": 5}
+    assert data["mutation"] == MUTATION and data["baseline"] == base and data["gpu_report"] == FRESH
+    assert data["env"]["source_digest"]["digest"] == ENV["source_digest"]["digest"]
+    assert data["cases"][1]["stages"][1]["map"]["total"] == 2
+    assert "## Changes vs baseline `x`" in paths["summary"].read_text()
+    assert "mutation" not in rp.report_dict([ok_case()], ENV)
+
+
+def test_oversized_report_json_raises(tmp_path, monkeypatch):
+    monkeypatch.setattr(rp, "MAX_BYTES", 1000)
+    with pytest.raises(ValueError, match="report.json would be"):
+        rp.write_report(results(), ENV, tmp_path, html=False)
