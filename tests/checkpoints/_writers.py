@@ -160,7 +160,7 @@ def write_gguf_nvfp4(
             name = f"blk.{L}.{g}.weight"
             w.add_tensor(name, merged, raw_dtype=gguf.GGMLQuantizationType.NVFP4)
             for kind, suffix in (("weight_scale_2", "scale"), ("input_scale", "input_scale")):
-                vals = [float(experts[f"{e}.{proj}.{kind}"]) for e in range(E)]
+                vals = [float(experts.get(f"{e}.{proj}.{kind}", torch.tensor(1.0))) for e in range(E)]
                 if not np.allclose(vals, 1.0, atol=1e-6):
                     w.add_tensor(f"blk.{L}.{g}.{suffix}", np.array(vals, dtype=np.float32))
         w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", router.float().numpy())
