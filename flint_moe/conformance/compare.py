@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from flint_moe.reference.combine import add_shared, combine
+from flint_moe.reference.combine import add_shared, combine, fma_f32
 from flint_moe.reference.exact import (
     FP32_RN,
     FP32_TRUNCATE,
@@ -65,6 +65,7 @@ from flint_moe.reference.experts import (
     gate_up_accumulate_bf16,
     swiglu,
 )
+from flint_moe.reference.formats import to_bf16
 from flint_moe.reference.routing import (
     logits_from_accumulator,
     renormalize,
@@ -77,6 +78,7 @@ from flint_moe.reference.weights import BF16Experts, NVFP4Experts
 __all__ = [
     "EXACT",
     "WITHIN_BOUND",
+    "EXPLAINED",
     "FAIL",
     "VERDICT_ORDER",
     "STAGES",
@@ -84,10 +86,14 @@ __all__ = [
     "PATH_MODELS",
     "WARN_FACTOR",
     "StageResult",
+    "EndToEndResult",
     "CaseResult",
     "compare_case",
     "compare_bits",
     "compare_accumulation",
+    "end_to_end_taps",
+    "logit_intervals",
+    "routing_explained",
     "ulp_distance",
     "worst_verdict",
     "tensor_digest",
@@ -95,9 +101,10 @@ __all__ = [
 
 EXACT = "EXACT"
 WITHIN_BOUND = "WITHIN-BOUND"
+EXPLAINED = "EXPLAINED"
 FAIL = "FAIL"
-#: Verdicts from best to worst (EXPLAINED will sit between WITHIN-BOUND and FAIL).
-VERDICT_ORDER = (EXACT, WITHIN_BOUND, FAIL)
+#: Verdicts from best to worst.
+VERDICT_ORDER = (EXACT, WITHIN_BOUND, EXPLAINED, FAIL)
 
 #: Stages in rule order (docs/CONTRACTS.md "Issue 5").
 STAGES = ("router_acc", "logits", "ids", "weights", "gate_acc", "up_acc", "act", "down_acc", "y", "out")
@@ -143,7 +150,9 @@ class StageResult:
         Accumulations only: model (summation model name); max_err_ulps (largest ``|kernel - exact|`` in
         binary32 ulps of the exact value); max_bound_fraction (largest ``|kernel - exact| / bound``);
         warnings (elements whose error exceeds WARN_FACTOR * sqrt(d) * u * sum|terms|, see module docs) and
-        worst_warnings (up to 5 of them, worst first: {"index", "err_ulps", "ratio"}).
+        worst_warnings (up to 5 of them, worst first: {"index", "err_ulps", "ratio", "bound_fraction"}).
+        map: ``maps.mismatch_map`` of the failing elements when the verdict is FAIL, else None.
+        ulp_hist: ``maps.ulp_histogram`` of the ulp distances kernel vs golden (float stages), else None.
     """
 
     stage: str
@@ -160,6 +169,56 @@ class StageResult:
     max_bound_fraction: float | None = None
     warnings: int = 0
     worst_warnings: list[dict] = field(default_factory=list)
+    map: dict | None = None
+    ulp_hist: list[int] | None = None
+
+    def to_json(self) -> dict:
+        """JSON-ready dict (non-finite floats written as the strings "inf" / "nan")."""
+        return _json_safe(asdict(self))
+
+
+#: Causes an end-to-end difference can be traced to (``EndToEndResult.causes`` keys).
+CAUSES = ("routing", "router_acc", "gate_up_acc", "down_acc", "interval")
+
+
+@dataclass
+class EndToEndResult:
+    """The returned output against the golden model run on its own (not teacher-forced), every differing
+    element traced to an accumulation difference upstream (issue 5 "Comparison").
+
+    Fields:
+        mode: ``"taps"`` (traced through the kernel's taps) or ``"black-box"`` (intervals, ``blackbox.py``).
+        verdict: EXACT (all bits equal), EXPLAINED (every differing element explained), FAIL.
+        elements: output elements (M * H). differing: elements whose bits differ from the golden output
+            (NaN as NaN-ness, signed zeros compared). explained / unexplained: split of ``differing``.
+        nan_mismatches: elements where exactly one side is NaN. signed_zero_mismatches: +0 vs -0.
+        max_ulp: largest bf16 ulp distance (inf where a NaN position differs).
+        first_differences / first_failures: up to 5 coordinates [m, h] of differing / unexplained elements.
+        causes: explained elements per cause (:data:`CAUSES`; the first cause found for each element).
+        rows: per token row with differences: {"row", "differing", "unexplained", "causes"} (<= 64 rows).
+        failure_details: up to 5 {"index", "kernel", "golden", "lo", "hi", "why"} for unexplained elements
+            (lo / hi: the black-box interval of reachable outputs, None in taps mode).
+        map: ``maps.mismatch_map`` of the differing elements (None when none differ).
+        ulp_hist: ``maps.ulp_histogram`` of the bf16 ulp distances. note: free text.
+    """
+
+    mode: str
+    verdict: str
+    elements: int = 0
+    differing: int = 0
+    explained: int = 0
+    unexplained: int = 0
+    nan_mismatches: int = 0
+    signed_zero_mismatches: int = 0
+    max_ulp: float | None = None
+    first_differences: list[list[int]] = field(default_factory=list)
+    first_failures: list[list[int]] = field(default_factory=list)
+    causes: dict[str, int] = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)
+    failure_details: list[dict] = field(default_factory=list)
+    map: dict | None = None
+    ulp_hist: list[int] | None = None
+    note: str = ""
 
     def to_json(self) -> dict:
         """JSON-ready dict (non-finite floats written as the strings "inf" / "nan")."""
@@ -177,6 +236,8 @@ class CaseResult:
         digests: SHA-256 (hex) of the bytes of the returned output ``out`` and of every tap tensor.
         invariance: ``invariance.InvarianceResult`` list (empty unless the runner checked them).
         diagnosis: catalogued faults reproducing a failing stage (``faults.diagnose``).
+        end_to_end: :class:`EndToEndResult` (returned output vs the golden model's own run) or None.
+        mode: ``"taps"`` (stage by stage) or ``"black-box"`` (``blackbox.compare_blackbox``: no stages).
     """
 
     case_id: str
@@ -187,6 +248,8 @@ class CaseResult:
     digests: dict[str, str] = field(default_factory=dict)
     invariance: list = field(default_factory=list)  # invariance.InvarianceResult, filled by the runner
     diagnosis: list[str] = field(default_factory=list)  # faults.diagnose() names, for FAIL cases
+    end_to_end: EndToEndResult | None = None
+    mode: str = "taps"
 
     def stage(self, name: str) -> StageResult:
         """The result of stage ``name`` (KeyError if absent)."""
@@ -206,11 +269,15 @@ class CaseResult:
         return sum(s.warnings for s in self.stages)
 
     def to_json(self) -> dict:
-        """JSON-ready dict: case_id, path, verdict, meta, digests, stages (list of dicts)."""
+        """JSON-ready dict: case_id, path, mode, verdict, warnings, meta, digests, stages (list of dicts),
+        end_to_end (dict or None), invariance, diagnosis (docs/CONTRACTS.md, issue 5 second slice)."""
         return {
             "case_id": self.case_id,
             "path": self.path,
+            "mode": self.mode,
             "verdict": self.verdict,
+            "warnings": self.warnings,
+            "end_to_end": None if self.end_to_end is None else self.end_to_end.to_json(),
             "meta": _json_safe(dict(self.meta)),
             "digests": dict(self.digests),
             "stages": [s.to_json() for s in self.stages],
@@ -296,9 +363,7 @@ def _shape_error(stage: str, kind: str, kernel, golden_shape, golden_dtype) -> S
     if kernel is None:
         return StageResult(stage, kind, FAIL, note=f"tap {stage!r} missing from the kernel's taps")
     if not isinstance(kernel, torch.Tensor):
-        return StageResult(
-            stage, kind, FAIL, note=f"tap {stage!r} is a {type(kernel).__name__}, not a tensor"
-        )
+        return StageResult(stage, kind, FAIL, note=f"tap {stage!r} is a {type(kernel).__name__}, not a tensor")
     if tuple(kernel.shape) != tuple(golden_shape) or kernel.dtype != golden_dtype:
         return StageResult(
             stage,
@@ -309,9 +374,7 @@ def _shape_error(stage: str, kind: str, kernel, golden_shape, golden_dtype) -> S
     return None
 
 
-def compare_bits(
-    stage: str, kernel: torch.Tensor | None, golden: torch.Tensor, *, note: str = ""
-) -> StageResult:
+def compare_bits(stage: str, kernel: torch.Tensor | None, golden: torch.Tensor, *, note: str = "") -> StageResult:
     """Order-free stage: every element of ``kernel`` must equal ``golden`` bit for bit (NaN as NaN-ness)."""
     err = _shape_error(stage, "bits", kernel, golden.shape, golden.dtype)
     if err is not None:
@@ -320,9 +383,10 @@ def compare_bits(
     ok = _bits_equal(kernel, golden)
     n = ok.numel()
     bad = n - int(ok.sum())
-    max_ulp = None
+    max_ulp, hist = None, None
     if golden.is_floating_point() and n:
-        max_ulp = float(ulp_distance(kernel, golden).max())
+        dist = ulp_distance(kernel, golden)
+        max_ulp, hist = float(dist.max()), _hist(dist)
     return StageResult(
         stage,
         "bits",
@@ -333,12 +397,24 @@ def compare_bits(
         max_ulp=max_ulp,
         first_failures=_coords(~ok),
         note=note,
+        map=_map(~ok) if bad else None,
+        ulp_hist=hist,
     )
 
 
-def compare_accumulation(
-    stage: str, kernel: torch.Tensor | None, acc: Accumulation, *, note: str = ""
-) -> StageResult:
+def _map(mask: torch.Tensor) -> dict | None:
+    from .maps import mismatch_map
+
+    return mismatch_map(mask.reshape(1, -1) if mask.dim() == 0 else mask)
+
+
+def _hist(dist: torch.Tensor) -> list[int]:
+    from .maps import ulp_histogram
+
+    return ulp_histogram(dist)
+
+
+def compare_accumulation(stage: str, kernel: torch.Tensor | None, acc: Accumulation, *, note: str = "") -> StageResult:
     """Accumulation stage: ``kernel`` fp32 within ``acc``'s certified bound everywhere (rule "Accumulation").
 
     Also reports the observed error in ulps and as a fraction of the bound, and WARNING elements whose
@@ -375,6 +451,7 @@ def compare_accumulation(
                     "index": idx,
                     "err_ulps": float(err_ulps.reshape(-1)[f]),
                     "ratio": float(ratio.reshape(-1)[f]),
+                    "bound_fraction": float(frac.reshape(-1)[f]),
                 }
             )
     if bad:
@@ -383,6 +460,7 @@ def compare_accumulation(
         verdict = EXACT
     else:
         verdict = WITHIN_BOUND
+    dist = ulp_distance(kernel, rounded)
     return StageResult(
         stage,
         "accumulation",
@@ -390,7 +468,9 @@ def compare_accumulation(
         elements=n,
         mismatches=bad,
         exact=int(exact_bits.sum()),
-        max_ulp=float(ulp_distance(kernel, rounded).max()) if n else None,
+        max_ulp=float(dist.max()) if n else None,
+        map=_map(~ok) if bad else None,
+        ulp_hist=_hist(dist) if n else None,
         first_failures=_coords(~ok),
         note=note,
         model=model.name,
@@ -501,9 +581,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
     wl = _logical_weights(inputs)
     want = NVFP4Experts if path.startswith("nvfp4_") else BF16Experts
     if not isinstance(wl, want):
-        raise ValueError(
-            f"case {case.id}: path {path} needs weights_logical {want.__name__}, got {type(wl).__name__}"
-        )
+        raise ValueError(f"case {case.id}: path {path} needs weights_logical {want.__name__}, got {type(wl).__name__}")
     model = PATH_MODELS[path]
     x = inputs.x.detach()
     dev = x.device
@@ -516,19 +594,14 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
     res: dict[str, StageResult] = {}
 
     # Steps 1-4: routing.
-    res["router_acc"] = compare_accumulation("router_acc", t["router_acc"], router_accumulate(x, router_w))
+    racc = router_accumulate(x, router_w)
+    res["router_acc"] = compare_accumulation("router_acc", t["router_acc"], racc)
     if isinstance(t["router_acc"], torch.Tensor) and t["router_acc"].dtype == torch.float32:
-        res["logits"] = compare_bits(
-            "logits", t["logits"], logits_from_accumulator(t["router_acc"].contiguous())
-        )
+        res["logits"] = compare_bits("logits", t["logits"], logits_from_accumulator(t["router_acc"].contiguous()))
     else:
-        res["logits"] = StageResult(
-            "logits", "bits", FAIL, note="router_acc tap unusable: logits not checked"
-        )
+        res["logits"] = StageResult("logits", "bits", FAIL, note="router_acc tap unusable: logits not checked")
     logits = t["logits"]
-    logits_ok = (
-        isinstance(logits, torch.Tensor) and logits.dtype == torch.bfloat16 and tuple(logits.shape) == (M, E)
-    )
+    logits_ok = isinstance(logits, torch.Tensor) and logits.dtype == torch.bfloat16 and tuple(logits.shape) == (M, E)
     if logits_ok:
         res["ids"] = compare_bits("ids", t["ids"], topk_total_order(logits.contiguous(), k))
     else:
@@ -544,8 +617,9 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
         res["weights"] = StageResult("weights", "bits", FAIL, note=ids_note or "logits tap unusable")
 
     # Steps 5-8: experts, one (token, slot) pair at a time at the kernel's expert ids.
+    cache: dict = {}
     if ids_ok:
-        res.update(_expert_stages(path, model, wl, x, ids, t, M, k, H))
+        res.update(_expert_stages(path, model, wl, x, ids, t, M, k, H, cache))
     else:
         for name in ("gate_acc", "up_acc", "act", "down_acc", "y"):
             kind = "accumulation" if name in ACCUMULATION_STAGES else "bits"
@@ -557,7 +631,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
         isinstance(tw, torch.Tensor) and tw.dtype == torch.float32 and tuple(tw.shape) == (M, k)
         and isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and tuple(y.shape) == (M, k, H)
     ):  # fmt: skip
-        gold_out = add_shared(combine(tw.contiguous(), y.contiguous()), shared)
+        gold_out = add_shared(_combine_any(tw, y), shared)
         r = compare_bits("out", out, gold_out, note="combine of the kernel's weights and y, plus shared")
         tap_out = t["out"]
         if (
@@ -578,18 +652,34 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
         if isinstance(v, torch.Tensor):
             digests[f"taps.{name}"] = tensor_digest(v)
     stages = [res[name] for name in STAGES]
+    e2e = end_to_end_taps(path, model, wl, x, router_w, shared, k, taps, out, racc=racc, cache=cache)
     return CaseResult(
         case_id=str(case.id),
         path=path,
-        verdict=worst_verdict(s.verdict for s in stages),
+        verdict=worst_verdict([*(s.verdict for s in stages), e2e.verdict]),
         stages=stages,
         meta=_meta(case, inputs, dev),
         digests=digests,
+        end_to_end=e2e,
     )
 
 
-def _expert_stages(path, model, wl, x, ids, t, M, k, H) -> dict[str, StageResult]:
-    """gate_acc, up_acc, act, down_acc, y for every (token, slot) pair, teacher-forced."""
+def _combine_any(tw: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Step 9 on the kernel's own routing weights, bf16 values or not (``reference.combine`` insists on
+    bf16 values; a kernel that skips step 4's rounding FAILs the weights stage, and its combine is still
+    checked against its own weights): ``acc = fma(tw_j, y_j, acc)`` from +0, then bf16."""
+    acc = torch.zeros((y.shape[0], y.shape[2]), dtype=torch.float32, device=y.device)
+    y32 = y.to(torch.float32)
+    for j in range(tw.shape[1]):
+        acc = fma_f32(tw[:, j : j + 1].contiguous(), y32[:, j].contiguous(), acc)
+    return to_bf16(acc)
+
+
+def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str, StageResult]:
+    """gate_acc, up_acc, act, down_acc, y for every (token, slot) pair, teacher-forced. ``cache`` (a dict)
+    receives the golden accumulations for reuse by :func:`end_to_end_taps`: ``"gu"`` {expert: [M, 2I]},
+    ``"down"`` {expert: (pairs, act rows, Accumulation)}."""
+    cache = {} if cache is None else cache
     nv = path.startswith("nvfp4_")
     dev = x.device
     I = wl.w13.shape[1] // 2  # noqa: E741  (logical intermediate size)
@@ -609,6 +699,8 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H) -> dict[str, StageResult
             gu[e] = gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=model)
         else:
             gu[e] = gate_up_accumulate_bf16(x, w13, model=model)
+    cache["gu"] = gu
+    cache.setdefault("down", {})
     g_parts = [_pad_acc(gu[e][m, :I], width) for m, _, e in pairs]
     u_parts = [_pad_acc(gu[e][m, I:], width) for m, _, e in pairs]
     note = f"{len(experts)} experts, padded columns {width - I}" if width > I else f"{len(experts)} experts"
@@ -647,6 +739,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H) -> dict[str, StageResult
                 acc = down_accumulate_bf16(act_e, w2, model=model)
             for r, p in enumerate(rows):
                 parts[p] = acc[r]
+            cache["down"][e] = ([pairs[p][:2] for p in rows], act_e, acc)
         res["down_acc"] = compare_accumulation("down_acc", d_tap, _stack_acc(parts, (M, k, H)))
     else:
         res["down_acc"] = StageResult("down_acc", "accumulation", FAIL, note="act tap unusable: not checked")
@@ -667,3 +760,239 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H) -> dict[str, StageResult
 
 def _usable(t, shape, dtype) -> bool:
     return isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(shape) and t.dtype == dtype
+
+
+# ---------------------------------------------------------------------------------------------------------
+# End to end: the returned output against the golden model's own run, every difference traced upstream
+# ---------------------------------------------------------------------------------------------------------
+
+MAX_ROWS = 64
+
+
+def _bf16_key(t: torch.Tensor) -> torch.Tensor:
+    """int64 totalOrder key of bf16 values (-0 < +0); monotone in the value."""
+    b = t.contiguous().view(torch.int16).to(torch.int64)
+    return torch.where(b < 0, -(b & 0x7FFF) - 1, b)
+
+
+def logit_intervals(racc: Accumulation) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 [M, E] (lo, hi): every logit ``bf16(RN32(v))`` a conforming router accumulation ``v`` (within
+    ``racc``'s bound of the exact sum, rule steps 1) can produce. RN32 and bf16 rounding are monotone, so the
+    ends are the roundings of ``exact -+ bound`` (computed in float64 and widened by one float64 ulp).
+    NaN / inf exact sums give that value at both ends."""
+    e, b = racc.exact, racc.bound
+    fin = torch.isfinite(e)
+    lo = torch.where(fin, torch.nextafter(e - b, torch.full_like(e, -math.inf)), e)
+    hi = torch.where(fin, torch.nextafter(e + b, torch.full_like(e, math.inf)), e)
+    return logits_from_accumulator(lo.to(torch.float32)), logits_from_accumulator(hi.to(torch.float32))
+
+
+def routing_explained(kernel_ids: torch.Tensor, golden_logits: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+    """Whether one token's top-k ``kernel_ids`` int [k] differs from the golden selection only between experts
+    whose logit intervals overlap (rule step 2; issue 5: "a routing difference only when the competing logits
+    tie or differ within their bounds").
+
+    ``golden_logits``, ``lo``, ``hi``: bf16 [E] (golden logits and the :func:`logit_intervals` row). Every
+    pair ordered one way by the kernel (``a`` selected before ``b``, or ``a`` selected and ``b`` not) and the
+    other way by the golden totalOrder ranking (value descending, lower index first) must have overlapping
+    intervals. Returns (ok: bool, offending pair (a, b) or None)."""
+    E = golden_logits.shape[0]
+    gkey = _bf16_key(golden_logits) * (E + 1) + (E - torch.arange(E, device=golden_logits.device))
+    grank = torch.argsort(gkey, descending=True)
+    pos = torch.empty(E, dtype=torch.long, device=grank.device)
+    pos[grank] = torch.arange(E, device=grank.device)
+    klo, khi = _bf16_key(lo), _bf16_key(hi)
+    ids = [int(i) for i in kernel_ids.tolist()]
+    above: set[int] = set()
+    for a in ids:
+        for b in grank[: int(pos[a])].tolist():  # experts golden ranks above a
+            if b in above:
+                continue  # the kernel ranks b above a too
+            if not (klo[a] <= khi[b] and klo[b] <= khi[a]):
+                return False, (a, b)
+        above.add(a)
+    return True, None
+
+
+def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
+    """The golden model on its own (rule steps 1-10, every accumulation RN32 of its exact sum): dict of
+    logits, ids, weights, gate/up (rounded accumulators, logical I), act, down (rounded), y, out."""
+    nv = path.startswith("nvfp4_")
+    dev = x.device
+    M, H = x.shape
+    I = wl.w13.shape[1] // 2  # noqa: E741
+    logits = logits_from_accumulator(racc.exact.to(torch.float32))
+    ids = topk_total_order(logits, k)
+    tw = renormalize(routing_scores(torch.gather(logits, 1, ids.long())))
+    gacc = torch.zeros((M, k, I), dtype=torch.float32, device=dev)
+    uacc, act = torch.zeros_like(gacc), torch.zeros((M, k, I), dtype=torch.bfloat16, device=dev)
+    dacc = torch.zeros((M, k, H), dtype=torch.float32, device=dev)
+    y = torch.zeros((M, k, H), dtype=torch.bfloat16, device=dev)
+    gu = cache.setdefault("gu", {})
+    downs = cache.get("down", {})
+    for e in torch.unique(ids).tolist():
+        tokens, slots = torch.nonzero(ids == e, as_tuple=True)
+        if e not in gu:
+            w13 = wl.w13[e].to(dev)
+            gu[e] = (
+                gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=model)
+                if nv
+                else gate_up_accumulate_bf16(x, w13, model=model)
+            )
+        r = gu[e].exact.to(torch.float32)[tokens]
+        g_e, u_e = r[:, :I].contiguous(), r[:, I:].contiguous()
+        if nv:
+            gs1 = wl.w13_gs[e : e + 1].to(dev)
+            a_e = swiglu(apply_global_scale(g_e, gs1), apply_global_scale(u_e, gs1))
+        else:
+            a_e = swiglu(g_e, u_e)
+        pairs = list(zip(tokens.tolist(), slots.tolist(), strict=True))
+        prev = downs.get(e)
+        if prev is not None and prev[0] == pairs and bool(_bits_equal(prev[1], a_e).all()):
+            d = prev[2]
+        elif nv:
+            d = down_accumulate(a_e, wl.w2[e].to(dev), wl.w2_scale[e].to(dev), model=model)
+        else:
+            d = down_accumulate_bf16(a_e, wl.w2[e].to(dev), model=model)
+        dr = d.exact.to(torch.float32)
+        y_e = down_output(dr, wl.w2_gs[e : e + 1].to(dev)) if nv else down_output_bf16(dr)
+        gacc[tokens, slots], uacc[tokens, slots], act[tokens, slots] = g_e, u_e, a_e
+        dacc[tokens, slots], y[tokens, slots] = dr, y_e
+    out = add_shared(combine(tw, y), shared)
+    return {"logits": logits, "ids": ids, "weights": tw, "gate_acc": gacc, "up_acc": uacc, "act": act,
+            "down_acc": dacc, "y": y, "out": out}  # fmt: skip
+
+
+def _w2_nonzero(path, wl, e: int, dev) -> torch.Tensor:
+    """bool [H, I]: where expert e's down weight is non-zero (how an act element reaches an output)."""
+    if path.startswith("nvfp4_"):
+        from flint_moe.reference.experts import dequant_nvfp4
+
+        return dequant_nvfp4(wl.w2[e].to(dev), wl.w2_scale[e].to(dev)) != 0
+    return wl.w2[e].to(dev) != 0
+
+
+def end_to_end_taps(
+    path, model, wl, x, router_w, shared, k, taps: dict, out, *, racc=None, cache=None
+) -> EndToEndResult:
+    """Returned output vs the golden model's own run, every differing element traced through the taps.
+
+    A differing ``out[m, h]`` is EXPLAINED when (in this order): the token's top-k differs from the golden
+    one only between experts whose logit intervals overlap (:func:`routing_explained`, cause ``routing``);
+    or the ids agree and the routing weights differ because the selected logits differ (``router_acc``);
+    or the weights agree and for some slot j ``y[m, j, h]`` differs, with the down accumulator
+    ``down_acc[m, j, h]`` differing from the golden one (``down_acc``), or an ``act[m, j, i]`` difference
+    caused by a ``gate_acc`` / ``up_acc`` difference at (m, j, i) and reaching h through a non-zero
+    ``W2[h, i]`` (``gate_up_acc``), and no slot's ``y[m, j, h]`` differs without such a cause. Everything
+    else is unexplained (FAIL). Whether each upstream difference is itself within its bound is the stage
+    comparison's job (:func:`compare_case`). Returns :class:`EndToEndResult` (mode ``"taps"``).
+    """
+    dev = x.device
+    M, H = x.shape
+    I = wl.w13.shape[1] // 2  # noqa: E741
+    racc = router_accumulate(x, router_w) if racc is None else racc
+    gold = _golden_own(path, model, wl, x, router_w, shared, k, racc, {} if cache is None else cache)
+    t = {n: _tap(taps, n, dev) for n in STAGES}
+    if not _usable(out, (M, H), torch.bfloat16):
+        return EndToEndResult("taps", FAIL, note="returned output unusable (missing, wrong shape or dtype)")
+    out = out.detach().to(dev)
+    diff = ~_bits_equal(out, gold["out"])
+    expl = torch.zeros_like(diff)
+    cause = torch.full((M, H), -1, dtype=torch.long, device=dev)
+    why: dict[int, str] = {}
+    need = {"ids": ((M, k), torch.int32), "logits": ((M, router_w.shape[0]), torch.bfloat16),
+            "weights": ((M, k), torch.float32), "y": ((M, k, H), torch.bfloat16),
+            "down_acc": ((M, k, H), torch.float32)}  # fmt: skip
+    missing = [n for n, (shp, dt) in need.items() if not _usable(t[n], shp, dt)]
+    lo, hi = logit_intervals(racc)
+    w2nz: dict[int, torch.Tensor] = {}
+    for m in torch.nonzero(diff.any(dim=1)).flatten().tolist():
+        if missing:
+            why[m] = f"taps {missing} unusable: not traced"
+            continue
+        kid = t["ids"][m]
+        if not torch.equal(kid, gold["ids"][m]):
+            ok, pair = routing_explained(kid, gold["logits"][m], lo[m], hi[m])
+            if ok:
+                expl[m], cause[m] = diff[m], CAUSES.index("routing")
+            else:
+                why[m] = f"top-k differs between experts {pair} whose logit intervals do not overlap"
+            continue
+        if not bool(_bits_equal(t["weights"][m], gold["weights"][m]).all()):
+            sel = kid.long()
+            if not bool(_bits_equal(t["logits"][m, sel], gold["logits"][m, sel]).all()):
+                expl[m], cause[m] = diff[m], CAUSES.index("router_acc")
+            else:
+                why[m] = "routing weights differ although the selected logits agree"
+            continue
+        y_ok = torch.zeros(H, dtype=torch.bool, device=dev)
+        y_bad = torch.zeros_like(y_ok)
+        c_row = torch.full((H,), -1, dtype=torch.long, device=dev)
+        for j in range(k):
+            y_diff = ~_bits_equal(t["y"][m, j], gold["y"][m, j])
+            if not bool(y_diff.any()):
+                continue
+            e = int(kid[j])
+            d_diff = ~_bits_equal(t["down_acc"][m, j], gold["down_acc"][m, j])
+            reach_ok = torch.zeros_like(y_ok)
+            reach_bad = torch.zeros_like(y_ok)
+            a_tap, g_tap, u_tap = t["act"], t["gate_acc"], t["up_acc"]
+            if _usable(a_tap, a_tap.shape if isinstance(a_tap, torch.Tensor) else (), torch.bfloat16) and (
+                a_tap.dim() == 3 and a_tap.shape[-1] >= I
+            ):
+                a_diff = ~_bits_equal(a_tap[m, j, :I], gold["act"][m, j])
+                if bool(a_diff.any()):
+                    acc_diff = torch.ones_like(a_diff)
+                    if isinstance(g_tap, torch.Tensor) and isinstance(u_tap, torch.Tensor):
+                        acc_diff = ~_bits_equal(g_tap[m, j, :I], gold["gate_acc"][m, j]) | ~_bits_equal(
+                            u_tap[m, j, :I], gold["up_acc"][m, j]
+                        )
+                    if e not in w2nz:
+                        w2nz[e] = _w2_nonzero(path, wl, e, dev)
+                    reach_ok = w2nz[e][:, a_diff & acc_diff].any(dim=1)
+                    reach_bad = w2nz[e][:, a_diff & ~acc_diff].any(dim=1)
+            ok_j = y_diff & d_diff & ~reach_bad
+            y_ok |= ok_j
+            y_bad |= y_diff & ~ok_j
+            c_j = torch.where(reach_ok, CAUSES.index("gate_up_acc"), CAUSES.index("down_acc"))
+            c_row = torch.where((c_row < 0) & ok_j, c_j, c_row)
+        row_ok = diff[m] & y_ok & ~y_bad
+        expl[m], cause[m] = row_ok, torch.where(row_ok, c_row, -1)
+        if bool((diff[m] & ~row_ok).any()):
+            why[m] = "output differs where no upstream accumulation difference reaches it"
+    return _e2e_result("taps", out, gold["out"], diff, expl, cause, why)
+
+
+def _e2e_result(mode, out, gold_out, diff, expl, cause, why: dict, lo=None, hi=None, note="") -> EndToEndResult:
+    """Assemble an :class:`EndToEndResult` from per-element masks (shared with ``blackbox.py``)."""
+    n = diff.numel()
+    bad = diff & ~expl
+    n_diff, n_bad = int(diff.sum()), int(bad.sum())
+    dist = ulp_distance(out, gold_out)
+    nan_mm = torch.isnan(out) ^ torch.isnan(gold_out)
+    zero_mm = (out == 0) & (gold_out == 0) & diff
+    causes = {}
+    for i, c in enumerate(CAUSES):
+        cnt = int((expl & (cause == i)).sum())
+        if cnt:
+            causes[c] = cnt
+    rows = []
+    for m in torch.nonzero(diff.any(dim=1)).flatten().tolist()[:MAX_ROWS]:
+        cs = sorted({CAUSES[int(c)] for c in cause[m][expl[m]].unique().tolist() if c >= 0})
+        rows.append({"row": m, "differing": int(diff[m].sum()), "unexplained": int(bad[m].sum()), "causes": cs})
+    details = []
+    for idx in _coords(bad):
+        m, h = idx
+        details.append({
+            "index": idx, "kernel": float(out[m, h]), "golden": float(gold_out[m, h]),
+            "lo": None if lo is None else float(lo[m, h]), "hi": None if hi is None else float(hi[m, h]),
+            "why": why.get(m, ""),
+        })  # fmt: skip
+    verdict = EXACT if n_diff == 0 else (EXPLAINED if n_bad == 0 else FAIL)
+    return EndToEndResult(
+        mode, verdict, elements=n, differing=n_diff, explained=n_diff - n_bad, unexplained=n_bad,
+        nan_mismatches=int(nan_mm.sum()), signed_zero_mismatches=int(zero_mm.sum()),
+        max_ulp=float(dist.max()) if n else None, first_differences=_coords(diff), first_failures=_coords(bad),
+        causes=causes, rows=rows, failure_details=details, map=_map(diff) if n_diff else None,
+        ulp_hist=_hist(dist) if n else None, note=note,
+    )  # fmt: skip
