@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     console.print(f"{len(results)} cases, {n_fail} FAIL; report: {', '.join(str(p) for p in paths.values())}")
     style = "bold green" if fresh.current else "bold yellow"
-    console.print(f"[{style}]{fresh.line}[/]", highlight=False)
+    console.print(f"[{style}]{fresh.line}[/]", highlight=False, soft_wrap=True)  # one line, never wrapped
     return 1 if n_fail else 0
 
 

@@ -1,0 +1,83 @@
+"""python -m flint_moe.conformance end to end with the kernel runs replaced by hand-built results: the three
+report files, --baseline, the GPU-report freshness line (last line of the output and in summary.md), exit
+status 1 on any FAIL, 2 for an unusable baseline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flint_moe.conformance import __main__ as cli
+from flint_moe.conformance.digest import source_digest
+from tests.conformance._report_data import ok_case
+
+CASE = "nvfp4_decode/cpu-E6-H96-I64-k3/M1/gaussian/s0"
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+    """run_case returns ok_case (ids of the real matrix), or FAIL for ids listed in ``fail``."""
+    fail: set[str] = set()
+
+    def run_case(case, device, counter=None, *, invariance=False):
+        r = ok_case(int(case.M))
+        r.case_id, r.path = case.id, case.path
+        if case.id in fail:
+            r.verdict = "FAIL"
+            r.stages[1].verdict, r.stages[1].mismatches = "FAIL", 1
+        return r
+
+    monkeypatch.setattr(cli, "run_case", run_case)
+    return fail
+
+
+def _argv(tmp_path, *extra):
+    return ["--profile", "cpu", "--filter", CASE, "--out", str(tmp_path / "out"), *extra]
+
+
+def test_reports_freshness_and_baseline(tmp_path, fake_run, capsys):
+    gpu = tmp_path / "h200" / "report.json"
+    gpu.parent.mkdir()
+    gpu.write_text(json.dumps({"env": {"source_digest": source_digest(), "git_commit": "c0ffee"}, "cases": []}))
+    base = tmp_path / "base"
+    base.mkdir()
+    old = {"schema": "x", "env": {"git_commit": "old"}, "cases": [
+        {"case_id": CASE, "verdict": "FAIL", "digests": {"out": "9" * 64, "taps.y": "a" * 64}}]}  # fmt: skip
+    (base / "report.json").write_text(json.dumps(old))
+    rc = cli.main(_argv(tmp_path, "--baseline", str(base), "--gpu-report", str(gpu)))
+    assert rc == 0
+    out_lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert out_lines[-1].startswith("GPU REPORT CURRENT (commit c0ffee")  # the run ends with the loud line
+    assert any(
+        "vs baseline" in ln and "1 verdict changes (0 worse), 1 output digests changed" in ln for ln in out_lines
+    )
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "summary.md"]
+    data = json.loads((out / "report.json").read_text())
+    assert data["env"]["source_digest"]["digest"] == source_digest()["digest"]
+    assert data["gpu_report"]["status"] == "CURRENT"
+    b = data["baseline"]
+    assert b["verdict_changes"] == [{"case_id": CASE, "before": "FAIL", "after": "WITHIN-BOUND", "direction": "better"}]
+    assert [(d["output"], d["before"][:1], d["after"][:1]) for d in b["digest_changes"]] == [("out", "9", "0")]
+    md = (out / "summary.md").read_text()
+    assert "**GPU REPORT CURRENT (commit c0ffee" in md and "## Changes vs baseline" in md
+
+
+def test_missing_gpu_report_is_said(tmp_path, fake_run, capsys):
+    assert cli.main(_argv(tmp_path, "--gpu-report", str(tmp_path / "none" / "report.json"), "--no-html")) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("GPU REPORT MISSING (no committed GPU report")
+    assert not (tmp_path / "out" / "report.html").exists()
+    assert "**GPU REPORT MISSING" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_fail_exits_1(tmp_path, fake_run):
+    fake_run.add(CASE)
+    assert cli.main(_argv(tmp_path, "--no-html")) == 1
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["totals"]["FAIL"] == 1
+
+
+def test_bad_baseline_exits_2_before_running(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    assert cli.main(_argv(tmp_path, "--baseline", str(tmp_path / "nothing"))) == 2
+    assert "no report.json there" in capsys.readouterr().out
