@@ -1,4 +1,5 @@
-"""Sessions: ``nox -s conformance`` (the main job), ``nox -s tests`` (CPU test suite, what CI runs),
+"""Sessions: ``nox -s conformance`` (the main job: gpu profile when a GPU is present, else cpu), ``nox -s tests``
+(CPU test suite, what CI runs; the case matrix as pytest tests is ``slow``-marked, so it is not run twice),
 ``nox -s golden`` (the golden model alone on a real-size layer), ``nox -s bench`` (GPU), ``nox -s lint``.
 
 The CPU install takes torch 2.13.0 from the machine's local CPU build and pins triton to 3.6.0, the H200's
@@ -8,6 +9,8 @@ version, so the interpreter and the sm_90 compile audit see the GPU machine's co
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import nox
 
@@ -57,10 +60,33 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "flint_moe", "tests", "noxfile.py")
 
 
+def _has_gpu() -> bool:
+    """An NVIDIA GPU is present (``nvidia-smi -L`` lists one)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
 @nox.session(python=PYTHON)
 def conformance(session: nox.Session) -> None:
-    """Main job: every kernel path against the golden model (python -m flint_moe.conformance). Args after
-    ``--`` pass through (--profile auto|cpu|gpu, --filter S, --out DIR); default profile auto: gpu when CUDA
-    is available, else cpu (Triton interpreter)."""
-    _install(session, "test")
-    session.run("python", "-m", "flint_moe.conformance", *(session.posargs or ["--profile", "auto"]))
+    """Main job: every kernel path against the golden model (python -m flint_moe.conformance), writing
+    reports/<run-id>/report.json, summary.md and report.html, ending with the GPU-report freshness line.
+
+    Profile: ``gpu`` when an NVIDIA GPU is present (torch then comes from PyPI's default, CUDA, build instead of
+    the local CPU one), else ``cpu`` (Triton interpreter). Args after ``--`` pass through (``--profile``,
+    ``--filter S``, ``--baseline OTHER``, ``--out DIR``, ``--mutation``, ``--invariance``, ``--list``...);
+    a ``--profile`` there overrides the choice."""
+    gpu = _has_gpu()
+    if gpu:
+        session.install("torch>=2.11", "triton==3.6.0")
+        session.install("-e", ".[test,report]")
+    else:
+        _install(session, "test,report")
+    args = list(session.posargs)
+    if not any(a == "--profile" or a.startswith("--profile=") for a in args):
+        args = ["--profile", "gpu" if gpu else "cpu", *args]
+    session.run("python", "-m", "flint_moe.conformance", *args)

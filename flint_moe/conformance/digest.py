@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             target = repo_root() / target
         fresh = check_report(target)
         bar = "=" * min(120, max(40, len(fresh.line)))
-        print(f"{bar}\n{fresh.line}\n{bar}", flush=True)
+        print(f"{bar}\n{fresh.line}", flush=True)  # the loud line is the last one printed
         return 1 if (args.strict and not fresh.current) else 0
     return 0
 
