@@ -176,7 +176,7 @@ def _read_per_expert(tensors: dict, ex: str, keys: list[str], device) -> ModelOp
     for n in (g0, d0):
         if n not in tensors:
             raise ValueError(f"{n}: missing")
-    gs, ds = _torch(tensors[g0]).shape, _torch(tensors[d0]).shape
+    gs, ds = tensors[g0].data.shape, tensors[d0].data.shape
     if len(gs) != 2 or len(ds) != 2:
         raise ValueError(f"{g0}: expected 2-D expert weights, got {tuple(gs)} and {tuple(ds)}")
     stack = ExpertStack(E, 2 * int(gs[1]), int(gs[0]), device=device, prefix=ex)
@@ -188,7 +188,7 @@ def _read_per_expert(tensors: dict, ex: str, keys: list[str], device) -> ModelOp
 def _read_merged(tensors: dict, blk: str, device) -> tuple[ModelOptExperts, list[str]]:
     from gguf import GGMLQuantizationType as Q
 
-    parts, names, scales = {}, [], {}
+    raws, names, scales = {}, [], {}
     for proj, g in _PROJ.items():
         n = f"{blk}{g}.weight"
         if n not in tensors:
@@ -196,13 +196,12 @@ def _read_merged(tensors: dict, blk: str, device) -> tuple[ModelOptExperts, list
         t = tensors[n]
         if t.tensor_type != Q.NVFP4:
             raise ValueError(f"{n}: tensor type {t.tensor_type.name}, expected NVFP4 (40)")
-        raw = _torch(t)
-        if raw.dim() != 3:
-            raise ValueError(f"{n}: expected merged experts [E, N, K] (3 dimensions), got {raw.dim()}")
-        parts[proj] = nvfp4_gguf_to_modelopt(raw, n)
+        if t.data.ndim != 3:
+            raise ValueError(f"{n}: expected merged experts [E, N, K] (3 dimensions), got {t.data.ndim}")
+        raws[proj] = t.data  # uint8 [E, N, K/64 * 36], memory-mapped: converted one expert at a time below
         names.append(n)
+        E = t.data.shape[0]
         sn = f"{blk}{g}.scale"
-        E = raw.shape[0]
         if sn in tensors:
             s = _torch(tensors[sn])
             check_tensor(sn, s, dtype=torch.float32)
@@ -212,18 +211,22 @@ def _read_merged(tensors: dict, blk: str, device) -> tuple[ModelOptExperts, list
             names.append(sn)
         else:  # llama.cpp omits scales that are all (within 1e-6 of) 1.0
             scales[proj] = torch.ones(E, dtype=torch.float32)
-    gc, uc, dc = (parts[p][0] for p in ("gate_proj", "up_proj", "down_proj"))
-    E, inter, h2 = gc.shape
-    hidden = 2 * h2
-    for n, c, want in ((f"{blk}ffn_up_exps.weight", uc, (E, inter, h2)),
-                       (f"{blk}ffn_down_exps.weight", dc, (E, hidden, inter // 2))):  # fmt: skip
-        if tuple(c.shape) != want:
-            raise ValueError(f"{n}: holds [E, N, K/2] = {tuple(c.shape)} codes, expected {want}")
+    E, inter, gbytes = raws["gate_proj"].shape
+    hidden = gbytes // NVFP4_BLOCK_BYTES * NVFP4_BLOCK_VALUES
+    want = {"up_proj": (E, inter, gbytes), "down_proj": (E, hidden, inter // NVFP4_BLOCK_VALUES * NVFP4_BLOCK_BYTES)}
+    for proj, shape in want.items():
+        if tuple(raws[proj].shape) != shape or inter % NVFP4_BLOCK_VALUES:
+            raise ValueError(
+                f"{blk}{_PROJ[proj]}.weight: byte shape {tuple(raws[proj].shape)}, expected {shape} for "
+                f"E = {E}, H = {hidden}, I = {inter} (gate's)"
+            )
     stack = ExpertStack(E, hidden, inter, device=device, prefix=blk)
-    for e in range(E):
-        for proj, (c, s) in parts.items():
-            stack.add(f"{e}.{proj}.weight", c[e])
-            stack.add(f"{e}.{proj}.weight_scale", s[e])
+    for proj, raw in raws.items():
+        n = f"{blk}{_PROJ[proj]}.weight"
+        for e in range(E):
+            c, s = nvfp4_gguf_to_modelopt(torch.from_numpy(np.array(raw[e], copy=True)), f"{n}[{e}]")
+            stack.add(f"{e}.{proj}.weight", c)
+            stack.add(f"{e}.{proj}.weight_scale", s)
             stack.add(f"{e}.{proj}.weight_scale_2", scales[proj][e])
     return stack.finish(), names
 

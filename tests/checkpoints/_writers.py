@@ -145,10 +145,10 @@ def nvfp4_pack(weight: torch.Tensor, scale: torch.Tensor) -> np.ndarray:
 
 
 def write_gguf_nvfp4(
-    path: Path, layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]], *, top_k: int
+    path: Path, layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]], *, top_k: int, edit=None
 ) -> Path:
     """Convention (b): llama.cpp NVFP4 merged experts (``blk.{L}.ffn_*_exps.weight`` type 40, ``.scale`` F32
-    [E]), router ``blk.{L}.ffn_gate_inp.weight`` F32."""
+    [E]), router ``blk.{L}.ffn_gate_inp.weight`` F32. ``edit(name, merged)`` may change the bytes in place."""
     import gguf
 
     w = _writer(path, top_k)
@@ -158,6 +158,8 @@ def write_gguf_nvfp4(
             merged = np.stack([nvfp4_pack(experts[f"{e}.{proj}.weight"], experts[f"{e}.{proj}.weight_scale"])
                                for e in range(E)])  # fmt: skip
             name = f"blk.{L}.{g}.weight"
+            if edit is not None:
+                edit(name, merged)
             w.add_tensor(name, merged, raw_dtype=gguf.GGMLQuantizationType.NVFP4)
             for kind, suffix in (("weight_scale_2", "scale"), ("input_scale", "input_scale")):
                 vals = [float(experts.get(f"{e}.{proj}.{kind}", torch.tensor(1.0))) for e in range(E)]

@@ -171,3 +171,22 @@ def test_bad_directory(tmp_path: Path, ckpt) -> None:
         ValueError, match=r"1 of 36 required tensors missing, e.g. .*experts.3.down_proj.weight_scale_2$"
     ):
         read_modelopt_layer(d3, 1)
+
+
+def test_unindexed_shards_and_bad_gguf_bytes(tmp_path: Path, ckpt) -> None:
+    _, layers, paths = ckpt
+    # shards without an index json: every file's header is scanned
+    d = write_modelopt_dir(tmp_path / "noindex", {3: layers[3]}, top_k=K, shards=3)
+    (d / "model.safetensors.index.json").unlink()
+    assert len(list(d.glob("*.safetensors"))) == 3
+    assert read_modelopt_layer(d, 3).experts.equal(read_layer(paths["modelopt"], 3).experts)
+
+    # a 0xFF UE4M3 byte (gguf decodes it as 480, beyond E4M3) in expert 2's down projection
+    def poke(name: str, merged) -> None:
+        if name.endswith("ffn_down_exps.weight"):
+            merged[2, 9, 1] = 0xFF
+
+    b = write_gguf_nvfp4(tmp_path / "ff.gguf", {3: layers[3]}, top_k=K, edit=poke)
+    with pytest.raises(ValueError, match=r"^blk.3.ffn_down_exps.weight\[2\]: UE4M3 scale byte 0xFF at block index "
+                       r"\(9, 0, 1\)"):  # fmt: skip
+        read_gguf_layer(b, 3)
