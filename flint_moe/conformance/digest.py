@@ -8,9 +8,10 @@
   not count: it is parsed with :mod:`ast`, the docstrings (a string constant as the first statement of the
   module, a class or a function) are dropped, and the tree is written out by :func:`_canonical`, a
   serializer of node types and field values that skips location attributes, ``None`` and empty-list fields
-  and ``Constant.kind``, so that the same code gives the same text on Python 3.11 (CI) and 3.12 (the H200),
-  whose ASTs differ only by such empty fields (e.g. 3.12's ``type_params``). A file that does not parse is
-  hashed as raw bytes (marked ``raw`` in :data:`ALGORITHM`'s sense: its digest is that of its bytes).
+  and ``Constant.kind``, and merges the literal pieces of f-strings, so that the same code gives the same
+  text on Python 3.11 (CI), 3.12 (the H200) and 3.13, whose ASTs differ only by such empty fields (e.g. 3.12's
+  ``type_params``) and f-string piece splits (checked on 3.11.7, 3.12.1, 3.13.0). A file that does not parse is
+  hashed as its raw bytes (prefixed ``raw:``).
 - any other file (``reference/data/*.npz``, ``*.json``) is hashed as raw bytes.
 
 The digest of the whole set is SHA-256 over the sorted lines ``<relative path> <file digest>\\n``; the
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 #: Name of the normalisation + hashing scheme; a report made with another one is reported stale.
-ALGORITHM = "sha256/ast-canonical-v1"
+ALGORITHM = "sha256/ast-canonical-v2"
 #: Directories (relative to the repository root) whose files make up the digest.
 DIGEST_DIRS = ("flint_moe/kernels", "flint_moe/ops", "flint_moe/reference")
 #: Where the lead commits the latest H200 run.
@@ -69,8 +70,25 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _fstring_parts(values: list) -> list:
+    """f-string parts with adjacent literal pieces merged and empty ones dropped (Python 3.12.1 adds an empty
+    ``Constant('')`` after a nested format field that 3.11 and 3.13 do not)."""
+    out: list = []
+    for v in values:
+        if isinstance(v, ast.Constant) and isinstance(v.value, str):
+            if not v.value:
+                continue
+            if out and isinstance(out[-1], ast.Constant) and isinstance(out[-1].value, str):
+                out[-1] = ast.Constant(out[-1].value + v.value)
+                continue
+        out.append(v)
+    return out
+
+
 def _canonical(node) -> str:
     """Version-stable text of an AST: ``Type(field=value, ...)`` without locations, None/empty fields."""
+    if isinstance(node, ast.JoinedStr):
+        return f"JoinedStr(values={_canonical(_fstring_parts(node.values))})"
     if isinstance(node, ast.AST):
         parts = []
         for name in node._fields:
