@@ -190,3 +190,29 @@ def test_unindexed_shards_and_bad_gguf_bytes(tmp_path: Path, ckpt) -> None:
     with pytest.raises(ValueError, match=r"^blk.3.ffn_down_exps.weight\[2\]: UE4M3 scale byte 0xFF at block index "
                        r"\(9, 0, 1\)"):  # fmt: skip
         read_gguf_layer(b, 3)
+
+
+def test_gguf_file_decodes_as_gguf_does(ckpt) -> None:
+    # the loaded experts, decoded by the golden model with their global scales, equal gguf's own decode of the
+    # file's NVFP4 tensors times the file's .scale tensors (one fp32 rounding each: the products are exact in fp64)
+    import gguf
+
+    from flint_moe.reference.quantize import dequantize_nvfp4
+
+    _, _, paths = ckpt
+    reader = gguf.GGUFReader(str(paths["gguf-nvfp4"]))
+    tensors = {t.name: t for t in reader.tensors}
+    ex = read_gguf_layer(paths["gguf-nvfp4"], 3).experts
+    views = {
+        "ffn_gate_exps": (ex.w13[:, :I], ex.w13_scale[:, :I], ex.w13_scale_2[:, 0]),
+        "ffn_up_exps": (ex.w13[:, I:], ex.w13_scale[:, I:], ex.w13_scale_2[:, 1]),
+        "ffn_down_exps": (ex.w2, ex.w2_scale, ex.w2_scale_2),
+    }
+    for g, (codes, scales, gs) in views.items():
+        t = tensors[f"blk.3.{g}.weight"]
+        assert int(t.tensor_type) == 40
+        ref = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy()).double()
+        file_gs = torch.from_numpy(tensors[f"blk.3.{g}.scale"].data.copy()).double()
+        ref = (ref * file_gs.reshape(E, 1, 1)).float()
+        ours = dequantize_nvfp4(codes.contiguous(), scales.contiguous(), gs.contiguous())
+        assert ours.shape == ref.shape and torch.equal(ours, ref), g
