@@ -83,12 +83,12 @@ def dequant_tile(codes, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.conste
     (the product is exact in both; the conversion is exact)."""
     lo, hi = decode_e2m1(codes, DECODE)
     sc = e4m3_to_f32(sb)
-    w = tl.reshape(tl.join(lo, hi), [R, BK // 16, 16]) * sc[:, :, None]
-    w = tl.reshape(w, [R, BK])
     if _INTERPRET:
-        return w
-    else:
-        return w.to(tl.bfloat16)
+        w = tl.reshape(tl.join(lo, hi), [R, BK // 16, 16]) * sc[:, :, None]
+    else:  # bf16 operands and product: every value and the product are exact in bf16 (halves the registers)
+        w = tl.reshape(tl.join(lo.to(tl.bfloat16), hi.to(tl.bfloat16)), [R, BK // 16, 16])
+        w = w * sc.to(tl.bfloat16)[:, :, None]
+    return tl.reshape(w, [R, BK])
 
 
 @triton.jit
@@ -130,7 +130,9 @@ def _grouped_gate_up_kernel(
     Grid ``(cdiv(INTER, BC), NB)``: program (q, b) handles columns n in [q*BC, q*BC + BC) (n < INTER; padded
     rows of w1 are never read) of the pairs ``order[block_start[b]:block_end[b]]`` of expert
     ``block_expert[b]`` (an empty block does nothing). Up row of n: ``(n // 64) * 128 + n % 64``, gate row:
-    that + 64 (docs/layouts.md).
+    that + 64 (docs/layouts.md). One weight tile of ``2 * BC`` rows (the BC up rows, then the BC gate rows;
+    for BC = 64 the whole 128-row group, contiguous in memory) and one fp32 accumulator [2 * BC, BM], split
+    into up and gate in the epilogue.
 
     Summation order of g_acc / u_acc (one (pair, column), length H): K steps of ``BK`` elements in increasing
     order, each one ``tl.dot`` of the dequantised bf16 weights (exact) and the bf16 token row (exact
@@ -158,32 +160,31 @@ def _grouped_gate_up_kernel(
     r_ok = pos < end
     pair = tl.load(order_ptr + pos, mask=r_ok, other=0)
     tok = (pair // TOPK).to(tl.int64)
-    cols = q * BC + tl.arange(0, BC)
-    c_ok = cols < INTER
-    up_row = (cols // 64) * 128 + cols % 64
-    gate_row = up_row + 64
-    w_base = w_ptr + e * (2 * IP * HB)
+    R: tl.constexpr = 2 * BC
+    r = tl.arange(0, R)
+    rcol = q * BC + r % BC  # tile row r: up row of column rcol (r < BC), else its gate row
+    r_c_ok = rcol < INTER
+    prow = (rcol // 64) * 128 + rcol % 64 + (r // BC) * 64  # physical row in w1
+    w_row = w_ptr + e * (2 * IP * HB) + prow.to(tl.int64) * HB
     s_base = s_ptr + e * (MP * KP)
-    wu_row = w_base + up_row.to(tl.int64) * HB
-    wg_row = w_base + gate_row.to(tl.int64) * HB
     x_row = x_ptr + tok * H
-    acc_u = tl.zeros([BC, BM], dtype=tl.float32)
-    acc_g = tl.zeros([BC, BM], dtype=tl.float32)
+    acc = tl.zeros([R, BM], dtype=tl.float32)
     if end > start:
         for k0 in tl.range(0, H, BK):
             kb = k0 // 2 + tl.arange(0, BK // 2)
             kc = k0 // 16 + tl.arange(0, BK // 16)
             kx = k0 + tl.arange(0, BK)
-            cm = c_ok[:, None] & (kb < HB)[None, :]
-            sm = c_ok[:, None] & (kc < H // 16)[None, :]
-            cu = tl.load(wu_row[:, None] + kb[None, :], mask=cm, other=0)
-            cg = tl.load(wg_row[:, None] + kb[None, :], mask=cm, other=0)
-            su = tl.load(s_base + swizzled_scale_offsets(up_row[:, None], kc[None, :], KP), mask=sm, other=0)
-            sg = tl.load(s_base + swizzled_scale_offsets(gate_row[:, None], kc[None, :], KP), mask=sm, other=0)
+            codes = tl.load(w_row[:, None] + kb[None, :], mask=r_c_ok[:, None] & (kb < HB)[None, :], other=0)
+            sb = tl.load(
+                s_base + swizzled_scale_offsets(prow[:, None], kc[None, :], KP),
+                mask=r_c_ok[:, None] & (kc < H // 16)[None, :],
+                other=0,
+            )
             xt = tl.load(x_row[:, None] + kx[None, :], mask=r_ok[:, None] & (kx < H)[None, :], other=0.0)
-            xt = tl.trans(xt)  # [BK, BM]
-            acc_u = mma(dequant_tile(cu, su.to(tl.int32), BC, BK, DECODE), xt, acc_u)
-            acc_g = mma(dequant_tile(cg, sg.to(tl.int32), BC, BK, DECODE), xt, acc_g)
+            acc = mma(dequant_tile(codes, sb.to(tl.int32), R, BK, DECODE), tl.trans(xt), acc)
+    acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, BM]), (1, 2, 0)))
+    cols = q * BC + tl.arange(0, BC)
+    c_ok = cols < INTER
     gs = tl.load(alpha_ptr + e)
     g = acc_g * gs
     u = acc_u * gs
