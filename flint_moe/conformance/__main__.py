@@ -286,7 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     gpu_path = Path(args.gpu_report)
     if not gpu_path.is_absolute() and not gpu_path.exists():
         gpu_path = repo_root() / gpu_path
-    fresh = check_report(gpu_path, current=env["source_digest"])
+    if env.get("gpu"):
+        # A GPU run is itself the evidence for the sources it ran: its line says so (committed as reports/h200/,
+        # it stays CURRENT until a kernel or golden-model source changes).
+        from flint_moe.conformance.report import report_dict
+
+        fresh = check_report(report_dict(results, env), current=env["source_digest"])
+        fresh.line = fresh.line.replace("GPU REPORT CURRENT (", "GPU REPORT CURRENT (this GPU run: ", 1)
+    else:
+        fresh = check_report(gpu_path, current=env["source_digest"])
     diff = None
     if base is not None:
         from flint_moe.conformance.baseline import compare_reports

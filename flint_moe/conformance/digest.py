@@ -168,12 +168,15 @@ class Freshness:
         return f"Freshness({self.status!r}, {self.line!r})"
 
 
-def _stamp(env: dict, dig: dict | None) -> str:
+def _stamp(env: dict, dig: dict | None, totals: dict | None = None) -> str:
     bits = [f"commit {str(env.get('git_commit') or 'unknown')[:12]}"]
     if env.get("date_utc"):
         bits.append(f"run {env['date_utc']}")
     if env.get("gpu"):
         bits.append(str(env["gpu"]))
+    if isinstance(totals, dict) and "cases" in totals:
+        prof = f" ({env['profile']} profile)" if env.get("profile") else ""
+        bits.append(f"{totals['cases']} cases{prof}, {totals.get('FAIL', 0)} FAIL")
     if dig and dig.get("digest"):
         bits.append(f"sources {dig['digest'][:12]}")
     return ", ".join(bits)
@@ -216,6 +219,7 @@ def check_report(report: Path | str | dict | None = None, current: dict | None =
         except (OSError, ValueError) as e:
             return Freshness("MISSING", f"GPU REPORT MISSING ({where} unreadable: {e})")
     env = data.get("env", {}) if isinstance(data, dict) else {}
+    totals = data.get("totals") if isinstance(data, dict) else None
     dig = env.get("source_digest")
     cur = source_digest() if current is None else current
     if not isinstance(dig, dict) or not isinstance(dig.get("files"), dict):
@@ -233,11 +237,13 @@ def check_report(report: Path | str | dict | None = None, current: dict | None =
     added = sorted(new.keys() - old.keys())
     removed = sorted(old.keys() - new.keys())
     if not (changed or added or removed) and dig.get("digest") == cur["digest"]:
-        return Freshness("CURRENT", f"GPU REPORT CURRENT ({_stamp(env, dig)}; {len(new)} source files unchanged)")
+        return Freshness(
+            "CURRENT", f"GPU REPORT CURRENT ({_stamp(env, dig, totals)}; {len(new)} source files unchanged)"
+        )
     what = [f"{f} changed" for f in changed] + [f"{f} added" for f in added] + [f"{f} removed" for f in removed]
     return Freshness(
         "STALE",
-        f"GPU REPORT STALE since {_names(what)} ({_stamp(env, dig)}; now sources {cur['digest'][:12]})",
+        f"GPU REPORT STALE since {_names(what)} ({_stamp(env, dig, totals)}; now sources {cur['digest'][:12]})",
         changed,
         added,
         removed,

@@ -81,3 +81,11 @@ def test_bad_baseline_exits_2_before_running(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cli, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
     assert cli.main(_argv(tmp_path, "--baseline", str(tmp_path / "nothing"))) == 2
     assert "no report.json there" in capsys.readouterr().out
+
+
+def test_gpu_run_is_its_own_evidence(tmp_path, fake_run, monkeypatch, capsys):
+    env = cli.environment()
+    monkeypatch.setattr(cli, "environment", lambda: dict(env, gpu="NVIDIA H200", backend="triton-cuda (NVIDIA H200)"))
+    assert cli.main(_argv(tmp_path, "--no-html", "--gpu-report", str(tmp_path / "none.json"))) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("GPU REPORT CURRENT (this GPU run: commit ") and "1 cases (cpu profile), 0 FAIL" in last

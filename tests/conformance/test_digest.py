@@ -117,6 +117,12 @@ def test_check_current_stale_missing(tmp_path):
     fresh = dg.check_report(rep, current=same)
     assert fresh.status == "CURRENT" and fresh.line.startswith("GPU REPORT CURRENT (commit abc123def456")
     assert "2026-11-29T10:00:00+00:00" in fresh.line
+    with_totals = {"env": {"source_digest": old, "profile": "gpu", "gpu": "NVIDIA H200"},
+                   "totals": {"cases": 418, "FAIL": 0}}  # fmt: skip
+    assert dg.check_report(with_totals, current=same).line == (
+        f"GPU REPORT CURRENT (commit unknown, NVIDIA H200, 418 cases (gpu profile), 0 FAIL, sources "
+        f"{old['digest'][:12]}; 3 source files unchanged)"
+    )
 
     new = _tree(tmp_path / "new", CODE_EDITS[0])
     (tmp_path / "new/flint_moe/ops/op2.py").write_text("X = 1\n")

@@ -131,3 +131,13 @@ def test_oversized_report_json_raises(tmp_path, monkeypatch):
     monkeypatch.setattr(rp, "MAX_BYTES", 1000)
     with pytest.raises(ValueError, match="report.json would be"):
         rp.write_report(results(), ENV, tmp_path, html=False)
+
+
+def test_invariance_only_failure_claims_no_diagnosis():
+    c = ok_case(2).to_json()
+    c["verdict"] = "FAIL"
+    c["invariance"] = [{"name": "determinism", "required": True, "outcome": "FAIL", "note": "run 2 differs"}]
+    md = rp.summary_markdown([c], {"backend": "cpu"})
+    assert "- **invariance determinism** FAIL: run 2 differs" in md and "no catalogued fault" not in md
+    c["stages"][1]["verdict"] = "FAIL"
+    assert "- **diagnosis**: no catalogued fault reproduces the kernel's output" in rp.summary_markdown([c], {})
