@@ -13,7 +13,6 @@ from flint_moe.conformance.checkpoint import CHECKPOINT_PROFILE, checkpoint_case
 from flint_moe.layouts import FlintMoEWeights
 from tests.checkpoints._writers import write_gguf_nvfp4, write_modelopt_dir
 
-pytest.importorskip("safetensors")
 FP8 = torch.float8_e4m3fn
 E, H, I, K = 6, 64, 64, 3  # noqa: E741
 

@@ -4,6 +4,7 @@ a hand-derived block, every scale byte against gguf-py's own ``dequantize``, the
 
 from __future__ import annotations
 
+import gguf  # the test extra installs it: a missing gguf fails here, it is not skipped
 import numpy as np
 import pytest
 import torch
@@ -11,8 +12,6 @@ import torch
 from flint_moe.checkpoints import nvfp4_gguf_to_modelopt
 from flint_moe.reference.quantize import dequantize_nvfp4
 from tests.checkpoints._writers import nvfp4_pack
-
-gguf = pytest.importorskip("gguf")
 
 
 def _gguf_dequantize(raw: torch.Tensor) -> np.ndarray:
