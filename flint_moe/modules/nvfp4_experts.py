@@ -16,22 +16,27 @@ from flint_moe.modules._shared import SharedRunner
 __all__ = ["FlintNvfp4Experts", "warmup_token_counts"]
 
 
-def warmup_token_counts(max_num_tokens: int, decode_max: int) -> list[int]:
-    """Token counts whose kernels ``load_weights`` compiles: every M in [1, min(max, decode_max)] (each is
-    its own decode launch), then, above the decode limit, 2^j and 2^j + 1 for every power of two in range and
-    ``max_num_tokens`` itself (Triton specialises integer arguments on == 1 and % 16 == 0, so these reach every
-    specialisation of a kernel whose tile choice changes at powers of two)."""
+def warmup_token_counts(max_num_tokens: int, decode_max: int, top_k: int = 1, num_experts: int = 1) -> list[int]:
+    """Token counts whose kernels ``load_weights`` compiles (ascending).
+
+    Every M in [1, min(max_num_tokens, decode_max)]: each is its own decode launch. Above the decode limit
+    the grouped path (``ops.moe_nvfp4_grouped``) picks its row block from ``grouped_config(M * top_k, E)``;
+    for each row-block size reached by some M <= max_num_tokens: the smallest and largest such M and the
+    smallest multiple of 16 among them (Triton specialises integer arguments on divisibility by 16), so every
+    tile configuration and both integer specialisations are compiled.
+    """
     if max_num_tokens <= 0:
         return []
-    out = list(range(1, min(max_num_tokens, decode_max) + 1))
-    p = 16
-    extra = {decode_max + 1} if max_num_tokens > decode_max else set()
-    while p <= max_num_tokens:
-        extra |= {p, p + 1} if p > decode_max else set()
-        p *= 2
+    out = set(range(1, min(max_num_tokens, decode_max) + 1))
     if max_num_tokens > decode_max:
-        extra.add(max_num_tokens)
-    return out + sorted(m for m in extra if decode_max < m <= max_num_tokens)
+        from flint_moe.kernels.nvfp4_grouped_gate_up import grouped_config
+
+        buckets: dict = {}
+        for m in range(decode_max + 1, max_num_tokens + 1):
+            buckets.setdefault(grouped_config(m * top_k, num_experts)["BM"], []).append(m)
+        for ms in buckets.values():
+            out |= {ms[0], ms[-1], next((m for m in ms if m % 16 == 0), ms[0])}
+    return sorted(out)
 
 
 class FlintNvfp4Experts(nn.Module):
@@ -138,12 +143,12 @@ class FlintNvfp4Experts(nn.Module):
             return
         H, E = self.hidden_size, self.num_experts
         router = torch.zeros(E, H, dtype=torch.bfloat16, device=self.device)
-        for m in warmup_token_counts(self.max_num_tokens, DECODE_MAX_TOKENS):
+        for m in warmup_token_counts(self.max_num_tokens, DECODE_MAX_TOKENS, self.top_k, self.num_experts):
             x = torch.zeros(m, H, dtype=torch.bfloat16, device=self.device)
             try:
                 flint_moe(x, router, self.weights, self.top_k, self.route_counter, torch.zeros_like(x))
-            except NotImplementedError:
-                break  # no grouped path (yet) for this M: forward raises the same error
+            except (NotImplementedError, ValueError):
+                break  # M beyond what the op serves (GROUPED_MAX_TOKENS): forward raises the same error
             self.compiled_token_counts.append(m)
         torch.cuda.synchronize(self.device)
 

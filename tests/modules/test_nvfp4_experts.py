@@ -210,8 +210,24 @@ def test_warmup_token_counts() -> None:
     assert warmup_token_counts(5, 8) == [1, 2, 3, 4, 5]
     assert warmup_token_counts(8, 8) == list(range(1, 9))
     assert warmup_token_counts(9, 8) == list(range(1, 10))
+    # k = 1, E = 1: M pairs on one expert -> row block 16 (M <= 16), 32 (<= 32), 64 (<= 64), 128 above;
+    # per block: smallest M, largest M, smallest multiple of 16 (none in 33..40)
     assert warmup_token_counts(40, 8) == [*range(1, 10), 16, 17, 32, 33, 40]
-    assert warmup_token_counts(64, 8) == [*range(1, 10), 16, 17, 32, 33, 64]
+    # k = 8, E = 256 (DeepSeek): mean pairs per expert ceil(M / 32): block 16 up to M = 512, 32 up to 1024, ...
+    assert warmup_token_counts(16384, 8, 8, 256) == [
+        *range(1, 10),
+        16,
+        512,
+        513,
+        528,
+        1024,
+        1025,
+        1040,
+        2048,
+        2049,
+        2064,
+        16384,
+    ]
 
 
 # ------------------------------------------------------------------------------------------------------
