@@ -104,6 +104,8 @@ class _AccBuffer:
             }
             if acc.inner_abs_sum is not None:  # NVFP4 block partials (exact.py, "Overflow")
                 self.parts["inner_abs_sum"] = torch.zeros(shape, **f64)
+            if acc.exact_error is not None:  # certified float64 filter (exact.py, "The float64 filter")
+                self.parts["exact_error"] = torch.zeros(shape, **f64)
             self.n, self.model = acc.n, acc.model
         for name, t in self.parts.items():
             t[tokens, slots] = getattr(acc, name)
