@@ -3,7 +3,9 @@
 A small NVFP4 decode case and a BF16 decode case (padded intermediate) run the real ops with taps; the
 comparison must say EXACT / WITHIN-BOUND for every stage. Then MUTATION tests corrupt the taps the way known
 faults would (downstream stages re-simulated with the golden model, as a faulty kernel would produce them)
-and check that exactly the faulty stage FAILs, with the right counts and coordinates.
+and check that exactly the faulty stage FAILs, with the right counts and coordinates. The end-to-end check
+(returned output vs the golden model's own run) must EXPLAIN differences that come from an accumulation
+within its bound or a top-k tie, and FAIL those with no upstream cause.
 """
 
 from __future__ import annotations
@@ -17,20 +19,30 @@ import torch
 
 from flint_moe.conformance.compare import (
     EXACT,
+    EXPLAINED,
     FAIL,
+    PATH_MODELS,
     STAGES,
+    VERDICT_ORDER,
     WITHIN_BOUND,
     compare_case,
+    logit_intervals,
+    routing_explained,
     ulp_distance,
 )
 from flint_moe.conformance.report import SCHEMA, write_report
 from flint_moe.reference import combine as ref_combine
 from flint_moe.reference.combine import add_shared
+from flint_moe.reference.exact import Accumulation
 from flint_moe.reference.experts import (
     apply_global_scale,
     dequant_nvfp4,
+    down_accumulate,
+    down_accumulate_bf16,
     down_output,
     down_output_bf16,
+    gate_up_accumulate,
+    gate_up_accumulate_bf16,
     swiglu,
 )
 from flint_moe.reference.formats import to_bf16
@@ -208,12 +220,16 @@ def test_clean_case_conforms(built) -> None:
         else:
             assert s.verdict in (EXACT, WITHIN_BOUND), (s.stage, s.first_failures)
             assert 0.0 <= s.max_bound_fraction <= 1.0 and s.warnings == 0, (s.stage, s.worst_warnings)
-    assert res.verdict in (EXACT, WITHIN_BOUND)
+    e2e = res.end_to_end
+    assert e2e.mode == "taps" and e2e.elements == M * out.shape[1]
+    assert e2e.unexplained == 0 and e2e.verdict in (EXACT, EXPLAINED)
+    assert res.verdict in (EXACT, WITHIN_BOUND, EXPLAINED)
+    assert res.verdict == VERDICT_ORDER[max(VERDICT_ORDER.index(v) for v in [e2e.verdict, WITHIN_BOUND])]
     assert res.stage("gate_acc").elements == M * K * taps["gate_acc"].shape[-1]
-    assert set(res.digests) >= {"out", "taps.act", "taps.y"} and all(
-        len(d) == 64 for d in res.digests.values()
-    )
-    json.dumps(res.to_json())
+    assert set(res.digests) >= {"out", "taps.act", "taps.y"} and all(len(d) == 64 for d in res.digests.values())
+    j = json.loads(json.dumps(res.to_json()))
+    assert j["mode"] == "taps" and j["end_to_end"]["verdict"] == e2e.verdict and j["warnings"] == 0
+    assert j["stages"][0]["ulp_hist"] is not None and j["stages"][0]["map"] is None
 
 
 def test_ids_tie_exists(built) -> None:
@@ -290,6 +306,10 @@ def test_mutation_tie_to_higher_index(built) -> None:
     s = res.stage("ids")
     assert (s.elements, s.mismatches, s.max_ulp) == (M * K, M * K, None)
     assert s.first_failures == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    # end to end: the tied experts' logit intervals overlap, so the other order is an explained difference
+    e2e = res.end_to_end
+    assert e2e.unexplained == 0 and e2e.verdict in (EXACT, EXPLAINED)
+    assert set(e2e.causes) <= {"routing"} and all(r["causes"] == ["routing"] for r in e2e.rows)
 
 
 def test_mutation_down_acc_dropped_term(built) -> None:
@@ -347,6 +367,112 @@ def test_mutation_out_element(built) -> None:
     res = compare_case(case, inputs, t, bad)
     _only_failing(res, "out")
     assert (res.stage("out").mismatches, res.stage("out").first_failures) == (1, [[0, 3]])
+    e2e = res.end_to_end  # nothing upstream differs: the end-to-end difference is unexplained
+    assert (e2e.verdict, e2e.differing, e2e.unexplained, e2e.first_failures) == (FAIL, 1, 1, [[0, 3]])
+    assert e2e.failure_details[0]["index"] == [0, 3] and "no upstream" in e2e.failure_details[0]["why"]
+    assert res.stage("out").map["total"] == 1
+
+
+def _down_acc(case, inputs, t, m, j) -> Accumulation:
+    wl, e = inputs.weights_logical, int(t["ids"][m, j])
+    model = PATH_MODELS[case.path]
+    if case.path == "nvfp4_decode":
+        a = t["act"][m, j, : wl.w2.shape[2] * 2][None].contiguous()
+        return down_accumulate(a, wl.w2[e], wl.w2_scale[e], model=model)[0]
+    return down_accumulate_bf16(t["act"][m, j, : wl.w2.shape[2]][None].contiguous(), wl.w2[e], model=model)[0]
+
+
+def _gate_up_acc(case, inputs, t, m, j) -> Accumulation:
+    wl, e = inputs.weights_logical, int(t["ids"][m, j])
+    model = PATH_MODELS[case.path]
+    if case.path == "nvfp4_decode":
+        return gate_up_accumulate(inputs.x[m : m + 1], wl.w13[e], wl.w13_scale[e], model=model)[0]
+    return gate_up_accumulate_bf16(inputs.x[m : m + 1], wl.w13[e], model=model)[0]
+
+
+def _edge(acc: Accumulation, sign: float) -> torch.Tensor:
+    """fp32 values at the edge of the bound (RN32 of exact +- bound, pulled inside when it rounded out)."""
+    edge = (acc.exact + sign * acc.bound).to(torch.float32)
+    over = (edge.double() - acc.exact).abs() > acc.bound
+    return torch.where(over, torch.nextafter(edge, acc.exact.to(torch.float32)), edge)
+
+
+def _edge_run(case, inputs, taps, stage: str, sign: float) -> dict:
+    t = _clone(taps)
+    I = inputs.weights_logical.w13.shape[1] // 2  # noqa: E741
+    for m in range(M):
+        for j in range(K):
+            if stage == "down_acc":
+                t["down_acc"][m, j] = _edge(_down_acc(case, inputs, taps, m, j), sign)
+            else:
+                half = slice(0, I) if stage == "gate_acc" else slice(I, 2 * I)
+                t[stage][m, j, :I] = _edge(_gate_up_acc(case, inputs, taps, m, j)[half], sign)
+    if stage == "down_acc":
+        _redo_y(case, inputs, t)
+    else:
+        for m in range(M):
+            for j in range(K):
+                g, u = _gate_up_scaled(case, inputs, t, m, j)
+                t["act"][m, j] = swiglu(g, u)
+        _redo_from_act(case, inputs, t)
+    return t
+
+
+def test_end_to_end_explained_by_accumulations(built) -> None:
+    """Accumulators moved to the edge of their bounds (legal summation orders) change some outputs: every
+    stage still conforms and the end-to-end differences are EXPLAINED (down_acc, or gate/up through act)."""
+    case, inputs, taps, _ = built
+    # shared = 0 (re-simulated), so that a changed routed sum is not absorbed by the shared output's rounding
+    inputs = SimpleNamespace(**{**vars(inputs), "shared": torch.zeros_like(inputs.shared)})
+    taps = _clone(taps)
+    _redo_out(inputs, taps)
+    found = None
+    for stage in ("down_acc", "gate_acc", "up_acc"):
+        for sign in (1.0, -1.0):
+            t = _edge_run(case, inputs, taps, stage, sign)
+            if not torch.equal(t["out"].view(torch.int16), taps["out"].view(torch.int16)):
+                found = (stage, t)
+                break
+        if found:
+            break
+    assert found is not None, "test data: some accumulator edge must change the output"
+    stage, t = found
+    res = compare_case(case, inputs, t, t["out"])
+    assert res.failed_stages == [] and res.stage(stage).verdict == WITHIN_BOUND
+    e2e = res.end_to_end
+    assert e2e.verdict == EXPLAINED and res.verdict == EXPLAINED
+    assert e2e.differing >= 1 and e2e.unexplained == 0
+    assert set(e2e.causes) <= ({"down_acc"} if stage == "down_acc" else {"gate_up_acc", "down_acc"})
+    differ = t["out"].view(torch.int16) != taps["out"].view(torch.int16)
+    assert e2e.differing == int(differ.sum()) and e2e.first_differences == torch.nonzero(differ)[:5].tolist()
+    assert e2e.map["total"] == e2e.differing
+
+
+def test_end_to_end_unexplained_y(built) -> None:
+    """y changed although its down accumulator did not: the y stage FAILs and so does the end-to-end check."""
+    case, inputs, taps, _ = built
+    t = _clone(taps)
+    t["y"].view(torch.int16)[0, 0, :] += 64  # far off, every element of one slot
+    _redo_out(inputs, t)
+    res = compare_case(case, inputs, t, t["out"])
+    assert "y" in res.failed_stages and res.end_to_end.verdict == FAIL
+    assert res.end_to_end.first_failures[0][0] == 0
+
+
+def test_logit_intervals_and_routing_explained() -> None:
+    """Hand-made router accumulations: exact 1.0 +- 2^-30 stays 1.0; exact 1.0 + 2^-8 (the bf16 midpoint
+    above 1.0) +- 2^-12 spans two bf16 values; overlap decides whether a changed top-k is explained."""
+    exact = torch.tensor([[1.0, 1.0 + 2.0**-8, 0.5, -3.0]], dtype=torch.float64)
+    bound = torch.tensor([[2.0**-30, 2.0**-12, 0.0, 0.0]], dtype=torch.float64)
+    acc = Accumulation(exact, bound, exact.abs(), torch.zeros_like(exact, dtype=torch.bool), 4)
+    lo, hi = logit_intervals(acc)
+    assert lo.float().tolist() == [[1.0, 1.0, 0.5, -3.0]]
+    assert hi.float().tolist() == [[1.0, 1.0 + 2.0**-7, 0.5, -3.0]]
+    golden = to_bf16(exact.float())[0]  # ties to even: expert 1 rounds to 1.0 too
+    # golden top-2 = [0, 1] (tie, lower index first); [1, 0] is explained (equal / overlapping intervals)
+    assert routing_explained(torch.tensor([1, 0]), golden, lo[0], hi[0]) == (True, None)
+    # picking expert 2 (0.5) over expert 1 (>= 1.0) is not
+    assert routing_explained(torch.tensor([0, 2]), golden, lo[0], hi[0]) == (False, (2, 1))
 
 
 def test_cases_inputs_attribute_name(bf16) -> None:
@@ -386,10 +512,7 @@ def test_report_roundtrip(tmp_path, nvfp4, bf16) -> None:
     assert data["schema"] == SCHEMA == "flint-moe-conformance/1"
     assert data["env"]["torch"] == torch.__version__
     assert [c["case_id"] for c in data["cases"]] == [r.case_id for r in results]
-    assert (
-        data["cases"][2]["verdict"] == FAIL
-        and data["cases"][0]["digests"]["out"] == results[0].digests["out"]
-    )
+    assert data["cases"][2]["verdict"] == FAIL and data["cases"][0]["digests"]["out"] == results[0].digests["out"]
     assert data["totals"]["FAIL"] == 1
     md = paths["summary"].read_text()
     assert "| path | shape | M |" in md and "bit-exactness is not claimed" in md
