@@ -519,3 +519,26 @@ def test_report_roundtrip(tmp_path, nvfp4, bf16) -> None:
     assert "act" in md.split("## Failures")[1]
     for p in paths.values():
         assert p.stat().st_size < 16 * 2**20
+
+
+def test_accumulation_warning_within_bound() -> None:
+    """WARNING (rule "Accumulation", issue 5): an error inside the certified bound n*u*S but 40x the
+    probabilistic estimate sqrt(n)*u*S (n = 4096, what a partly bf16 accumulation would leave) is flagged
+    with its index, the verdict staying WITHIN-BOUND; an RN32-exact element is not flagged."""
+    from flint_moe.conformance.compare import WARN_FACTOR, compare_accumulation
+    from flint_moe.reference.exact import FP32_RN, dot_accumulate
+
+    n = 4096
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(1, n, generator=g).to(torch.bfloat16)
+    b = torch.randn(2, n, generator=g).to(torch.bfloat16)
+    acc = dot_accumulate(a, b, model=FP32_RN)
+    u = 2.0**-24
+    off = 40.0 * n**0.5 * u * acc.abs_sum[0, 1]  # 40 estimates, 40*64/4096 of the bound
+    kernel = acc.exact.to(torch.float32).clone()
+    kernel[0, 1] = float(acc.exact[0, 1] + off)
+    s = compare_accumulation("down_acc", kernel, acc)
+    assert s.verdict == WITHIN_BOUND and s.mismatches == 0
+    assert s.warnings == 1 and s.worst_warnings[0]["index"] == [0, 1]
+    assert 39.0 < s.worst_warnings[0]["ratio"] < 41.0 and s.worst_warnings[0]["ratio"] > WARN_FACTOR
+    assert 0.0 < s.worst_warnings[0]["bound_fraction"] < 1.0 and s.max_bound_fraction < 1.0
