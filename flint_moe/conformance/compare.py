@@ -904,6 +904,8 @@ def end_to_end_taps(
             "weights": ((M, k), torch.float32), "y": ((M, k, H), torch.bfloat16),
             "down_acc": ((M, k, H), torch.float32)}  # fmt: skip
     missing = [n for n, (shp, dt) in need.items() if not _usable(t[n], shp, dt)]
+    if "ids" not in missing and bool(((t["ids"] < 0) | (t["ids"] >= router_w.shape[0])).any()):
+        missing.append("ids")
     lo, hi = logit_intervals(racc)
     w2nz: dict[int, torch.Tensor] = {}
     for m in torch.nonzero(diff.any(dim=1)).flatten().tolist():
