@@ -321,7 +321,9 @@ def mutation_line(mutation: dict | None) -> str | None:
         f", {int(named)} named by the diagnosis" if named is not None else ""
     )
     text += ")"
-    return text + (f"; missed: {', '.join(str(m) for m in missed)}." if missed else "; every catalogued fault caught.")
+    text += f"; missed: {', '.join(str(m) for m in missed)}." if missed else "; every catalogued fault caught."
+    untested = mutation.get("untested") or []
+    return text + (f" Catalogued faults without a mutation: {', '.join(map(str, untested))}." if untested else "")
 
 
 def _mutation_section(mutation: dict | None) -> list[str]:

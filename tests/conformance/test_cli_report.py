@@ -89,3 +89,17 @@ def test_gpu_run_is_its_own_evidence(tmp_path, fake_run, monkeypatch, capsys):
     assert cli.main(_argv(tmp_path, "--no-html", "--gpu-report", str(tmp_path / "none.json"))) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("GPU REPORT CURRENT (this GPU run: commit ") and "1 cases (cpu profile), 0 FAIL" in last
+
+
+def test_mutation_flag_puts_the_kill_rate_in_the_report(tmp_path, fake_run, monkeypatch, capsys):
+    from flint_moe.conformance import mutation
+    from tests.conformance._report_data import MUTATION
+
+    monkeypatch.setattr(mutation, "run_mutations", lambda *a, **k: ["ran"])
+    monkeypatch.setattr(mutation, "mutation_report", lambda res: dict(MUTATION) if res == ["ran"] else None)
+    assert cli.main(_argv(tmp_path, "--no-html", "--mutation")) == 0
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["mutation"] == MUTATION
+    assert "Mutation kill rate: 50.0% (3 of 4" in (tmp_path / "out" / "summary.md").read_text()
+    assert "Mutation kill rate: 50.0%" in capsys.readouterr().out
+    assert cli.main(_argv(tmp_path, "--no-html")) == 0  # cpu profile: mutation testing off by default
+    assert "mutation" not in json.loads((tmp_path / "out" / "report.json").read_text())

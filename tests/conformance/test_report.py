@@ -141,3 +141,13 @@ def test_invariance_only_failure_claims_no_diagnosis():
     assert "- **invariance determinism** FAIL: run 2 differs" in md and "no catalogued fault" not in md
     c["stages"][1]["verdict"] = "FAIL"
     assert "- **diagnosis**: no catalogued fault reproduces the kernel's output" in rp.summary_markdown([c], {})
+
+
+def test_mutation_line_all_caught_and_untested():
+    caught = [{"fault": f, "killed": True, "named": True} for f in ("a", "b")]
+    m = {"killed": 2, "named": 2, "total": 2, "kill_rate": 1.0, "untested": ["nibble_swap"], "results": caught}
+    assert rp.mutation_line(m) == (
+        "Mutation kill rate: 100.0% (2 of 2 catalogued faults failed the case, 2 named by the diagnosis); every "
+        "catalogued fault caught. Catalogued faults without a mutation: nibble_swap."
+    )
+    assert rp.mutation_line(None) is None
