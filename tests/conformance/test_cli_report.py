@@ -36,10 +36,14 @@ def _argv(tmp_path, *extra):
     return ["--profile", "cpu", "--filter", CASE, "--out", str(tmp_path / "out"), *extra]
 
 
-def test_reports_freshness_and_baseline(tmp_path, fake_run, capsys):
+def test_reports_freshness_and_baseline(tmp_path, fake_run, capsys, monkeypatch):
+    from flint_moe.conformance import digest
+
+    fixed = source_digest()  # one snapshot: the run must not see a source edited meanwhile (shared checkouts)
+    monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)
     gpu = tmp_path / "h200" / "report.json"
     gpu.parent.mkdir()
-    gpu.write_text(json.dumps({"env": {"source_digest": source_digest(), "git_commit": "c0ffee"}, "cases": []}))
+    gpu.write_text(json.dumps({"env": {"source_digest": fixed, "git_commit": "c0ffee"}, "cases": []}))
     base = tmp_path / "base"
     base.mkdir()
     old = {"schema": "x", "env": {"git_commit": "old"}, "cases": [
@@ -55,7 +59,7 @@ def test_reports_freshness_and_baseline(tmp_path, fake_run, capsys):
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "summary.md"]
     data = json.loads((out / "report.json").read_text())
-    assert data["env"]["source_digest"]["digest"] == source_digest()["digest"]
+    assert data["env"]["source_digest"] == fixed
     assert data["gpu_report"]["status"] == "CURRENT"
     b = data["baseline"]
     assert b["verdict_changes"] == [{"case_id": CASE, "before": "FAIL", "after": "WITHIN-BOUND", "direction": "better"}]

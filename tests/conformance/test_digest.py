@@ -148,7 +148,9 @@ def test_check_without_digest_or_other_algorithm_is_stale(tmp_path):
     assert "digest algorithm changed" in dg.check_report({"env": {"source_digest": other}}, current=cur).line
 
 
-def test_cli_prints_the_line_and_strict_exit(tmp_path, capsys):
+def test_cli_prints_the_line_and_strict_exit(tmp_path, capsys, monkeypatch):
+    fixed = dg.source_digest()  # one snapshot of the real checkout (others may edit it meanwhile)
+    monkeypatch.setattr(dg, "source_digest", lambda *a, **k: fixed)
     missing = str(tmp_path / "none.json")
     assert dg.main(["--check", missing]) == 0
     assert "GPU REPORT MISSING" in capsys.readouterr().out
