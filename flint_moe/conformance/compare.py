@@ -26,8 +26,18 @@ router and the BF16 kernels plain fp32 round-to-nearest in any order (``FP32_RN`
 in ``flint_moe/kernels``.
 
 Verdicts per stage: ``EXACT`` (all bits equal to the golden value; for an accumulation: to ``RN32`` of the
-exact sum), ``WITHIN-BOUND`` (accumulations: every element within the certified bound), ``FAIL``. The case
-verdict is the worst stage. Everything is per element; nothing is averaged.
+exact sum), ``WITHIN-BOUND`` (accumulations: every element within the certified bound), ``FAIL``.
+Accumulations also report WARNING elements: error above ``WARN_FACTOR`` (10) times the probabilistic
+estimate ``sqrt(d) * u * sum|terms|`` (d = the summation model's rounding depth), the worst 5 listed; inside
+the bound they do not fail the stage (possible only for d > 100: real layers, not the tiny cpu shapes).
+
+End to end (:func:`end_to_end_taps`, ``CaseResult.end_to_end``): the RETURNED output against the golden model
+run on its own (every accumulation RN32 of its exact sum, its own top-k), per element: ``EXACT`` (all bits
+equal), ``EXPLAINED`` (every differing element traced through the taps to an accumulation difference
+upstream, or to a top-k difference between experts whose logit intervals overlap), else ``FAIL``. Verdict
+order EXACT < WITHIN-BOUND < EXPLAINED < FAIL; the case verdict is the worst of the stages and the end-to-end
+check. Everything is per element; nothing is averaged. ``blackbox.py`` is the same end-to-end check for a
+kernel without taps (intervals instead of tracing).
 
 Interface with the case objects (duck-typed, docs/CONTRACTS.md "Issue 5"): ``case.id``, ``case.path``
 (``"nvfp4_decode"`` | ``"bf16_decode"``), ``case.k`` (optional ``shape``, ``M``, ``E``, ``H``, ``I``,
