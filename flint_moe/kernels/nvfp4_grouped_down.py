@@ -29,12 +29,19 @@ from flint_moe.kernels._common import (
 from flint_moe.kernels._nvfp4_gemv import swizzled_scale_offsets
 from flint_moe.kernels.nvfp4_grouped_gate_up import _cfg, _check_perm, default_warps, dequant_tile, mma
 
-__all__ = ["GROUPED_DOWN_CONFIG", "COMBINE_BLOCK", "nvfp4_grouped_down", "audit_specs"]
+__all__ = ["GROUPED_DOWN_CONFIG", "COMBINE_BLOCK", "default_bh", "nvfp4_grouped_down", "audit_specs"]
 
-#: Default launch configuration: ``BH`` hidden rows per program (a power of two >= 64), ``BK`` K elements
+#: Default launch configuration: ``BH`` hidden rows per program (a power of two >= 64; None = ``default_bh(BM)``),
+#: ``BK`` K elements
 #: per main-loop step (a power of two >= 32), ``num_stages``; ``num_warps`` None = ``default_warps(BM)``
 #: (``BM`` comes from the permutation).
-GROUPED_DOWN_CONFIG = {"BH": 128, "BK": 128, "num_warps": None, "num_stages": 3}
+GROUPED_DOWN_CONFIG = {"BH": None, "BK": 64, "num_warps": None, "num_stages": 3}
+
+
+def default_bh(block_m: int) -> int:
+    """64 hidden rows per program for 128-pair row blocks (no register spill with 8 warps), else 128."""
+    return 64 if block_m >= 128 else 128
+
 
 #: Hidden rows per combine program.
 COMBINE_BLOCK = 1024
@@ -90,23 +97,30 @@ def _grouped_down_kernel(
     h = q * BH + tl.arange(0, BH)
     h_ok = h < H
     hc = tl.where(h_ok, h, 0)
-    w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
+    # codes as int32 words (Ip / 2 is a multiple of 32 bytes: every row starts 16-byte aligned)
+    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (H * IPB // 4) + hc.to(tl.int64) * (IPB // 4), 4)
     s_base = s_ptr + e * (MP * KP)
-    a_row = act_ptr + pair * INTER
+    a_row = act_ptr + tl.multiple_of(pair * INTER, 16)
     acc = tl.zeros([BH, BM], dtype=tl.float32)
     if end > start:
         for k0 in tl.range(0, INTER, BK):
-            kb = k0 // 2 + tl.arange(0, BK // 2)
+            kw = k0 // 8 + tl.arange(0, BK // 8)
             kc = k0 // 16 + tl.arange(0, BK // 16)
             kx = k0 + tl.arange(0, BK)
-            codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & (kb < IB)[None, :], other=0)
+            if INTER % BK == 0:  # masks constant along K: vector loads
+                wmask = h_ok[:, None]
+                amask = r_ok[:, None]
+            else:
+                wmask = h_ok[:, None] & (kw < IB // 4)[None, :]
+                amask = r_ok[:, None] & (kx < INTER)[None, :]
+            words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
             sb = tl.load(
                 s_base + swizzled_scale_offsets(hc[:, None], kc[None, :], KP),
                 mask=h_ok[:, None] & (kc < INTER // 16)[None, :],
                 other=0,
             )
-            at = tl.load(a_row[:, None] + kx[None, :], mask=r_ok[:, None] & (kx < INTER)[None, :], other=0.0)
-            acc = mma(dequant_tile(codes, sb.to(tl.int32), BH, BK, DECODE), tl.trans(at), acc)
+            at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
+            acc = mma(dequant_tile(words, sb.to(tl.int32), BH, BK, DECODE), tl.trans(at), acc)
     gs = tl.load(alpha_ptr + e)
     y = bf16_rn(acc * gs)
     off = pair[None, :] * H + h[:, None]
@@ -185,7 +199,7 @@ def nvfp4_grouped_down(
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
     cfg = _cfg(config, GROUPED_DOWN_CONFIG, "nvfp4_grouped_down")
-    bh = int(cfg["BH"])
+    bh = int(cfg["BH"] or default_bh(perm.block_m))
     if bh < 64 or bh & (bh - 1):
         raise ValueError(f"nvfp4_grouped_down: config BH = {bh} must be a power of two >= 64")
     out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
@@ -257,12 +271,12 @@ def audit_specs() -> list[str]:
                     "IP": ip,
                     "INTER": i,
                     "BM": bm,
-                    "BH": GROUPED_DOWN_CONFIG["BH"],
+                    "BH": default_bh(bm),
                     "BK": GROUPED_DOWN_CONFIG["BK"],
-                    "DECODE": 2,
+                    "DECODE": 3,
                     "TAP": tap,
                 },
-                [BF16_CVT, "wgmma.mma_async", "griddepcontrol.wait"],
+                [BF16_CVT, "mul.rn.bf16x2", "wgmma.mma_async", "griddepcontrol.wait"],
                 options={
                     "num_warps": default_warps(bm),
                     "num_stages": GROUPED_DOWN_CONFIG["num_stages"],

@@ -31,7 +31,7 @@ from flint_moe.kernels._common import (
     rcp_approx_ftz,
     register_audit,
 )
-from flint_moe.kernels._nvfp4_gemv import decode_e2m1, e4m3_to_f32, swizzled_scale_offsets
+from flint_moe.kernels._nvfp4_gemv import _join4, decode_e2m1_words, e4m3_to_f32, swizzled_scale_offsets
 
 __all__ = [
     "GROUPED_GATE_UP_CONFIG",
@@ -53,12 +53,13 @@ _C = tl.constexpr(-1.44269502162933349609375)
 #: permutation (:func:`grouped_config`). The K steps are added in increasing order and the order inside one
 #: tensor-core dot is the hardware's, so ``BK`` (and possibly the MMA shape that ``BM`` / ``num_warps``
 #: select) can change accumulator bits; the certified bound holds for all of them (kernel docstring).
-GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": 128, "num_warps": None, "num_stages": 3}
+GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": 64, "num_warps": None, "num_stages": 3}
 
 
 def default_warps(block_m: int) -> int:
-    """8 warps for 128-pair row blocks (two warpgroups split the tokens), else 4 (one warpgroup)."""
-    return 8 if block_m >= 128 else 4
+    """8 warps (two warpgroups) for row blocks of >= 64 pairs, else 4: with BK = 64 these builds use at most
+    255 registers per thread without spilling (ptxas -v, sm_90a; docs/kernels/nvfp4-grouped.md)."""
+    return 8 if block_m >= 64 else 4
 
 
 def grouped_config(pairs: int, num_experts: int) -> dict:
@@ -76,12 +77,78 @@ def grouped_config(pairs: int, num_experts: int) -> dict:
     return {"BM": bm, "num_warps": default_warps(bm)}
 
 
+# DECODE = 3 (GPU): one asm call per code word (8 codes) -> 8 bf16 weights ``E2M1 * scale`` in element order.
+# $8 = code word, $9 = the block's E4M3 scale as a bf16x2 pair (both halves equal). The pairs p_i = (n_i,
+# n_{i+4}) are built as in ``_nvfp4_gemv._DECODE_PTX`` (shift, mask, carry the sign with ``mad``, one exact
+# ``mul.rn.bf16x2`` by 2^126), multiplied by the scale (``mul.rn.bf16x2``: the product has <= 6 significant
+# bits and lies in [2^-10, 2688], exact), then regrouped into (n_{2j}, n_{2j+1}) with ``prmt`` and returned
+# as 16-bit halves $0..$7 = elements 0..7.
+_DEQUANT_BF16_PTX = tl.constexpr("""
+{
+.reg .b32 a, v, s, c, p0, p1, p2, p3, q0, q1, q2, q3;
+mov.b32 c, 0x7E807E80;
+shl.b32 a, $8, 6;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p0, s, 63, v;
+shl.b32 a, $8, 2;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p1, s, 63, v;
+shr.b32 a, $8, 2;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p2, s, 63, v;
+shr.b32 a, $8, 6;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p3, s, 63, v;
+mul.rn.bf16x2 p0, p0, c;
+mul.rn.bf16x2 p1, p1, c;
+mul.rn.bf16x2 p2, p2, c;
+mul.rn.bf16x2 p3, p3, c;
+mul.rn.bf16x2 p0, p0, $9;
+mul.rn.bf16x2 p1, p1, $9;
+mul.rn.bf16x2 p2, p2, $9;
+mul.rn.bf16x2 p3, p3, $9;
+prmt.b32 q0, p0, p1, 0x5410;
+prmt.b32 q1, p2, p3, 0x5410;
+prmt.b32 q2, p0, p1, 0x7632;
+prmt.b32 q3, p2, p3, 0x7632;
+mov.b32 {$0, $1}, q0;
+mov.b32 {$2, $3}, q1;
+mov.b32 {$4, $5}, q2;
+mov.b32 {$6, $7}, q3;
+}
+""")
+
+
 @triton.jit
-def dequant_tile(codes, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):
-    """uint8 codes [R, BK/2] (low nibble = even element) and E4M3 scale bytes [R, BK/16] (int32) ->
-    the exact dequantised weights ``E2M1 * E4M3`` [R, BK]: fp32 under the interpreter, bf16 on the GPU
-    (the product is exact in both; the conversion is exact)."""
-    lo, hi = decode_e2m1(codes, DECODE)
+def _join8(o0, o1, o2, o3, o4, o5, o6, o7):
+    """[..., 8] with [..., t] = o_t (``tl.join`` interleaves: join(P, Q)[2i + s] = (P, Q)[s][i])."""
+    return tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
+
+
+@triton.jit
+def dequant_tile(words, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):
+    """NVFP4 codes as int32 words [R, BK/8] (word i = code bytes 4i..4i+3 of the row, low nibble = even
+    element) and E4M3 scale bytes [R, BK/16] (int32) -> the exact dequantised weights ``E2M1 * E4M3`` [R, BK]:
+    fp32 under the interpreter, bf16 on the GPU (every value and product is exact in both)."""
+    if DECODE == 3 and not _INTERPRET:
+        sc16 = e4m3_to_f32(sb).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        sc2 = tl.reshape(tl.join(sc16, sc16), [R, BK // 8]) * 0x10001  # word 2c, 2c + 1: block c's scale
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            _DEQUANT_BF16_PTX,
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+            [words, sc2],
+            dtype=(tl.bfloat16,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+        return tl.reshape(_join8(o0, o1, o2, o3, o4, o5, o6, o7), [R, BK])
+    l0, l1, l2, l3, h0, h1, h2, h3 = decode_e2m1_words(words, 2 if DECODE == 3 else DECODE)
+    lo = tl.reshape(_join4(l0, l1, l2, l3), [R, BK // 2])
+    hi = tl.reshape(_join4(h0, h1, h2, h3), [R, BK // 2])
     sc = e4m3_to_f32(sb)
     if _INTERPRET:
         w = tl.reshape(tl.join(lo, hi), [R, BK // 16, 16]) * sc[:, :, None]
@@ -165,23 +232,32 @@ def _grouped_gate_up_kernel(
     rcol = q * BC + r % BC  # tile row r: up row of column rcol (r < BC), else its gate row
     r_c_ok = rcol < INTER
     prow = (rcol // 64) * 128 + rcol % 64 + (r // BC) * 64  # physical row in w1
-    w_row = w_ptr + e * (2 * IP * HB) + prow.to(tl.int64) * HB
+    # codes as int32 words (H / 2 is a multiple of 16 bytes, so every row starts 16-byte aligned)
+    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(
+        e * (2 * IP * HB // 4) + prow.to(tl.int64) * (HB // 4), 4
+    )
     s_base = s_ptr + e * (MP * KP)
-    x_row = x_ptr + tok * H
+    x_row = x_ptr + tl.multiple_of(tok * H, 16)
     acc = tl.zeros([R, BM], dtype=tl.float32)
     if end > start:
         for k0 in tl.range(0, H, BK):
-            kb = k0 // 2 + tl.arange(0, BK // 2)
+            kw = k0 // 8 + tl.arange(0, BK // 8)
             kc = k0 // 16 + tl.arange(0, BK // 16)
             kx = k0 + tl.arange(0, BK)
-            codes = tl.load(w_row[:, None] + kb[None, :], mask=r_c_ok[:, None] & (kb < HB)[None, :], other=0)
+            if H % BK == 0:  # masks constant along K: vector loads
+                wmask = r_c_ok[:, None]
+                xmask = r_ok[:, None]
+            else:
+                wmask = r_c_ok[:, None] & (kw < HB // 4)[None, :]
+                xmask = r_ok[:, None] & (kx < H)[None, :]
+            words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
             sb = tl.load(
                 s_base + swizzled_scale_offsets(prow[:, None], kc[None, :], KP),
                 mask=r_c_ok[:, None] & (kc < H // 16)[None, :],
                 other=0,
             )
-            xt = tl.load(x_row[:, None] + kx[None, :], mask=r_ok[:, None] & (kx < H)[None, :], other=0.0)
-            acc = mma(dequant_tile(codes, sb.to(tl.int32), R, BK, DECODE), tl.trans(xt), acc)
+            xt = tl.load(x_row[:, None] + kx[None, :], mask=xmask, other=0.0)
+            acc = mma(dequant_tile(words, sb.to(tl.int32), R, BK, DECODE), tl.trans(xt), acc)
     acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, BM]), (1, 2, 0)))
     cols = q * BC + tl.arange(0, BC)
     c_ok = cols < INTER
@@ -224,9 +300,9 @@ def _cfg(config: dict | None, default: dict, name: str) -> dict:
     bk = int(cfg["BK"])
     if bk < 32 or bk & (bk - 1):
         raise ValueError(f"{name}: config BK = {bk} must be a power of two >= 32")
-    decode = int(cfg.get("DECODE", 0 if INTERPRET else 2))
-    if decode not in (0, 1, 2):
-        raise ValueError(f"{name}: config DECODE must be 0, 1 or 2, got {decode}")
+    decode = int(cfg.get("DECODE", 0 if INTERPRET else 3))
+    if decode not in (0, 1, 2, 3):
+        raise ValueError(f"{name}: config DECODE must be 0, 1, 2 or 3, got {decode}")
     cfg["DECODE"] = decode
     return cfg
 
@@ -249,8 +325,10 @@ def nvfp4_grouped_gate_up(
         weights: ``FlintMoEWeights`` (w1 uint8 [E, 2Ip, H/2], 128x4-swizzled E4M3 scales, w1_alpha fp32 [E]).
         taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, I] (before the
             global scale) and ``act`` bf16 [M, k, I].
-        config: overrides of ``GROUPED_GATE_UP_CONFIG`` (``BC``, ``BK``, ``num_warps``, ``num_stages``,
-            ``DECODE``).
+        config: overrides of ``GROUPED_GATE_UP_CONFIG`` (``BC``, ``BK``, ``num_warps``, ``num_stages``) and
+            ``DECODE`` (GPU: 3 = one inline-PTX call per code word giving bf16 weights times the scale (default),
+            2 / 1 = the decode kernels' fp16x2 / bf16x2 E2M1 decodes, 0 = plain integer ops; identical values,
+            hence identical bits; the interpreter always takes the plain path).
     Raises:
         TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, config).
     """
@@ -355,10 +433,17 @@ def audit_specs() -> list[str]:
                     "BM": bm,
                     "BC": GROUPED_GATE_UP_CONFIG["BC"],
                     "BK": GROUPED_GATE_UP_CONFIG["BK"],
-                    "DECODE": 2,
+                    "DECODE": 3,
                     "TAP": tap,
                 },
-                [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "wgmma.mma_async", "griddepcontrol.wait"],
+                [
+                    BF16_CVT,
+                    "rcp.approx.ftz.f32",
+                    "ex2.approx.ftz.f32",
+                    "mul.rn.bf16x2",
+                    "wgmma.mma_async",
+                    "griddepcontrol.wait",
+                ],
                 options={"num_warps": warps, "num_stages": GROUPED_GATE_UP_CONFIG["num_stages"]},
             )
             names.append(name)

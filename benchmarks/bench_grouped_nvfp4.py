@@ -1,0 +1,402 @@
+"""Grouped NVFP4 path (``flint_moe_grouped``) vs ``torch._grouped_mm`` on bf16 weights, on the H200.
+
+``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``
+
+Both sides run the same layer end to end from the same tokens and router: ``route`` (same ids and routing
+weights), then
+- grouped (NVFP4): ``moe_permute`` + ``nvfp4_grouped_gate_up`` + ``nvfp4_grouped_down`` + combine;
+- bf16 baseline: a stable sort of the pairs by expert, a gather of x, ``torch._grouped_mm`` (CUTLASS, bf16,
+  fp32 accumulation) for w13, SiLU(gate) * up in torch, ``torch._grouped_mm`` for w2, weighted sum + shared.
+  Its weights are the exact bf16 dequantisation of the NVFP4 weights (E2M1 x E4M3 is exact in bf16; the
+  global scales are folded into the epilogues), so both compute the same function and the outputs are
+  compared (relative L2 error, reported). It reads 3.6x more weight bytes.
+FLOPs per call: ``2 M k (2I) H + 2 M k I H`` (the expert GEMMs; the router's ``2 M E H`` is common to both
+and left out). TFLOP/s = FLOPs / time; ratio = bf16 time / grouped time (> 1: grouped faster).
+Timing (METHOD.md): warm-up, then a CUDA graph of n calls (n chosen so a replay lasts >= ~30 ms, at most
+20), replayed and timed with CUDA events, median. Weights are GBs, far beyond the 60 MB L2, so one input set.
+
+Also: decode vs grouped at DeepSeek-V3 for M = 4..32 (decode kernels called directly past
+DECODE_MAX_TOKENS) to place the threshold; a launch-config sweep of the grouped kernels at M = 256 / 4096;
+the golden model (``reference.model.moe_nvfp4``, exact accumulations) at small M.
+
+``CASES`` / ``prepare`` plug into ``benchmarks/runner.py`` (grouped and bf16 cases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+MODELS = {
+    "deepseek-v3": dict(E=256, H=7168, I=2048, k=8),
+    "qwen3-235b-a22b": dict(E=128, H=4096, I=1536, k=8),
+    "gpt-oss-120b": dict(E=128, H=2880, I=2880, k=4),
+}
+MS = (128, 256, 1024, 4096, 16384)
+CASES = [
+    dict(name=f"{m}.M{M}.{impl}", model=m, M=M, impl=impl) for m in MODELS for M in MS for impl in ("grouped", "bf16")
+]
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def flops(M: int, H: int, I: int, k: int) -> int:  # noqa: E741
+    return 2 * M * k * (2 * I) * H + 2 * M * k * I * H
+
+
+def unswizzle(sf: torch.Tensor, E: int, rows: int, cols: int) -> torch.Tensor:
+    """[E, roundup(rows, 128), roundup(cols, 4)] swizzled scale bytes -> uint8 [E, rows, cols] (docs/layouts.md)."""
+    b = sf.view(torch.uint8).reshape(E, -1)
+    mp, kp = -(-rows // 128) * 128, -(-cols // 4) * 4
+    v = b.view(E, mp // 128, kp // 4, 32, 4, 4).permute(0, 1, 4, 3, 2, 5).reshape(E, mp, kp)
+    return v[:, :rows, :cols]
+
+
+def dequant_bf16(codes: torch.Tensor, sf: torch.Tensor, rows: int, cols: int, chunk: int = 8) -> torch.Tensor:
+    """Exact bf16 of NVFP4 codes uint8 [E, rows, cols/2] with swizzled E4M3 scales -> bf16 [E, rows, cols]."""
+    E = codes.shape[0]
+    table = torch.tensor(_E2M1, dtype=torch.float32, device=codes.device)
+    sc = unswizzle(sf, E, rows, cols // 16)
+    out = torch.empty((E, rows, cols), dtype=torch.bfloat16, device=codes.device)
+    for e0 in range(0, E, chunk):
+        c = codes[e0 : e0 + chunk].long()
+        v = torch.stack([table[c & 15], table[c >> 4]], dim=-1).reshape(c.shape[0], rows, cols)
+        s = sc[e0 : e0 + chunk].contiguous().view(torch.float8_e4m3fn).float()
+        out[e0 : e0 + chunk] = (v.view(c.shape[0], rows, cols // 16, 16) * s[..., None]).reshape(v.shape).bfloat16()
+    return out
+
+
+class Layer:
+    """One random NVFP4 layer (FlintMoEWeights) and, on demand, its exact bf16 dequantisation."""
+
+    def __init__(self, model: str, device: str = "cuda", seed: int = 0, dims: dict | None = None):
+        from benchmarks.bench_decode_nvfp4 import random_weights
+
+        self.model = model
+        d = dims or MODELS[model]
+        self.E, self.H, self.I, self.k = d["E"], d["H"], d["I"], d["k"]
+        self.w = random_weights(self.E, self.H, self.I, device=device, seed=seed)
+        self.device = device
+        self._bf16 = None
+
+    def bf16(self):
+        """(w13 bf16 [E, 2I, H] in w1's physical row order, w2 bf16 [E, H, I]); global scales not applied."""
+        if self._bf16 is None:
+            w = self.w
+            w13 = dequant_bf16(w.w1, w.w1_sf_swizzled, 2 * self.I, self.H)
+            w2 = dequant_bf16(w.w2, w.w2_sf_swizzled, self.H, self.I)
+            self._bf16 = (w13, w2)
+        return self._bf16
+
+    def inputs(self, M: int, seed: int = 1):
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        x = torch.randn(M, self.H, generator=g, device=self.device).to(torch.bfloat16)
+        router = (torch.randn(self.E, self.H, generator=g, device=self.device) * 0.05).to(torch.bfloat16)
+        shared = torch.randn(M, self.H, generator=g, device=self.device).to(torch.bfloat16)
+        return x, router, shared
+
+
+def bf16_baseline(layer: Layer, x, router, shared, counter):
+    """The bf16 grouped-GEMM layer (module docstring); returns bf16 [M, H]."""
+    from flint_moe.ops import route
+
+    w13, w2 = layer.bf16()
+    E, k, inter = layer.E, layer.k, layer.I
+    ids, tw = route(x, router, k, counter)
+    M = x.shape[0]
+    flat = ids.reshape(-1)
+    sorted_e, order = torch.sort(flat, stable=True)
+    offs = torch.searchsorted(sorted_e, torch.arange(1, E + 1, dtype=torch.int32, device=x.device)).to(torch.int32)
+    xs = x.index_select(0, order // k)
+    h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)  # [P, 2I] physical rows: [up 64; gate 64]...
+    a1 = layer.w.w1_alpha[sorted_e.long()][:, None]
+    h = h.float().view(-1, 2 * inter // 128, 2, 64) * a1[..., None, None]
+    up, gate = h[:, :, 0].reshape(-1, inter), h[:, :, 1].reshape(-1, inter)
+    act = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
+    y = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs).float() * layer.w.w2_alpha[sorted_e.long()][:, None]
+    yp = torch.empty_like(y)
+    yp[order] = y
+    out = (yp.view(M, k, -1) * tw[..., None]).sum(1) + shared.float()
+    return out.to(torch.bfloat16)
+
+
+def prepare(name=None, model="deepseek-v3", M=128, impl="grouped", layer=None, config=None):
+    """``benchmarks/runner.py`` entry point: ``Prepared`` of one case (impl "grouped" | "bf16" | "decode")."""
+    from benchmarks.runner import Prepared
+    from flint_moe.ops import flint_moe_grouped, make_route_counter
+
+    layer = layer or Layer(model)
+    x, router, shared = layer.inputs(M)
+    counter = make_route_counter(layer.device)
+    if impl == "grouped":
+
+        def fn(i):
+            return flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=config)
+
+        wbytes_per_expert = 3 * layer.H * layer.I // 2 + 3 * layer.H * layer.I // 16
+    elif impl == "bf16":
+        layer.bf16()
+
+        def fn(i):
+            return bf16_baseline(layer, x, router, shared, counter)
+
+        wbytes_per_expert = 3 * layer.H * layer.I * 2
+    elif impl == "decode":
+        from flint_moe.kernels.nvfp4_down import nvfp4_down
+        from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+        from flint_moe.ops import route
+
+        def fn(i):
+            ids, tw = route(x, router, layer.k, counter)
+            act = nvfp4_gate_up(x, ids, layer.w)
+            return nvfp4_down(act, ids, tw, layer.w, shared)
+
+        wbytes_per_expert = 3 * layer.H * layer.I // 2 + 3 * layer.H * layer.I // 16
+    else:
+        raise ValueError(f"impl: 'grouped', 'bf16' or 'decode', got {impl!r}")
+    used = min(layer.E, M * layer.k)  # upper bound of the distinct experts touched
+    nbytes = used * wbytes_per_expert + 2 * M * layer.H * 2 * 2
+    return Prepared(
+        fn=fn, bytes_moved=nbytes, flops=flops(M, layer.H, layer.I, layer.k), rotations=1, note=f"{model} {impl}"
+    )
+
+
+def time_fn(fn, target_s: float = 0.03, max_calls: int = 20) -> float:
+    """Median seconds per call: warm-up, CUDA graph of n calls, replays timed with events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(2):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn(0)
+    b.record()
+    b.synchronize()
+    t0 = a.elapsed_time(b) * 1e-3
+    calls = max(1, min(max_calls, int(target_s / max(t0, 1e-6))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    reps = 5 if t0 * calls > 0.02 else 15
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3 / calls)
+    del graph
+    return statistics.median(ts)
+
+
+def _grouped(layer, x, router, shared, counter, config=None):
+    """fn(i) running the grouped op (arguments bound now)."""
+    from flint_moe.ops import flint_moe_grouped
+
+    return lambda i: flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=config)
+
+
+def _bf16(layer, x, router, shared, counter):
+    return lambda i: bf16_baseline(layer, x, router, shared, counter)
+
+
+def _decode(layer, x, router, shared, counter):
+    from flint_moe.kernels.nvfp4_down import nvfp4_down
+    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.ops import route
+
+    def fn(i):
+        ids, tw = route(x, router, layer.k, counter)
+        return nvfp4_down(nvfp4_gate_up(x, ids, layer.w), ids, tw, layer.w, shared)
+
+    return fn
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="reports/bench-grouped")
+    p.add_argument("--quick", action="store_true", help="DeepSeek-V3 only, fewer M")
+    p.add_argument("--budget-s", type=float, default=240.0, help="stop starting new sections after this")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA device (the H200)", file=sys.stderr)
+        return 2
+    from flint_moe.ops import flint_moe_grouped, make_route_counter
+
+    t_start = time.time()
+    os.makedirs(args.out, exist_ok=True)
+    res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "main": [], "cross": [],
+           "sweep": [], "golden": [], "errors": []}  # fmt: skip
+    import triton
+
+    res["env"]["triton"] = triton.__version__
+
+    def dump():
+        with open(os.path.join(args.out, "bench_grouped.json"), "w") as f:
+            json.dump(res, f, indent=1)
+
+    def over():
+        return time.time() - t_start > args.budget_s
+
+    models = ["deepseek-v3"] if args.quick else list(MODELS)
+    for model in models:
+        if over():
+            break
+        layer = Layer(model)
+        counter = make_route_counter("cuda")
+        ms = MS if model == "deepseek-v3" else (128, 256, 1024, 4096)
+        for M in ms:
+            if over():
+                break
+            row = {"model": model, "M": M, "flops": flops(M, layer.H, layer.I, layer.k)}
+            x, router, shared = layer.inputs(M)
+            try:
+                tg = time_fn(_grouped(layer, x, router, shared, counter))
+                row["grouped_us"] = tg * 1e6
+                row["grouped_TFLOPs"] = row["flops"] / tg / 1e12
+            except Exception as exc:  # keep going: the table says what failed
+                res["errors"].append(f"{model} M{M} grouped: {exc!r}"[:2000])
+            try:
+                tb = time_fn(_bf16(layer, x, router, shared, counter))
+                row["bf16_us"] = tb * 1e6
+                row["bf16_TFLOPs"] = row["flops"] / tb / 1e12
+                og = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
+                ob = bf16_baseline(layer, x, router, shared, counter)
+                row["rel_err_vs_bf16"] = rel_err(og, ob)
+            except Exception as exc:
+                res["errors"].append(f"{model} M{M} bf16: {exc!r}"[:2000])
+            if "grouped_us" in row and "bf16_us" in row:
+                row["ratio_bf16_over_grouped"] = row["bf16_us"] / row["grouped_us"]
+            res["main"].append(row)
+            print(json.dumps(row), flush=True)
+            dump()
+        if model == "deepseek-v3" and not over():
+            # decode vs grouped around DECODE_MAX_TOKENS
+            for M in (4, 8, 9, 12, 16, 32):
+                x, router, shared = layer.inputs(M, seed=3)
+                row = {"M": M}
+                try:
+                    row["decode_us"] = time_fn(_decode(layer, x, router, shared, counter)) * 1e6
+                    row["grouped_us"] = time_fn(_grouped(layer, x, router, shared, counter)) * 1e6
+                except Exception as exc:
+                    res["errors"].append(f"cross M{M}: {exc!r}"[:2000])
+                res["cross"].append(row)
+                print(json.dumps(row), flush=True)
+            dump()
+            # launch-config sweep of the grouped kernels
+            variants = [
+                {},
+                {"gate_up": {"DECODE": 2}, "down": {"DECODE": 2}},
+                {"gate_up": {"BK": 128}, "down": {"BK": 128}},
+                {"gate_up": {"num_stages": 2}, "down": {"num_stages": 2}},
+                {"gate_up": {"num_stages": 4}, "down": {"num_stages": 4}},
+                {"BM": 32},
+                {"BM": 64},
+            ]
+            for M in (256, 4096):
+                x, router, shared = layer.inputs(M, seed=5)
+                ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
+                for v in variants:
+                    if over():
+                        break
+                    row = {"M": M, "config": v}
+                    try:
+                        row["us"] = time_fn(_grouped(layer, x, router, shared, counter, v)) * 1e6
+                        o = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=v)
+                        row["bits_equal_default"] = bool(torch.equal(o.view(torch.int16), ref.view(torch.int16)))
+                    except Exception as exc:
+                        res["errors"].append(f"sweep M{M} {v}: {exc!r}"[:2000])
+                    res["sweep"].append(row)
+                    print(json.dumps(row), flush=True)
+                    dump()
+        del layer
+        torch.cuda.empty_cache()
+    # golden model at small M (exact accumulations on the GPU), one timed call
+    if not over():
+        from flint_moe.reference.model import moe_nvfp4
+
+        layer = Layer("gpt-oss-120b")
+        for M in (16, 128):
+            if over():
+                break
+            x, router, shared = layer.inputs(M)
+            torch.cuda.synchronize()
+            t0 = time.time()
+            try:
+                moe_nvfp4(x, router, layer.w, layer.k, shared)
+                torch.cuda.synchronize()
+                tgold = time.time() - t0
+                counter = make_route_counter("cuda")
+                tg = time_fn(_grouped(layer, x, router, shared, counter))
+                row = {"model": "gpt-oss-120b", "M": M, "golden_s": tgold, "grouped_us": tg * 1e6,
+                       "ratio_golden_over_grouped": tgold / tg}  # fmt: skip
+            except Exception as exc:
+                row = {"M": M}
+                res["errors"].append(f"golden M{M}: {exc!r}"[:2000])
+            res["golden"].append(row)
+            print(json.dumps(row), flush=True)
+        dump()
+    res["elapsed_s"] = time.time() - t_start
+    dump()
+    write_table(res, os.path.join(args.out, "bench_grouped.md"))
+    print(open(os.path.join(args.out, "bench_grouped.md")).read())
+    return 0
+
+
+def write_table(res: dict, path: str) -> None:
+    env = res["env"]
+    lines = [
+        f"# Grouped NVFP4 path vs torch._grouped_mm (bf16) on {env['gpu']}",
+        "",
+        f"torch {env['torch']}, triton {env.get('triton')}. Median per call, CUDA graph; TFLOP/s of the expert "
+        "GEMMs (2 M k 2I H + 2 M k I H); ratio = bf16 time / grouped time; rel err = ||grouped - bf16|| / ||bf16||.",
+        "",
+        "| model | M | grouped (us) | TFLOP/s | bf16 grouped_mm (us) | TFLOP/s | ratio | rel err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    f = lambda r, key, fmt: format(r[key], fmt) if key in r else "-"  # noqa: E731
+    for r in res["main"]:
+        lines.append(
+            f"| {r['model']} | {r['M']} | {f(r, 'grouped_us', '.1f')} | {f(r, 'grouped_TFLOPs', '.1f')} | "
+            f"{f(r, 'bf16_us', '.1f')} | {f(r, 'bf16_TFLOPs', '.1f')} | {f(r, 'ratio_bf16_over_grouped', '.2f')} | "
+            f"{f(r, 'rel_err_vs_bf16', '.2e')} |"
+        )
+    lines += ["", "## Decode vs grouped (DeepSeek-V3, routing included)", "", "| M | decode (us) | grouped (us) |",
+              "|---:|---:|---:|"]  # fmt: skip
+    for r in res["cross"]:
+        lines.append(f"| {r['M']} | {f(r, 'decode_us', '.1f')} | {f(r, 'grouped_us', '.1f')} |")
+    lines += ["", "## Launch-config sweep (DeepSeek-V3)", "", "| M | config | us | bits = default |"]
+    lines += ["|---:|---|---:|---|"]
+    for r in res["sweep"]:
+        cfg, eq = json.dumps(r["config"]), r.get("bits_equal_default", "-")
+        lines.append(f"| {r['M']} | `{cfg}` | {f(r, 'us', '.1f')} | {eq} |")
+    lines += ["", "## Golden model (exact accumulations, GPU)", "", "| model | M | golden (s) | grouped (us) |",
+              "|---|---:|---:|---:|"]  # fmt: skip
+    for r in res["golden"]:
+        lines.append(f"| {r.get('model', '-')} | {r['M']} | {f(r, 'golden_s', '.2f')} | {f(r, 'grouped_us', '.1f')} |")
+    if res["errors"]:
+        lines += ["", "## Errors", ""] + [f"- `{e[:300]}`" for e in res["errors"]]
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
