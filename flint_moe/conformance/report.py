@@ -160,29 +160,109 @@ def _e2e_cell(c: dict) -> str:
     return f"{v} {diff} diff, {int(e.get('unexplained') or 0)} unexpl."
 
 
-def _row(c: dict) -> str:
-    pct = exact_percent(c)
-    meta = c.get("meta", {})
-    failures = ", ".join(
-        f"{s['stage']}:{s.get('mismatches', 0)}" for s in c.get("stages", []) if s.get("verdict") == FAIL
-    )
+def _case_failures(c: dict) -> str:
+    out = [f"{s['stage']}:{s.get('mismatches', 0)}" for s in c.get("stages", []) if s.get("verdict") == FAIL]
     e = _e2e(c)
     if e is not None and e.get("verdict") == FAIL:
-        failures = ", ".join(x for x in (failures, f"end-to-end:{int(e.get('unexplained') or 0)}") if x)
+        out.append(f"end-to-end:{int(e.get('unexplained') or 0)}")
+    out += [f"{i['name']}" for i in c.get("invariance") or [] if i.get("outcome") == "FAIL"]
+    return ", ".join(out)
+
+
+def _group_key(c: dict) -> tuple[str, str, str]:
+    meta = c.get("meta", {})
     label = f" ({BLACK_BOX})" if _mode(c) == BLACK_BOX else ""
-    return (
-        f"| {c.get('path', '-')}{label} | {meta.get('shape', '-')} | {meta.get('M', '-')} | `{c['case_id']}` "
-        f"| **{c['verdict']}** | {'-' if pct is None else f'{pct:.2f}'} | {_fmt(_max_ulp(c))} | {_worst_acc(c)} "
-        f"| {_e2e_cell(c)} | {_warnings(c)} | {failures or '-'} | {_inv_cell(c)} |"
+    return f"{c.get('path', '-')}{label}", str(meta.get("shape", "-")), str(meta.get("M", "-"))
+
+
+def _case_tail(c: dict) -> str:
+    """The case id after path/shape/M (data profile and seed), or the whole id when it has another form."""
+    parts = str(c["case_id"]).split("/")
+    return "/".join(parts[3:]) if len(parts) > 3 else str(c["case_id"])
+
+
+_INV_RANK = {"SKIP": 0, "PASS": 1, "MEASURED": 2, "FAIL": 3}
+_INV_SHORT = {"PASS": "ok", "FAIL": "FAIL", "SKIP": "skip", "MEASURED": "meas"}
+
+
+def _inv_cell(group: list[dict]) -> str:
+    """Worst outcome per invariance over the group's cases (FAIL with its count)."""
+    worst: dict[str, str] = {}
+    fails: Counter = Counter()
+    for c in group:
+        for i in c.get("invariance") or []:
+            name, o = i["name"], i.get("outcome", "?")
+            if _INV_RANK.get(o, 3) >= _INV_RANK.get(worst.get(name, "SKIP"), 0):
+                worst[name] = o
+            fails[name] += o == "FAIL"
+    if not worst:
+        return "-"
+    return " ".join(
+        f"{n.split('_')[0]}:{_INV_SHORT.get(o, o)}" + (f"({fails[n]})" if o == "FAIL" else "") for n, o in worst.items()
     )
 
 
-def _inv_cell(c: dict) -> str:
-    inv = c.get("invariance") or []
-    if not inv:
-        return "-"
-    short = {"PASS": "ok", "FAIL": "FAIL", "SKIP": "skip", "MEASURED": "meas"}
-    return " ".join(f"{i['name'].split('_')[0]}:{short.get(i['outcome'], i['outcome'])}" for i in inv)
+def _group_row(key: tuple[str, str, str], group: list[dict]) -> str:
+    """One table row for the cases of one path x shape x M (all data profiles and seeds)."""
+    verdicts = Counter(c["verdict"] for c in group)
+    known = [v for v in VERDICT_ORDER if v in verdicts]
+    worst = known[-1] if known else sorted(verdicts)[-1]
+    unknown = [v for v in verdicts if v not in VERDICT_ORDER]
+    if unknown:
+        worst = sorted(unknown)[0]
+    verdict = f"**{worst}**"
+    if len(verdicts) > 1:
+        verdict += " (" + ", ".join(f"{verdicts[v]} {v}" for v in [*VERDICT_ORDER, *unknown] if v in verdicts) + ")"
+    n = ex = 0
+    for c in group:
+        pct = exact_percent(c)
+        stages = c.get("stages", [])
+        if stages:
+            n += sum(int(s.get("elements") or 0) for s in stages)
+            ex += sum(int(s.get("exact") or 0) for s in stages)
+        elif pct is not None:
+            e = _e2e(c) or {}
+            n += int(e.get("elements") or 0)
+            ex += int(e.get("elements") or 0) - int(e.get("differing") or 0)
+    ulps = [u for u in (_max_ulp(c) for c in group) if u is not None]
+    accs = [
+        (s, c)
+        for c in group
+        for s in c.get("stages", [])
+        if s.get("stage") in ACCUMULATION_STAGES and _num(s.get("max_bound_fraction")) is not None
+    ]
+    acc = "-"
+    if accs:
+        s, _ = max(accs, key=lambda sc: _num(sc[0]["max_bound_fraction"]))
+        acc = f"{s['stage']} {_fmt(_num(s.get('max_err_ulps')))} ulp ({_fmt(_num(s['max_bound_fraction']))} bound)"
+    e2e = [e for e in (_e2e(c) for c in group) if e is not None]
+    e2e_cell = "-"
+    if e2e:
+        ev = Counter(str(e.get("verdict")) for e in e2e)
+        ew = [v for v in VERDICT_ORDER if v in ev]
+        e2e_cell = ew[-1] if ew else ", ".join(ev)
+        diff = sum(int(e.get("differing") or 0) for e in e2e)
+        if diff:
+            e2e_cell += f" {diff} diff, {sum(int(e.get('unexplained') or 0) for e in e2e)} unexpl."
+    failing = [f"`{_case_tail(c)}` {_case_failures(c)}" for c in group if c["verdict"] == FAIL]
+    fail_cell = ", ".join(failing[:4]) + (f" and {len(failing) - 4} more" if len(failing) > 4 else "")
+    return (
+        f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {verdict} | {f'{100.0 * ex / n:.2f}' if n else '-'} "
+        f"| {_fmt(max(ulps, default=None))} | {acc} | {e2e_cell} | {sum(_warnings(c) for c in group)} "
+        f"| {fail_cell or '-'} | {_inv_cell(group)} |"
+    )
+
+
+def _table(cases: list[dict]) -> list[str]:
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for c in cases:
+        groups.setdefault(_group_key(c), []).append(c)
+    lines = [
+        "| path | shape | M | cases | verdict | exact % | max ulp | worst accumulation | end to end | warnings "
+        "| failures | invariances |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    return lines + [_group_row(k, g) for k, g in groups.items()]
 
 
 def _invariance_section(cases: list[dict]) -> list[str]:
@@ -396,18 +476,15 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
         lines[-1] += f"; {n_bb} {BLACK_BOX} (end to end only, no taps)"
     ml = mutation_line(mutation)
     lines += ["", ml, ""] if ml else [""]
-    lines += [
-        "| path | shape | M | case | verdict | exact % | max ulp | worst accumulation | end to end | warnings "
-        "| failures | invariances |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    lines += [_row(c) for c in cases]
+    lines += _table(cases)
     lines += [
         "",
-        "exact %: elements bitwise equal to the golden value over all stages (accumulations: to RN32 of the "
-        "exact sum); max ulp: order-free stages and the end-to-end output; worst accumulation: max |kernel - "
-        "exact| in fp32 ulps and as a fraction of the certified bound; end to end: the returned output vs the "
-        "golden model run on its own (differing / unexplained elements); failures: stage:count.",
+        "One row per path x shape x M over its cases (data profiles x seeds; each case is in report.json and "
+        "report.html). verdict: the worst, with the counts when they differ; exact %: elements bitwise equal to "
+        "the golden value over all stages (accumulations: to RN32 of the exact sum); max ulp: order-free stages "
+        "and the end-to-end output; worst accumulation: the largest max |kernel - exact| as a fraction of the "
+        "certified bound (with its fp32 ulps); end to end: the returned output vs the golden model run on its "
+        "own (differing / unexplained elements); failures: failing case (profile/seed) with stage:count.",
         "",
     ]
     failing = [c for c in cases if c["verdict"] == FAIL or _warnings(c)]
@@ -426,20 +503,47 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
     return "\n".join(lines + ["## Environment", ""] + _env_lines(env)) + "\n"
 
 
+def _strip_maps(rep: dict) -> None:
+    for c in rep["cases"]:
+        for s in [*c.get("stages", []), *([c["end_to_end"]] if isinstance(c.get("end_to_end"), dict) else [])]:
+            for key in ("map", "unexplained_map", "ulp_hist"):
+                if s.get(key) is not None:
+                    s[key] = None
+
+
+def _fit_json(rep: dict) -> str:
+    """report.json text under MAX_BYTES: indented; else compact; else compact without the mismatch maps and
+    ulp histograms (``rep["trimmed"]`` says so; ``rep`` is modified). Raises ValueError if even that is too
+    big (split the run with --filter)."""
+    data = json.dumps(rep, indent=1, allow_nan=False)
+    if len(data.encode()) < MAX_BYTES:
+        return data
+    data = json.dumps(rep, separators=(",", ":"), allow_nan=False)
+    if len(data.encode()) < MAX_BYTES:
+        return data
+    _strip_maps(rep)
+    rep["trimmed"] = "mismatch maps and ulp histograms dropped to keep report.json under 16 MiB"
+    data = json.dumps(rep, separators=(",", ":"), allow_nan=False)
+    if len(data.encode()) >= MAX_BYTES:
+        raise ValueError(
+            f"report.json would be {len(data.encode())} bytes even without maps (limit {MAX_BYTES}); split the run"
+        )
+    return data
+
+
 def write_report(
     results, env: dict, out_dir, *, mutation=None, baseline=None, gpu_report=None, html: bool = True
 ) -> dict[str, Path]:
     """Write report.json, summary.md and (``html``) report.html into ``out_dir`` (created if needed).
 
-    Returns ``{"json": Path, "summary": Path, "html": Path}``. Raises ValueError if report.json would reach
-    16 MiB (the caller should split the run); summary.md is truncated and report.html drops figures to fit.
+    Returns ``{"json": Path, "summary": Path, "html": Path}``. report.json is written compact, then without the
+    mismatch maps and ulp histograms, when it would otherwise reach 16 MiB; ValueError if still too big (the
+    caller should split the run); summary.md is truncated and report.html drops figures to fit.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rep = report_dict(results, env, mutation=mutation, baseline=baseline, gpu_report=gpu_report)
-    data = json.dumps(rep, indent=1, allow_nan=False)
-    if len(data.encode()) >= MAX_BYTES:
-        raise ValueError(f"report.json would be {len(data.encode())} bytes (limit {MAX_BYTES}); split the run")
+    data = _fit_json(rep)
     md = summary_markdown(rep["cases"], env, mutation=mutation, baseline=baseline, gpu_report=gpu_report)
     if len(md.encode()) >= MAX_BYTES:
         md = md.encode()[: MAX_BYTES - 200].decode(errors="ignore") + "\n\n(truncated: see report.json)\n"

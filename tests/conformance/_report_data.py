@@ -62,7 +62,7 @@ def black_box_explained() -> dict:
     bad[0, 1] = bad[0, 100] = bad[1, 2] = bad[1, 191] = True
     return {
         "case_id": "bf16_decode/cpu-E6-H192-I192-k3/M2/asymmetric/s0", "path": "bf16_decode",
-        "verdict": "EXPLAINED", "mode": "black-box", "meta": dict(META, M=2, H=192, I=192),
+        "verdict": "EXPLAINED", "mode": "black-box", "meta": dict(META, shape="cpu-E6-H192-I192-k3", M=2, H=192, I=192),
         "digests": {"out": "e" * 64}, "stages": [], "invariance": [], "diagnosis": [], "warnings": 0,
         "end_to_end": {
             "mode": "black-box", "verdict": "EXPLAINED", "elements": 384, "differing": 4, "explained": 4,

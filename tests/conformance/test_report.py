@@ -9,7 +9,7 @@ import json
 import pytest
 
 from flint_moe.conformance import report as rp
-from tests.conformance._report_data import MUTATION, black_box_explained, ok_case, results
+from tests.conformance._report_data import MUTATION, black_box_explained, fail_case, ok_case, results
 
 ENV = {"backend": "triton-interpreter (CPU)", "git_commit": "abc123", "date_utc": "2026-11-29T20:00:00+00:00",
        "cases_run": "5 of 20", "profile": "cpu", "command": "python -m flint_moe.conformance",
@@ -18,31 +18,49 @@ ENV = {"backend": "triton-interpreter (CPU)", "git_commit": "abc123", "date_utc"
 FRESH = {"status": "STALE", "line": "GPU REPORT STALE since flint_moe/kernels/router.py changed (commit x)"}
 
 
-def _table_rows(md: str) -> dict[str, list[str]]:
+def _table_rows(md: str) -> dict[tuple[str, str, str], list[str]]:
+    """The main table (the lines after its header up to the first blank line), keyed by (path, shape, M)."""
+    lines = md.splitlines()
+    start = lines.index(next(ln for ln in lines if ln.startswith("| path | shape | M | cases |"))) + 2
     rows = {}
-    for line in md.splitlines():
-        if line.startswith("| ") and "`" in line:
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            rows[cells[3].strip("`")] = cells
+    for line in lines[start:]:
+        if not line.startswith("| "):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[tuple(cells[:3])] = cells[3:]
     return rows
 
 
 def test_table_values():
     md = rp.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
     rows = _table_rows(md)
-    ok = rows["nvfp4_decode/cpu-E6-H96-I64-k3/M1/gaussian/s0"]
-    # exact %: (5 + 96) of (6 + 96) elements; max ulp over bits stages: 0; worst accumulation of router_acc.
-    assert ok[:3] == ["nvfp4_decode", "cpu-E6-H96-I64-k3", "1"]
-    assert ok[4:] == ["**WITHIN-BOUND**", f"{100 * 101 / 102:.2f}", "0", "1.5 ulp (0.0125 bound)", "-", "0", "-", "-"]
-    bad = rows["nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0"]
-    # exact %: (500 + 574) of 1152; failures act:2; warnings 1; invariances short form.
-    assert bad[4:10] == ["**FAIL**", f"{100 * 1074 / 1152:.2f}", "3", "40 ulp (0.5 bound)", "-", "1"]
-    assert bad[10] == "act:2" and bad[11] == "determinism:ok row:FAIL batch:meas"
-    bb = rows["bf16_decode/cpu-E6-H192-I192-k3/M2/asymmetric/s0"]
+    assert len(rows) == 5
+    ok = rows[("nvfp4_decode", "cpu-E6-H96-I64-k3", "1")]
+    # 1 case; exact %: (5 + 96) of (6 + 96) elements; max ulp over bits stages: 0; worst accumulation router_acc.
+    assert ok == ["1", "**WITHIN-BOUND**", f"{100 * 101 / 102:.2f}", "0", "router_acc 1.5 ulp (0.0125 bound)", "-",
+                  "0", "-", "-"]  # fmt: skip
+    bad = rows[("nvfp4_decode", "cpu-E6-H96-I64-k3", "3")]
+    # exact %: (500 + 574) of 1152; failures: the case's profile/seed with act:2 and the failed invariance.
+    assert bad[:7] == ["1", "**FAIL**", f"{100 * 1074 / 1152:.2f}", "3", "gate_acc 40 ulp (0.5 bound)", "-", "1"]
+    assert bad[7] == "`tied_logits/s0` act:2, row_independence"
+    assert bad[8] == "determinism:ok row:FAIL(1) batch:meas"
+    bb = rows[("bf16_decode (black-box)", "cpu-E6-H192-I192-k3", "2")]
     # black-box: exact % over the end-to-end output (380 of 384), labelled in the path column.
-    assert bb[0] == "bf16_decode (black-box)" and bb[4] == "**EXPLAINED**" and bb[5] == f"{100 * 380 / 384:.2f}"
-    assert bb[8] == "EXPLAINED 4 diff, 0 unexpl."
+    assert bb[1] == "**EXPLAINED**" and bb[2] == f"{100 * 380 / 384:.2f}" and bb[5] == "EXPLAINED 4 diff, 0 unexpl."
     assert "Totals: EXACT 0, WITHIN-BOUND 3, EXPLAINED 1, FAIL 1 (of 5 cases); 1 black-box" in md
+
+
+def test_table_aggregates_path_shape_m():
+    more = [ok_case(3), fail_case(), ok_case(3, seed=1)]
+    more[2].stages[0].max_bound_fraction = 0.75  # the worst accumulation of the group, below in ulps
+    more[2].stages[0].max_err_ulps = 7.0
+    rows = _table_rows(rp.summary_markdown(more, {}))
+    assert list(rows) == [("nvfp4_decode", "cpu-E6-H96-I64-k3", "3")]
+    row = rows[("nvfp4_decode", "cpu-E6-H96-I64-k3", "3")]
+    # exact %: (15 + 288) * 2 + 500 + 574 of (18 + 288) * 2 + 1152.
+    assert row[:5] == ["3", "**FAIL** (2 WITHIN-BOUND, 1 FAIL)", f"{100 * (606 + 1074) / (612 + 1152):.2f}", "3",
+                       "router_acc 7 ulp (0.75 bound)"]  # fmt: skip
+    assert row[6:] == ["1", "`tied_logits/s0` act:2, row_independence", "determinism:ok row:FAIL(1) batch:meas"]
 
 
 def test_header_lines_in_order():
@@ -96,8 +114,8 @@ def test_end_to_end_failure_details_rendered():
                            failure_details=[{"index": [1, 191], "kernel": 1.5, "golden": 1.25, "lo": 1.0,
                                              "hi": 1.375, "why": "outside the propagated interval"}])  # fmt: skip
     md = rp.summary_markdown([c], {"backend": "cpu"})
-    row = _table_rows(md)[c["case_id"]]
-    assert row[10] == "end-to-end:1"
+    row = _table_rows(md)[("bf16_decode (black-box)", "cpu-E6-H192-I192-k3", "2")]
+    assert row[1] == "**FAIL**" and row[7] == "`asymmetric/s0` end-to-end:1"
     assert "- **end to end** (black-box) FAIL: 4 of 384 output elements differ" in md
     assert "3 explained, 1 unexplained" in md and "first unexplained: [[1, 191]]" in md
     assert "[1, 191]: kernel 1.5, golden 1.25, interval [1, 1.38]: outside the propagated interval" in md
@@ -127,9 +145,21 @@ def test_report_dict_and_files(tmp_path):
     assert "mutation" not in rp.report_dict([ok_case()], ENV)
 
 
-def test_oversized_report_json_raises(tmp_path, monkeypatch):
+def test_oversized_report_json_compacts_then_drops_maps_then_raises(tmp_path, monkeypatch):
+    rep = rp.report_dict(results(), ENV)
+    indented = len(json.dumps(rep, indent=1).encode())
+    compact = len(json.dumps(rep, separators=(",", ":")).encode())
+    assert compact < indented
+    monkeypatch.setattr(rp, "MAX_BYTES", compact + 1)
+    text = rp.write_report(results(), ENV, tmp_path, html=False)["json"].read_text()
+    assert len(text.encode()) == compact and json.loads(text) == rep  # same content, no indentation
+    monkeypatch.setattr(rp, "MAX_BYTES", compact - 1)
+    data = json.loads(rp.write_report(results(), ENV, tmp_path, html=False)["json"].read_text())
+    assert data["trimmed"].startswith("mismatch maps and ulp histograms dropped")
+    assert data["cases"][1]["stages"][1]["map"] is None and data["cases"][3]["end_to_end"]["map"] is None
+    assert data["cases"][1]["stages"][1]["mismatches"] == 2  # the metrics stay
     monkeypatch.setattr(rp, "MAX_BYTES", 1000)
-    with pytest.raises(ValueError, match="report.json would be"):
+    with pytest.raises(ValueError, match="even without maps"):
         rp.write_report(results(), ENV, tmp_path, html=False)
 
 
