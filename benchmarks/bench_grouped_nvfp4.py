@@ -16,7 +16,7 @@ Timing (METHOD.md): warm-up, then a CUDA graph of n calls (n chosen so a replay 
 20), replayed and timed with CUDA events, median. Weights are GBs, far beyond the 60 MB L2, so one input set.
 
 Also: decode vs grouped at DeepSeek-V3 for M = 4..32 (decode kernels called directly past
-DECODE_MAX_TOKENS) to place the threshold; a launch-config sweep of the grouped kernels at M = 256 / 4096;
+DECODE_MAX_TOKENS) to place the threshold; a launch-config sweep of the grouped kernels at M = 4096;
 the golden model (``reference.model.moe_nvfp4``, exact accumulations) at small M.
 
 ``CASES`` / ``prepare`` plug into ``benchmarks/runner.py`` (grouped and bf16 cases).
@@ -306,12 +306,10 @@ def main(argv=None) -> int:
                 {},
                 {"gate_up": {"DECODE": 2}, "down": {"DECODE": 2}},
                 {"gate_up": {"BK": 128}, "down": {"BK": 128}},
-                {"gate_up": {"num_stages": 2}, "down": {"num_stages": 2}},
                 {"gate_up": {"num_stages": 4}, "down": {"num_stages": 4}},
-                {"BM": 32},
                 {"BM": 64},
             ]
-            for M in (256, 4096):
+            for M in (4096,):
                 x, router, shared = layer.inputs(M, seed=5)
                 ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
                 for v in variants:

@@ -65,10 +65,7 @@ def _op_case(E, H, I, k, M, seed, acc_pairs):
 
 @pytest.mark.parametrize(
     "E,H,I,k,M",
-    [(256, 7168, 2048, 8, m) for m in (4, 300, 4096)]
-    + [(128, 4096, 1536, 8, m) for m in (16, 1000)]
-    + [(128, 2880, 2880, 4, m) for m in (9, 2048)]
-    + [(160, 5120, 704, 6, 77)],
+    [(256, 7168, 2048, 8, m) for m in (4, 300, 4096)] + [(128, 4096, 1536, 8, 1000), (128, 2880, 2880, 4, 2048)],
 )
 def test_real_shapes(E, H, I, k, M):
     pairs = [(0, 0), (M - 1, k - 1), (M // 2, k // 2)]
@@ -99,8 +96,8 @@ def test_deepseek_m16384_and_graph_replay():
 
 
 def test_decode_variants_and_block_sizes_same_bits():
-    """The dequantisations (DECODE 3 bf16x2 word asm, 2 / 1 fp16x2 / bf16x2 E2M1 decodes, 0 plain integer ops)
-    give identical weights, hence identical
+    """The dequantisations (DECODE 3 bf16x2 word asm, 2 the fp16x2 E2M1 decode, 0 plain integer ops) give
+    identical weights, hence identical
     accumulators. Another row-block size (a different MMA N) is measured, not required."""
     E, H, I, k, M = 256, 7168, 2048, 8, 512
     w = _weights(E, H, I)
@@ -118,7 +115,7 @@ def test_decode_variants_and_block_sizes_same_bits():
         return taps, out
 
     t2, o2 = run(3)  # the default: one inline-PTX call per code word
-    for decode in (0, 1, 2):
+    for decode in (0, 2):
         t, o = run(decode)
         assert same(o, o2), f"DECODE={decode} output differs"
         for name in ("gate_acc", "up_acc", "down_acc"):
