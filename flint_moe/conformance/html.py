@@ -268,7 +268,8 @@ def _heat_panels(c: dict) -> list[tuple[str, dict | None, list, tuple | None]]:
         canvas = _canvas("out", meta)
         panels.append((f"end to end: {e['differing']} differing", e.get("map"),
                        [tuple(i) for i in e.get("first_differences") or [] if len(i) == 2], canvas))  # fmt: skip
-        if e.get("unexplained"):
+        same = e.get("unexplained") == e.get("differing") and e.get("map") and not e.get("unexplained_map")
+        if e.get("unexplained") and not same:  # (every differing element unexplained: the panel above says it)
             panels.append((f"end to end: {e['unexplained']} unexplained", e.get("unexplained_map"),
                            [tuple(i) for i in e.get("first_failures") or [] if len(i) == 2], canvas))  # fmt: skip
     return panels
@@ -276,6 +277,7 @@ def _heat_panels(c: dict) -> list[tuple[str, dict | None, list, tuple | None]]:
 
 def _heat_fig(c: dict):
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     from .maps import map_dense
 
@@ -300,6 +302,7 @@ def _heat_fig(c: dict):
             if coords:
                 ax.scatter([x for _, x in coords], [r for r, _ in coords], marker="s", color="#c62828", s=14)
             ax.text(0.02, 0.02, "first recorded coordinates only", transform=ax.transAxes, fontsize=6, color="#555")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title, fontsize=8)
         ax.set_xlabel("hidden / column index", fontsize=7)
         ax.set_ylabel("token (x slot)", fontsize=7)
@@ -318,7 +321,7 @@ def _heat_fig(c: dict):
         extra.set_visible(False)
     fig.suptitle(f"{c['case_id']}: {c['verdict']}", fontsize=9)
     h = fig.get_figheight()
-    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.5 / h, top=1 - 0.55 / h, wspace=0.45, hspace=0.6)
+    fig.subplots_adjust(left=0.08, right=0.92, bottom=0.5 / h, top=1 - 0.55 / h, wspace=0.5, hspace=0.6)
     return fig
 
 
