@@ -93,3 +93,19 @@ def test_rerender_cli(tmp_path, report, capsys, monkeypatch):
     assert "wrote" in capsys.readouterr().out
     out = tmp_path / "elsewhere.html"
     assert hp.main([str(tmp_path / "report.json"), "--out", str(out)]) == 0 and out.exists()
+
+
+def test_heatmap_panels_use_maps_and_flatten_coordinates():
+    from tests.conformance._report_data import black_box_explained, fail_case
+
+    ((title, m, coords, canvas),) = hp._heat_panels(fail_case())
+    # act [M=3, k=3, I=64]: rows are token x slot (m * k + j), columns the intermediate index.
+    assert title == "act FAIL (2 elements)" and canvas == (9, 64) and coords == [(1, 2), (6, 63)]
+    assert m["shape"] == [9, 64] and m["cells"] == [[1, 2, 1], [6, 63, 1]]
+    bb = black_box_explained()
+    ((title, m, coords, canvas),) = hp._heat_panels(bb)
+    assert title == "end to end: 4 differing" and canvas == (2, 192) and m["total"] == 4
+    bb["end_to_end"].update(unexplained=1, first_failures=[[1, 191]])  # 1 of 4 unexplained, no unexplained_map
+    panels = hp._heat_panels(bb)
+    assert [p[0] for p in panels] == ["end to end: 4 differing", "end to end: 1 unexplained"]
+    assert panels[1][1] is None and panels[1][2] == [(1, 191)]  # drawn from the recorded coordinates
