@@ -93,7 +93,8 @@ def run_cases(cases: list, device: torch.device, console=None, *, invariance: bo
     """Run and compare every case on ``device`` (rich progress bar); returns the CaseResults in order.
     With ``invariance``, each case's invariances (``invariance.check_invariances``) are attached; a required
     one that FAILs makes the case FAIL. FAIL cases get ``faults.diagnose`` names.
-    An exception in a case (bad inputs, a kernel error) propagates: the run stops with a traceback."""
+    An exception in a case (bad inputs, a kernel error) is printed with its traceback and recorded as a FAIL
+    with one stage ``run`` whose note names the exception (:func:`raised_result`); the run goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flint_moe.ops import make_route_counter
@@ -105,9 +106,27 @@ def run_cases(cases: list, device: torch.device, console=None, *, invariance: bo
         task = prog.add_task("conformance", total=len(cases))
         for case in cases:
             prog.update(task, description=case.id)
-            results.append(run_case(case, device, counter, invariance=invariance))
+            try:
+                results.append(run_case(case, device, counter, invariance=invariance))
+            except Exception as e:  # noqa: BLE001  (any kernel / input error is a FAIL of this case)
+                (console or prog.console).print_exception(max_frames=8)
+                results.append(raised_result(case, e))
             prog.advance(task)
     return results
+
+
+def raised_result(case, exc: BaseException):
+    """The CaseResult of a case whose run raised ``exc``: verdict FAIL, one stage ``run`` (FAIL) whose note is
+    ``raised <Type>: <message>``, the case parameters in ``meta``."""
+    from flint_moe.conformance.compare import FAIL, CaseResult, StageResult
+
+    meta = {k: getattr(case, k) for k in ("shape", "M", "k", "E", "H", "I", "profile", "seed") if hasattr(case, k)}
+    meta = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in meta.items()}
+    note = f"raised {type(exc).__name__}: {exc}"
+    return CaseResult(
+        case_id=str(case.id), path=str(case.path), verdict=FAIL, stages=[StageResult("run", "bits", FAIL, note=note)],
+        meta=meta,
+    )  # fmt: skip
 
 
 def run_case(case, device: torch.device, counter: torch.Tensor | None = None, *, invariance: bool = False):

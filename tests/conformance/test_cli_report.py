@@ -17,10 +17,14 @@ CASE = "nvfp4_decode/cpu-E6-H96-I64-k3/M1/gaussian/s0"
 
 @pytest.fixture
 def fake_run(monkeypatch):
-    """run_case returns ok_case (ids of the real matrix), or FAIL for ids listed in ``fail``."""
+    """run_case returns ok_case (ids of the real matrix), FAIL for ids in the first set returned, and raises
+    for ids in the second."""
     fail: set[str] = set()
+    raise_: set[str] = set()
 
     def run_case(case, device, counter=None, *, invariance=False):
+        if case.id in raise_:
+            raise RuntimeError("illegal memory access (simulated)")
         r = ok_case(int(case.M))
         r.case_id, r.path = case.id, case.path
         if case.id in fail:
@@ -29,7 +33,7 @@ def fake_run(monkeypatch):
         return r
 
     monkeypatch.setattr(cli, "run_case", run_case)
-    return fail
+    return fail, raise_
 
 
 def _argv(tmp_path, *extra):
@@ -76,7 +80,7 @@ def test_missing_gpu_report_is_said(tmp_path, fake_run, capsys):
 
 
 def test_fail_exits_1(tmp_path, fake_run):
-    fake_run.add(CASE)
+    fake_run[0].add(CASE)
     assert cli.main(_argv(tmp_path, "--no-html")) == 1
     assert json.loads((tmp_path / "out" / "report.json").read_text())["totals"]["FAIL"] == 1
 
@@ -107,3 +111,23 @@ def test_mutation_flag_puts_the_kill_rate_in_the_report(tmp_path, fake_run, monk
     assert "Mutation kill rate: 50.0%" in capsys.readouterr().out
     assert cli.main(_argv(tmp_path, "--no-html")) == 0  # cpu profile: mutation testing off by default
     assert "mutation" not in json.loads((tmp_path / "out" / "report.json").read_text())
+
+
+def test_a_case_that_raises_is_a_fail_and_the_run_goes_on(tmp_path, fake_run, capsys):
+    other = "nvfp4_decode/cpu-E6-H96-I64-k3/M3/heavy_tailed/s0"
+    fake_run[1].add(CASE)
+    argv = ["--profile", "cpu", "--filter", "cpu-E6-H96-I64-k3/M", "--out", str(tmp_path / "out"), "--no-html"]
+    assert cli.main(argv) == 1
+    cases = {c["case_id"]: c for c in json.loads((tmp_path / "out" / "report.json").read_text())["cases"]}
+    assert cases[CASE]["verdict"] == "FAIL" and cases[other]["verdict"] == "WITHIN-BOUND"
+    assert cases[CASE]["stages"] == [
+        dict(
+            cases[CASE]["stages"][0],
+            stage="run",
+            verdict="FAIL",
+            note="raised RuntimeError: illegal memory access (simulated)",
+        )
+    ]
+    assert "RuntimeError" in capsys.readouterr().out  # the traceback is printed
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "- **run** FAIL: 0 of 0 elements; max ulp -; first failing []; note: raised RuntimeError" in md
