@@ -337,7 +337,7 @@ def _details(c: dict) -> list[str]:
     lines = [f"### `{c['case_id']}`{label}: {c['verdict']}", ""]
     for d in c.get("diagnosis") or []:
         lines.append(f"- **diagnosis**: {d}")
-    stage_failed = any(s.get("verdict") == FAIL for s in c.get("stages", []))
+    stage_failed = any(s.get("verdict") == FAIL and s.get("stage") != "run" for s in c.get("stages", []))
     if stage_failed and not c.get("diagnosis") and _mode(c) != BLACK_BOX:
         lines.append("- **diagnosis**: no catalogued fault reproduces the kernel's output")
     for i in c.get("invariance") or []:

@@ -131,3 +131,4 @@ def test_a_case_that_raises_is_a_fail_and_the_run_goes_on(tmp_path, fake_run, ca
     assert "RuntimeError" in capsys.readouterr().out  # the traceback is printed
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "- **run** FAIL: 0 of 0 elements; max ulp -; first failing []; note: raised RuntimeError" in md
+    assert "no catalogued fault" not in md  # the diagnosis did not run
