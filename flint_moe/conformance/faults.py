@@ -14,7 +14,7 @@ Two kinds of fault:
   independent decoders of ``flint_moe.reference.layouts`` written here (``flint_moe.layouts`` is never
   imported); it reproduces when ``compare_case`` with those logical weights has no FAIL at all.
 
-Catalogue (:data:`FAULTS`; paths: nv = nvfp4_decode, bf = bf16_decode):
+Catalogue (:data:`FAULTS`; paths: nv = nvfp4_decode and nvfp4_grouped, bf = bf16_decode):
 
 ==========================  ========  =====  =============================================================
 name                        stage     paths  the faulty rule
@@ -106,7 +106,7 @@ def _logical(inputs):
 def _gu(case, inputs, t):
     """(g, u) fp32 [M, k, W]: the kernel's gate/up accumulators, global scale applied on NVFP4."""
     g, u = t["gate_acc"].float(), t["up_acc"].float()
-    if case.path == "nvfp4_decode":
+    if case.path.startswith("nvfp4_"):
         gs = _logical(inputs).w13_gs.to(g.device)[t["ids"].long()][..., None]
         g, u = g * gs, u * gs  # one fp32 RN each, as apply_global_scale
     return g, u
@@ -292,24 +292,27 @@ def _decode_bf16(inputs, *, swapped=False, shuffle=True) -> BF16Experts:
 
 
 def _w_halves(case, inputs):
-    if case.path == "nvfp4_decode":
+    if case.path.startswith("nvfp4_"):
         return _decode_nvfp4(inputs, swapped=True)
     return _decode_bf16(inputs, swapped=True)
 
+
+#: Paths reading NVFP4 experts in the CuTe-DSL W4A16 layout (FlintMoEWeights).
+_NV = ("nvfp4_decode", "nvfp4_grouped")
 
 FAULTS: tuple[Fault, ...] = (
     Fault("w13_halves_swapped", "gate_acc", "gate/up swapped (w13 halves read the wrong way round)", _w_halves,
           kind="weights"),
     Fault("interleave_group_32", "gate_acc", "the gate/up interleave read in 32-row groups instead of 64",
-          lambda c, i: _decode_nvfp4(i, group=32), ("nvfp4_decode",), "weights"),
+          lambda c, i: _decode_nvfp4(i, group=32), _NV, "weights"),
     Fault("interleave_group_128", "gate_acc", "the gate/up interleave read in 128-row groups instead of 64",
-          lambda c, i: _decode_nvfp4(i, group=128), ("nvfp4_decode",), "weights"),
+          lambda c, i: _decode_nvfp4(i, group=128), _NV, "weights"),
     Fault("scale_swizzle_missing", "gate_acc", "the block scales read row-major (128x4 swizzle missing)",
-          lambda c, i: _decode_nvfp4(i, swz=_swz_missing), ("nvfp4_decode",), "weights"),
+          lambda c, i: _decode_nvfp4(i, swz=_swz_missing), _NV, "weights"),
     Fault("scale_swizzle_transposed", "gate_acc", "the 128x4 scale swizzle transposed (tile read row-major)",
-          lambda c, i: _decode_nvfp4(i, swz=_swz_transposed), ("nvfp4_decode",), "weights"),
+          lambda c, i: _decode_nvfp4(i, swz=_swz_transposed), _NV, "weights"),
     Fault("nibble_order_swapped", "gate_acc", "the E2M1 nibble order swapped (high nibble = even element)",
-          lambda c, i: _decode_nvfp4(i, nibbles=True), ("nvfp4_decode",), "weights"),
+          lambda c, i: _decode_nvfp4(i, nibbles=True), _NV, "weights"),
     Fault("row_shuffle_missing", "gate_acc", "the TRT-LLM row shuffle missing (BF16 layout, w13 and w2)",
           lambda c, i: _decode_bf16(i, shuffle=False), ("bf16_decode",), "weights"),
     Fault("gate_up_swapped", "act", "gate/up swapped (SwiGLU(up, gate))", _act_swapped),
@@ -317,9 +320,9 @@ FAULTS: tuple[Fault, ...] = (
     Fault("exact_sigmoid", "act", "an exact sigmoid instead of the rcp.approx(ex2.approx) form",
           _act_exact_sigmoid),
     Fault("global_scale_after_round", "y", "the global scale applied after the bf16 rounding of y",
-          _y_scale_after, ("nvfp4_decode",)),
+          _y_scale_after, _NV),
     Fault("global_scale_missing", "y", "the w2 global scale never applied", _y_scale_missing,
-          ("nvfp4_decode",)),
+          _NV),
     Fault("topk_ties_highest", "ids", "top-k ties resolved to the highest expert index", _ids_ties_highest),
     Fault("topk_ascending_index", "ids", "the top-k experts listed by ascending index, not by logit",
           _ids_ascending),

@@ -68,6 +68,7 @@ MUTATION_SHAPES = {
     "nvfp4_decode": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
     "nvfp4_decode_i128": ShapeSpec("mut-E6-H96-I128-k3", 6, 96, 128, 3),
     "bf16_decode": ShapeSpec("mut-E6-H128-I64-k3", 6, 128, 64, 3),
+    "nvfp4_grouped": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
 }
 M_TOKENS = 2
 
@@ -137,7 +138,7 @@ def _resimulate(case, inputs, t: dict, after: str) -> None:
     """Recompute, with the golden model, every stage after ``after`` ("ids", "weights", "act", "y") from the
     (mutated) taps ``t``: RN32 of the exact sums is one valid summation order."""
     wl = _logical(inputs)
-    nv = case.path == "nvfp4_decode"
+    nv = case.path.startswith("nvfp4_")
     x = inputs.x
     M, k = t["ids"].shape
     I = wl.w13.shape[1] // 2  # noqa: E741
@@ -178,7 +179,7 @@ def _clone(taps: dict) -> dict:
 def _gu_scaled(case, inputs, t, m, j):
     I = _logical(inputs).w13.shape[1] // 2  # noqa: E741
     g, u = t["gate_acc"][m, j, :I].contiguous(), t["up_acc"][m, j, :I].contiguous()
-    if case.path == "nvfp4_decode":
+    if case.path.startswith("nvfp4_"):
         e = int(t["ids"][m, j])
         gs = _logical(inputs).w13_gs[e : e + 1]
         g, u = apply_global_scale(g, gs), apply_global_scale(u, gs)
@@ -426,7 +427,7 @@ PREPARE = {"negative_gate": _prep_negative_gate, "renorm_probe": _prep_renorm}
 # the catalogue of mutations
 # ---------------------------------------------------------------------------------------------------------
 
-_NV, _BF = "nvfp4_decode", "bf16_decode"
+_NV, _BF, _GR = "nvfp4_decode", "bf16_decode", "nvfp4_grouped"
 
 
 def _muts() -> tuple[Mutation, ...]:
@@ -464,6 +465,11 @@ def _muts() -> tuple[Mutation, ...]:
         Mutation("combine_bf16_accumulate", _NV, "gaussian", "tap", _tap_out(_combine_bf16)),
         Mutation("combine_bf16_accumulate", _BF, "gaussian", "tap", _tap_out(_combine_bf16)),
         Mutation("shared_added_unrounded", _NV, "gaussian", "tap", _tap_out(_combine_unrounded)),
+        # the grouped path reads the same stored weights: a layout fault and two rule faults there too
+        Mutation("scale_swizzle_missing", _GR, "gaussian", "weights", _w_swizzle("missing")),
+        Mutation("gate_up_swapped", _GR, "gaussian", "tap", act_swap),
+        Mutation("global_scale_after_round", _GR, "gaussian", "tap",
+                 _tap_y(lambda d, gs: to_bf16(to_bf16(d).float() * gs))),
     )  # fmt: skip
 
 
