@@ -4,8 +4,10 @@
 # (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request).
 # FLINT_GIT_COMMIT names the commit the tree was sent from (the device copy has no .git).
 # The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
+# FLINT_TAR=1: write everything to a scratch folder and pack it as $OUT/h200-run.tgz (one file to fetch).
 set -uo pipefail
-OUT=${OUT:-reports/h200-run}
+FINAL_OUT=${OUT:-reports/h200-run}
+if [ "${FLINT_TAR:-0}" = 1 ]; then OUT=$(mktemp -d)/h200-run; else OUT=$FINAL_OUT; fi
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 steps=${*:-verify tests conformance bench}
@@ -25,7 +27,9 @@ for step in $steps; do
               > "$OUT/pytest-gpu.txt" 2>&1 || rc=1
             tail -15 "$OUT/pytest-gpu.txt" ;;
     conformance) python3 -m flint_moe.conformance --profile gpu --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1 || rc=1
-            tail -3 "$OUT/conformance.log" ;;
+            tail -5 "$OUT/conformance.log" ;;
+    modules) python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/modules > "$OUT/pytest-modules.txt" 2>&1 || rc=1
+            tail -5 "$OUT/pytest-modules.txt" ;;
     sweep)  python3 -m benchmarks.bench_decode_bf16 --sweep > "$OUT/sweep-bf16.txt" 2>&1 || rc=1
             tail -20 "$OUT/sweep-bf16.txt" ;;
     bench)  python3 -m benchmarks.runner --out "$OUT" > "$OUT/bench.log" 2>&1 || rc=1
@@ -33,4 +37,7 @@ for step in $steps; do
     *) echo "unknown step $step"; rc=2 ;;
   esac
 done
+if [ "${FLINT_TAR:-0}" = 1 ]; then
+  mkdir -p "$FINAL_OUT" && tar czf "$FINAL_OUT/h200-run.tgz" -C "$(dirname "$OUT")" h200-run && ls -la "$FINAL_OUT"
+fi
 exit $rc

@@ -89,7 +89,9 @@ def select(profile: str, filters: list[str]) -> list:
     return [c for c in matrix(profile) if all(f in c.id for f in filters)]
 
 
-def run_cases(cases: list, device: torch.device, console=None, *, invariance: bool = False) -> list:
+def run_cases(
+    cases: list, device: torch.device, console=None, *, invariance: bool = False, inputs: dict | None = None
+) -> list:
     """Run and compare every case on ``device`` (rich progress bar); returns the CaseResults in order.
     With ``invariance``, each case's invariances (``invariance.check_invariances``) are attached; a required
     one that FAILs makes the case FAIL. FAIL cases get ``faults.diagnose`` names.
@@ -107,12 +109,35 @@ def run_cases(cases: list, device: torch.device, console=None, *, invariance: bo
         for case in cases:
             prog.update(task, description=case.id)
             try:
-                results.append(run_case(case, device, counter, invariance=invariance))
+                given = None if inputs is None else inputs.get(case.id)
+                results.append(run_case(case, device, counter, invariance=invariance, inputs=given))
             except Exception as e:  # noqa: BLE001  (any kernel / input error is a FAIL of this case)
                 (console or prog.console).print_exception(max_frames=8)
                 results.append(raised_result(case, e))
             prog.advance(task)
     return results
+
+
+def checkpoint_selection(path: str, layer: int, profile: str, filters: list[str], device: torch.device):
+    """(cases, {case id: CaseInputs}) for ``--checkpoint PATH --layer N``: one case per distinct token count of
+    the ``profile`` matrix's NVFP4 paths (decode up to ``ops.DECODE_MAX_TOKENS``, grouped above), on that
+    layer's weights (``checkpoint.checkpoint_cases``), filtered like the matrix."""
+    from dataclasses import replace
+
+    from flint_moe.conformance.cases import matrix
+    from flint_moe.conformance.checkpoint import checkpoint_cases
+    from flint_moe.ops import DECODE_MAX_TOKENS
+
+    counts = sorted({c.M for c in matrix(profile) if c.path.startswith("nvfp4_")})
+    pairs = checkpoint_cases(path, layer, token_counts=counts, device=device)
+    cases, inputs = [], {}
+    for case, inp in pairs:
+        if case.M > DECODE_MAX_TOKENS:
+            case = replace(case, path="nvfp4_grouped")
+        if all(f in case.id for f in filters):
+            cases.append(case)
+            inputs[case.id] = inp
+    return cases, inputs
 
 
 def raised_result(case, exc: BaseException):
@@ -129,10 +154,27 @@ def raised_result(case, exc: BaseException):
     )  # fmt: skip
 
 
-def run_case(case, device: torch.device, counter: torch.Tensor | None = None, *, invariance: bool = False):
+def run_case(
+    case,
+    device: torch.device,
+    counter: torch.Tensor | None = None,
+    *,
+    invariance: bool = False,
+    inputs=None,
+):
     """Run one case on ``device`` and compare it (the body of :func:`run_cases`; the pytest entry
     tests/conformance/test_matrix.py calls it too). ``counter``: ``ops.make_route_counter(device)`` (made here
-    when None). Returns the CaseResult (FAIL cases carry ``faults.diagnose`` names)."""
+    when None). ``inputs``: the case's ``CaseInputs`` when they do not come from ``cases.make_inputs`` (a
+    checkpoint layer: ``checkpoint.checkpoint_cases``). The golden model's long accumulations use the
+    certified float64 filter (``reference.exact.filtered_sums``: same RN32 values and acceptance decisions as
+    exact summation). Returns the CaseResult (FAIL cases carry ``faults.diagnose`` names)."""
+    from flint_moe.reference.exact import filtered_sums
+
+    with filtered_sums():
+        return _run_case(case, device, counter, invariance, inputs)
+
+
+def _run_case(case, device, counter, invariance, inputs):
     from flint_moe.conformance import compare
     from flint_moe.conformance.cases import make_inputs
     from flint_moe.conformance.faults import diagnose
@@ -142,7 +184,8 @@ def run_case(case, device: torch.device, counter: torch.Tensor | None = None, *,
 
     if counter is None:
         counter = make_route_counter(device)
-    inputs = make_inputs(case, device)
+    if inputs is None:
+        inputs = make_inputs(case, device)
     taps: dict = {}
     path = PATHS[case.path]
     out = path.run(inputs, counter, taps)
@@ -253,12 +296,28 @@ def main(argv: list[str] | None = None) -> int:
         metavar="REPORT",
         help=f"committed GPU report whose freshness ends the run (default {DEFAULT_GPU_REPORT})",
     )
+    ap.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="PATH",
+        help="run the matrix's NVFP4 token counts on one MoE layer of a checkpoint (ModelOpt NVFP4 directory "
+        "or GGUF file) instead of the case matrix; needs --layer",
+    )
+    ap.add_argument("--layer", type=int, default=None, metavar="N", help="MoE layer index for --checkpoint")
     args = ap.parse_args(argv)  # fmt: skip
 
     profile = args.profile
     if profile == "auto":
         profile = "gpu" if torch.cuda.is_available() else "cpu"
-    cases = select(profile, args.filter)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    given_inputs = None
+    if args.checkpoint is not None or args.layer is not None:
+        if args.checkpoint is None or args.layer is None:
+            print("--checkpoint and --layer go together", file=sys.stderr)
+            return 2
+        cases, given_inputs = checkpoint_selection(args.checkpoint, args.layer, profile, args.filter, device)
+    else:
+        cases = select(profile, args.filter)
     console = Console()
     if not console.is_terminal:  # CI logs, pipes: wide enough for the summary table's case ids
         console = Console(width=max(console.width, 180))
@@ -285,7 +344,6 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ValueError) as e:
             console.print(f"[red]{e}[/]")
             return 2
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment()
     env["profile"] = profile
     env["filters"] = list(args.filter)
@@ -294,13 +352,17 @@ def main(argv: list[str] | None = None) -> int:
     env["command"] = " ".join(["python -m flint_moe.conformance", *(sys.argv[1:] if argv is None else argv)])
     from flint_moe.conformance.cases import matrix
 
-    env["cases_run"] = f"{len(cases)} of {len(matrix(profile))}"
+    env["cases_run"] = (
+        f"{len(cases)} checkpoint cases" if args.checkpoint else f"{len(cases)} of {len(matrix(profile))}"
+    )
     run_id = now.strftime("%Y%m%dT%H%M%SZ") + f"-{profile}"
     out_dir = Path(args.out) if args.out else Path("reports") / run_id
     console.print(f"backend: {env['backend']}; {len(cases)} cases ({profile}); report -> {out_dir}")
     invariance = (profile == "gpu") if args.invariance is None else bool(args.invariance)
     env["invariance"] = invariance
-    results = run_cases(cases, device, console, invariance=invariance)
+    if args.checkpoint is not None:
+        env["checkpoint"] = f"{args.checkpoint} layer {args.layer}"
+    results = run_cases(cases, device, console, invariance=invariance, inputs=given_inputs)
     mutation = _mutation(console) if ((profile == "gpu") if args.mutation is None else args.mutation) else None
     gpu_path = Path(args.gpu_report)
     if not gpu_path.is_absolute() and not gpu_path.exists():

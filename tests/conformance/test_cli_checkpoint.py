@@ -1,0 +1,39 @@
+"""``python -m flint_moe.conformance --checkpoint PATH --layer N``: the matrix's NVFP4 token counts on one MoE
+layer of a checkpoint (decode path up to DECODE_MAX_TOKENS, grouped above), run through the harness."""
+
+from __future__ import annotations
+
+import json
+
+from flint_moe.conformance.__main__ import checkpoint_selection, main
+from flint_moe.conformance.cases import matrix
+from flint_moe.ops import DECODE_MAX_TOKENS
+from tests.checkpoints._writers import write_modelopt_dir
+from tests.checkpoints.test_conformance_checkpoint import K, _experts
+
+
+def test_selection_covers_the_matrix_token_counts_and_picks_the_path_by_m(tmp_path) -> None:
+    named, router, _ = _experts(3)
+    d = write_modelopt_dir(tmp_path / "ck", {1: (named, router)}, top_k=K, shards=1)
+    cases, inputs = checkpoint_selection(str(d), 1, "cpu", [], "cpu")
+    want = sorted({c.M for c in matrix("cpu") if c.path.startswith("nvfp4_")})
+    assert [c.M for c in cases] == want and max(want) > DECODE_MAX_TOKENS
+    for c in cases:
+        assert c.path == ("nvfp4_decode" if c.M <= DECODE_MAX_TOKENS else "nvfp4_grouped")
+        assert c.shape == "ckpt-ck-L1" and c.id in inputs and inputs[c.id].x.shape[0] == c.M
+    only = checkpoint_selection(str(d), 1, "cpu", ["/M2/"], "cpu")[0]
+    assert [c.id for c in only] == ["nvfp4_decode/ckpt-ck-L1/M2/modelopt/s0"]
+
+
+def test_cli_runs_a_checkpoint_layer(tmp_path) -> None:
+    named, router, _ = _experts(4)
+    d = write_modelopt_dir(tmp_path / "ck", {0: (named, router)}, top_k=K, shards=1)
+    out = tmp_path / "rep"
+    args = ["--profile", "cpu", "--checkpoint", str(d), "--layer", "0", "--filter", "/M2/", "--out", str(out)]
+    rc = main([*args, "--no-html", "--no-mutation", "--no-invariance"])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert [c["case_id"] for c in rep["cases"]] == ["nvfp4_decode/ckpt-ck-L0/M2/modelopt/s0"]
+    assert rep["cases"][0]["verdict"] != "FAIL"
+    assert rep["env"]["checkpoint"] == f"{d} layer 0"
+    assert main(["--profile", "cpu", "--checkpoint", str(d)]) == 2  # --layer missing
