@@ -218,27 +218,52 @@ _MODELOPT_MAX_PARAMS = 3 * 2**28
 _GPU_M_CYCLE = (1, 2, 3, 5, 8, 4, 7, 6)
 
 
+#: Real shapes that get the whole treatment on the gpu profile (every M on both sides of each threshold, every
+#: data profile): the largest layer (DeepSeek-V3: E=256, H=7168), the smallest common one (Qwen3-30B-A3B) and
+#: the padded non-power-of-two one (gpt-oss-120b, I=2880 padded to 128). The other real shapes get the
+#: threshold token counts and a rotating subset of data profiles, so that every profile still meets several
+#: shapes while the profile stays within its 5-minute budget on the H200 (timings: reports/h200/).
+GPU_CORE_SHAPES = ("deepseek-v3", "qwen3-30b-a3b", "gpt-oss-120b-p128")
+_GPU_OTHER_DECODE_M = (1, 8)
+_GPU_OTHER_PROFILES = 3
+
+
+def _profiles_for(path: str, s: ShapeSpec) -> list[str]:
+    profs = [p for p in PATH_PROFILES[path] if p != "gaussian"]
+    if s.E * s.H * s.I * 3 > _MODELOPT_MAX_PARAMS and "modelopt" in profs:
+        profs.remove("modelopt")
+    return profs
+
+
+def _rotating(profs: list[str], i: int, n: int) -> list[str]:
+    return [profs[(i * n + j) % len(profs)] for j in range(min(n, len(profs)))]
+
+
 def _gpu_matrix() -> list[Case]:
     from flint_moe.conformance.profiles import weight_key
 
     cases = []
     for path in ("nvfp4_decode", "bf16_decode"):
+        others = 0
         for s in REAL_SHAPES:
-            profs = [p for p in PATH_PROFILES[path] if p != "gaussian"]
-            if s.E * s.H * s.I * 3 > _MODELOPT_MAX_PARAMS and "modelopt" in profs:
-                profs.remove("modelopt")
-            group = [Case.make(path, s, m, "gaussian") for m in range(1, 9)]  # both sides of every M <= 8
+            profs = _profiles_for(path, s)
+            if s.name in GPU_CORE_SHAPES:
+                group = [Case.make(path, s, m, "gaussian") for m in range(1, 9)]  # every M <= 8
+            else:
+                group = [Case.make(path, s, m, "gaussian") for m in _GPU_OTHER_DECODE_M]
+                profs = _rotating(profs, others, _GPU_OTHER_PROFILES)
+                others += 1
             group += [Case.make(path, s, _GPU_M_CYCLE[j % 8], p) for j, p in enumerate(profs)]
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
     return cases + _gpu_grouped_cases()
 
 
-#: Token counts of the grouped path on the gpu profile: both sides of DECODE_MAX_TOKENS (8) on every real
-#: shape, and large M (``_GPU_GROUPED_LARGE``) on three of them. The golden model's exact accumulations
-#: dominate a case's cost at large M (M * k rows of (2I + H) exact dot products).
-_GPU_GROUPED_M = (4, 8, 9, 16, 64, 256)
-_GPU_GROUPED_LARGE = {"deepseek-v3": (2048,), "qwen3-30b-a3b": (1024, 4096), "gpt-oss-120b": (2048,)}
+#: Token counts of the grouped path on the gpu profile: both sides of DECODE_MAX_TOKENS (8) and larger M on
+#: the core shapes, large M (``_GPU_GROUPED_LARGE``) on two of them; the other shapes get M = 9 and 64.
+_GPU_GROUPED_M = (4, 9, 16, 64, 256)
+_GPU_GROUPED_OTHER_M = (9, 64)
+_GPU_GROUPED_LARGE = {"deepseek-v3": (2048,), "qwen3-30b-a3b": (4096,)}
 _GPU_GROUPED_M_CYCLE = (9, 33, 16, 130, 64, 24, 12, 300, 10, 48, 17)
 
 
@@ -246,11 +271,15 @@ def _gpu_grouped_cases() -> list[Case]:
     from flint_moe.conformance.profiles import weight_key
 
     cases = []
+    others = 0
     for s in REAL_SHAPES:
-        profs = [p for p in PATH_PROFILES["nvfp4_grouped"] if p != "gaussian"]
-        if s.E * s.H * s.I * 3 > _MODELOPT_MAX_PARAMS and "modelopt" in profs:
-            profs.remove("modelopt")
-        ms = _GPU_GROUPED_M + _GPU_GROUPED_LARGE.get(s.name, ())
+        profs = _profiles_for("nvfp4_grouped", s)
+        if s.name in GPU_CORE_SHAPES:
+            ms = _GPU_GROUPED_M + _GPU_GROUPED_LARGE.get(s.name, ())
+        else:
+            ms = _GPU_GROUPED_OTHER_M
+            profs = _rotating(profs, others, 1)
+            others += 1
         group = [Case.make("nvfp4_grouped", s, m, "gaussian") for m in ms]
         group += [
             Case.make("nvfp4_grouped", s, _GPU_GROUPED_M_CYCLE[j % len(_GPU_GROUPED_M_CYCLE)], p)

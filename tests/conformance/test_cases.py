@@ -84,6 +84,15 @@ def test_gpu_matrix_coverage():
         if path != "nvfp4_grouped":  # the grouped path serves any M: both sides of DECODE_MAX_TOKENS
             assert {c.M for c in GPU if c.path == path} == set(range(1, PATHS[path].max_tokens + 1))
         assert {c.profile for c in GPU if c.path == path} == set(PATH_PROFILES[path])
+    from flint_moe.conformance.cases import GPU_CORE_SHAPES
+
+    for name in GPU_CORE_SHAPES:  # the core shapes get every M <= 8 and every data profile on each path
+        for path in PATH_NAMES:
+            got = [c for c in GPU if c.path == path and c.shape == name]
+            want = set(PATH_PROFILES[path]) - {"modelopt"}
+            assert want <= {c.profile for c in got}, (name, path)
+            if path != "nvfp4_grouped":
+                assert {c.M for c in got if c.profile == "gaussian"} == set(range(1, 9))
     grouped = {c.M for c in GPU if c.path == "nvfp4_grouped"}
     assert min(grouped) <= PATHS["nvfp4_decode"].max_tokens < max(grouped) and max(grouped) >= 2048
     assert all(c.M <= PATHS[c.path].max_tokens for c in GPU + CPU)
