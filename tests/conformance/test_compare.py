@@ -542,3 +542,21 @@ def test_accumulation_warning_within_bound() -> None:
     assert s.warnings == 1 and s.worst_warnings[0]["index"] == [0, 1]
     assert 39.0 < s.worst_warnings[0]["ratio"] < 41.0 and s.worst_warnings[0]["ratio"] > WARN_FACTOR
     assert 0.0 < s.worst_warnings[0]["bound_fraction"] < 1.0 and s.max_bound_fraction < 1.0
+
+
+def test_end_to_end_reuse_matches_fresh_golden(built) -> None:
+    """compare_case reuses its teacher-forced golden sums in the end-to-end run (rows whose act agrees with
+    the golden act); a fresh golden run (no cache) must give the same end-to-end result."""
+    from flint_moe.conformance.compare import end_to_end_taps
+
+    case, inputs, taps, _ = built
+    t = _clone(taps)
+    t["act"].view(torch.int16)[1, 0, :8] += 3  # row (1, 0) of act differs: its down sum is recomputed
+    _redo_from_act(case, inputs, t)
+    res = compare_case(case, inputs, t, t["out"])
+    fresh = end_to_end_taps(
+        case.path, PATH_MODELS[case.path], inputs.weights_logical, inputs.x, inputs.router_weight,
+        inputs.shared, K, t, t["out"],
+    )  # fmt: skip
+    a, b = res.end_to_end.to_json(), fresh.to_json()
+    assert a == b and a["differing"] > 0
