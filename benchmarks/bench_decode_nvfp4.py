@@ -48,9 +48,7 @@ def random_weights(E, H, I, device="cuda", seed=0) -> FlintMoEWeights:
 
     a1 = torch.rand(E, device=device, generator=g) * 2.0**-6 + 2.0**-8
     a2 = torch.rand(E, device=device, generator=g) * 2.0**-6 + 2.0**-8
-    return FlintMoEWeights(
-        u8((E, 2 * I, H // 2)), sf(2 * I, H // 16), a1, u8((E, H, I // 2)), sf(H, I // 16), a2, I
-    )
+    return FlintMoEWeights(u8((E, 2 * I, H // 2)), sf(2 * I, H // 16), a1, u8((E, H, I // 2)), sf(H, I // 16), a2, I)
 
 
 def bytes_moved(w: FlintMoEWeights, ids: torch.Tensor) -> int:
@@ -194,9 +192,16 @@ def sweep(out_dir: str) -> int:
     n_bad = sum(not c["same"] for c in res["checks"])
     print(f"bit checks: {len(res['checks'])} done, {n_bad} mismatches", flush=True)
     # 2. timings
-    plan = [("deepseek-v3", 1, list(SWEEP)), ("deepseek-v3", 8, ["old", "new", "new-combine0", "dn-BH32w4",
-            "gu-BN16w4", "gu-BN8w4"]), ("qwen3-30b-a3b", 1, ["old", "gu-prefetch", "split", "new", "new-combine0",
-            "dn-BH8w1", "gu-BN4w1", "gu-BN4w2"]), ("gpt-oss-120b", 1, ["old", "new", "dn-BH8w1", "gu-BN4w2"])]
+    plan = [
+        ("deepseek-v3", 1, list(SWEEP)),
+        ("deepseek-v3", 8, ["old", "new", "new-combine0", "dn-BH32w4", "gu-BN16w4", "gu-BN8w4"]),
+        (
+            "qwen3-30b-a3b",
+            1,
+            ["old", "gu-prefetch", "split", "new", "new-combine0", "dn-BH8w1", "gu-BN4w1", "gu-BN4w2"],
+        ),
+        ("gpt-oss-120b", 1, ["old", "new", "dn-BH8w1", "gu-BN4w2"]),
+    ]
     for mname, M, vs in plan:
         w = None
         for v in vs:
@@ -206,22 +211,41 @@ def sweep(out_dir: str) -> int:
             acts = [nvfp4_gate_up(x, ids, w, config=gu) for (x, ids, tw, sh) in sets]
             t_gu = time_graph(lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS)
             t_dn = time_graph(
-                lambda i: nvfp4_down(acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w,
-                                     sets[i % CALLS][3], config=dn), CALLS)
-            r = dict(model=mname, M=M, variant=v, us=t_all * 1e6, gu_us=t_gu * 1e6, dn_us=t_dn * 1e6,
-                     frac=prep.bytes_moved / t_all / bw, mb=prep.bytes_moved / 1e6)
+                lambda i: nvfp4_down(
+                    acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w, sets[i % CALLS][3], config=dn
+                ),
+                CALLS,
+            )
+            r = dict(
+                model=mname,
+                M=M,
+                variant=v,
+                us=t_all * 1e6,
+                gu_us=t_gu * 1e6,
+                dn_us=t_dn * 1e6,
+                frac=prep.bytes_moved / t_all / bw,
+                mb=prep.bytes_moved / 1e6,
+            )
             res["times"].append(r)
-            print(f"{mname:14s} M={M} {v:13s} all {r['us']:7.1f} us ({100 * r['frac']:4.1f}%)  gu {r['gu_us']:7.1f}"
-                  f"  dn {r['dn_us']:7.1f}", flush=True)
+            print(
+                f"{mname:14s} M={M} {v:13s} all {r['us']:7.1f} us ({100 * r['frac']:4.1f}%)  gu {r['gu_us']:7.1f}"
+                f"  dn {r['dn_us']:7.1f}",
+                flush=True,
+            )
         del w
         torch.cuda.empty_cache()
     with open(os.path.join(out_dir, "sweep.json"), "w") as f:
         json.dump(res, f, indent=1)
-    lines = [f"copy {bw / 1e12:.3f} TB/s; bit mismatches {n_bad}", "| model | M | variant | all us | % copy | gu us | dn us |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"copy {bw / 1e12:.3f} TB/s; bit mismatches {n_bad}",
+        "| model | M | variant | all us | % copy | gu us | dn us |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in res["times"]:
-        lines.append(f"| {r['model']} | {r['M']} | {r['variant']} | {r['us']:.1f} | {100 * r['frac']:.1f} | "
-                     f"{r['gu_us']:.1f} | {r['dn_us']:.1f} |")
+        lines.append(
+            f"| {r['model']} | {r['M']} | {r['variant']} | {r['us']:.1f} | {100 * r['frac']:.1f} | "
+            f"{r['gu_us']:.1f} | {r['dn_us']:.1f} |"
+        )
     with open(os.path.join(out_dir, "sweep.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -270,8 +294,10 @@ def sweep_words(out_dir: str) -> int:
                 got2 = nvfp4_down(nvfp4_gate_up(x, ids, w, config=gu), ids, tw, w, sh, config=dn)
                 ok = same(act, ref_act) and same(got, ref) and same(got2, ref)
                 res["checks"].append(dict(model=mname, M=M, variant=v, same=ok))
-                print(f"check {mname} M={M} {v}: {'same bits' if ok else 'BIT MISMATCH'} ({time.time() - t0:.0f} s)",
-                      flush=True)
+                print(
+                    f"check {mname} M={M} {v}: {'same bits' if ok else 'BIT MISMATCH'} ({time.time() - t0:.0f} s)",
+                    flush=True,
+                )
         del w
         torch.cuda.empty_cache()
 
@@ -284,23 +310,42 @@ def sweep_words(out_dir: str) -> int:
             acts = [nvfp4_gate_up(x, ids, w, config=gu) for (x, ids, tw, sh) in sets]
             t_gu = time_graph(lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS)
             t_dn = time_graph(
-                lambda i: nvfp4_down(acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w,
-                                     sets[i % CALLS][3], config=dn), CALLS)
-            r = dict(model=mname, M=M, variant=v, us=t_all * 1e6, gu_us=t_gu * 1e6, dn_us=t_dn * 1e6,
-                     frac=prep.bytes_moved / t_all / bw, mb=prep.bytes_moved / 1e6)
+                lambda i: nvfp4_down(
+                    acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w, sets[i % CALLS][3], config=dn
+                ),
+                CALLS,
+            )
+            r = dict(
+                model=mname,
+                M=M,
+                variant=v,
+                us=t_all * 1e6,
+                gu_us=t_gu * 1e6,
+                dn_us=t_dn * 1e6,
+                frac=prep.bytes_moved / t_all / bw,
+                mb=prep.bytes_moved / 1e6,
+            )
             res["times"].append(r)
-            print(f"{mname:14s} M={M} {v:14s} all {r['us']:7.1f} us ({100 * r['frac']:4.1f}%)  gu {r['gu_us']:7.1f}"
-                  f"  dn {r['dn_us']:7.1f} ({time.time() - t0:.0f} s)", flush=True)
+            print(
+                f"{mname:14s} M={M} {v:14s} all {r['us']:7.1f} us ({100 * r['frac']:4.1f}%)  gu {r['gu_us']:7.1f}"
+                f"  dn {r['dn_us']:7.1f} ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
         del w
         torch.cuda.empty_cache()
 
     def dump():
         n_bad = sum(not c["same"] for c in res["checks"])
-        lines = [f"copy {bw / 1e12:.3f} TB/s; bit checks {len(res['checks'])}, mismatches {n_bad}",
-                 "| model | M | variant | all us | % copy | gu us | dn us |", "|---|---|---|---|---|---|---|"]
+        lines = [
+            f"copy {bw / 1e12:.3f} TB/s; bit checks {len(res['checks'])}, mismatches {n_bad}",
+            "| model | M | variant | all us | % copy | gu us | dn us |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in res["times"]:
-            lines.append(f"| {r['model']} | {r['M']} | {r['variant']} | {r['us']:.1f} | {100 * r['frac']:.1f} | "
-                         f"{r['gu_us']:.1f} | {r['dn_us']:.1f} |")
+            lines.append(
+                f"| {r['model']} | {r['M']} | {r['variant']} | {r['us']:.1f} | {100 * r['frac']:.1f} | "
+                f"{r['gu_us']:.1f} | {r['dn_us']:.1f} |"
+            )
         with open(md, "w") as f:
             f.write("\n".join(lines) + "\n")
         with open(os.path.join(out_dir, "words.json"), "w") as f:
@@ -325,6 +370,339 @@ def sweep_words(out_dir: str) -> int:
     return 1 if n_bad else 0
 
 
+#: Round 4 (tensor cores, ``MMA``): variant -> (gate/up config, down config); "new" = the defaults.
+#: Gate/up rows per program 2 * BN = 8 * num_warps * RT; down BH = 8 * num_warps * RT.
+def _gu(bn, nw, rt, s):
+    return {"MMA": True, "BN": bn, "num_warps": nw, "RT": rt, "S": s}
+
+
+def _dn(bh, nw, rt, s):
+    return {"MMA": True, "BH": bh, "num_warps": nw, "RT": rt, "S": s}
+
+
+MMA_SWEEP = {
+    "new": (None, None),
+    "gu-mma-BN16w2r2s4": (_gu(16, 2, 2, 4), None),
+    "gu-mma-BN16w1r4s2": (_gu(16, 1, 4, 2), None),
+    "gu-mma-BN32w2r4s2": (_gu(32, 2, 4, 2), None),
+    "gu-mma-BN8w1r2s4": (_gu(8, 1, 2, 4), None),
+    "dn-mma-BH32w2r2s2": (None, _dn(32, 2, 2, 2)),
+    "dn-mma-BH16w1r2s4": (None, _dn(16, 1, 2, 4)),
+    "dn-mma-BH32w1r4s2": (None, _dn(32, 1, 4, 2)),
+    "dn-mma-BH64w4r2s2": (None, _dn(64, 4, 2, 2)),
+}
+
+
+def sweep_mma(out_dir: str) -> int:
+    """Round 4 (one device call): tensor-core variants. Checks: every MMA variant bit-identical to the first
+    (same MMA sequence per row) on DeepSeek-V3 M = 1 and on H 2880 x I 704 / Qwen shapes (partial K steps);
+    golden ``check_taps`` with ``FP32_TRUNCATE`` on the MMA path. Timings (gate/up alone, down alone, both) at
+    DeepSeek-V3 M = 1, then the best gate/up + best down against the default at DeepSeek M = 1, 2, 4, 8 and
+    Qwen / gpt-oss M = 1, 8."""
+    from flint_moe.kernels.nvfp4_down import nvfp4_down
+    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.reference.exact import FP32_TRUNCATE
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
+    from _nvfp4_check import check_taps, make_inputs, same
+
+    t0 = time.time()
+    bw = copy_bw()
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    res = {"copy_bw": bw, "checks": [], "times": []}
+    gus = [v for v in MMA_SWEEP if v.startswith("gu-")]
+    dns = [v for v in MMA_SWEEP if v.startswith("dn-")]
+
+    def note(name, ok, extra=""):
+        res["checks"].append(dict(check=name, ok=bool(ok)))
+        print(f"check {name}: {'ok' if ok else 'FAIL'} {extra}({time.time() - t0:.0f} s)", flush=True)
+
+    def check(mname, cfg, Ms, golden_pairs, nvar=99):
+        w = random_weights(cfg["E"], cfg["H"], cfg["I"], seed=3)
+        for M in Ms:
+            x, ids, tw, sh = make_inputs(M, cfg["H"], cfg["E"], cfg["k"], seed=M, device="cuda")
+            ref_act = nvfp4_gate_up(x, ids, w, config=MMA_SWEEP[gus[0]][0])
+            ref_y = None
+            for v in gus[:nvar]:
+                act = nvfp4_gate_up(x, ids, w, config=MMA_SWEEP[v][0])
+                note(f"{mname} M={M} {v} act == {gus[0]}", same(act, ref_act))
+            for v in dns[:nvar]:
+                taps = {}
+                nvfp4_down(ref_act, ids, tw, w, sh, config=MMA_SWEEP[v][1], taps=taps)
+                if ref_y is None:
+                    ref_y = taps["down_acc"]
+                note(f"{mname} M={M} {v} down_acc == {dns[0]}", same(taps["down_acc"], ref_y))
+            try:
+                taps = {}
+                out = nvfp4_down(
+                    nvfp4_gate_up(x, ids, w, taps=taps, config=MMA_SWEEP[gus[1]][0]),
+                    ids,
+                    tw,
+                    w,
+                    sh,
+                    taps=taps,
+                    config=MMA_SWEEP[dns[1]][1],
+                )
+                pairs = golden_pairs(M, cfg["k"])
+                check_taps(
+                    w, x, ids, tw, sh, taps, out, acc_pairs=pairs, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE
+                )
+                note(f"{mname} M={M} golden (FP32_TRUNCATE) pairs {sorted(pairs)}", True)
+            except AssertionError as exc:
+                note(f"{mname} M={M} golden", False, f"{exc} ")
+        del w
+        torch.cuda.empty_cache()
+
+    def timing(mname, M, variants):
+        w = None
+        for v in variants:
+            gu, dn = MMA_SWEEP[v] if isinstance(v, str) else v[1]
+            name = v if isinstance(v, str) else v[0]
+            prep, w, sets = _prepare(model=mname, M=M, gu=gu, dn=dn, weights=w)
+            t_all = time_graph(prep.fn, prep.rotations)
+            acts = [nvfp4_gate_up(x, ids, w, config=gu) for (x, ids, tw, sh) in sets]
+            t_gu = time_graph(lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS)
+            t_dn = time_graph(
+                lambda i: nvfp4_down(
+                    acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w, sets[i % CALLS][3], config=dn
+                ),
+                CALLS,
+            )
+            r = dict(
+                model=mname,
+                M=M,
+                variant=name,
+                us=t_all * 1e6,
+                gu_us=t_gu * 1e6,
+                dn_us=t_dn * 1e6,
+                frac=prep.bytes_moved / t_all / bw,
+                mb=prep.bytes_moved / 1e6,
+                gu=gu,
+                dn=dn,
+            )
+            res["times"].append(r)
+            print(
+                f"{mname:14s} M={M} {name:20s} all {r['us']:7.1f} us ({100 * r['frac']:4.1f}%)  gu {r['gu_us']:7.1f}"
+                f"  dn {r['dn_us']:7.1f} ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
+        del w
+        torch.cuda.empty_cache()
+
+    def dump():
+        n_bad = sum(not c["ok"] for c in res["checks"])
+        lines = [
+            f"copy {bw / 1e12:.3f} TB/s; checks {len(res['checks'])}, failures {n_bad}",
+            "| model | M | variant | all us | % copy | gu us | dn us |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in res["times"]:
+            lines.append(
+                f"| {r['model']} | {r['M']} | {r['variant']} | {r['us']:.1f} | {100 * r['frac']:.1f} | "
+                f"{r['gu_us']:.1f} | {r['dn_us']:.1f} |"
+            )
+        with open(os.path.join(out_dir, "mma.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(out_dir, "mma.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        return n_bad, lines
+
+    check("deepseek-v3", MODELS["deepseek-v3"], (1,), lambda M, k: {(0, 0), (0, k - 1)})
+    dump()
+    check("partial", dict(E=9, H=2880, I=704, k=4), (3,), lambda M, k: {(m, j) for m in range(M) for j in range(k)}, 2)
+    dump()
+    timing("deepseek-v3", 1, list(MMA_SWEEP))
+    dump()
+    best_gu = min((r for r in res["times"] if r["variant"] in gus), key=lambda r: r["gu_us"])
+    best_dn = min((r for r in res["times"] if r["variant"] in dns), key=lambda r: r["dn_us"])
+    best = ("best-mma", (best_gu["gu"], best_dn["dn"]))
+    print(f"best gate/up {best_gu['variant']}, best down {best_dn['variant']}", flush=True)
+    res["best"] = dict(gu=best_gu["variant"], dn=best_dn["variant"], gu_cfg=best_gu["gu"], dn_cfg=best_dn["dn"])
+    for M in (1, 2, 4, 8):
+        timing("deepseek-v3", M, ["new", best] if M > 1 else [best])
+        dump()
+    for mname in ("qwen3-30b-a3b", "gpt-oss-120b"):
+        for M in (1, 8):
+            timing(mname, M, ["new", best])
+        dump()
+    n_bad, lines = dump()
+    print("\n".join(lines))
+    return 1 if n_bad else 0
+
+
+#: Round 5 candidates (``--tune``): CUDA-core ("cc") and tensor-core ("mma") configurations; k = K-parts (SK),
+#: late = ``griddepcontrol.launch_dependents`` after the K loop.
+TUNE_GU = {
+    "cc-BN8w2": {"MMA": False, "BN": 8, "num_warps": 2},
+    "mma-BN16w2r2s4": _gu(16, 2, 2, 4),
+    "mma-BN16w2r2s4-late": {**_gu(16, 2, 2, 4), "LATE": True},
+    "mma-BN16w4r2s4k2": {**_gu(16, 4, 2, 4), "SK": 2},
+    "mma-BN16w8r2s4k4": {**_gu(16, 8, 2, 4), "SK": 4},
+    "mma-BN8w4r2s4k4": {**_gu(8, 4, 2, 4), "SK": 4},
+    "mma-BN16w4r2s4k2-late": {**_gu(16, 4, 2, 4), "SK": 2, "LATE": True},
+}
+TUNE_DN = {
+    "cc-BH16w4": {"MMA": False, "BH": 16, "num_warps": 4, "PREFETCH": True},
+    "mma-BH16w1r2s4": _dn(16, 1, 2, 4),
+    "mma-BH16w2r2s4k2": {**_dn(16, 2, 2, 4), "SK": 2},
+    "mma-BH16w4r2s2k4": {**_dn(16, 4, 2, 2), "SK": 4},
+    "mma-BH32w4r2s4k2": {**_dn(32, 4, 2, 4), "SK": 2},
+    "mma-BH16w1r2s4-late": {**_dn(16, 1, 2, 4), "LATE": True},
+}
+
+
+def tune(out_dir: str, write_tuned: str | None) -> int:
+    """Round 5 (one device call, before the GPU tests and the runner): checks, timings, choice of the defaults.
+
+    Checks at DeepSeek-V3 M = 1: within each path, every variant with the same K-split gives the same bits
+    (gate/up act, down_acc); every tensor-core variant's taps within ``FP32_TRUNCATE`` of the golden model
+    (two pairs). Timings: gate/up alone and down alone per candidate; then gate/up + down with the fastest
+    down for every gate/up candidate. Choice: the down with the least down time, the gate/up with the least
+    gate/up + down time (DeepSeek-V3 M = 1, the issue's goal); written to ``write_tuned``
+    (``flint_moe/kernels/nvfp4_tuned.py``) with the best configuration of each path, and to DIR/tuned.py."""
+    from flint_moe.kernels.nvfp4_down import nvfp4_down
+    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.reference.exact import FP32_TRUNCATE, block_model
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
+    from _nvfp4_check import check_taps, make_inputs, same
+
+    t0 = time.time()
+    bw = copy_bw()
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    res = {"copy_bw": bw, "checks": [], "times": []}
+
+    def note(name, ok, extra=""):
+        res["checks"].append(dict(check=name, ok=bool(ok)))
+        print(f"check {name}: {'ok' if ok else 'FAIL'} {extra}({time.time() - t0:.0f} s)", flush=True)
+
+    cfg = MODELS["deepseek-v3"]
+    w = random_weights(cfg["E"], cfg["H"], cfg["I"], seed=3)
+    x, ids, tw, sh = make_inputs(1, cfg["H"], cfg["E"], cfg["k"], seed=11, device="cuda")
+    refs = {}
+    for v, gu in TUNE_GU.items():
+        key = (gu["MMA"], gu.get("SK", 1))
+        act = nvfp4_gate_up(x, ids, w, config=gu)
+        if key in refs:
+            note(f"gate/up {v} == first of its path", same(act, refs[key]))
+        else:
+            refs[key] = act
+            if gu["MMA"]:
+                taps = {}
+                out = nvfp4_down(nvfp4_gate_up(x, ids, w, config=gu, taps=taps), ids, tw, w, sh, taps=taps)
+                try:
+                    check_taps(w, x, ids, tw, sh, taps, out, acc_pairs={(0, 0), (0, 7)}, gu_model=FP32_TRUNCATE)
+                    note(f"gate/up {v} golden", True)
+                except AssertionError as exc:
+                    note(f"gate/up {v} golden", False, f"{exc} ")
+    act = refs[(False, 1)]
+    drefs = {}
+    for v, dn in TUNE_DN.items():
+        key = (dn["MMA"], dn.get("SK", 1))
+        taps = {}
+        out = nvfp4_down(act, ids, tw, w, sh, config=dn, taps=taps)
+        if key in drefs:
+            note(f"down {v} == first of its path", same(taps["down_acc"], drefs[key]))
+        else:
+            drefs[key] = taps["down_acc"]
+            taps["act"] = act.view(1, cfg["k"], -1)
+            gtaps = {}
+            nvfp4_gate_up(x, ids, w, config=TUNE_GU["cc-BN8w2"], taps=gtaps)
+            taps.update(gate_acc=gtaps["gate_acc"], up_acc=gtaps["up_acc"])
+            try:
+                check_taps(
+                    w, x, ids, tw, sh, taps, out, acc_pairs={(0, 0), (0, 7)}, gu_model=block_model(16),
+                    dn_model=FP32_TRUNCATE if dn["MMA"] else block_model(16),
+                )  # fmt: skip
+                note(f"down {v} golden", True)
+            except AssertionError as exc:
+                note(f"down {v} golden", False, f"{exc} ")
+    del w
+    torch.cuda.empty_cache()
+
+    w = None
+    sets = None
+
+    def timing(name, gu, dn, parts):
+        nonlocal w, sets
+        prep, w, sets = _prepare(model="deepseek-v3", M=1, gu=gu, dn=dn, weights=w)
+        r = dict(variant=name, gu=gu, dn=dn)
+        if "all" in parts:
+            t = time_graph(prep.fn, prep.rotations)
+            r.update(us=t * 1e6, frac=prep.bytes_moved / t / bw)
+        if "gu" in parts:
+            r["gu_us"] = 1e6 * time_graph(
+                lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS
+            )
+        if "dn" in parts:
+            acts = [nvfp4_gate_up(xx, ii, w) for (xx, ii, _, _) in sets]
+            r["dn_us"] = 1e6 * time_graph(
+                lambda i: nvfp4_down(
+                    acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w, sets[i % CALLS][3], config=dn
+                ),
+                CALLS,
+            )
+        res["times"].append(r)
+        print(
+            f"deepseek-v3 M=1 {name:40s} "
+            + "  ".join(f"{k} {r[k]:.1f}" for k in ("us", "gu_us", "dn_us") if k in r)
+            + f" ({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+        return r
+
+    res["gu_alone"] = {v: timing("gu " + v, gu, None, ("gu",))["gu_us"] for v, gu in TUNE_GU.items()}
+    dn_t = {v: timing("dn " + v, None, dn, ("dn",))["dn_us"] for v, dn in TUNE_DN.items()}
+    best_dn = min(dn_t, key=dn_t.get)
+    all_t = {v: timing(f"all {v} + {best_dn}", gu, TUNE_DN[best_dn], ("all",))["us"] for v, gu in TUNE_GU.items()}
+    best_gu = min(all_t, key=all_t.get)
+    best_cc_gu = min((v for v in TUNE_GU if v.startswith("cc")), key=lambda v: all_t[v])
+    best_mma_gu = min((v for v in TUNE_GU if v.startswith("mma")), key=lambda v: all_t[v])
+    best_cc_dn = min((v for v in TUNE_DN if v.startswith("cc")), key=dn_t.get)
+    best_mma_dn = min((v for v in TUNE_DN if v.startswith("mma")), key=dn_t.get)
+    n_bad = sum(not c["ok"] for c in res["checks"])
+    res["choice"] = dict(gate_up=best_gu, down=best_dn)
+    print(f"choice: gate/up {best_gu}, down {best_dn}; checks {len(res['checks'])}, failures {n_bad}", flush=True)
+    text = (
+        '"""Launch configurations of the NVFP4 decode kernels chosen on the H200 (issue 4).\n\n'
+        "Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md, round\n"
+        "5): ``GATE_UP`` / ``DOWN`` are the gate/up with the least gate/up + down time and the down with the least\n"
+        "down time at DeepSeek-V3 M=1 among the CUDA-core and tensor-core (``MMA``) candidates, each checked\n"
+        "against the golden model first; ``*_CUDA_CORE`` / ``*_MMA`` the best of each path (tests run both).\n"
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: gate/up + down {all_t[best_gu]:.1f} us, down\n"
+        f"alone {dn_t[best_dn]:.1f} us (copy {bw / 1e12:.3f} TB/s).\n"
+        '"""\n\n'
+        f"GATE_UP = {TUNE_GU[best_gu]!r}\n"
+        f"DOWN = {TUNE_DN[best_dn]!r}\n"
+        f"GATE_UP_CUDA_CORE = {TUNE_GU[best_cc_gu]!r}\n"
+        f"GATE_UP_MMA = {TUNE_GU[best_mma_gu]!r}\n"
+        f"DOWN_CUDA_CORE = {TUNE_DN[best_cc_dn]!r}\n"
+        f"DOWN_MMA = {TUNE_DN[best_mma_dn]!r}\n"
+    )
+    with open(os.path.join(out_dir, "tuned.py"), "w") as f:
+        f.write(text)
+    if write_tuned and n_bad == 0:
+        with open(write_tuned, "w") as f:
+            f.write(text)
+    lines = [
+        f"copy {bw / 1e12:.3f} TB/s; checks {len(res['checks'])}, failures {n_bad}; choice {res['choice']}",
+        "| variant | all us | gu us | dn us |",
+        "|---|---|---|---|",
+    ]
+    for r in res["times"]:
+        lines.append(
+            f"| {r['variant']} | "
+            + " | ".join(f"{r[k]:.1f}" if k in r else "" for k in ("us", "gu_us", "dn_us"))
+            + " |"
+        )
+    with open(os.path.join(out_dir, "tune.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(out_dir, "tune.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print("\n".join(lines))
+    return 1 if n_bad else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/bench-nvfp4"))
@@ -332,8 +710,15 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="default")
     ap.add_argument("--sweep", action="store_true", help="tuning sweep (bit checks + split timings)")
     ap.add_argument("--words", action="store_true", help="round 3 sweep: int32-word code tiles (WORDS)")
+    ap.add_argument("--mma", action="store_true", help="round 4 sweep: tensor-core path (MMA)")
+    ap.add_argument("--tune", action="store_true", help="round 5: checks, timings and the choice of the defaults")
+    ap.add_argument("--write-tuned", default=None, help="with --tune: path of nvfp4_tuned.py to (over)write")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.tune:
+        return tune(args.out, args.write_tuned)
+    if args.mma:
+        return sweep_mma(args.out)
     if args.words:
         return sweep_words(args.out)
     if args.sweep:

@@ -55,6 +55,14 @@ __all__ = [
     "e4m3_to_f32",
     "load_words",
     "load_bytes",
+    "mma_ptx",
+    "mma_rows",
+    "mma_row_sums",
+    "MMA_SHAPES",
+    "opaque_zero",
+    "mma_tile_rows",
+    "mma_gemv",
+    "mma_sum_parts",
 ]
 
 _INTERPRET = tl.constexpr(INTERPRET)
@@ -289,13 +297,7 @@ def swizzled_scale_offsets(rows, cols, KP: tl.constexpr):
     ``(r // 128) * (KP / 4) * 512 + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4``
     (docs/layouts.md); ``rows`` [R, 1] or [R], ``cols`` broadcastable; KP = roundup(K / 16, 4).
     """
-    return (
-        (rows // 128) * (KP // 4 * 512)
-        + (cols // 4) * 512
-        + (rows % 32) * 16
-        + ((rows % 128) // 32) * 4
-        + cols % 4
-    )
+    return (rows // 128) * (KP // 4 * 512) + (cols // 4) * 512 + (rows % 32) * 16 + ((rows % 128) // 32) * 4 + cols % 4
 
 
 @triton.jit
@@ -339,12 +341,324 @@ def load_bytes(ptrs, mask, ASM: tl.constexpr):
     ``load_words``). Otherwise ``tl.load``.
     """
     if ASM and not _INTERPRET:
-        v = tl.inline_asm_elementwise(
-            "ld.global.nc.u8 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=True, pack=1
-        )
+        v = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=True, pack=1)
         return tl.where(mask, v, 0)
     else:
         return tl.load(ptrs, mask=mask, other=0).to(tl.int32)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tensor-core path (``MMA`` option of both decode kernels)
+# ----------------------------------------------------------------------------------------------------------
+#: (RT, S) pairs with a generated PTX body: RT rows per thread (2 or 4), S sub-steps of 64 bytes per call.
+MMA_SHAPES = ((2, 1), (2, 2), (2, 4), (4, 1), (4, 2))
+
+
+def mma_ptx(RT: int, S: int, PRED: bool) -> str:
+    """PTX body of one ``mma_rows`` call (see ``mma_rows``): RT rows of this thread, S sub-steps.
+
+    Operands: ``$0..$RT-1`` accumulators out (f32); inputs: RT code pointers (u8, 16-byte aligned), RT scale
+    pointers (u8, 2-byte aligned: the two E4M3 bytes of the chunk's blocks are adjacent in the 128x4 swizzle),
+    RT activation pointers (int32 words; only the first is used), RT accumulators in, and with ``PRED`` RT
+    validity flags (only the first is used: 1 = the whole chunk, 2 = its first block only, 0 = nothing; what is
+    not valid is not loaded and adds exact zeros).
+    Per sub-step s (code bytes +64 s, scales +1024 s, activation words +64 s): 16 code bytes of each row
+    (4 words = 32 E2M1 codes = 2 blocks), 16 activation words (32 bf16), 2 scale bytes per row.
+    Decode of word w (nibbles n0..n7 at bits 4i, element i of the word): pair i = (n_i, n_{i+4}) is placed as
+    a bf16x2 ``E2M1 * 2^-126`` (shift, and, and, ``mad.lo`` carries the sign to bit 15; the code 0.5 is a bf16
+    subnormal), then ``mul.rn.bf16x2`` by the block multiplier ``Q = E4M3 * 2^118`` (built exactly from the
+    scale byte: fields placed as ``E4M3 * 2^-120`` then two ``mul.rn.bf16x2`` by 2^119) gives the dequantised
+    weight ``E2M1 * E4M3 * 2^-8`` exactly (at most 6 significant bits, magnitude in [2^-18, 10.5]).
+    The activation words are re-paired with ``prmt`` as (x_i, x_{i+4}) to match. Two ``mma.sync.m16n8k16``
+    (bf16 in, fp32 accumulate) per word and row pair: A = the pairs of the thread's two rows (MMA rows
+    groupID and groupID + 8), B = the activation pairs (all 8 columns equal), C = D = the running sum.
+    """
+    assert RT % 2 == 0 and S >= 1
+    cp = [f"${RT + j}" for j in range(RT)]
+    sp = [f"${2 * RT + j}" for j in range(RT)]
+    xp = f"${3 * RT}"
+    ai = [f"${4 * RT + j}" for j in range(RT)]
+    flag = f"${5 * RT}"
+    pre = "@pv " if PRED else ""
+    L = ["{"]
+    L.append(f".reg .b32 cw<{RT * S * 4}>, su<{RT * S}>, xw<16>, xq<16>, pp<32>, q0, q1, t, v, m, s, a, k119;")
+    L.append(f".reg .f32 d<{2 * RT}>;")
+    if PRED:  # flag 0: nothing, 1: the whole chunk, 2: its first 8 bytes (one block) only
+        L.append(".reg .pred pv, ph;")
+        L.append(f"setp.ne.b32 pv, {flag}, 0;")
+        L.append(f"setp.eq.b32 ph, {flag}, 1;")
+    L.append("mov.b32 k119, 0x7B007B00;")
+    for j in range(RT):  # D columns 2 tig and 2 tig + 1 of the thread's row j (equal: all B columns are x)
+        L.append(f"mov.f32 d{2 * j}, {ai[j]};")
+        L.append(f"mov.f32 d{2 * j + 1}, {ai[j]};")
+    for s in range(S):
+        for j in range(RT):
+            b = (j * S + s) * 4
+            regs = f"cw{b}, cw{b + 1}, cw{b + 2}, cw{b + 3}"
+            if PRED:
+                L.append(f"mov.b32 cw{b}, 0; mov.b32 cw{b + 1}, 0; mov.b32 cw{b + 2}, 0; mov.b32 cw{b + 3}, 0;")
+            L.append(f"{pre}ld.global.nc.L1::no_allocate.v4.b32 {{{regs}}}, [{cp[j]}+{64 * s}];")
+            if PRED:
+                L.append(f"@!ph mov.b32 cw{b + 2}, 0; @!ph mov.b32 cw{b + 3}, 0;")
+    for s in range(S):
+        for j in range(RT):
+            if PRED:
+                L.append(f"mov.b32 su{j * S + s}, 0;")
+            L.append(f"{pre}ld.global.nc.u16 su{j * S + s}, [{sp[j]}+{1024 * s}];")
+            if PRED:
+                L.append(f"@!ph and.b32 su{j * S + s}, su{j * S + s}, 255;")
+    for s in range(S):
+        for h in range(4):
+            regs = f"xw{4 * h}, xw{4 * h + 1}, xw{4 * h + 2}, xw{4 * h + 3}"
+            if PRED:
+                L.append(
+                    f"mov.b32 xw{4 * h}, 0; mov.b32 xw{4 * h + 1}, 0; mov.b32 xw{4 * h + 2}, 0; "
+                    f"mov.b32 xw{4 * h + 3}, 0;"
+                )
+            xpre = pre if h < 2 or not PRED else "@ph "
+            L.append(f"{xpre}ld.global.nc.v4.b32 {{{regs}}}, [{xp}+{256 * s + 16 * h}];")
+        for w in range(4):
+            x0, x1, x2, x3 = (f"xw{4 * w + i}" for i in range(4))
+            L.append(f"prmt.b32 xq{4 * w}, {x0}, {x2}, 0x5410;")
+            L.append(f"prmt.b32 xq{4 * w + 1}, {x0}, {x2}, 0x7632;")
+            L.append(f"prmt.b32 xq{4 * w + 2}, {x1}, {x3}, 0x5410;")
+            L.append(f"prmt.b32 xq{4 * w + 3}, {x1}, {x3}, 0x7632;")
+        for g in range(RT // 2):
+            for rr in range(2):
+                r = 2 * g + rr
+                u = f"su{r * S + s}"
+                L.append(f"prmt.b32 v, {u}, 0, 0x4140;")
+                L.append("and.b32 m, v, 0x007F007F;")
+                L.append("and.b32 s, v, 0x00800080;")
+                L.append("shl.b32 m, m, 4;")
+                L.append("mad.lo.u32 t, s, 256, m;")
+                L.append("mul.rn.bf16x2 t, t, k119;")
+                L.append("mul.rn.bf16x2 t, t, k119;")
+                L.append("prmt.b32 q0, t, t, 0x1010;")
+                L.append("prmt.b32 q1, t, t, 0x3232;")
+                for w in range(4):
+                    cw = f"cw{(r * S + s) * 4 + w}"
+                    qq = "q0" if w < 2 else "q1"
+                    for i, op in enumerate(
+                        ("shl.b32 a, {}, 6;", "shl.b32 a, {}, 2;", "shr.b32 a, {}, 2;", "shr.b32 a, {}, 6;")
+                    ):
+                        dst = f"pp{rr * 16 + w * 4 + i}"
+                        L.append(op.format(cw))
+                        L.append("and.b32 v, a, 0x03C003C0;")
+                        L.append("and.b32 s, a, 0x02000200;")
+                        L.append(f"mad.lo.u32 {dst}, s, 63, v;")
+                        L.append(f"mul.rn.bf16x2 {dst}, {dst}, {qq};")
+            dd = f"d{4 * g}, d{4 * g + 1}, d{4 * g + 2}, d{4 * g + 3}"
+            for w in range(4):
+                for half in range(2):
+                    i0, i1 = 2 * half, 2 * half + 1
+                    a = (f"pp{w * 4 + i0}", f"pp{16 + w * 4 + i0}", f"pp{w * 4 + i1}", f"pp{16 + w * 4 + i1}")
+                    L.append(
+                        f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{dd}}}, "
+                        f"{{{a[0]}, {a[1]}, {a[2]}, {a[3]}}}, {{xq{4 * w + i0}, xq{4 * w + i1}}}, {{{dd}}};"
+                    )
+    for j in range(RT):
+        L.append(f"mov.f32 ${j}, d{2 * j};")
+    L.append("}")
+    return "\n".join(L)
+
+
+_MMA_2_1 = tl.constexpr(mma_ptx(2, 1, False))
+_MMA_2_2 = tl.constexpr(mma_ptx(2, 2, False))
+_MMA_2_4 = tl.constexpr(mma_ptx(2, 4, False))
+_MMA_4_1 = tl.constexpr(mma_ptx(4, 1, False))
+_MMA_4_2 = tl.constexpr(mma_ptx(4, 2, False))
+_MMA_2_P = tl.constexpr(mma_ptx(2, 1, True))
+_MMA_4_P = tl.constexpr(mma_ptx(4, 1, True))
+
+
+@triton.jit
+def _mma_shim(cptr, sptr, xptr, acc, flag, S: tl.constexpr):
+    """INTERPRETER path of ``mma_rows``: the same loads through ``tl.load``; per (row, chunk) the exact
+    dequantised products ``E2M1 * E4M3 * 2^-8 * x`` summed in fp32 (round to nearest, numpy order) into that
+    chunk's column of ``acc`` (the GPU path puts the whole row sum in every column; ``mma_row_sums`` adds the
+    columns here and takes column 0 there)."""
+    for s in tl.static_range(S):
+        b16 = tl.arange(0, 16)
+        ok = (flag[:, :, None] == 1) | ((flag[:, :, None] == 2) & (b16[None, None, :] < 8))  # [R, 4, 16] bytes
+        codes = tl.load(cptr[:, :, None] + (64 * s + b16)[None, None, :], mask=ok, other=0)
+        lo, hi = decode_e2m1(codes, 0)
+        xw = tl.load(xptr[:, :, None] + (64 * s + b16)[None, None, :], mask=ok, other=0)
+        xe = (xw << 16).to(tl.float32, bitcast=True)
+        xo = (xw & -65536).to(tl.float32, bitcast=True)
+        b2 = tl.arange(0, 2)
+        s_ok = (flag[:, :, None] == 1) | ((flag[:, :, None] == 2) & (b2[None, None, :] < 1))
+        sb = tl.load(sptr[:, :, None] + (1024 * s + b2)[None, None, :], mask=s_ok, other=0)
+        sc = e4m3_to_f32(sb.to(tl.int32)) * 0.00390625  # 2^-8, exact
+        # byte b of the chunk belongs to block b // 8
+        sc16 = tl.reshape(tl.broadcast_to(sc[:, :, :, None], [sc.shape[0], sc.shape[1], 2, 8]), lo.shape)
+        prod = lo * sc16 * xe + hi * sc16 * xo
+        acc = acc + tl.sum(prod, axis=2)
+    return acc
+
+
+_CONS_2 = tl.constexpr(",".join(["=f"] * 2 + ["l"] * 6 + ["f"] * 2))
+_CONS_4 = tl.constexpr(",".join(["=f"] * 4 + ["l"] * 12 + ["f"] * 4))
+_CONS_2P = tl.constexpr(",".join(["=f"] * 2 + ["l"] * 6 + ["f"] * 2 + ["r"] * 2))
+_CONS_4P = tl.constexpr(",".join(["=f"] * 4 + ["l"] * 12 + ["f"] * 4 + ["r"] * 4))
+
+
+@triton.jit
+def _asm4(asm: tl.constexpr, cons: tl.constexpr, cptr, sptr, xptr, acc, RT: tl.constexpr):
+    return tl.inline_asm_elementwise(
+        asm,
+        cons,
+        [cptr.to(tl.int64), sptr.to(tl.int64), xptr.to(tl.int64), acc],
+        dtype=tl.float32,
+        is_pure=False,
+        pack=RT,
+    )
+
+
+@triton.jit
+def mma_rows(cptr, sptr, xptr, acc, RT: tl.constexpr, S: tl.constexpr):
+    """One call of the tensor-core GEMV step for a [R, 4] tile of (row, chunk) pointers (module section
+    "Tensor-core path"; PTX in ``mma_ptx``): returns ``acc`` plus ``S`` sub-steps of 64 code bytes per row.
+
+    ``cptr`` uint8 pointers to the 16-byte chunk ``c`` (column) of each row, ``sptr`` uint8 pointers to the
+    chunk's two E4M3 scale bytes, ``xptr`` int32 pointers to the chunk's 16 activation words, ``acc`` fp32
+    [R, 4]. GPU: requires the default blocked layout of a [R, 4] tensor (threads [8, 4] per warp, warps along
+    the rows, RT = R / (8 * num_warps) rows per thread; checked on the TTGIR by tests/kernels), where every
+    column then holds the row's running sum.
+    """
+    if _INTERPRET:
+        return _mma_shim(cptr, sptr, xptr, acc, tl.full(acc.shape, 1, tl.int32), S)
+    elif RT == 2 and S == 1:
+        return _asm4(_MMA_2_1, _CONS_2, cptr, sptr, xptr, acc, 2)
+    elif RT == 2 and S == 2:
+        return _asm4(_MMA_2_2, _CONS_2, cptr, sptr, xptr, acc, 2)
+    elif RT == 2 and S == 4:
+        return _asm4(_MMA_2_4, _CONS_2, cptr, sptr, xptr, acc, 2)
+    elif RT == 4 and S == 1:
+        return _asm4(_MMA_4_1, _CONS_4, cptr, sptr, xptr, acc, 4)
+    else:
+        tl.static_assert(RT == 4 and S == 2, "mma_rows: (RT, S) must be one of MMA_SHAPES")
+        return _asm4(_MMA_4_2, _CONS_4, cptr, sptr, xptr, acc, 4)
+
+
+@triton.jit
+def mma_rows_tail(cptr, sptr, xptr, acc, flag, RT: tl.constexpr):
+    """``mma_rows`` with S = 1 for a partial last step: ``flag`` (int32 [R, 4]) 1 = the whole chunk, 2 = its
+    first 8 bytes (one block) only, 0 = nothing; the missing part loads nothing (codes, activations, scales)
+    and adds exact zeros."""
+    if _INTERPRET:
+        return _mma_shim(cptr, sptr, xptr, acc, flag, 1)
+    elif RT == 2:
+        return tl.inline_asm_elementwise(
+            _MMA_2_P,
+            _CONS_2P,
+            [cptr.to(tl.int64), sptr.to(tl.int64), xptr.to(tl.int64), acc, flag],
+            dtype=tl.float32,
+            is_pure=False,
+            pack=2,
+        )
+    else:
+        return tl.inline_asm_elementwise(
+            _MMA_4_P,
+            _CONS_4P,
+            [cptr.to(tl.int64), sptr.to(tl.int64), xptr.to(tl.int64), acc, flag],
+            dtype=tl.float32,
+            is_pure=False,
+            pack=4,
+        )
+
+
+@triton.jit
+def opaque_zero(v):
+    """int32 0 that the compiler cannot fold (``mov.b32 $0, 0`` on the GPU): a loop starting at it has a run-time
+    trip count, which keeps LLVM from unrolling a long constant-trip loop completely (code size). ``v``: any
+    int32 scalar (a data dependency only)."""
+    if _INTERPRET:
+        return 0
+    else:
+        return tl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [v], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def mma_row_sums(acc):
+    """[R] row sums of an ``mma_rows`` accumulator [R, 4], times 2^8 (undoes the weights' 2^-8; exact): GPU
+    column 0 (every column holds the row sum), interpreter the sum of the 4 chunk columns."""
+    if _INTERPRET:
+        tot = tl.sum(acc, axis=1)
+    else:
+        col = tl.arange(0, 4)[None, :]
+        tot = tl.sum(tl.where(col == 0, acc, 0.0), axis=1)
+    return tot * 256.0
+
+
+@triton.jit
+def mma_tile_rows(R: tl.constexpr, NW: tl.constexpr, SK: tl.constexpr):
+    """(i, h) int32 [R] of the tile rows of an ``mma_gemv`` tile with ``NW`` warps and ``SK`` K-parts: tile row
+    r (warp w = (r // 8) % NW, lane group g = r % 8, repetition j = r // (8 NW)) computes K-part
+    ``h = w // (NW / SK)`` of local row ``i = 8 (NW / SK) j + 8 (w % (NW / SK)) + g`` (R / SK local rows; all
+    rows of one warp work on the same K-part, as the MMA needs)."""
+    WR: tl.constexpr = NW // SK
+    r = tl.arange(0, R)
+    w = (r // 8) % NW
+    h = w // WR
+    i = 8 * WR * (r // (8 * NW)) + 8 * (w % WR) + r % 8
+    return i, h
+
+
+@triton.jit
+def mma_gemv(
+    c_base,
+    row_off,
+    s_base,
+    srow,
+    x_base,
+    h,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    R: tl.constexpr,
+    RT: tl.constexpr,
+    S: tl.constexpr,
+    SK: tl.constexpr,
+    SEED,
+):
+    """Tensor-core row sums of one tile (module section "Tensor-core path"): fp32 [R], times 2^8 (exact).
+
+    ``c_base`` uint8 pointer to the expert's codes, ``row_off`` int64 [R] byte offset of each tile row's
+    physical row, ``s_base`` uint8 pointer to the expert's swizzled scales, ``srow`` int32 [R] physical row
+    (for the swizzle), ``x_base`` int32 pointer to the activation row (bf16 pairs), ``h`` int32 [R] K-part of
+    each tile row (``mma_tile_rows``), K code bytes per row. Part h covers bytes [h K/SK, (h + 1) K/SK)
+    (K a multiple of 8, and of 64 SK when SK > 1; with SK = 1 a partial last 64-byte step is masked per chunk
+    and per block: flag 1 = whole chunk, 2 = its first block only, 0 = none).
+    ``SEED``: any int32 scalar (keeps the K loop's trip count opaque to LLVM, see ``opaque_zero``).
+    """
+    KS: tl.constexpr = K // SK
+    STEP: tl.constexpr = 64 * S
+    FULLM: tl.constexpr = KS // STEP * STEP
+    tig = tl.arange(0, 4)
+    k_part = h * KS  # [R] first byte of each tile row's part
+    cptr = c_base + (row_off + k_part)[:, None] + (16 * tig)[None, :]
+    sptr = s_base + swizzled_scale_offsets(srow[:, None], (2 * tig)[None, :] + (k_part // 8)[:, None], KP)
+    xptr = x_base + k_part[:, None] + (16 * tig)[None, :]
+    acc = tl.zeros([R, 4], dtype=tl.float32)
+    for k0 in tl.range(opaque_zero(SEED), FULLM, STEP):
+        acc = mma_rows(cptr + k0, sptr + (k0 // 64) * 1024, xptr + k0, acc, RT, S)
+    for k0 in tl.range(FULLM, KS, 64):
+        left = KS - k0 - 16 * tig[None, :] + 0 * srow[:, None]  # valid bytes from this chunk on (multiple of 8)
+        flag = tl.where(left >= 16, 1, tl.where(left > 0, 2, 0))
+        acc = mma_rows_tail(cptr + k0, sptr + (k0 // 64) * 1024, xptr + k0, acc, flag, RT)
+    return mma_row_sums(acc)
+
+
+@triton.jit
+def mma_sum_parts(tot, R: tl.constexpr, NW: tl.constexpr, SK: tl.constexpr):
+    """[R / SK] sums over the K-parts of ``mma_gemv`` tile-row sums ``tot`` [R], indexed by local row i
+    (``mma_tile_rows``); ``tl.sum`` over the SK parts (a fixed tree; SK = 1 returns ``tot``)."""
+    if SK == 1:
+        return tot
+    else:
+        WR: tl.constexpr = NW // SK
+        t3 = tl.reshape(tot, [R // (8 * NW), SK, 8 * WR])
+        return tl.reshape(tl.sum(t3, axis=1), [R // SK])
 
 
 @triton.jit
@@ -367,4 +681,3 @@ def decode_probe(codes, decode: int):
     n = codes.numel()
     _decode_probe_kernel[(triton.cdiv(n, 256),)](codes, lo, hi, n, BLOCK=256, DECODE=decode, num_warps=1)
     return lo, hi
-

@@ -36,17 +36,27 @@ from flint_moe.kernels._nvfp4_gemv import (
     load_bytes,
     load_codes,
     load_words,
+    mma_gemv,
+    mma_sum_parts,
+    mma_tile_rows,
     swizzled_scale_offsets,
 )
+from flint_moe.kernels.nvfp4_tuned import DOWN as _TUNED_DOWN
 
-__all__ = ["DOWN_CONFIG", "nvfp4_down", "audit_specs"]
+__all__ = ["DOWN_CONFIG", "nvfp4_down", "accumulation_model", "audit_specs"]
 
 #: Launch configuration: ``BH`` hidden rows per program, ``BKB`` code bytes of a row per K step (a power of
 #: two >= 32; fixes the summation order, see the kernel docstring), ``num_warps``, ``PREFETCH`` (register
 #: double buffer of codes + scales), ``SPLIT`` (one program per (pair, row block)), ``COMBINE`` (1: the last
 #: arriving program combines; 0: a separate combine launch), ``WORDS`` (split kernel only: codes loaded and
 #: carried as int32 words, decoded 8 codes per asm; same values). Only ``BKB`` changes bits.
-DOWN_CONFIG = {"BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1, "WORDS": False}
+#: ``MMA``, ``RT``, ``S``, ``SK``, ``LATE``: the tensor-core path as in ``GATE_UP_CONFIG`` (BH * SK = 8 *
+#: num_warps * RT). The tuned values (``nvfp4_tuned.DOWN``) override the base values below.
+DOWN_CONFIG = {
+    "BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1, "WORDS": False,
+    "MMA": False, "RT": 2, "S": 2, "SK": 1, "LATE": False,
+}  # fmt: skip
+DOWN_CONFIG.update(_TUNED_DOWN)
 
 
 @triton.jit
@@ -208,6 +218,12 @@ def _nvfp4_down_split_kernel(
     DECODE: tl.constexpr,
     PREFETCH: tl.constexpr,
     WORDS: tl.constexpr,
+    MMA: tl.constexpr,
+    RT: tl.constexpr,
+    S: tl.constexpr,
+    SK: tl.constexpr,
+    NW: tl.constexpr,
+    LATE: tl.constexpr,
     COMBINE: tl.constexpr,
     TAP: tl.constexpr,
 ):
@@ -221,9 +237,18 @@ def _nvfp4_down_split_kernel(
     program does it (the last to arrive, found with an ``atom.acq_rel.gpu`` counter per (t, q) after a CTA
     barrier) changes no bit. The counter is reset to 0 by that program. ``COMBINE == 0``: y only; the
     launcher runs ``_nvfp4_combine_kernel`` next.
+
+    ``MMA`` (tensor cores, ``_nvfp4_gemv.mma_rows``): y_acc without block regrouping, as the gate/up kernel's
+    ``MMA`` path: weights dequantised exactly to bf16 ``E2M1 * E4M3 * 2^-8``, products with act accumulated by
+    chained ``mma.sync.m16n8k16`` (fp32, from +0; per 64-byte K step 8 MMAs per 16-byte chunk, the hardware's
+    order and truncating alignment inside each), K steps in increasing order, ``y_acc = acc * 2^8`` (exact).
+    ``SK`` > 1: K split into SK parts (different warps), part sums added by ``tl.sum``. Bound: ``FP32_TRUNCATE``
+    (u = 2^-23, d = INTER). The combine is unchanged. ``LATE``: ``griddepcontrol.launch_dependents`` after the
+    K loop instead of at the start (scheduling only).
     """
     gdc_wait()
-    gdc_launch_dependents()
+    if not LATE:
+        gdc_launch_dependents()
     IB: tl.constexpr = INTER // 2  # valid code bytes (and act bf16 pairs) per row
     IPB: tl.constexpr = IP // 2  # stored code bytes per row
     KP: tl.constexpr = (IP // 16 + 3) // 4 * 4
@@ -239,54 +264,64 @@ def _nvfp4_down_split_kernel(
     w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
     s_row = s_ptr + e * (MP * KP)
     a_row = act_ptr + p.to(tl.int64) * IB
-    NB: tl.constexpr = BKB // 8
-    FULL: tl.constexpr = IB // BKB * BKB  # bytes covered by full K steps
-    s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
-    acc = tl.full([BH, NB], 0.0, tl.float32)
-    ar = tl.arange(0, BKB)
-    if WORDS:  # codes as int32 words (IPB is a multiple of 32: every row starts 16-byte aligned)
-        w_off = tl.multiple_of(e * (H * IPB // 4) + hc.to(tl.int64) * (IPB // 4), 4)
-        w_row = w_ptr.to(tl.pointer_type(tl.int32)) + w_off
-    if PREFETCH and FULL > 0:
-        codes = load_codes(w_row, 0, h_ok, BKB, WORDS)
-        sb = load_bytes(s_row + s_off + 0, h_ok[:, None], ASM)
-        for k0 in tl.range(BKB, FULL, BKB):
-            codes_n = load_codes(w_row, k0, h_ok, BKB, WORDS)
-            sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
-            xw = load_words(a_row + (k0 - BKB) + ar, ar >= 0, ASM)
-            part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
-            acc = tl.fma(part, e4m3_to_f32(sb), acc)
-            codes = codes_n
-            sb = sb_n
-        xw = load_words(a_row + (FULL - BKB) + ar, ar >= 0, ASM)
-        part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
-        acc = tl.fma(part, e4m3_to_f32(sb), acc)
+    if MMA:  # tile of BH * SK rows: (local row i, K-part), NW warps, RT rows per thread
+        TR: tl.constexpr = BH * SK
+        i, kpart = mma_tile_rows(TR, NW, SK)
+        hi = q * BH + i
+        hci = tl.where(hi < H, hi, 0)  # rows past H read row 0 (stores are masked)
+        tt = mma_gemv(w_ptr + e * (H * IPB), hci.to(tl.int64) * IPB, s_row, hci, a_row, kpart, IB, KP, TR, RT, S, SK, p)
+        y_acc = mma_sum_parts(tt, TR, NW, SK)
     else:
-        for k0 in tl.range(0, FULL, BKB):
-            codes = load_codes(w_row, k0, h_ok, BKB, WORDS)
-            sb = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
-            xw = load_words(a_row + k0 + ar, ar >= 0, ASM)
+        NB: tl.constexpr = BKB // 8
+        FULL: tl.constexpr = IB // BKB * BKB  # bytes covered by full K steps
+        s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
+        acc = tl.full([BH, NB], 0.0, tl.float32)
+        ar = tl.arange(0, BKB)
+        if WORDS:  # codes as int32 words (IPB is a multiple of 32: every row starts 16-byte aligned)
+            w_off = tl.multiple_of(e * (H * IPB // 4) + hc.to(tl.int64) * (IPB // 4), 4)
+            w_row = w_ptr.to(tl.pointer_type(tl.int32)) + w_off
+        if PREFETCH and FULL > 0:
+            codes = load_codes(w_row, 0, h_ok, BKB, WORDS)
+            sb = load_bytes(s_row + s_off + 0, h_ok[:, None], ASM)
+            for k0 in tl.range(BKB, FULL, BKB):
+                codes_n = load_codes(w_row, k0, h_ok, BKB, WORDS)
+                sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
+                xw = load_words(a_row + (k0 - BKB) + ar, ar >= 0, ASM)
+                part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
+                acc = tl.fma(part, e4m3_to_f32(sb), acc)
+                codes = codes_n
+                sb = sb_n
+            xw = load_words(a_row + (FULL - BKB) + ar, ar >= 0, ASM)
             part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
             acc = tl.fma(part, e4m3_to_f32(sb), acc)
-    if FULL < IB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
-        kb = FULL + ar
-        cb = FULL // 8 + tl.arange(0, NB)
-        k_ok = kb < IB
-        c_ok = cb < IB // 8
-        if WORDS:
-            kw = FULL // 4 + tl.arange(0, BKB // 4)
-            codes = tl.load(w_row[:, None] + kw[None, :], mask=h_ok[:, None] & (kw < IB // 4)[None, :], other=0)
         else:
-            codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & k_ok[None, :], other=0)
-        xw = load_words(a_row + kb % IB, k_ok, ASM)
-        sb = load_bytes(
-            s_row + swizzled_scale_offsets(hc[:, None], (cb % (IB // 8))[None, :], KP),
-            h_ok[:, None] & c_ok[None, :],
-            ASM,
-        )
-        part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
-        acc = tl.fma(part, e4m3_to_f32(sb), acc)
-    y_acc = tl.sum(acc, axis=1)
+            for k0 in tl.range(0, FULL, BKB):
+                codes = load_codes(w_row, k0, h_ok, BKB, WORDS)
+                sb = load_bytes(s_row + s_off + (k0 // 32) * 512, h_ok[:, None], ASM)
+                xw = load_words(a_row + k0 + ar, ar >= 0, ASM)
+                part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
+                acc = tl.fma(part, e4m3_to_f32(sb), acc)
+        if FULL < IB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
+            kb = FULL + ar
+            cb = FULL // 8 + tl.arange(0, NB)
+            k_ok = kb < IB
+            c_ok = cb < IB // 8
+            if WORDS:
+                kw = FULL // 4 + tl.arange(0, BKB // 4)
+                codes = tl.load(w_row[:, None] + kw[None, :], mask=h_ok[:, None] & (kw < IB // 4)[None, :], other=0)
+            else:
+                codes = tl.load(w_row[:, None] + kb[None, :], mask=h_ok[:, None] & k_ok[None, :], other=0)
+            xw = load_words(a_row + kb % IB, k_ok, ASM)
+            sb = load_bytes(
+                s_row + swizzled_scale_offsets(hc[:, None], (cb % (IB // 8))[None, :], KP),
+                h_ok[:, None] & c_ok[None, :],
+                ASM,
+            )
+            part = code_partials(codes, xw, BH, BKB, DECODE, WORDS)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
+        y_acc = tl.sum(acc, axis=1)
+    if LATE:
+        gdc_launch_dependents()
     gs = tl.load(alpha_ptr + e)
     y = bf16_rn(y_acc * gs)
     y_off = p.to(tl.int64) * H + h
@@ -303,15 +338,22 @@ def _nvfp4_down_split_kernel(
 
 
 @triton.jit
-def _nvfp4_combine_kernel(
-    tw_ptr, y_ptr, shared_ptr, out_ptr, H: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr
-):
+def _nvfp4_combine_kernel(tw_ptr, y_ptr, shared_ptr, out_ptr, H: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     """Rule steps 9-10 (``_combine_rows``) for token ``program_id(0)``, rows ``[q*BLOCK, q*BLOCK + BLOCK)``."""
     gdc_wait()
     gdc_launch_dependents()
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     _combine_rows(t, h, h < H, tw_ptr, y_ptr, shared_ptr, out_ptr, H, TOPK, False)
+
+
+def accumulation_model(config: dict | None = None):
+    """The summation model that bounds y_acc of ``nvfp4_down`` with ``config`` (overrides of ``DOWN_CONFIG``):
+    ``block_model(16)`` for the CUDA-core path, ``FP32_TRUNCATE`` for the tensor-core path (``MMA``)."""
+    from flint_moe.reference.exact import FP32_TRUNCATE, block_model
+
+    cfg = {**DOWN_CONFIG, **(config or {})}
+    return FP32_TRUNCATE if cfg["MMA"] else block_model(16)
 
 
 _COUNTERS: dict = {}
@@ -377,6 +419,14 @@ def nvfp4_down(
     else:
         dacc, y = out, out  # never written
     split, combine, prefetch = bool(cfg["SPLIT"]), int(cfg["COMBINE"]), bool(cfg["PREFETCH"])
+    mma, rt, sub, sk = bool(cfg["MMA"]), int(cfg["RT"]), int(cfg["S"]), int(cfg["SK"])
+    nw = int(cfg["num_warps"])
+    if mma:
+        from flint_moe.kernels.nvfp4_gate_up import _check_mma
+
+        if not split:
+            raise ValueError("config MMA: needs SPLIT (the tensor-core path is in the split kernel)")
+        sk, nw = _check_mma(rt, sub, sk, nw, bh, INTER // 2, "BH", "BH")
     if combine not in (0, 1):
         raise ValueError(f"config COMBINE: must be 0 or 1, got {combine}")
     if M > 0 and split:
@@ -406,9 +456,15 @@ def nvfp4_down(
             DECODE=decode,
             PREFETCH=prefetch,
             WORDS=bool(cfg["WORDS"]),
+            MMA=mma,
+            RT=rt,
+            S=sub,
+            SK=sk,
+            NW=nw,
+            LATE=bool(cfg["LATE"]),
             COMBINE=combine,
             TAP=tap,
-            num_warps=int(cfg["num_warps"]),
+            num_warps=nw,
             num_stages=1,
             **launch_options(),
         )
@@ -453,7 +509,7 @@ def nvfp4_down(
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of every (H, I) of the conformance matrix (production builds; the tapped
     build too for DeepSeek-V3, H 7168 x I 2048)."""
-    from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES
+    from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES, MMA_PTX
 
     names = []
     sig = {
@@ -488,10 +544,22 @@ def audit_specs() -> list[str]:
                     "DECODE": 2,
                     "PREFETCH": DOWN_CONFIG["PREFETCH"],
                     "WORDS": DOWN_CONFIG["WORDS"],
+                    "MMA": DOWN_CONFIG["MMA"],
+                    "RT": DOWN_CONFIG["RT"],
+                    "S": DOWN_CONFIG["S"],
+                    "SK": DOWN_CONFIG["SK"],
+                    "NW": DOWN_CONFIG["num_warps"],
+                    "LATE": DOWN_CONFIG["LATE"],
                     "COMBINE": DOWN_CONFIG["COMBINE"],
                     "TAP": tap,
                 },
-                [BF16_CVT, "fma.rn.f32", "mul.rn.f16x2", "griddepcontrol.wait", "atom.global.gpu.acq_rel.add"],
+                [
+                    BF16_CVT,
+                    "fma.rn.f32",
+                    *(MMA_PTX if DOWN_CONFIG["MMA"] else ["mul.rn.f16x2"]),
+                    "griddepcontrol.wait",
+                    "atom.global.gpu.acq_rel.add",
+                ],
                 options={"num_warps": DOWN_CONFIG["num_warps"], "num_stages": 1},
             )
             names.append(name)

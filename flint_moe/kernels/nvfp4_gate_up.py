@@ -32,10 +32,14 @@ from flint_moe.kernels._nvfp4_gemv import (
     load_bytes,
     load_codes as _load_codes,
     load_words,
+    mma_gemv,
+    mma_sum_parts,
+    mma_tile_rows,
     swizzled_scale_offsets,
 )
+from flint_moe.kernels.nvfp4_tuned import GATE_UP as _TUNED_GATE_UP
 
-__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "audit_specs"]
+__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "accumulation_model", "audit_specs"]
 
 #: Launch configuration: ``BN`` intermediate columns per program (a divisor of 64), ``BKB`` code bytes of a
 #: row per K step (a power of two >= 64; each thread holds 16 consecutive bytes = 32 codes = 2 blocks of a
@@ -46,7 +50,15 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "audit_specs"]
 #: WORDS variant beat the default at both M = 1 and M = 8: docs/kernels/nvfp4-decode.md, round 3).
 #: ``BKB`` fixes the summation order (see the kernel docstring); ``BN``, ``num_warps``, ``PREFETCH`` and
 #: ``WORDS`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
-GATE_UP_CONFIG = {"BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": False, "WORDS": False}
+#: ``MMA`` selects the tensor-core path (``_nvfp4_gemv.mma_rows``: no block regrouping, FP32_TRUNCATE bound) with
+#: ``RT`` rows per thread, ``S`` 64-byte sub-steps per asm call, ``SK`` K-parts (2 * BN * SK = 8 * num_warps *
+#: RT) and ``LATE`` (launch the dependent grid after the K loop); these change no bit within the MMA path.
+#: The tuned values (``nvfp4_tuned.GATE_UP``) override the base values below.
+GATE_UP_CONFIG = {
+    "BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": False, "WORDS": False,
+    "MMA": False, "RT": 2, "S": 4, "SK": 1, "LATE": False,
+}  # fmt: skip
+GATE_UP_CONFIG.update(_TUNED_GATE_UP)
 
 #: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), exact in fp32.
 SWIGLU_C = -1.44269502162933349609375
@@ -73,6 +85,12 @@ def _nvfp4_gate_up_kernel(
     DECODE: tl.constexpr,
     PREFETCH: tl.constexpr,
     WORDS: tl.constexpr,
+    MMA: tl.constexpr,
+    RT: tl.constexpr,
+    S: tl.constexpr,
+    SK: tl.constexpr,
+    NW: tl.constexpr,
+    LATE: tl.constexpr,
     TAP: tl.constexpr,
 ):
     """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
@@ -92,11 +110,22 @@ def _nvfp4_gate_up_kernel(
     as many as the lanes span; every lane ends with the same bits). Bound: block model (B = 16) of
     ``flint_moe.reference.exact`` (the fma makes the scale multiply and the outer add one rounding).
 
+    ``MMA`` (tensor cores; ``_nvfp4_gemv.mma_rows``): no block regrouping. Each weight is dequantised exactly
+    to bf16 as ``E2M1 * E4M3 * 2^-8`` (rule step 5 up to the exact power of two) and the row's products with
+    x are accumulated by chained ``mma.sync.m16n8k16`` (bf16 inputs, fp32 accumulator, from +0): per K step of
+    64 bytes the thread's 16-byte chunk c (lane % 4) of its rows, 8 MMAs per chunk in a fixed sequence, each
+    adding 16 products (4 from each of the 4 chunks of the step) to the running sum in the hardware's internal
+    order with its truncating alignment; K steps in increasing order; finally ``g_acc = acc * 2^8`` (exact).
+    With ``SK`` > 1 the row is split into SK equal K-parts summed that way by different warps, then the SK part
+    sums (each times 2^8) are added by ``tl.sum`` (``mma_sum_parts``).
+    Bound: the plain any-order model with tensor-core truncation, ``FP32_TRUNCATE`` (u = 2^-23, d = H).
+
     Rule steps: 6 (global scale on the fp32 accumulator), 7 (SwiGLU: ``mul``, ``ex2.approx.ftz.f32``, ``add``,
     ``rcp.approx.ftz.f32``, ``mul``, ``mul``, ``cvt.rn.bf16.f32``). TAP: also store g_acc / u_acc.
     """
     gdc_wait()
-    gdc_launch_dependents()
+    if not LATE:
+        gdc_launch_dependents()
     HB: tl.constexpr = H // 2  # code bytes (and x bf16 pairs) per row
     KP: tl.constexpr = (H // 16 + 3) // 4 * 4  # swizzled scale columns
     R: tl.constexpr = 2 * BN
@@ -113,52 +142,64 @@ def _nvfp4_gate_up_kernel(
     s_row = s_ptr + e * (2 * IP * KP)
     x_row = x_ptr + t.to(tl.int64) * HB
     FULL: tl.constexpr = HB // BKB * BKB  # bytes covered by full K steps
-    s_off = swizzled_scale_offsets(prow[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
-    acc = tl.full([R, NB], 0.0, tl.float32)
-    ar = tl.arange(0, BKB)
-    if WORDS:  # codes as int32 words (HB is a multiple of 16, so every row starts 16-byte aligned)
-        w_off = tl.multiple_of(e * (2 * IP * HB // 4) + prow.to(tl.int64) * (HB // 4), 4)  # 16-byte aligned
-        w_row = w_ptr.to(tl.pointer_type(tl.int32)) + w_off
-    if PREFETCH and FULL > 0:
-        codes = _load_codes(w_row, 0, row_ok, BKB, WORDS)
-        sb = load_bytes(s_row + s_off + 0, row_ok[:, None], ASM)
-        for k0 in tl.range(BKB, FULL, BKB):
-            codes_n = _load_codes(w_row, k0, row_ok, BKB, WORDS)
-            sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
-            xw = load_words(x_row + (k0 - BKB) + ar, ar >= 0, ASM)
-            part = _partials(codes, xw, R, BKB, DECODE, WORDS)
-            acc = tl.fma(part, e4m3_to_f32(sb), acc)
-            codes = codes_n
-            sb = sb_n
-        xw = load_words(x_row + (FULL - BKB) + ar, ar >= 0, ASM)
-        part = _partials(codes, xw, R, BKB, DECODE, WORDS)
-        acc = tl.fma(part, e4m3_to_f32(sb), acc)
-    else:
-        for k0 in tl.range(0, FULL, BKB):
-            codes = _load_codes(w_row, k0, row_ok, BKB, WORDS)
-            sb = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
-            xw = load_words(x_row + k0 + ar, ar >= 0, ASM)
-            part = _partials(codes, xw, R, BKB, DECODE, WORDS)
-            acc = tl.fma(part, e4m3_to_f32(sb), acc)
-    if FULL < HB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
-        kb = FULL + ar
-        cb = FULL // 8 + tl.arange(0, NB)
-        k_ok = kb < HB
-        c_ok = cb < HB // 8
-        if WORDS:
-            kw = FULL // 4 + tl.arange(0, BKB // 4)
-            codes = tl.load(w_row[:, None] + kw[None, :], mask=row_ok[:, None] & (kw < HB // 4)[None, :], other=0)
-        else:
-            codes = tl.load(w_row[:, None] + kb[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
-        xw = load_words(x_row + kb % HB, k_ok, ASM)
-        sb = load_bytes(
-            s_row + swizzled_scale_offsets(prow[:, None], (cb % (HB // 8))[None, :], KP),
-            row_ok[:, None] & c_ok[None, :],
-            ASM,
+    if MMA:  # tile of 2 * BN * SK rows: (local row i, K-part), NW warps, RT rows per thread
+        TR: tl.constexpr = R * SK
+        i, kpart = mma_tile_rows(TR, NW, SK)
+        n_i = q * BN + i // 2
+        pr = tl.where(n_i < INTER, (n_i // 64) * 128 + n_i % 64 + (i % 2) * 64, 0)  # masked columns read row 0
+        tt = mma_gemv(
+            w_ptr + e * (2 * IP * HB), pr.to(tl.int64) * HB, s_row, pr, x_row, kpart, HB, KP, TR, RT, S, SK, t
         )
-        part = _partials(codes, xw, R, BKB, DECODE, WORDS)
-        acc = tl.fma(part, e4m3_to_f32(sb), acc)
-    tot = tl.sum(acc, axis=1)  # [R]
+        tot = mma_sum_parts(tt, TR, NW, SK)  # [R], row r = 2 (n - q BN) + {0: up, 1: gate}
+    else:
+        s_off = swizzled_scale_offsets(prow[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
+        acc = tl.full([R, NB], 0.0, tl.float32)
+        ar = tl.arange(0, BKB)
+        if WORDS:  # codes as int32 words (HB is a multiple of 16, so every row starts 16-byte aligned)
+            w_off = tl.multiple_of(e * (2 * IP * HB // 4) + prow.to(tl.int64) * (HB // 4), 4)  # 16-byte aligned
+            w_row = w_ptr.to(tl.pointer_type(tl.int32)) + w_off
+        if PREFETCH and FULL > 0:
+            codes = _load_codes(w_row, 0, row_ok, BKB, WORDS)
+            sb = load_bytes(s_row + s_off + 0, row_ok[:, None], ASM)
+            for k0 in tl.range(BKB, FULL, BKB):
+                codes_n = _load_codes(w_row, k0, row_ok, BKB, WORDS)
+                sb_n = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
+                xw = load_words(x_row + (k0 - BKB) + ar, ar >= 0, ASM)
+                part = _partials(codes, xw, R, BKB, DECODE, WORDS)
+                acc = tl.fma(part, e4m3_to_f32(sb), acc)
+                codes = codes_n
+                sb = sb_n
+            xw = load_words(x_row + (FULL - BKB) + ar, ar >= 0, ASM)
+            part = _partials(codes, xw, R, BKB, DECODE, WORDS)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
+        else:
+            for k0 in tl.range(0, FULL, BKB):
+                codes = _load_codes(w_row, k0, row_ok, BKB, WORDS)
+                sb = load_bytes(s_row + s_off + (k0 // 32) * 512, row_ok[:, None], ASM)
+                xw = load_words(x_row + k0 + ar, ar >= 0, ASM)
+                part = _partials(codes, xw, R, BKB, DECODE, WORDS)
+                acc = tl.fma(part, e4m3_to_f32(sb), acc)
+        if FULL < HB:  # partial last step: masked groups read clamped (in-bounds) addresses and are zeroed
+            kb = FULL + ar
+            cb = FULL // 8 + tl.arange(0, NB)
+            k_ok = kb < HB
+            c_ok = cb < HB // 8
+            if WORDS:
+                kw = FULL // 4 + tl.arange(0, BKB // 4)
+                codes = tl.load(w_row[:, None] + kw[None, :], mask=row_ok[:, None] & (kw < HB // 4)[None, :], other=0)
+            else:
+                codes = tl.load(w_row[:, None] + kb[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0)
+            xw = load_words(x_row + kb % HB, k_ok, ASM)
+            sb = load_bytes(
+                s_row + swizzled_scale_offsets(prow[:, None], (cb % (HB // 8))[None, :], KP),
+                row_ok[:, None] & c_ok[None, :],
+                ASM,
+            )
+            part = _partials(codes, xw, R, BKB, DECODE, WORDS)
+            acc = tl.fma(part, e4m3_to_f32(sb), acc)
+        tot = tl.sum(acc, axis=1)  # [R]
+    if LATE:
+        gdc_launch_dependents()
     u_acc, g_acc = tl.split(tl.reshape(tot, [BN, 2]))
     gs = tl.load(alpha_ptr + e)
     g = g_acc * gs
@@ -175,6 +216,16 @@ def _nvfp4_gate_up_kernel(
     if TAP:
         tl.store(gacc_ptr + out_off, g_acc, mask=ok)
         tl.store(uacc_ptr + out_off, u_acc, mask=ok)
+
+
+def accumulation_model(config: dict | None = None):
+    """The summation model (``flint_moe.reference.exact``) that bounds g_acc / u_acc of ``nvfp4_gate_up`` with
+    ``config`` (overrides of ``GATE_UP_CONFIG``): ``block_model(16)`` for the CUDA-core path (sequential block
+    partials, then the scale ``fma``), ``FP32_TRUNCATE`` for the tensor-core path (``MMA``)."""
+    from flint_moe.reference.exact import FP32_TRUNCATE, block_model
+
+    cfg = {**GATE_UP_CONFIG, **(config or {})}
+    return FP32_TRUNCATE if cfg["MMA"] else block_model(16)
 
 
 def _weights_common(weights) -> tuple[int, int, int, int]:
@@ -194,8 +245,7 @@ def _weights_common(weights) -> tuple[int, int, int, int]:
         check_op_tensor(f"weights.{name}", t, device=weights.w1.device)
     if H % 32:
         raise ValueError(
-            f"weights: hidden size H = {H} must be a multiple of 32 for the NVFP4 decode kernels "
-            "(16-byte code vectors)"
+            f"weights: hidden size H = {H} must be a multiple of 32 for the NVFP4 decode kernels (16-byte code vectors)"
         )
     if INTER % 16:
         raise ValueError(f"weights: valid intermediate size {INTER} must be a multiple of 16 (NVFP4 block)")
@@ -210,6 +260,31 @@ def _config(config: dict | None, default: dict, name: str) -> dict:
             raise ValueError(f"{name}: unknown config keys {sorted(unknown)}")
         cfg.update(config)
     return cfg
+
+
+def _check_mma(
+    rt: int, sub: int, sk: int, num_warps: int, rows: int, kbytes: int, key: str, what: str
+) -> tuple[int, int]:
+    """Launch-configuration checks of the tensor-core path (``MMA``); returns (K-parts, warps) used.
+
+    (RT, S) one of ``MMA_SHAPES``; ``rows`` (rows per program) * SK = 8 * num_warps * RT; ``SK`` (K-parts, a
+    power of two dividing num_warps). A shape whose ``kbytes`` (code bytes per row) is not a multiple of
+    64 * SK runs with SK = 1 and num_warps / SK warps (same rows per program; the choice depends on the shape
+    only, never on the token count, so a token's bits do not depend on the batch).
+    """
+    from flint_moe.kernels._nvfp4_gemv import MMA_SHAPES
+
+    if (rt, sub) not in MMA_SHAPES:
+        raise ValueError(f"config (RT, S) = ({rt}, {sub}): must be one of {MMA_SHAPES} with MMA")
+    if sk <= 0 or sk & (sk - 1) or num_warps % sk:
+        raise ValueError(f"config SK: {sk} must be a power of two dividing num_warps = {num_warps}")
+    if rows * sk != 8 * num_warps * rt:
+        raise ValueError(
+            f"config {key}: with MMA, {what} * SK = {rows * sk} must equal 8 * num_warps * RT = {8 * num_warps * rt}"
+        )
+    if kbytes % (64 * sk):
+        return 1, num_warps // sk
+    return sk, num_warps
 
 
 def _decode_defaults(cfg: dict, device: torch.device) -> tuple[bool, int]:
@@ -259,6 +334,10 @@ def nvfp4_gate_up(
         raise ValueError(f"config BN: {bn} must divide 64")
     if bkb < 32 or bkb & (bkb - 1):
         raise ValueError(f"config BKB: {bkb} must be a power of two >= 32")
+    mma, rt, sub, sk = bool(cfg["MMA"]), int(cfg["RT"]), int(cfg["S"]), int(cfg["SK"])
+    nw = int(cfg["num_warps"])
+    if mma:
+        sk, nw = _check_mma(rt, sub, sk, nw, 2 * bn, H // 2, "BN", "2 * BN")
     act = torch.empty((M * top_k, INTER), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
     if tap:
@@ -287,8 +366,14 @@ def nvfp4_gate_up(
             DECODE=decode,
             PREFETCH=bool(cfg["PREFETCH"]),
             WORDS=bool(cfg["WORDS"]),
+            MMA=mma,
+            RT=rt,
+            S=sub,
+            SK=sk,
+            NW=nw,
+            LATE=bool(cfg["LATE"]),
             TAP=tap,
-            num_warps=int(cfg["num_warps"]),
+            num_warps=nw,
             num_stages=1,
             **launch_options(),
         )
@@ -298,6 +383,9 @@ def nvfp4_gate_up(
         taps["act"] = act.view(M, top_k, INTER)
     return act
 
+
+#: PTX the tensor-core path must contain (the exact bf16 dequantisation and the fp32-accumulating MMA).
+MMA_PTX = ["mul.rn.bf16x2", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"]
 
 #: (H, Ip) of the conformance matrix (hidden sizes x intermediate sizes, DeepSeek-V3 included).
 AUDIT_SHAPES = [(h, i) for h in (2048, 2880, 5120, 7168) for i in (512, 704, 2048, 2880)]
@@ -336,13 +424,19 @@ def audit_specs() -> list[str]:
                     "DECODE": 2,
                     "PREFETCH": GATE_UP_CONFIG["PREFETCH"],
                     "WORDS": GATE_UP_CONFIG["WORDS"],
+                    "MMA": GATE_UP_CONFIG["MMA"],
+                    "RT": GATE_UP_CONFIG["RT"],
+                    "S": GATE_UP_CONFIG["S"],
+                    "SK": GATE_UP_CONFIG["SK"],
+                    "NW": GATE_UP_CONFIG["num_warps"],
+                    "LATE": GATE_UP_CONFIG["LATE"],
                     "TAP": tap,
                 },
                 [
                     BF16_CVT,
                     "rcp.approx.ftz.f32",
                     "ex2.approx.ftz.f32",
-                    "mul.rn.f16x2",
+                    *(MMA_PTX if GATE_UP_CONFIG["MMA"] else ["mul.rn.f16x2"]),
                     "griddepcontrol.wait",
                 ],
                 options={"num_warps": GATE_UP_CONFIG["num_warps"], "num_stages": 1},

@@ -79,10 +79,22 @@ def make_inputs(M, H, E, k, *, seed=0, device="cpu"):
     return tuple(t.to(device) for t in (x, ids, tw, shared))
 
 
-def check_taps(weights, x, ids, tw, shared, taps, out, *, accumulators=True, acc_pairs=None):
+def check_taps(
+    weights, x, ids, tw, shared, taps, out, *, accumulators=True, acc_pairs=None, gu_model=None, dn_model=None
+):
     """Assert every order-free step bit-exact from the taps and (optionally) accumulators within bound.
 
+    ``gu_model`` / ``dn_model``: summation models of the gate/up and down accumulators; default the kernels'
+    own for their default configurations (``nvfp4_gate_up.accumulation_model()``, ``nvfp4_down.
+    accumulation_model()``: the block model B = 16 of the CUDA-core path, ``FP32_TRUNCATE`` for the
+    tensor-core ``MMA`` path).
+
     Returns a dict of counts (pairs checked, accumulator elements checked)."""
+    if gu_model is None or dn_model is None:
+        from flint_moe.kernels import nvfp4_down, nvfp4_gate_up
+
+        gu_model = gu_model or nvfp4_gate_up.accumulation_model()
+        dn_model = dn_model or nvfp4_down.accumulation_model()
     dev = weights.w1.device
     cpu = lambda t: t.detach().to(dev)  # noqa: E731  (golden model on the weights' device)
     ex = experts_from_cutedsl(_cpu_weights(weights))
@@ -106,7 +118,7 @@ def check_taps(weights, x, ids, tw, shared, taps, out, *, accumulators=True, acc
                 f"y differs from the golden step 8 of the taps (token {m}, slot {j})"
             )
             if accumulators and (acc_pairs is None or (m, j) in acc_pairs):
-                acc = gate_up_accumulate(x[m : m + 1], ex.w13[e], ex.w13_scale[e], model=MODEL)
+                acc = gate_up_accumulate(x[m : m + 1], ex.w13[e], ex.w13_scale[e], model=gu_model)
                 ok_g = check_accumulator(g_acc[None], acc[:, :inter], name="gate_acc")
                 ok_u = check_accumulator(u_acc[None], acc[:, inter:], name="up_acc")
                 assert bool(ok_g.all()), (
@@ -115,7 +127,7 @@ def check_taps(weights, x, ids, tw, shared, taps, out, *, accumulators=True, acc
                 assert bool(ok_u.all()), (
                     f"up_acc outside the bound (token {m}, slot {j}): {int((~ok_u).sum())}"
                 )
-                dacc = down_accumulate(t["act"][m, j][None], ex.w2[e], ex.w2_scale[e], model=MODEL)
+                dacc = down_accumulate(t["act"][m, j][None], ex.w2[e], ex.w2_scale[e], model=dn_model)
                 ok_d = check_accumulator(t["down_acc"][m, j][None], dacc, name="down_acc")
                 assert bool(ok_d.all()), (
                     f"down_acc outside the bound (token {m}, slot {j}): {int((~ok_d).sum())}"

@@ -16,17 +16,25 @@ import torch
 from flint_moe.kernels._nvfp4_gemv import decode_probe
 from flint_moe.kernels.nvfp4_down import nvfp4_down
 from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+from flint_moe.reference.exact import FP32_TRUNCATE, block_model
 from flint_moe.reference.formats import E2M1_VALUES
 from flint_moe.reference.layouts import cutedsl_w13_phys_rows, swizzle_offsets
 
-from ._nvfp4_check import check_taps, make_inputs, make_weights, same
+from ._nvfp4_check import check_taps as _check_taps, make_inputs, make_weights, same
 
 BACKEND = "interpreter"
 
 # Interpreter configs: few, large programs (the interpreter pays per program); BKB small enough that the
 # K loop has full steps and a partial last step (H/2 = 80 bytes = 2 x 32 + 16; I/2 = 96 = 64 + 32).
-GU = {"BN": 64, "BKB": 32, "num_warps": 1}
-DN = {"BH": 64, "BKB": 64, "num_warps": 1}
+# The CUDA-core path is pinned here (MMA False); the tensor-core path has its own tests below.
+GU = {"MMA": False, "BN": 64, "BKB": 32, "num_warps": 1}
+DN = {"MMA": False, "BH": 64, "BKB": 64, "num_warps": 1}
+BLOCK16 = block_model(16)
+
+
+def check_taps(*args, **kwargs):
+    """``_nvfp4_check.check_taps`` with the CUDA-core path's block model (the configs above)."""
+    return _check_taps(*args, gu_model=BLOCK16, dn_model=BLOCK16, **kwargs)
 
 
 def _run(w, x, ids, tw, sh, taps=None):
@@ -92,9 +100,7 @@ def _poison(w, byte: int):
     s1.view(E, -1)[:, ~used1] = byte
     s2.view(E, -1)[:, ~used2] = byte
     assert (~used1).any() and (~used2).any() and pad_rows.any()
-    out = type(w)(
-        w1, s1.view(torch.float8_e4m3fn), w.w1_alpha, w2, s2.view(torch.float8_e4m3fn), w.w2_alpha, inter
-    )
+    out = type(w)(w1, s1.view(torch.float8_e4m3fn), w.w1_alpha, w2, s2.view(torch.float8_e4m3fn), w.w2_alpha, inter)
     return out
 
 
@@ -151,7 +157,15 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="^shared_output"):
         nvfp4_down(act, ids, tw, w, sh[:, :32])
     with pytest.raises(ValueError, match="BN"):
-        nvfp4_gate_up(x, ids, w, config={"BN": 3})
+        nvfp4_gate_up(x, ids, w, config={"BN": 3, "MMA": False})
+    with pytest.raises(ValueError, match="BN"):  # MMA: 2 * BN * SK must be 8 * num_warps * RT
+        nvfp4_gate_up(x, ids, w, config={"MMA": True, "BN": 16, "num_warps": 1, "RT": 2, "S": 1, "SK": 1})
+    with pytest.raises(ValueError, match="RT, S"):
+        nvfp4_gate_up(x, ids, w, config={"MMA": True, "BN": 16, "num_warps": 1, "RT": 4, "S": 4, "SK": 1})
+    with pytest.raises(ValueError, match="SK"):
+        nvfp4_down(act, ids, tw, w, sh, config={"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, "SK": 3})
+    with pytest.raises(ValueError, match="SPLIT"):
+        nvfp4_down(act, ids, tw, w, sh, config={"MMA": True, "SPLIT": False})
     # M > DECODE_MAX_TOKENS goes to the grouped path (issue 6), which checks its own arguments
     big = torch.zeros(DECODE_MAX_TOKENS + 1, H, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^shared_output"):
@@ -160,3 +174,64 @@ def test_bad_inputs_raise():
         flint_moe(x, torch.zeros(E, H, dtype=torch.bfloat16), w, E + 1, None, sh)
     with pytest.raises(TypeError, match="^router_weight"):
         flint_moe(x, torch.zeros(E, H), w, k, None, sh)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Tensor-core path (MMA): under the interpreter the INTERPRETER-path shim of ``mma_rows`` (same pointers,
+# tl.load, exact dequantised products, fp32 sums) exercises the indexing: row / chunk / K-part tiles, the
+# swizzled scale pointers, the partial last step (whole chunks and a half chunk), the K-split sums.
+# ------------------------------------------------------------------------------------------------------
+GU_MMA = {"MMA": True, "BN": 8, "num_warps": 1, "RT": 2, "S": 1, "SK": 1}
+DN_MMA = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, "SK": 1}
+
+
+def _run_mma(w, x, ids, tw, sh, gu, dn, taps=None):
+    act = nvfp4_gate_up(x, ids, w, taps=taps, config=gu)
+    return nvfp4_down(act, ids, tw, w, sh, taps=taps, config=dn)
+
+
+def test_mma_path_matches_golden_with_tails():
+    # H/2 = 80 = 64 + 16 bytes (a partial step of one chunk); I = 176 stored as 192: I/2 = 88 = 64 + 16 + 8 bytes
+    # (a whole chunk and a half chunk, i.e. one block, in the last step)
+    E, H, I, M, k = 4, 160, 176, 1, 2
+    w = make_weights(E, H, I, seed=5, pad_to=64)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=5)
+    taps = {}
+    out = _run_mma(w, x, ids, tw, sh, GU_MMA, DN_MMA, taps)
+    counts = _check_taps(w, x, ids, tw, sh, taps, out, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
+    assert counts["acc_elements"] == M * k * (2 * I + H)
+    assert same(_run_mma(w, x, ids, tw, sh, GU_MMA, DN_MMA), out)  # production build == tapped build
+    # poisoned padding (intermediate columns 176..191 of w2 and their scale bytes) changes nothing
+    assert same(_run_mma(_poison(w, 0x7F), x, ids, tw, sh, GU_MMA, DN_MMA), out)
+
+
+def test_mma_variants_and_k_split():
+    """RT / S / num_warps change no bit of the MMA path; SK = 2 (K halves in different warps) is checked against
+    the golden bound; a shape whose K is not a multiple of 64 * SK falls back to SK = 1 (same bits as SK = 1)."""
+    E, H, I, M, k = 3, 256, 256, 1, 2  # H/2 = I/2 = 128 bytes: two 64-byte steps, splittable in two parts
+    w = make_weights(E, H, I, seed=6)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=6)
+    ref = _run_mma(w, x, ids, tw, sh, GU_MMA, DN_MMA)
+    for gu, dn in (
+        ({**GU_MMA, "RT": 4, "S": 2, "BN": 16}, {**DN_MMA, "RT": 4, "S": 2, "BH": 32}),
+        ({**GU_MMA, "S": 2, "num_warps": 2, "BN": 16}, {**DN_MMA, "num_warps": 2, "BH": 32, "LATE": True}),
+    ):
+        assert same(_run_mma(w, x, ids, tw, sh, gu, dn), ref)
+    taps = {}
+    gu2 = {**GU_MMA, "num_warps": 2, "SK": 2, "LATE": True}
+    dn2 = {**DN_MMA, "num_warps": 2, "SK": 2}
+    out = _run_mma(w, x, ids, tw, sh, gu2, dn2, taps)
+    _check_taps(w, x, ids, tw, sh, taps, out, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
+    E, H, I = 3, 160, 192  # H/2 = 80, I/2 = 96: not multiples of 128, so SK = 2 runs as SK = 1 on 1 warp
+    w = make_weights(E, H, I, seed=7)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=7)
+    assert same(_run_mma(w, x, ids, tw, sh, gu2, dn2), _run_mma(w, x, ids, tw, sh, GU_MMA, DN_MMA))
+
+
+def test_accumulation_models():
+    from flint_moe.kernels import nvfp4_down, nvfp4_gate_up
+
+    assert nvfp4_gate_up.accumulation_model({"MMA": True}) == FP32_TRUNCATE
+    assert nvfp4_down.accumulation_model({"MMA": True}) == FP32_TRUNCATE
+    assert nvfp4_gate_up.accumulation_model({"MMA": False}) == BLOCK16
+    assert nvfp4_down.accumulation_model({"MMA": False}) == BLOCK16

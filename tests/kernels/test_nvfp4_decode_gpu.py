@@ -1,9 +1,10 @@
 """NVFP4 decode kernels on the H200 (marked gpu): golden model fed the taps, compiled kernels.
 
 For M in 1..8 and every (H, I) of the conformance matrix (DeepSeek-V3's E=256, H=7168, I=2048, k=8
-included): order-free steps bit-exact from the taps, accumulators within the certified bound (block model,
-B = 16), tapped build == production build, repeated runs and CUDA-graph replays bitwise identical, and the
-inline-PTX E2M1 decodes (bf16x2 and fp16x2 variants) exact on all 256 code bytes.
+included), on both accumulation paths (CUDA cores: block model B = 16; tensor cores ``MMA``: FP32_TRUNCATE):
+order-free steps bit-exact from the taps, accumulators within the certified bound of the path, tapped build
+== production build, repeated runs and CUDA-graph replays bitwise identical, launch variants of a path
+bit-identical, and the inline-PTX E2M1 decodes (bf16x2 and fp16x2 variants) exact on all 256 code bytes.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flint_moe.kernels import nvfp4_tuned
 from flint_moe.kernels._nvfp4_gemv import decode_probe
-from flint_moe.kernels.nvfp4_down import nvfp4_down
-from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES, nvfp4_gate_up
+from flint_moe.kernels.nvfp4_down import accumulation_model as dn_model, nvfp4_down
+from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES, accumulation_model as gu_model, nvfp4_gate_up
 from flint_moe.reference.formats import E2M1_VALUES
 
-from ._nvfp4_check import check_taps, make_inputs, same
+from ._nvfp4_check import check_taps, make_inputs, make_weights, same
 
 pytestmark = pytest.mark.gpu
 BACKEND = "gpu"
@@ -32,9 +34,16 @@ def _weights(E, H, I, seed):
     return random_weights(E, H, I, seed=seed)
 
 
-def _run(w, x, ids, tw, sh, taps=None, variant=None):
+def _run(w, x, ids, tw, sh, taps=None, variant=None, dn_variant=None):
     act = nvfp4_gate_up(x, ids, w, taps=taps, config=variant)
-    return nvfp4_down(act, ids, tw, w, sh, taps=taps, config=variant)
+    return nvfp4_down(act, ids, tw, w, sh, taps=taps, config=variant if dn_variant is None else dn_variant)
+
+
+#: The two accumulation paths, each with its best measured configuration (flint_moe/kernels/nvfp4_tuned.py).
+PATHS = {
+    "cuda-core": (nvfp4_tuned.GATE_UP_CUDA_CORE, nvfp4_tuned.DOWN_CUDA_CORE),
+    "tensor-core": (nvfp4_tuned.GATE_UP_MMA, nvfp4_tuned.DOWN_MMA),
+}
 
 
 @pytest.mark.parametrize("decode", [0, 1, 2])
@@ -45,19 +54,52 @@ def test_decode_all_bytes_gpu(decode):
     assert same(lo, vals[codes.long() & 15]) and same(hi, vals[codes.long() >> 4])
 
 
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("H,I", AUDIT_SHAPES)
-def test_matrix_shapes(H, I):
+def test_matrix_shapes(H, I, path):
+    gu, dn = PATHS[path]
+    models = dict(gu_model=gu_model(gu), dn_model=dn_model(dn))
     E, k = 9, 4
     w = _weights(E, H, I, seed=H + I)
     for M in (1, 3, 8):
         x, ids, tw, sh = make_inputs(M, H, E, k, seed=M, device="cuda")
         taps = {}
-        out = _run(w, x, ids, tw, sh, taps)
-        check_taps(w, x, ids, tw, sh, taps, out, acc_pairs={(0, 0), (M - 1, k - 1)})
-        assert same(_run(w, x, ids, tw, sh), out)
-        # every decode variant gives the same bits (same summation order)
-        for d in (0, 1):
-            assert same(_run(w, x, ids, tw, sh, variant={"DECODE": d}), out)
+        out = _run(w, x, ids, tw, sh, taps, gu, dn)
+        check_taps(w, x, ids, tw, sh, taps, out, acc_pairs={(0, 0), (M - 1, k - 1)}, **models)
+        assert same(_run(w, x, ids, tw, sh, None, gu, dn), out)
+        if path == "cuda-core":  # every decode variant gives the same bits (same summation order)
+            for d in (0, 1):
+                assert same(_run(w, x, ids, tw, sh, None, {**gu, "DECODE": d}, {**dn, "DECODE": d}), out)
+
+
+def test_mma_variants_half_chunk():
+    """Tensor-core path: RT / S / num_warps / LATE change no bit; I/2 = 520 bytes ends in a half 16-byte chunk
+    (one block) and H/2 = 1440 in a partial 64-byte step; K-split variants within the bound."""
+    from flint_moe.reference.exact import FP32_TRUNCATE
+
+    E, H, I, k = 9, 2880, 1040, 4  # I = 1040 stored padded to 1088
+    w = make_weights(E, H, I, seed=7, pad_to=64, device="cuda")
+    gu0 = {"MMA": True, "BN": 16, "num_warps": 2, "RT": 2, "S": 4}
+    dn0 = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 4}
+    for M in (1, 5):
+        x, ids, tw, sh = make_inputs(M, H, E, k, seed=M, device="cuda")
+        taps = {}
+        out = _run(w, x, ids, tw, sh, taps, gu0, dn0)
+        check_taps(w, x, ids, tw, sh, taps, out, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
+        for gu, dn in (
+            ({**gu0, "RT": 4, "S": 2, "BN": 32}, {**dn0, "RT": 4, "S": 2, "BH": 32}),
+            ({**gu0, "S": 1, "LATE": True}, {**dn0, "num_warps": 2, "BH": 32, "S": 2, "LATE": True}),
+            ({**gu0, "BN": 8, "num_warps": 1}, {**dn0, "num_warps": 4, "BH": 64}),
+        ):
+            assert same(_run(w, x, ids, tw, sh, None, gu, dn), out)
+        # K-split: gate/up H/2 = 1440 and down I/2 = 520 are not multiples of 128: SK = 2 runs as SK = 1
+        o2 = _run(w, x, ids, tw, sh, None, {**gu0, "num_warps": 4, "SK": 2}, {**dn0, "num_warps": 2, "SK": 2})
+        assert same(o2, out)
+    w = _weights(E, 2048, 1024, seed=8)  # H/2 = 1024 and I/2 = 512 split in 2 and 4 parts
+    x, ids, tw, sh = make_inputs(3, 2048, E, k, seed=3, device="cuda")
+    taps = {}
+    out = _run(w, x, ids, tw, sh, taps, {**gu0, "num_warps": 4, "SK": 2}, {**dn0, "num_warps": 4, "SK": 4})
+    check_taps(w, x, ids, tw, sh, taps, out, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
 
 
 def test_deepseek_v3_all_m_graph_replay():

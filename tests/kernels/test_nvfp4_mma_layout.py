@@ -1,0 +1,83 @@
+"""The tensor-core path's thread mapping, checked on the sm_90 TTGIR (CPU, no GPU needed).
+
+``_nvfp4_gemv.mma_rows`` hands each thread's (row, chunk) pointers to an inline-PTX ``mma.sync`` that assumes
+the default blocked layout of a [R, 4] tile: 8 x 4 threads per warp (lane = 4 * row group + chunk), warps along
+the rows, one element per thread and repetition. Triton chooses that layout itself; this test compiles the
+MMA specialisations the benchmarks and defaults use (in a subprocess without TRITON_INTERPRET, as
+tests/kernels/test_ptx_audit.py does) and asserts the layout of every tensor entering the MMA asm, so a Triton
+upgrade that changed it fails here instead of producing wrong sums on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BACKEND = "any"
+ROOT = Path(__file__).resolve().parents[2]
+
+_SCRIPT = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flint_moe.kernels import nvfp4_down as D, nvfp4_gate_up as G
+
+GSIG = {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32",
+        "act_ptr": "*bf16", "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}
+DSIG = {"act_ptr": "*i32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*u8",
+        "alpha_ptr": "*fp32", "shared_ptr": "*bf16", "out_ptr": "*bf16", "dacc_ptr": "*fp32", "y_ptr": "*bf16",
+        "cnt_ptr": "*i32"}
+
+
+def ttgir(K, sig, ce, nw):
+    full = {a: ("constexpr" if a in ce else sig[a]) for a in K.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(K.arg_names) if a in sig}
+    src = ASTSource(fn=K, signature=full, constexprs=ce, attrs=attrs)
+    opts = {"num_warps": nw, "num_stages": 1, "enable_fp_fusion": True}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ttgir"]
+
+
+out = []
+for nw, rt, s, sk in ((2, 2, 4, 1), (1, 4, 2, 1), (8, 2, 4, 4)):
+    bn = 8 * nw * rt // (2 * sk)
+    ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BN=bn, BKB=512, ASM=True, DECODE=2, PREFETCH=False,
+              WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, TAP=False)
+    out.append(dict(kernel="gate_up", nw=nw, rt=rt, sk=sk, ttgir=ttgir(G._nvfp4_gate_up_kernel, GSIG, ce, nw)))
+for nw, rt, s, sk in ((1, 2, 4, 1), (4, 2, 2, 4)):
+    ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BH=8 * nw * rt // sk, BKB=512, ASM=True, DECODE=2,
+              PREFETCH=True, WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, COMBINE=1, TAP=False)
+    out.append(dict(kernel="down", nw=nw, rt=rt, sk=sk, ttgir=ttgir(D._nvfp4_down_split_kernel, DSIG, ce, nw)))
+print(json.dumps(out))
+"""
+
+
+def test_mma_asm_operands_have_the_assumed_layout():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    specs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(specs) == 5
+    for spec in specs:
+        ir = spec["ttgir"]
+        layouts = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{[^}]*\}>)", ir, re.M))
+        mma_ops = [line for line in ir.splitlines() if "elementwise_inline_asm" in line and "mma.sync" in line]
+        assert mma_ops, f"{spec['kernel']}: no MMA asm in the TTGIR"
+        rows = 8 * spec["nw"] * spec["rt"]
+        want = (
+            "#ttg.blocked<{sizePerThread = [1, 1], threadsPerWarp = [8, 4], "
+            f"warpsPerCTA = [{spec['nw']}, 1], order = [1, 0]}}>"
+        )
+        for line in mma_ops:
+            types = re.findall(r"tensor<(\d+)x4x\w+, (#\w+)>", line)
+            assert types, line[:200]
+            for n, lay in types:
+                assert int(n) == rows, (spec["kernel"], n, rows)
+                assert layouts[lay] == want, (spec["kernel"], layouts[lay])
