@@ -308,6 +308,7 @@ def main(argv=None) -> int:
                 {"gate_up": {"BK": 128}, "down": {"BK": 128}},
                 {"gate_up": {"num_stages": 4}, "down": {"num_stages": 4}},
                 {"BM": 64},
+                {"BM": 256},
             ]
             for M in (4096,):
                 x, router, shared = layer.inputs(M, seed=5)

@@ -57,22 +57,22 @@ GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": 64, "num_warps": None, "num_stages": 3
 
 
 def default_warps(block_m: int) -> int:
-    """8 warps (two warpgroups) for row blocks of >= 64 pairs, else 4: with BK = 64 these builds use at most
-    255 registers per thread without spilling (ptxas -v, sm_90a; docs/kernels/nvfp4-grouped.md)."""
+    """8 warps (two warpgroups) for row blocks of >= 64 pairs, else 4 (ptxas -v, sm_90a, BK = 64: <= 212
+    registers per thread, no spill; docs/kernels/nvfp4-grouped.md)."""
     return 8 if block_m >= 64 else 4
 
 
 def grouped_config(pairs: int, num_experts: int) -> dict:
     """Row-block size ``BM`` and warps for ``pairs`` (token, slot) pairs over ``num_experts`` experts.
 
-    ``BM`` = the power of two in [16, 128] at or above the mean pairs per expert (so a typical expert fills
-    one block without much padding); ``num_warps`` 8 for ``BM = 128`` (two 64-row accumulators of 128 columns
-    each), else 4. Depends only on (pairs, E), never on the routing, so the kernels' bits for a row never
-    depend on the other rows' values (row independence).
+    ``BM`` = the power of two in [16, 256] at or above the mean pairs per expert (so a typical expert fills
+    one block without much padding; 256 only from 129 pairs per expert on, where the 128 x 256 x 64 MMA step
+    outweighs the dequant); ``num_warps`` from :func:`default_warps`. Depends only on (pairs, E), never on the
+    routing, so the configuration of a row never depends on the other rows' values (row independence).
     """
     mean = -(-pairs // max(num_experts, 1))
     bm = 16
-    while bm < mean and bm < 128:
+    while bm < mean and bm < 256:
         bm *= 2
     return {"BM": bm, "num_warps": default_warps(bm)}
 
@@ -392,8 +392,12 @@ def nvfp4_grouped_gate_up(
 #: (H, I, k, BM) specialisations of the conformance matrix's real shapes audited for sm_90.
 AUDIT_CASES = [
     (7168, 2048, 8, 16),
+    (7168, 2048, 8, 32),
+    (7168, 2048, 8, 64),
     (7168, 2048, 8, 128),
+    (7168, 2048, 8, 256),
     (2048, 768, 8, 64),
+    (2048, 768, 8, 256),
     (4096, 1536, 8, 128),
     (2880, 2880, 4, 128),
 ]

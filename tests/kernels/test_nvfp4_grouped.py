@@ -107,7 +107,7 @@ def test_op_end_to_end_and_dispatch():
 
 
 def test_grouped_config():
-    assert grouped_config(8 * 16384, 256) == {"BM": 128, "num_warps": 8}
+    assert grouped_config(8 * 16384, 256) == {"BM": 256, "num_warps": 8}
     assert grouped_config(8 * 4096, 256) == {"BM": 128, "num_warps": 8}
     assert grouped_config(8 * 1024, 256) == {"BM": 32, "num_warps": 4}
     assert grouped_config(8 * 2048, 256) == {"BM": 64, "num_warps": 8}
