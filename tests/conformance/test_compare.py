@@ -560,3 +560,25 @@ def test_end_to_end_reuse_matches_fresh_golden(built) -> None:
     )  # fmt: skip
     a, b = res.end_to_end.to_json(), fresh.to_json()
     assert a == b and a["differing"] > 0
+
+
+def test_end_to_end_nan_and_signed_zero_positions(nvfp4) -> None:
+    """A NaN where the golden output is finite and a -0 where it is +0 (routed + shared = 0 makes +0 under the
+    rule: the sign is fixed) are unexplained differences, counted as such."""
+    case, inputs, taps, out = nvfp4
+    # make out[1, 2] an exact zero by construction: shared = -routed there (re-simulated kernel output)
+    t = _clone(taps)
+    routed = ref_combine(t["weights"].contiguous(), t["y"].contiguous())
+    shared = inputs.shared.clone()
+    shared[1, 2] = -routed[1, 2]
+    ins = SimpleNamespace(**{**vars(inputs), "shared": shared})
+    _redo_out(ins, t)
+    assert t["out"][1, 2].item() == 0.0 and not torch.signbit(t["out"][1, 2].float())
+    bad = t["out"].clone()
+    bad[0, 1] = float("nan")
+    bad[1, 2] = -0.0
+    t["out"] = bad
+    e2e = compare_case(case, ins, t, bad).end_to_end
+    assert (e2e.verdict, e2e.differing, e2e.unexplained) == (FAIL, 2, 2)
+    assert (e2e.nan_mismatches, e2e.signed_zero_mismatches) == (1, 1)
+    assert e2e.first_failures == [[0, 1], [1, 2]] and e2e.max_ulp == float("inf")
