@@ -257,6 +257,7 @@ def main(argv=None) -> int:
         return time.time() - t_start > args.budget_s
 
     models = ["deepseek-v3"] if args.quick else list(MODELS)
+    layers = {}
     for model in models:
         if over():
             break
@@ -288,46 +289,49 @@ def main(argv=None) -> int:
             res["main"].append(row)
             print(json.dumps(row), flush=True)
             dump()
-        if model == "deepseek-v3" and not over():
-            # decode vs grouped around DECODE_MAX_TOKENS
-            for M in (4, 8, 9, 12, 16, 32):
-                x, router, shared = layer.inputs(M, seed=3)
-                row = {"M": M}
-                try:
-                    row["decode_us"] = time_fn(_decode(layer, x, router, shared, counter)) * 1e6
-                    row["grouped_us"] = time_fn(_grouped(layer, x, router, shared, counter)) * 1e6
-                except Exception as exc:
-                    res["errors"].append(f"cross M{M}: {exc!r}"[:2000])
-                res["cross"].append(row)
-                print(json.dumps(row), flush=True)
-            dump()
-            # launch-config sweep of the grouped kernels
-            variants = [
-                {},
-                {"gate_up": {"DECODE": 2}, "down": {"DECODE": 2}},
-                {"gate_up": {"BK": 128}, "down": {"BK": 128}},
-                {"gate_up": {"num_stages": 4}, "down": {"num_stages": 4}},
-                {"BM": 64},
-                {"BM": 256},
-            ]
-            for M in (4096,):
-                x, router, shared = layer.inputs(M, seed=5)
-                ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
-                for v in variants:
-                    if over():
-                        break
-                    row = {"M": M, "config": v}
-                    try:
-                        row["us"] = time_fn(_grouped(layer, x, router, shared, counter, v)) * 1e6
-                        o = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=v)
-                        row["bits_equal_default"] = bool(torch.equal(o.view(torch.int16), ref.view(torch.int16)))
-                    except Exception as exc:
-                        res["errors"].append(f"sweep M{M} {v}: {exc!r}"[:2000])
-                    res["sweep"].append(row)
-                    print(json.dumps(row), flush=True)
-                    dump()
-        del layer
+        layer._bf16 = None  # free the bf16 copy
+        if model == "deepseek-v3":
+            layers[model] = layer  # kept for the decode-vs-grouped and sweep sections
         torch.cuda.empty_cache()
+    if "deepseek-v3" in layers and not over():
+        layer, counter = layers["deepseek-v3"], make_route_counter("cuda")
+        # decode vs grouped around DECODE_MAX_TOKENS
+        for M in (4, 8, 9, 12, 16, 32):
+            x, router, shared = layer.inputs(M, seed=3)
+            row = {"M": M}
+            try:
+                row["decode_us"] = time_fn(_decode(layer, x, router, shared, counter)) * 1e6
+                row["grouped_us"] = time_fn(_grouped(layer, x, router, shared, counter)) * 1e6
+            except Exception as exc:
+                res["errors"].append(f"cross M{M}: {exc!r}"[:2000])
+            res["cross"].append(row)
+            print(json.dumps(row), flush=True)
+        dump()
+        # launch-config sweep of the grouped kernels
+        variants = [
+            {},
+            {"gate_up": {"DECODE": 2}, "down": {"DECODE": 2}},
+            {"gate_up": {"BK": 128}, "down": {"BK": 128}},
+            {"gate_up": {"num_stages": 4}, "down": {"num_stages": 4}},
+            {"BM": 64},
+            {"BM": 256},
+        ]
+        for M in (4096,):
+            x, router, shared = layer.inputs(M, seed=5)
+            ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
+            for v in variants:
+                if over():
+                    break
+                row = {"M": M, "config": v}
+                try:
+                    row["us"] = time_fn(_grouped(layer, x, router, shared, counter, v)) * 1e6
+                    o = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=v)
+                    row["bits_equal_default"] = bool(torch.equal(o.view(torch.int16), ref.view(torch.int16)))
+                except Exception as exc:
+                    res["errors"].append(f"sweep M{M} {v}: {exc!r}"[:2000])
+                res["sweep"].append(row)
+                print(json.dumps(row), flush=True)
+                dump()
     # golden model at small M (exact accumulations on the GPU), one timed call
     if not over():
         from flint_moe.reference.model import moe_nvfp4
