@@ -27,6 +27,16 @@ so -0 < +0: a zero's sign must be reachable), FAIL otherwise; NaN positions must
 where the golden output is not finite the kernel must equal it. The result is a ``compare.CaseResult`` with
 ``mode = "black-box"``, no stages, and ``end_to_end`` (mode "black-box", causes ``interval`` / ``routing``:
 inside the golden selection's interval, or only inside another possible selection's).
+
+Example (a third-party kernel whose weights ``theirs`` hold the experts ``logical`` in its own layout)::
+
+    from flint_moe.conformance.blackbox import compare_blackbox
+    res = compare_blackbox(lambda x, rw, w, k: their_moe(x, rw, w, k), x, router_weight, theirs, top_k,
+                           logical, name="their-moe")
+    print(res.verdict, res.end_to_end.unexplained, res.end_to_end.failure_details)
+
+Cost: one golden run plus, per token and possible selection, the interval propagation (the tests run our
+kernels this way on cpu shapes in seconds).
 """
 
 from __future__ import annotations
