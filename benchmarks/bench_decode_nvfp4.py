@@ -581,7 +581,7 @@ def tune(out_dir: str, write_tuned: str | None) -> int:
     x, ids, tw, sh = make_inputs(1, cfg["H"], cfg["E"], cfg["k"], seed=11, device="cuda")
     refs = {}
     for v, gu in TUNE_GU.items():
-        key = (gu["MMA"], gu.get("SK", 1))
+        key = (gu["MMA"], gu.get("SK", 1))  # same path and K-split: same bits
         act = nvfp4_gate_up(x, ids, w, config=gu)
         if key in refs:
             note(f"gate/up {v} == first of its path", same(act, refs[key]))

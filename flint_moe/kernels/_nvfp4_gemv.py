@@ -35,6 +35,22 @@ Returns fp32 [R, B / 8]: for each 16-element block, ``sum_{q=0..15} E2M1(code_q)
 in element order (``s = c_0 x_0; s = s + c_q x_q`` for q = 1..15; every product of an E2M1 value and a bf16
 value is exact in fp32, so it does not matter whether the compiler fuses a product into the add). The caller
 multiplies each block partial by its E4M3 scale with one ``fma`` into its accumulator.
+
+Tensor-core path (``MMA`` option of both kernels; ``mma_ptx``, ``mma_rows``, ``mma_gemv``)
+---------------------------------------------------------------------------------------
+A program's rows form a [R, 4] tile whose default Triton layout puts 8 x 4 threads in a warp (lane = 4 g + c):
+thread (g, c) holds chunk c (16 consecutive code bytes of each 64-byte K step) of RT rows. One inline-PTX
+call per K step (or S steps) loads the chunks, dequantises every weight exactly to bf16 as
+``E2M1 * E4M3 * 2^-8`` (``mad.lo`` sign carry, two ``mul.rn.bf16x2``; rule step 5 up to a power of two) and
+feeds ``mma.sync.m16n8k16`` (bf16, fp32 accumulate): A = the weights of two of the thread's rows (MMA rows g,
+g + 8), k-slots of the 4 chunk threads = 16 elements of the 4 chunks, B = the activations re-paired to match
+(every column equal), C = D = the running row sum. So a row's accumulator is the chain of MMAs over its K
+steps in increasing order, 8 per 16-byte chunk, each adding 16 exact products in the hardware's internal order
+with truncating alignment; the result times 2^8 is g_acc / y_acc. No block regrouping: bound
+``FP32_TRUNCATE`` (u = 2^-23, d = K), the rule's tensor-core model. ``SK`` > 1 splits K into parts summed by
+different warps, added in a fixed order (``mma_sum_parts``). Under the interpreter ``_mma_shim`` does the same
+loads and sums the exact products in fp32 (round to nearest). Not yet tested on this path: inf / NaN
+activations (the tensor cores' handling of special values is not checked against the golden model).
 """
 
 from __future__ import annotations
@@ -652,13 +668,23 @@ def mma_gemv(
 @triton.jit
 def mma_sum_parts(tot, R: tl.constexpr, NW: tl.constexpr, SK: tl.constexpr):
     """[R / SK] sums over the K-parts of ``mma_gemv`` tile-row sums ``tot`` [R], indexed by local row i
-    (``mma_tile_rows``); ``tl.sum`` over the SK parts (a fixed tree; SK = 1 returns ``tot``)."""
+    (``mma_tile_rows``), in a fixed order that does not depend on the layout: SK = 2: ``p0 + p1``; SK = 4:
+    ``(p0 + p1) + (p2 + p3)`` (elementwise adds after ``tl.split``; SK = 1 returns ``tot``)."""
     if SK == 1:
         return tot
     else:
+        tl.static_assert(SK == 2 or SK == 4, "mma_sum_parts: SK must be 1, 2 or 4")
         WR: tl.constexpr = NW // SK
-        t3 = tl.reshape(tot, [R // (8 * NW), SK, 8 * WR])
-        return tl.reshape(tl.sum(t3, axis=1), [R // SK])
+        t3 = tl.permute(tl.reshape(tot, [R // (8 * NW), SK, 8 * WR]), (0, 2, 1))  # [.., 8 WR, SK]
+        if SK == 2:
+            a, b = tl.split(t3)
+            s = a + b
+        else:
+            even, odd = tl.split(tl.reshape(t3, [R // (8 * NW), 8 * WR, 2, 2]))  # part h = 2 h1 + h0
+            pair = even + odd  # [.., 2]: (p0 + p1, p2 + p3)
+            lo, hi = tl.split(pair)
+            s = lo + hi
+        return tl.reshape(s, [R // SK])
 
 
 @triton.jit

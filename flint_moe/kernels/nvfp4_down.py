@@ -242,7 +242,8 @@ def _nvfp4_down_split_kernel(
     ``MMA`` path: weights dequantised exactly to bf16 ``E2M1 * E4M3 * 2^-8``, products with act accumulated by
     chained ``mma.sync.m16n8k16`` (fp32, from +0; per 64-byte K step 8 MMAs per 16-byte chunk, the hardware's
     order and truncating alignment inside each), K steps in increasing order, ``y_acc = acc * 2^8`` (exact).
-    ``SK`` > 1: K split into SK parts (different warps), part sums added by ``tl.sum``. Bound: ``FP32_TRUNCATE``
+    ``SK`` > 1: K split into SK parts (different warps), part sums added as ``p0 + p1`` /
+    ``(p0 + p1) + (p2 + p3)``. Bound: ``FP32_TRUNCATE``
     (u = 2^-23, d = INTER). The combine is unchanged. ``LATE``: ``griddepcontrol.launch_dependents`` after the
     K loop instead of at the start (scheduling only).
     """

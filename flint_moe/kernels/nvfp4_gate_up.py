@@ -117,7 +117,7 @@ def _nvfp4_gate_up_kernel(
     adding 16 products (4 from each of the 4 chunks of the step) to the running sum in the hardware's internal
     order with its truncating alignment; K steps in increasing order; finally ``g_acc = acc * 2^8`` (exact).
     With ``SK`` > 1 the row is split into SK equal K-parts summed that way by different warps, then the SK part
-    sums (each times 2^8) are added by ``tl.sum`` (``mma_sum_parts``).
+    sums (each times 2^8) are added as ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)`` (``mma_sum_parts``).
     Bound: the plain any-order model with tensor-core truncation, ``FP32_TRUNCATE`` (u = 2^-23, d = H).
 
     Rule steps: 6 (global scale on the fp32 accumulator), 7 (SwiGLU: ``mul``, ``ex2.approx.ftz.f32``, ``add``,
