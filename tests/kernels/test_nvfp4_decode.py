@@ -209,7 +209,7 @@ def test_mma_variants_and_k_split():
     """RT / S / num_warps change no bit of the MMA path; SK = 2 (K halves in different warps) is checked against
     the golden bound and gives the same bits with 2 or 4 warps; a shape whose K is not a multiple of 64 * SK
     falls back to SK = 1 (same bits as SK = 1)."""
-    E, H, I, M, k = 3, 256, 256, 1, 2  # H/2 = I/2 = 128 bytes: two 64-byte steps, splittable in two parts
+    E, H, I, M, k = 3, 256, 256, 1, 1  # H/2 = I/2 = 128 bytes: two 64-byte steps, splittable in two parts
     w = make_weights(E, H, I, seed=6)
     x, ids, tw, sh = make_inputs(M, H, E, k, seed=6)
     ref = _run_mma(w, x, ids, tw, sh, GU_MMA, DN_MMA)
