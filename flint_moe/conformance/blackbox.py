@@ -7,8 +7,9 @@ bounded explanation: the golden model carries, for every element, the interval o
 can reach, through every rule step after each accumulation (``docs`` of the Flint rule, steps 1-10):
 
 * each long reduction (router, gate/up, down): ``[exact - bound, exact + bound]`` for its summation model
-  (default plain fp32 round-to-nearest in any order, which also covers the documented NVFP4 block
-  regrouping; pass ``FP32_TRUNCATE`` for tensor-core accumulation);
+  (defaults: router plain fp32 round-to-nearest in any order; experts ``FP32_TRUNCATE``, the loosest the
+  rule admits (tensor-core truncation, u = 2^-23, any order), which also covers round-to-nearest and the
+  documented NVFP4 block regrouping);
 * order-free steps are monotone (RN32, bf16 rounding, the global scale ``>= 0``, the sigmoid of step 3, the
   renormalisation division) and map interval ends to interval ends; SwiGLU's ``g * r(g)`` is evaluated with
   the rule's emulated instructions at both ends and at its minimum near ``g = -1.2785``, widened by 2^-20
@@ -47,7 +48,7 @@ import math
 import torch
 
 from flint_moe.reference._checks import check_tensor
-from flint_moe.reference.exact import FP32_RN, Accumulation, SummationModel, gamma
+from flint_moe.reference.exact import FP32_RN, FP32_TRUNCATE, Accumulation, SummationModel, gamma
 from flint_moe.reference.experts import (
     SWIGLU_C,
     dequant_nvfp4,
@@ -163,7 +164,7 @@ def output_intervals(
     shared: torch.Tensor | None = None,
     *,
     router_model: SummationModel = FP32_RN,
-    expert_model: SummationModel = FP32_RN,
+    expert_model: SummationModel = FP32_TRUNCATE,
 ):
     """Per token and possible top-k selection, the interval of outputs a conforming kernel can return.
 
@@ -267,7 +268,7 @@ def compare_blackbox(
     name: str = "black-box",
     case_id: str | None = None,
     router_model: SummationModel = FP32_RN,
-    expert_model: SummationModel = FP32_RN,
+    expert_model: SummationModel = FP32_TRUNCATE,
 ) -> CaseResult:
     """Run ``fn(x, router_weight, weights, top_k)`` once and judge its output end to end (module docstring).
 

@@ -21,9 +21,11 @@ out               step-9 combine of the kernel's ``weights`` and ``y`` + shared 
 ================  ============================================================  =========================
 
 "bits": every element bitwise equal, NaN compared as NaN-ness (payloads ignored), signed zeros compared.
-Summation models: NVFP4 decode gate/up/down use the documented block regrouping ``block_model(16)``; the
-router and the BF16 kernels plain fp32 round-to-nearest in any order (``FP32_RN``); see the kernel docstrings
-in ``flint_moe/kernels``.
+Summation models (:func:`expert_models`): NVFP4 decode gate/up and down each use what its kernel declares
+for its launch configuration (``accumulation_model()``: the block regrouping ``block_model(16)`` on CUDA
+cores, ``FP32_TRUNCATE`` on the tensor-core path); the grouped NVFP4 path ``FP32_TRUNCATE``; the router and
+the BF16 kernels plain fp32 round-to-nearest in any order (``FP32_RN``); see the kernel docstrings in
+``flint_moe/kernels``.
 
 Verdicts per stage: ``EXACT`` (all bits equal to the golden value; for an accumulation: to ``RN32`` of the
 exact sum), ``WITHIN-BOUND`` (accumulations: every element within the certified bound), ``FAIL``.
@@ -94,6 +96,7 @@ __all__ = [
     "STAGES",
     "ACCUMULATION_STAGES",
     "PATH_MODELS",
+    "expert_models",
     "WARN_FACTOR",
     "StageResult",
     "EndToEndResult",
@@ -120,7 +123,8 @@ VERDICT_ORDER = (EXACT, WITHIN_BOUND, EXPLAINED, FAIL)
 STAGES = ("router_acc", "logits", "ids", "weights", "gate_acc", "up_acc", "act", "down_acc", "y", "out")
 ACCUMULATION_STAGES = ("router_acc", "gate_acc", "up_acc", "down_acc")
 
-#: Summation model of each path's expert reductions (the router is always FP32_RN).
+#: Summation model of each path's expert reductions (the router is always FP32_RN); for nvfp4_decode the
+#: CUDA-core default, the kernels' own declaration wins (:func:`expert_models`).
 #: ``nvfp4_grouped`` (issue 6): tensor-core dots of the dequantised weights, plain any-order truncating model
 #: (flint_moe/kernels/nvfp4_grouped_gate_up.py, docs/kernels/nvfp4-grouped.md).
 PATH_MODELS: dict[str, SummationModel] = {
@@ -128,6 +132,30 @@ PATH_MODELS: dict[str, SummationModel] = {
     "bf16_decode": FP32_RN,
     "nvfp4_grouped": FP32_TRUNCATE,
 }
+
+
+def expert_models(path: str) -> tuple[SummationModel, SummationModel]:
+    """(gate/up model, down model): the summation models bounding a path's expert reductions.
+
+    ``nvfp4_decode``: what the kernels declare for their current launch configuration,
+    ``flint_moe.kernels.nvfp4_gate_up.accumulation_model()`` / ``nvfp4_down.accumulation_model()``
+    (``block_model(16)`` on CUDA cores, ``FP32_TRUNCATE`` on the tensor-core (MMA) path; imported lazily, so
+    TRITON_INTERPRET must be settled first, as for any kernel import). Other paths, or kernels without
+    the declaration: :data:`PATH_MODELS` for both. Raises KeyError for an unknown path."""
+    default = PATH_MODELS[path]
+    if path == "nvfp4_decode":
+        try:
+            from flint_moe.kernels import nvfp4_down, nvfp4_gate_up
+
+            return nvfp4_gate_up.accumulation_model(), nvfp4_down.accumulation_model()
+        except (ImportError, AttributeError):
+            pass
+    return default, default
+
+
+def _split_models(model) -> tuple[SummationModel, SummationModel]:
+    return tuple(model) if isinstance(model, tuple) else (model, model)
+
 
 #: WARNING when an accumulation error exceeds this many times the probabilistic estimate sqrt(d) * u * S.
 WARN_FACTOR = 10.0
@@ -592,7 +620,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
     want = NVFP4Experts if path.startswith("nvfp4_") else BF16Experts
     if not isinstance(wl, want):
         raise ValueError(f"case {case.id}: path {path} needs weights_logical {want.__name__}, got {type(wl).__name__}")
-    model = PATH_MODELS[path]
+    model = expert_models(path)
     x = inputs.x.detach()
     dev = x.device
     router_w = inputs.router_weight.detach().to(dev)
@@ -690,6 +718,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     receives the golden accumulations for reuse by :func:`end_to_end_taps`: ``"gu"`` {expert: [M, 2I]},
     ``"down"`` {expert: (pairs, act rows, Accumulation)}."""
     cache = {} if cache is None else cache
+    gu_model, d_model = _split_models(model)
     nv = path.startswith("nvfp4_")
     dev = x.device
     I = wl.w13.shape[1] // 2  # noqa: E741  (logical intermediate size)
@@ -706,9 +735,9 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     for e in experts:
         w13 = wl.w13[e].to(dev)
         if nv:
-            gu[e] = gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=model)
+            gu[e] = gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=gu_model)
         else:
-            gu[e] = gate_up_accumulate_bf16(x, w13, model=model)
+            gu[e] = gate_up_accumulate_bf16(x, w13, model=gu_model)
     cache["gu"] = gu
     cache.setdefault("down", {})
     g_parts = [_pad_acc(gu[e][m, :I], width) for m, _, e in pairs]
@@ -744,9 +773,9 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
             act_e = torch.stack([a_tap[pairs[p][0], pairs[p][1], :I] for p in rows]).contiguous()
             w2 = wl.w2[e].to(dev)
             if nv:
-                acc = down_accumulate(act_e, w2, wl.w2_scale[e].to(dev), model=model)
+                acc = down_accumulate(act_e, w2, wl.w2_scale[e].to(dev), model=d_model)
             else:
-                acc = down_accumulate_bf16(act_e, w2, model=model)
+                acc = down_accumulate_bf16(act_e, w2, model=d_model)
             for r, p in enumerate(rows):
                 parts[p] = acc[r]
             cache["down"][e] = ([pairs[p][:2] for p in rows], act_e, acc)
@@ -827,6 +856,7 @@ def routing_explained(kernel_ids: torch.Tensor, golden_logits: torch.Tensor, lo:
 def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
     """The golden model on its own (rule steps 1-10, every accumulation RN32 of its exact sum): dict of
     logits, ids, weights, gate/up (rounded accumulators, logical I), act, down (rounded), y, out."""
+    gu_model, d_model = _split_models(model)
     nv = path.startswith("nvfp4_")
     dev = x.device
     M, H = x.shape
@@ -845,9 +875,9 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
         if e not in gu:
             w13 = wl.w13[e].to(dev)
             gu[e] = (
-                gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=model)
+                gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=gu_model)
                 if nv
-                else gate_up_accumulate_bf16(x, w13, model=model)
+                else gate_up_accumulate_bf16(x, w13, model=gu_model)
             )
         r = gu[e].exact.to(torch.float32)[tokens]
         g_e, u_e = r[:, :I].contiguous(), r[:, I:].contiguous()
@@ -866,9 +896,9 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
         if bool(redo.any()):
             a_r = a_e[redo].contiguous()
             if nv:
-                d = down_accumulate(a_r, wl.w2[e].to(dev), wl.w2_scale[e].to(dev), model=model)
+                d = down_accumulate(a_r, wl.w2[e].to(dev), wl.w2_scale[e].to(dev), model=d_model)
             else:
-                d = down_accumulate_bf16(a_r, wl.w2[e].to(dev), model=model)
+                d = down_accumulate_bf16(a_r, wl.w2[e].to(dev), model=d_model)
             dr[redo] = d.exact.to(torch.float32)
         y_e = down_output(dr, wl.w2_gs[e : e + 1].to(dev)) if nv else down_output_bf16(dr)
         gacc[tokens, slots], uacc[tokens, slots], act[tokens, slots] = g_e, u_e, a_e
@@ -900,7 +930,9 @@ def end_to_end_taps(
     caused by a ``gate_acc`` / ``up_acc`` difference at (m, j, i) and reaching h through a non-zero
     ``W2[h, i]`` (``gate_up_acc``), and no slot's ``y[m, j, h]`` differs without such a cause. Everything
     else is unexplained (FAIL). Whether each upstream difference is itself within its bound is the stage
-    comparison's job (:func:`compare_case`). Returns :class:`EndToEndResult` (mode ``"taps"``).
+    comparison's job (:func:`compare_case`). ``model``: a SummationModel or a (gate/up, down) pair (the
+    bounds do not change the golden values; they only matter for the reused ``cache``). Returns
+    :class:`EndToEndResult` (mode ``"taps"``).
     """
     dev = x.device
     M, H = x.shape

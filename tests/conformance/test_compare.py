@@ -21,11 +21,11 @@ from flint_moe.conformance.compare import (
     EXACT,
     EXPLAINED,
     FAIL,
-    PATH_MODELS,
     STAGES,
     VERDICT_ORDER,
     WITHIN_BOUND,
     compare_case,
+    expert_models,
     logit_intervals,
     routing_explained,
     ulp_distance,
@@ -375,7 +375,7 @@ def test_mutation_out_element(built) -> None:
 
 def _down_acc(case, inputs, t, m, j) -> Accumulation:
     wl, e = inputs.weights_logical, int(t["ids"][m, j])
-    model = PATH_MODELS[case.path]
+    model = expert_models(case.path)[1]
     if case.path == "nvfp4_decode":
         a = t["act"][m, j, : wl.w2.shape[2] * 2][None].contiguous()
         return down_accumulate(a, wl.w2[e], wl.w2_scale[e], model=model)[0]
@@ -384,7 +384,7 @@ def _down_acc(case, inputs, t, m, j) -> Accumulation:
 
 def _gate_up_acc(case, inputs, t, m, j) -> Accumulation:
     wl, e = inputs.weights_logical, int(t["ids"][m, j])
-    model = PATH_MODELS[case.path]
+    model = expert_models(case.path)[0]
     if case.path == "nvfp4_decode":
         return gate_up_accumulate(inputs.x[m : m + 1], wl.w13[e], wl.w13_scale[e], model=model)[0]
     return gate_up_accumulate_bf16(inputs.x[m : m + 1], wl.w13[e], model=model)[0]
@@ -555,7 +555,7 @@ def test_end_to_end_reuse_matches_fresh_golden(built) -> None:
     _redo_from_act(case, inputs, t)
     res = compare_case(case, inputs, t, t["out"])
     fresh = end_to_end_taps(
-        case.path, PATH_MODELS[case.path], inputs.weights_logical, inputs.x, inputs.router_weight,
+        case.path, expert_models(case.path), inputs.weights_logical, inputs.x, inputs.router_weight,
         inputs.shared, K, t, t["out"],
     )  # fmt: skip
     a, b = res.end_to_end.to_json(), fresh.to_json()
