@@ -22,7 +22,7 @@ def fake_run(monkeypatch):
     fail: set[str] = set()
     raise_: set[str] = set()
 
-    def run_case(case, device, counter=None, *, invariance=False):
+    def run_case(case, device, counter=None, *, invariance=False, inputs=None):
         if case.id in raise_:
             raise RuntimeError("illegal memory access (simulated)")
         r = ok_case(int(case.M))
