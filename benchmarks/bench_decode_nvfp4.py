@@ -531,7 +531,8 @@ def sweep_mma(out_dir: str) -> int:
 
 
 #: Round 5 candidates (``--tune``): CUDA-core ("cc") and tensor-core ("mma") configurations; k = K-parts (SK),
-#: late = ``griddepcontrol.launch_dependents`` after the K loop.
+#: late = ``griddepcontrol.launch_dependents`` after the K loop, pf = cross-step register prefetch (added after
+#: the round-5 run, not measured yet).
 TUNE_GU = {
     "cc-BN8w2": {"MMA": False, "BN": 8, "num_warps": 2},
     "mma-BN16w2r2s4": _gu(16, 2, 2, 4),
@@ -540,6 +541,8 @@ TUNE_GU = {
     "mma-BN16w8r2s4k4": {**_gu(16, 8, 2, 4), "SK": 4},
     "mma-BN8w4r2s4k4": {**_gu(8, 4, 2, 4), "SK": 4},
     "mma-BN16w4r2s4k2-late": {**_gu(16, 4, 2, 4), "SK": 2, "LATE": True},
+    "mma-BN8w4r2s4k4-pf": {**_gu(8, 4, 2, 4), "SK": 4, "PF": True},
+    "mma-BN16w4r2s2k2-pf": {**_gu(16, 4, 2, 2), "SK": 2, "PF": True},
 }
 TUNE_DN = {
     "cc-BH16w4": {"MMA": False, "BH": 16, "num_warps": 4, "PREFETCH": True},
@@ -548,6 +551,8 @@ TUNE_DN = {
     "mma-BH16w4r2s2k4": {**_dn(16, 4, 2, 2), "SK": 4},
     "mma-BH32w4r2s4k2": {**_dn(32, 4, 2, 4), "SK": 2},
     "mma-BH16w1r2s4-late": {**_dn(16, 1, 2, 4), "LATE": True},
+    "mma-BH16w1r2s4-pf": {**_dn(16, 1, 2, 4), "PF": True},
+    "mma-BH16w1r2s2-pf": {**_dn(16, 1, 2, 2), "PF": True},
 }
 
 

@@ -370,8 +370,13 @@ def load_bytes(ptrs, mask, ASM: tl.constexpr):
 MMA_SHAPES = ((2, 1), (2, 2), (2, 4), (4, 1), (4, 2))
 
 
-def mma_ptx(RT: int, S: int, PRED: bool) -> str:
+def mma_ptx(RT: int, S: int, PRED: bool, MODE: str = "full") -> str:
     """PTX body of one ``mma_rows`` call (see ``mma_rows``): RT rows of this thread, S sub-steps.
+
+    ``MODE`` (cross-step prefetch, ``mma_rows_pf``): "full" loads and computes one step; "load" only loads a
+    step's codes and scales and returns them (4 S code-word outputs and S scale outputs, RT each); "pf"
+    computes the step whose codes and scales come in as inputs (after acc) while loading the next step's
+    from the pointers into its outputs (after acc); "drain" computes the carried step without loading codes.
 
     Operands: ``$0..$RT-1`` accumulators out (f32); inputs: RT code pointers (u8, 16-byte aligned), RT scale
     pointers (u8, 2-byte aligned: the two E4M3 bytes of the chunk's blocks are adjacent in the 128x4 swizzle),
@@ -389,41 +394,56 @@ def mma_ptx(RT: int, S: int, PRED: bool) -> str:
     (bf16 in, fp32 accumulate) per word and row pair: A = the pairs of the thread's two rows (MMA rows
     groupID and groupID + 8), B = the activation pairs (all 8 columns equal), C = D = the running sum.
     """
-    assert RT % 2 == 0 and S >= 1
-    cp = [f"${RT + j}" for j in range(RT)]
-    sp = [f"${2 * RT + j}" for j in range(RT)]
-    xp = f"${3 * RT}"
-    ai = [f"${4 * RT + j}" for j in range(RT)]
-    flag = f"${5 * RT}"
+    assert RT % 2 == 0 and S >= 1 and MODE in ("full", "load", "pf", "drain")
+    assert not PRED or MODE == "full"
+    nc = 4 * S + S  # carried tensors: code words (s, w) at 4 s + w, then scales at 4 S + s
+    n_out = {"full": 1, "load": nc, "pf": 1 + nc, "drain": 1}[MODE] * RT
+    ins = {"full": ["c", "s", "x", "a"], "load": ["c", "s"], "pf": ["c", "s", "x", "a"], "drain": ["x", "a"]}[MODE]
+    op = {name: [f"${n_out + k * RT + j}" for j in range(RT)] for k, name in enumerate(ins)}
+    base_in = n_out + len(ins) * RT
+    cp, sp = op.get("c"), op.get("s")
+    xp = op["x"][0] if "x" in op else None
+    ai = op.get("a")
+    flag = f"${n_out + len(ins) * RT}"
     pre = "@pv " if PRED else ""
     L = ["{"]
     L.append(f".reg .b32 cw<{RT * S * 4}>, su<{RT * S}>, xw<16>, xq<16>, pp<32>, q0, q1, t, v, m, s, a, k119;")
+    L.append(f".reg .b32 ncw<{RT * S * 4}>, nsu<{RT * S}>;")
     L.append(f".reg .f32 d<{2 * RT}>;")
     if PRED:  # flag 0: nothing, 1: the whole chunk, 2: its first 8 bytes (one block) only
         L.append(".reg .pred pv, ph;")
         L.append(f"setp.ne.b32 pv, {flag}, 0;")
         L.append(f"setp.eq.b32 ph, {flag}, 1;")
     L.append("mov.b32 k119, 0x7B007B00;")
-    for j in range(RT):  # D columns 2 tig and 2 tig + 1 of the thread's row j (equal: all B columns are x)
-        L.append(f"mov.f32 d{2 * j}, {ai[j]};")
-        L.append(f"mov.f32 d{2 * j + 1}, {ai[j]};")
-    for s in range(S):
+    if MODE in ("pf", "drain"):  # the carried step: input tensor 4 s + w (code words), 4 S + s (scales)
+        base_c = base_in
+        for s_ in range(S):
+            for j in range(RT):
+                for w in range(4):
+                    L.append(f"mov.b32 cw{(j * S + s_) * 4 + w}, ${base_c + (4 * s_ + w) * RT + j};")
+                L.append(f"mov.b32 su{j * S + s_}, ${base_c + (4 * S + s_) * RT + j};")
+    if MODE in ("full", "pf", "drain"):
+        for j in range(RT):  # D columns 2 tig and 2 tig + 1 of the thread's row j (equal: all B columns are x)
+            L.append(f"mov.f32 d{2 * j}, {ai[j]};")
+            L.append(f"mov.f32 d{2 * j + 1}, {ai[j]};")
+    lc, ls = ("cw", "su") if MODE == "full" else ("ncw", "nsu")  # where this call's loads go
+    for s in range(S if MODE != "drain" else 0):
         for j in range(RT):
             b = (j * S + s) * 4
-            regs = f"cw{b}, cw{b + 1}, cw{b + 2}, cw{b + 3}"
+            regs = f"{lc}{b}, {lc}{b + 1}, {lc}{b + 2}, {lc}{b + 3}"
             if PRED:
                 L.append(f"mov.b32 cw{b}, 0; mov.b32 cw{b + 1}, 0; mov.b32 cw{b + 2}, 0; mov.b32 cw{b + 3}, 0;")
             L.append(f"{pre}ld.global.nc.L1::no_allocate.v4.b32 {{{regs}}}, [{cp[j]}+{64 * s}];")
             if PRED:
                 L.append(f"@!ph mov.b32 cw{b + 2}, 0; @!ph mov.b32 cw{b + 3}, 0;")
-    for s in range(S):
+    for s in range(S if MODE != "drain" else 0):
         for j in range(RT):
             if PRED:
                 L.append(f"mov.b32 su{j * S + s}, 0;")
-            L.append(f"{pre}ld.global.nc.u16 su{j * S + s}, [{sp[j]}+{1024 * s}];")
+            L.append(f"{pre}ld.global.nc.u16 {ls}{j * S + s}, [{sp[j]}+{1024 * s}];")
             if PRED:
                 L.append(f"@!ph and.b32 su{j * S + s}, su{j * S + s}, 255;")
-    for s in range(S):
+    for s in range(S if MODE != "load" else 0):
         for h in range(4):
             regs = f"xw{4 * h}, xw{4 * h + 1}, xw{4 * h + 2}, xw{4 * h + 3}"
             if PRED:
@@ -473,8 +493,16 @@ def mma_ptx(RT: int, S: int, PRED: bool) -> str:
                         f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{dd}}}, "
                         f"{{{a[0]}, {a[1]}, {a[2]}, {a[3]}}}, {{xq{4 * w + i0}, xq{4 * w + i1}}}, {{{dd}}};"
                     )
-    for j in range(RT):
-        L.append(f"mov.f32 ${j}, d{2 * j};")
+    if MODE != "load":
+        for j in range(RT):
+            L.append(f"mov.f32 ${j}, d{2 * j};")
+    if MODE in ("load", "pf"):
+        o = RT if MODE == "pf" else 0
+        for s_ in range(S):
+            for j in range(RT):
+                for w in range(4):
+                    L.append(f"mov.b32 ${o + (4 * s_ + w) * RT + j}, ncw{(j * S + s_) * 4 + w};")
+                L.append(f"mov.b32 ${o + (4 * S + s_) * RT + j}, nsu{j * S + s_};")
     L.append("}")
     return "\n".join(L)
 
@@ -557,6 +585,212 @@ def mma_rows(cptr, sptr, xptr, acc, RT: tl.constexpr, S: tl.constexpr):
         return _asm4(_MMA_4_2, _CONS_4, cptr, sptr, xptr, acc, 4)
 
 
+# Cross-step prefetch (``PF``): RT = 2, S = 2 or 4; generated bodies, see ``mma_ptx`` MODE.
+
+_PF_LOAD_2 = tl.constexpr(mma_ptx(2, 2, False, "load"))
+_PF_STEP_2 = tl.constexpr(mma_ptx(2, 2, False, "pf"))
+_PF_DRAIN_2 = tl.constexpr(mma_ptx(2, 2, False, "drain"))
+
+
+@triton.jit
+def _pf_load_2(cptr, sptr):
+    return tl.inline_asm_elementwise(
+        _PF_LOAD_2,
+        "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l",
+        [cptr.to(tl.int64), sptr.to(tl.int64)],
+        dtype=(
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+        ),
+        is_pure=False,
+        pack=2,
+    )
+
+
+@triton.jit
+def _pf_step_2(cptr, sptr, xptr, acc, carried):
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = carried
+    acc, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = tl.inline_asm_elementwise(
+        _PF_STEP_2,
+        "=f,=f,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l,l,l,f,f,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+        [cptr.to(tl.int64), sptr.to(tl.int64), xptr.to(tl.int64), acc, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9],
+        dtype=(
+            tl.float32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+        ),
+        is_pure=False,
+        pack=2,
+    )
+    return acc, (c0, c1, c2, c3, c4, c5, c6, c7, c8, c9)
+
+
+@triton.jit
+def _pf_drain_2(xptr, acc, carried):
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = carried
+    return tl.inline_asm_elementwise(
+        _PF_DRAIN_2,
+        "=f,=f,l,l,f,f,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+        [xptr.to(tl.int64), acc, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9],
+        dtype=tl.float32,
+        is_pure=False,
+        pack=2,
+    )
+
+
+_PF_LOAD_4 = tl.constexpr(mma_ptx(2, 4, False, "load"))
+_PF_STEP_4 = tl.constexpr(mma_ptx(2, 4, False, "pf"))
+_PF_DRAIN_4 = tl.constexpr(mma_ptx(2, 4, False, "drain"))
+
+
+@triton.jit
+def _pf_load_4(cptr, sptr):
+    return tl.inline_asm_elementwise(
+        _PF_LOAD_4,
+        "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l",
+        [cptr.to(tl.int64), sptr.to(tl.int64)],
+        dtype=(
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+            tl.int32,
+        ),
+        is_pure=False,
+        pack=2,
+    )
+
+
+@triton.jit
+def _pf_step_4(cptr, sptr, xptr, acc, carried):
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19 = carried
+    acc, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19 = (
+        tl.inline_asm_elementwise(
+            _PF_STEP_4,
+            "=f,=f,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l,l,l,f,f,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+            [
+                cptr.to(tl.int64),
+                sptr.to(tl.int64),
+                xptr.to(tl.int64),
+                acc,
+                c0,
+                c1,
+                c2,
+                c3,
+                c4,
+                c5,
+                c6,
+                c7,
+                c8,
+                c9,
+                c10,
+                c11,
+                c12,
+                c13,
+                c14,
+                c15,
+                c16,
+                c17,
+                c18,
+                c19,
+            ],
+            dtype=(
+                tl.float32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+                tl.int32,
+            ),
+            is_pure=False,
+            pack=2,
+        )
+    )
+    return acc, (c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19)
+
+
+@triton.jit
+def _pf_drain_4(xptr, acc, carried):
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19 = carried
+    return tl.inline_asm_elementwise(
+        _PF_DRAIN_4,
+        "=f,=f,l,l,f,f,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+        [
+            xptr.to(tl.int64),
+            acc,
+            c0,
+            c1,
+            c2,
+            c3,
+            c4,
+            c5,
+            c6,
+            c7,
+            c8,
+            c9,
+            c10,
+            c11,
+            c12,
+            c13,
+            c14,
+            c15,
+            c16,
+            c17,
+            c18,
+            c19,
+        ],
+        dtype=tl.float32,
+        is_pure=False,
+        pack=2,
+    )
+
+
 @triton.jit
 def mma_rows_tail(cptr, sptr, xptr, acc, flag, RT: tl.constexpr):
     """``mma_rows`` with S = 1 for a partial last step: ``flag`` (int32 [R, 4]) 1 = the whole chunk, 2 = its
@@ -636,6 +870,7 @@ def mma_gemv(
     S: tl.constexpr,
     SK: tl.constexpr,
     SEED,
+    PF: tl.constexpr = False,
 ):
     """Tensor-core row sums of one tile (module section "Tensor-core path"): fp32 [R], times 2^8 (exact).
 
@@ -646,6 +881,8 @@ def mma_gemv(
     (K a multiple of 8, and of 64 SK when SK > 1; with SK = 1 a partial last 64-byte step is masked per chunk
     and per block: flag 1 = whole chunk, 2 = its first block only, 0 = none).
     ``SEED``: any int32 scalar (keeps the K loop's trip count opaque to LLVM, see ``opaque_zero``).
+    ``PF`` (GPU, RT = 2, S = 2 or 4): the codes and scales of step s + 1 are loaded (``mma_ptx`` MODE "pf")
+    while step s computes, carried between calls in registers; same MMA sequence, same bits.
     """
     KS: tl.constexpr = K // SK
     STEP: tl.constexpr = 64 * S
@@ -656,8 +893,21 @@ def mma_gemv(
     sptr = s_base + swizzled_scale_offsets(srow[:, None], (2 * tig)[None, :] + (k_part // 8)[:, None], KP)
     xptr = x_base + k_part[:, None] + (16 * tig)[None, :]
     acc = tl.zeros([R, 4], dtype=tl.float32)
-    for k0 in tl.range(opaque_zero(SEED), FULLM, STEP):
-        acc = mma_rows(cptr + k0, sptr + (k0 // 64) * 1024, xptr + k0, acc, RT, S)
+    if PF and FULLM > 0 and not _INTERPRET:  # cross-step prefetch: step s + 1 loads while step s computes
+        tl.static_assert(RT == 2 and (S == 2 or S == 4), "mma_gemv: PF needs RT = 2 and S = 2 or 4")
+        if S == 2:
+            carried = _pf_load_2(cptr, sptr)
+            for k0 in tl.range(opaque_zero(SEED) + STEP, FULLM, STEP):
+                acc, carried = _pf_step_2(cptr + k0, sptr + (k0 // 64) * 1024, xptr + (k0 - STEP), acc, carried)
+            acc = _pf_drain_2(xptr + (FULLM - STEP), acc, carried)
+        else:
+            carried = _pf_load_4(cptr, sptr)
+            for k0 in tl.range(opaque_zero(SEED) + STEP, FULLM, STEP):
+                acc, carried = _pf_step_4(cptr + k0, sptr + (k0 // 64) * 1024, xptr + (k0 - STEP), acc, carried)
+            acc = _pf_drain_4(xptr + (FULLM - STEP), acc, carried)
+    else:
+        for k0 in tl.range(opaque_zero(SEED), FULLM, STEP):
+            acc = mma_rows(cptr + k0, sptr + (k0 // 64) * 1024, xptr + k0, acc, RT, S)
     for k0 in tl.range(FULLM, KS, 64):
         left = KS - k0 - 16 * tig[None, :] + 0 * srow[:, None]  # valid bytes from this chunk on (multiple of 8)
         flag = tl.where(left >= 16, 1, tl.where(left > 0, 2, 0))

@@ -54,7 +54,7 @@ __all__ = ["DOWN_CONFIG", "nvfp4_down", "accumulation_model", "audit_specs"]
 #: num_warps * RT). The tuned values (``nvfp4_tuned.DOWN``) override the base values below.
 DOWN_CONFIG = {
     "BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1, "WORDS": False,
-    "MMA": False, "RT": 2, "S": 2, "SK": 1, "LATE": False,
+    "MMA": False, "RT": 2, "S": 2, "SK": 1, "LATE": False, "PF": False,
 }  # fmt: skip
 DOWN_CONFIG.update(_TUNED_DOWN)
 
@@ -224,6 +224,7 @@ def _nvfp4_down_split_kernel(
     SK: tl.constexpr,
     NW: tl.constexpr,
     LATE: tl.constexpr,
+    PF: tl.constexpr,
     COMBINE: tl.constexpr,
     TAP: tl.constexpr,
 ):
@@ -270,7 +271,9 @@ def _nvfp4_down_split_kernel(
         i, kpart = mma_tile_rows(TR, NW, SK)
         hi = q * BH + i
         hci = tl.where(hi < H, hi, 0)  # rows past H read row 0 (stores are masked)
-        tt = mma_gemv(w_ptr + e * (H * IPB), hci.to(tl.int64) * IPB, s_row, hci, a_row, kpart, IB, KP, TR, RT, S, SK, p)
+        tt = mma_gemv(
+            w_ptr + e * (H * IPB), hci.to(tl.int64) * IPB, s_row, hci, a_row, kpart, IB, KP, TR, RT, S, SK, p, PF
+        )
         y_acc = mma_sum_parts(tt, TR, NW, SK)
     else:
         NB: tl.constexpr = BKB // 8
@@ -423,11 +426,12 @@ def nvfp4_down(
     mma, rt, sub, sk = bool(cfg["MMA"]), int(cfg["RT"]), int(cfg["S"]), int(cfg["SK"])
     nw = int(cfg["num_warps"])
     if mma:
-        from flint_moe.kernels.nvfp4_gate_up import _check_mma
+        from flint_moe.kernels.nvfp4_gate_up import _check_mma, _check_pf
 
         if not split:
             raise ValueError("config MMA: needs SPLIT (the tensor-core path is in the split kernel)")
         sk, nw = _check_mma(rt, sub, sk, nw, bh, INTER // 2, "BH", "BH")
+        _check_pf(bool(cfg["PF"]), rt, sub)
     if combine not in (0, 1):
         raise ValueError(f"config COMBINE: must be 0 or 1, got {combine}")
     if M > 0 and split:
@@ -463,6 +467,7 @@ def nvfp4_down(
             SK=sk,
             NW=nw,
             LATE=bool(cfg["LATE"]),
+            PF=bool(cfg["PF"]),
             COMBINE=combine,
             TAP=tap,
             num_warps=nw,
@@ -551,6 +556,7 @@ def audit_specs() -> list[str]:
                     "SK": DOWN_CONFIG["SK"],
                     "NW": DOWN_CONFIG["num_warps"],
                     "LATE": DOWN_CONFIG["LATE"],
+                    "PF": DOWN_CONFIG["PF"],
                     "COMBINE": DOWN_CONFIG["COMBINE"],
                     "TAP": tap,
                 },

@@ -56,7 +56,7 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "accumulation_model", 
 #: The tuned values (``nvfp4_tuned.GATE_UP``) override the base values below.
 GATE_UP_CONFIG = {
     "BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": False, "WORDS": False,
-    "MMA": False, "RT": 2, "S": 4, "SK": 1, "LATE": False,
+    "MMA": False, "RT": 2, "S": 4, "SK": 1, "LATE": False, "PF": False,
 }  # fmt: skip
 GATE_UP_CONFIG.update(_TUNED_GATE_UP)
 
@@ -91,6 +91,7 @@ def _nvfp4_gate_up_kernel(
     SK: tl.constexpr,
     NW: tl.constexpr,
     LATE: tl.constexpr,
+    PF: tl.constexpr,
     TAP: tl.constexpr,
 ):
     """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
@@ -148,7 +149,7 @@ def _nvfp4_gate_up_kernel(
         n_i = q * BN + i // 2
         pr = tl.where(n_i < INTER, (n_i // 64) * 128 + n_i % 64 + (i % 2) * 64, 0)  # masked columns read row 0
         tt = mma_gemv(
-            w_ptr + e * (2 * IP * HB), pr.to(tl.int64) * HB, s_row, pr, x_row, kpart, HB, KP, TR, RT, S, SK, t
+            w_ptr + e * (2 * IP * HB), pr.to(tl.int64) * HB, s_row, pr, x_row, kpart, HB, KP, TR, RT, S, SK, t, PF
         )
         tot = mma_sum_parts(tt, TR, NW, SK)  # [R], row r = 2 (n - q BN) + {0: up, 1: gate}
     else:
@@ -287,6 +288,12 @@ def _check_mma(
     return sk, num_warps
 
 
+def _check_pf(pf: bool, rt: int, sub: int) -> None:
+    """``PF`` (cross-step prefetch of the tensor-core path) exists for RT = 2 and S = 2 or 4."""
+    if pf and (rt != 2 or sub not in (2, 4)):
+        raise ValueError(f"config PF: needs RT = 2 and S = 2 or 4, got RT = {rt}, S = {sub}")
+
+
 def _decode_defaults(cfg: dict, device: torch.device) -> tuple[bool, int]:
     on_gpu = device.type == "cuda"
     asm = bool(cfg.get("ASM", on_gpu))
@@ -338,6 +345,7 @@ def nvfp4_gate_up(
     nw = int(cfg["num_warps"])
     if mma:
         sk, nw = _check_mma(rt, sub, sk, nw, 2 * bn, H // 2, "BN", "2 * BN")
+        _check_pf(bool(cfg["PF"]), rt, sub)
     act = torch.empty((M * top_k, INTER), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
     if tap:
@@ -372,6 +380,7 @@ def nvfp4_gate_up(
             SK=sk,
             NW=nw,
             LATE=bool(cfg["LATE"]),
+            PF=bool(cfg["PF"]),
             TAP=tap,
             num_warps=nw,
             num_stages=1,
@@ -430,6 +439,7 @@ def audit_specs() -> list[str]:
                     "SK": GATE_UP_CONFIG["SK"],
                     "NW": GATE_UP_CONFIG["num_warps"],
                     "LATE": GATE_UP_CONFIG["LATE"],
+                    "PF": GATE_UP_CONFIG["PF"],
                     "TAP": tap,
                 },
                 [

@@ -164,6 +164,8 @@ def test_bad_inputs_raise():
         nvfp4_gate_up(x, ids, w, config={"MMA": True, "BN": 16, "num_warps": 1, "RT": 4, "S": 4, "SK": 1})
     with pytest.raises(ValueError, match="SK"):
         nvfp4_down(act, ids, tw, w, sh, config={"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, "SK": 3})
+    with pytest.raises(ValueError, match="PF"):
+        nvfp4_down(act, ids, tw, w, sh, config={"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, "PF": True})
     with pytest.raises(ValueError, match="SPLIT"):
         nvfp4_down(act, ids, tw, w, sh, config={"MMA": True, "SPLIT": False})
     # M > DECODE_MAX_TOKENS goes to the grouped path (issue 6), which checks its own arguments

@@ -73,7 +73,7 @@ def test_matrix_shapes(H, I, path):
 
 
 def test_mma_variants_half_chunk():
-    """Tensor-core path: RT / S / num_warps / LATE change no bit; I/2 = 520 bytes ends in a half 16-byte chunk
+    """Tensor-core path: RT / S / num_warps / LATE / PF change no bit; I/2 = 520 bytes ends in a half 16-byte chunk
     (one block) and H/2 = 1440 in a partial 64-byte step; K-split variants within the bound."""
     from flint_moe.reference.exact import FP32_TRUNCATE
 
@@ -90,6 +90,7 @@ def test_mma_variants_half_chunk():
             ({**gu0, "RT": 4, "S": 2, "BN": 32}, {**dn0, "RT": 4, "S": 2, "BH": 32}),
             ({**gu0, "S": 1, "LATE": True}, {**dn0, "num_warps": 2, "BH": 32, "S": 2, "LATE": True}),
             ({**gu0, "BN": 8, "num_warps": 1}, {**dn0, "num_warps": 4, "BH": 64}),
+            ({**gu0, "PF": True}, {**dn0, "PF": True, "S": 2}),  # cross-step prefetch: same MMA sequence
         ):
             assert same(_run(w, x, ids, tw, sh, None, gu, dn), out)
         # K-split: gate/up H/2 = 1440 and down I/2 = 520 are not multiples of 128: SK = 2 runs as SK = 1
