@@ -524,40 +524,6 @@ def compare_accumulation(stage: str, kernel: torch.Tensor | None, acc: Accumulat
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _stack_acc(parts: list[Accumulation], shape: tuple[int, ...]) -> Accumulation:
-    """Stack per-row Accumulations [W] (same n / model) into one of ``shape`` (row-major)."""
-    a0 = parts[0]
-    inner = None
-    if all(p.inner_abs_sum is not None for p in parts):
-        inner = torch.stack([p.inner_abs_sum for p in parts]).reshape(shape)
-    return Accumulation(
-        torch.stack([p.exact for p in parts]).reshape(shape),
-        torch.stack([p.bound for p in parts]).reshape(shape),
-        torch.stack([p.abs_sum for p in parts]).reshape(shape),
-        torch.stack([p.eta_possible for p in parts]).reshape(shape),
-        a0.n,
-        a0.model,
-        inner,
-    )
-
-
-def _pad_acc(acc: Accumulation, width: int) -> Accumulation:
-    """Extend the last dim of a 1-D Accumulation with exact zero sums (bound 0: +0 or -0 accepted), for the
-    padded intermediate columns whose weights are zero."""
-    extra = width - acc.shape[-1]
-    if extra <= 0:
-        return acc
-
-    def z(t, fill):
-        return torch.cat([t, t.new_full((extra,), fill)])
-
-    inner = None if acc.inner_abs_sum is None else z(acc.inner_abs_sum, 0.0)
-    return Accumulation(
-        z(acc.exact, 0.0), z(acc.bound, 0.0), z(acc.abs_sum, 0.0), z(acc.eta_possible, False),
-        acc.n, acc.model, inner,
-    )  # fmt: skip
-
-
 def _tap(taps: dict, name: str, dev: torch.device):
     t = taps.get(name)
     return t.detach().to(dev) if isinstance(t, torch.Tensor) else t
@@ -713,9 +679,59 @@ def _combine_any(tw: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return to_bf16(acc)
 
 
+class _RowAcc:
+    """Scatter per-expert Accumulation rows into (token, slot) positions of an [M, k, W] Accumulation
+    (columns beyond a part's width are exact zero sums with bound 0, like intermediate padding)."""
+
+    def __init__(self, M: int, k: int, width: int, dev: torch.device) -> None:
+        self.shape, self.dev = (M, k, width), dev
+        self.f: dict[str, torch.Tensor] = {}
+        self.n = self.model = None
+
+    def put(self, tokens: torch.Tensor, slots: torch.Tensor, acc: Accumulation) -> None:
+        if self.n is None:
+            self.n, self.model = acc.n, acc.model
+            f64 = dict(dtype=torch.float64, device=self.dev)
+            self.f = {n: torch.zeros(self.shape, **f64) for n in ("exact", "bound", "abs_sum")}
+            self.f["eta_possible"] = torch.zeros(self.shape, dtype=torch.bool, device=self.dev)
+            if acc.inner_abs_sum is not None:
+                self.f["inner_abs_sum"] = torch.zeros(self.shape, **f64)
+            if acc.exact_error is not None:
+                self.f["exact_error"] = torch.zeros(self.shape, **f64)
+        w = acc.shape[-1]
+        for name, t in self.f.items():
+            v = getattr(acc, name)
+            if v is not None:
+                t[tokens, slots, :w] = v
+
+    def get(self) -> Accumulation:
+        f = self.f
+        return Accumulation(
+            f["exact"], f["bound"], f["abs_sum"], f["eta_possible"], self.n, self.model,
+            f.get("inner_abs_sum"), f.get("exact_error"),
+        )  # fmt: skip
+
+
+def _gate_up_rows(cache: dict, e: int, tokens: torch.Tensor, compute) -> Accumulation:
+    """Golden gate/up Accumulation [len(tokens), 2I] of expert ``e`` for the (sorted, unique) ``tokens``:
+    from ``cache["gu"][e] = (cached tokens, Accumulation)`` when it covers them, else computed (``compute(
+    tokens)``) and cached. Rows are independent, so a subset gives the same values as all M tokens."""
+    gu = cache.setdefault("gu", {})
+    hit = gu.get(e)
+    if hit is not None:
+        have, acc = hit
+        pos = torch.searchsorted(have, tokens).clamp(max=max(have.numel() - 1, 0))
+        if have.numel() and bool((have[pos] == tokens).all()):
+            return acc[pos]
+    acc = compute(tokens)
+    gu[e] = (tokens, acc)
+    return acc
+
+
 def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str, StageResult]:
-    """gate_acc, up_acc, act, down_acc, y for every (token, slot) pair, teacher-forced. ``cache`` (a dict)
-    receives the golden accumulations for reuse by :func:`end_to_end_taps`: ``"gu"`` {expert: [M, 2I]},
+    """gate_acc, up_acc, act, down_acc, y for every (token, slot) pair, teacher-forced, one golden call per
+    distinct expert over the tokens the kernel routed to it. ``cache`` (a dict) receives the golden
+    accumulations for reuse by :func:`end_to_end_taps`: ``"gu"`` {expert: (tokens, Accumulation [n, 2I])},
     ``"down"`` {expert: (pairs, act rows, Accumulation)}."""
     cache = {} if cache is None else cache
     gu_model, d_model = _split_models(model)
@@ -727,24 +743,32 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     width = g_tap.shape[-1] if isinstance(g_tap, torch.Tensor) and g_tap.dim() == 3 else I
     if width < I:
         width = I
-    pairs = [(m, j, int(ids[m, j])) for m in range(M) for j in range(k)]
-    experts = sorted({e for _, _, e in pairs})
+    ids_l = ids.to(dev).long()
+    experts = torch.unique(ids_l).tolist()
+    where = {e: torch.nonzero(ids_l == e, as_tuple=True) for e in experts}  # (tokens, slots), row-major
 
-    # gate/up accumulations: one golden call per distinct expert over all M tokens, rows picked per pair.
-    gu = {}
+    def compute_gu(e):
+        def run(tokens):
+            xs = x[tokens].contiguous()
+            w13 = wl.w13[e].to(dev)
+            if nv:
+                return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model)
+            return gate_up_accumulate_bf16(xs, w13, model=gu_model)
+
+        return run
+
+    # gate/up accumulations: one golden call per distinct expert over its tokens, rows scattered per pair.
+    g_acc, u_acc = _RowAcc(M, k, width, dev), _RowAcc(M, k, width, dev)
     for e in experts:
-        w13 = wl.w13[e].to(dev)
-        if nv:
-            gu[e] = gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=gu_model)
-        else:
-            gu[e] = gate_up_accumulate_bf16(x, w13, model=gu_model)
-    cache["gu"] = gu
+        tokens, slots = where[e]
+        uniq, inv = torch.unique(tokens, return_inverse=True)
+        acc = _gate_up_rows(cache, e, uniq, compute_gu(e))[inv]
+        g_acc.put(tokens, slots, acc[..., :I])
+        u_acc.put(tokens, slots, acc[..., I:])
     cache.setdefault("down", {})
-    g_parts = [_pad_acc(gu[e][m, :I], width) for m, _, e in pairs]
-    u_parts = [_pad_acc(gu[e][m, I:], width) for m, _, e in pairs]
     note = f"{len(experts)} experts, padded columns {width - I}" if width > I else f"{len(experts)} experts"
-    res["gate_acc"] = compare_accumulation("gate_acc", g_tap, _stack_acc(g_parts, (M, k, width)), note=note)
-    res["up_acc"] = compare_accumulation("up_acc", u_tap, _stack_acc(u_parts, (M, k, width)), note=note)
+    res["gate_acc"] = compare_accumulation("gate_acc", g_tap, g_acc.get(), note=note)
+    res["up_acc"] = compare_accumulation("up_acc", u_tap, u_acc.get(), note=note)
 
     # act from the kernel's own accumulators.
     shape3 = (M, k, width)
@@ -752,12 +776,12 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     if g_ok:
         if nv:
             gs1 = wl.w13_gs.to(dev)
-            act_rows = [
-                swiglu(apply_global_scale(g_tap[m, j].contiguous(), gs1[e : e + 1]),
-                       apply_global_scale(u_tap[m, j].contiguous(), gs1[e : e + 1]))
-                for m, j, e in pairs
-            ]  # fmt: skip
-            gold_act = torch.stack(act_rows).reshape(shape3)
+            gold_act = torch.zeros(shape3, dtype=torch.bfloat16, device=dev)
+            for e in experts:
+                tokens, slots = where[e]
+                g_e = apply_global_scale(g_tap[tokens, slots].contiguous(), gs1[e : e + 1])
+                u_e = apply_global_scale(u_tap[tokens, slots].contiguous(), gs1[e : e + 1])
+                gold_act[tokens, slots] = swiglu(g_e, u_e)
         else:
             gold_act = swiglu(g_tap.contiguous(), u_tap.contiguous())
         res["act"] = compare_bits("act", a_tap, gold_act)
@@ -767,19 +791,18 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     # down accumulation on the kernel's act (logical I columns), one golden call per expert.
     d_tap, y_tap = t["down_acc"], t["y"]
     if _usable(a_tap, shape3, torch.bfloat16):
-        parts: list[Accumulation | None] = [None] * len(pairs)
+        d_acc = _RowAcc(M, k, H, dev)
         for e in experts:
-            rows = [p for p, (_, _, pe) in enumerate(pairs) if pe == e]
-            act_e = torch.stack([a_tap[pairs[p][0], pairs[p][1], :I] for p in rows]).contiguous()
+            tokens, slots = where[e]
+            act_e = a_tap[tokens, slots, :I].contiguous()
             w2 = wl.w2[e].to(dev)
             if nv:
                 acc = down_accumulate(act_e, w2, wl.w2_scale[e].to(dev), model=d_model)
             else:
                 acc = down_accumulate_bf16(act_e, w2, model=d_model)
-            for r, p in enumerate(rows):
-                parts[p] = acc[r]
-            cache["down"][e] = ([pairs[p][:2] for p in rows], act_e, acc)
-        res["down_acc"] = compare_accumulation("down_acc", d_tap, _stack_acc(parts, (M, k, H)))
+            d_acc.put(tokens, slots, acc)
+            cache["down"][e] = (list(zip(tokens.tolist(), slots.tolist(), strict=True)), act_e, acc)
+        res["down_acc"] = compare_accumulation("down_acc", d_tap, d_acc.get())
     else:
         res["down_acc"] = StageResult("down_acc", "accumulation", FAIL, note="act tap unusable: not checked")
 
@@ -787,8 +810,10 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     if _usable(d_tap, (M, k, H), torch.float32):
         if nv:
             gs2 = wl.w2_gs.to(dev)
-            gold_y = torch.stack([down_output(d_tap[m, j].contiguous(), gs2[e : e + 1]) for m, j, e in pairs])
-            gold_y = gold_y.reshape(M, k, H)
+            gold_y = torch.zeros((M, k, H), dtype=torch.bfloat16, device=dev)
+            for e in experts:
+                tokens, slots = where[e]
+                gold_y[tokens, slots] = down_output(d_tap[tokens, slots].contiguous(), gs2[e : e + 1])
         else:
             gold_y = down_output_bf16(d_tap.contiguous())
         res["y"] = compare_bits("y", y_tap, gold_y)
@@ -868,18 +893,19 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
     uacc, act = torch.zeros_like(gacc), torch.zeros((M, k, I), dtype=torch.bfloat16, device=dev)
     dacc = torch.zeros((M, k, H), dtype=torch.float32, device=dev)
     y = torch.zeros((M, k, H), dtype=torch.bfloat16, device=dev)
-    gu = cache.setdefault("gu", {})
     downs = cache.get("down", {})
     for e in torch.unique(ids).tolist():
         tokens, slots = torch.nonzero(ids == e, as_tuple=True)
-        if e not in gu:
+
+        def run(rows, e=e):
             w13 = wl.w13[e].to(dev)
-            gu[e] = (
-                gate_up_accumulate(x, w13, wl.w13_scale[e].to(dev), model=gu_model)
-                if nv
-                else gate_up_accumulate_bf16(x, w13, model=gu_model)
-            )
-        r = gu[e].exact.to(torch.float32)[tokens]
+            xs = x[rows].contiguous()
+            if nv:
+                return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model)
+            return gate_up_accumulate_bf16(xs, w13, model=gu_model)
+
+        uniq, inv = torch.unique(tokens, return_inverse=True)
+        r = _gate_up_rows(cache, e, uniq, run).exact.to(torch.float32)[inv]
         g_e, u_e = r[:, :I].contiguous(), r[:, I:].contiguous()
         if nv:
             gs1 = wl.w13_gs[e : e + 1].to(dev)
