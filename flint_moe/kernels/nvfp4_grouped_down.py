@@ -29,7 +29,14 @@ from flint_moe.kernels._common import (
 from flint_moe.kernels._nvfp4_gemv import swizzled_scale_offsets
 from flint_moe.kernels.nvfp4_grouped_gate_up import _cfg, _check_perm, default_warps, dequant_tile, mma
 
-__all__ = ["GROUPED_DOWN_CONFIG", "COMBINE_BLOCK", "default_bh", "nvfp4_grouped_down", "audit_specs"]
+__all__ = [
+    "accumulation_model",
+    "GROUPED_DOWN_CONFIG",
+    "COMBINE_BLOCK",
+    "default_bh",
+    "nvfp4_grouped_down",
+    "audit_specs",
+]
 
 #: Default launch configuration: ``BH`` hidden rows per program (a power of two >= 64; None = ``default_bh(BM)``),
 #: ``BK`` K elements
@@ -240,6 +247,15 @@ def nvfp4_grouped_down(
         taps["y"] = y.view(M, top_k, H)
         taps["out"] = out
     return out
+
+
+def accumulation_model(config: dict | None = None):
+    """Summation model of y_acc for every launch configuration: ``FP32_TRUNCATE`` (tensor-core
+    accumulation, any order; kernel docstring). ``config`` is accepted for symmetry with the decode kernels."""
+    del config
+    from flint_moe.reference.exact import FP32_TRUNCATE
+
+    return FP32_TRUNCATE
 
 
 def audit_specs() -> list[str]:

@@ -34,6 +34,7 @@ from flint_moe.kernels._common import (
 from flint_moe.kernels._nvfp4_gemv import _join4, decode_e2m1_words, e4m3_to_f32, swizzled_scale_offsets
 
 __all__ = [
+    "accumulation_model",
     "GROUPED_GATE_UP_CONFIG",
     "grouped_config",
     "default_warps",
@@ -401,6 +402,15 @@ AUDIT_CASES = [
     (4096, 1536, 8, 128),
     (2880, 2880, 4, 128),
 ]
+
+
+def accumulation_model(config: dict | None = None):
+    """Summation model of g_acc / u_acc for every launch configuration: ``FP32_TRUNCATE`` (tensor-core
+    accumulation, any order; kernel docstring). ``config`` is accepted for symmetry with the decode kernels."""
+    del config
+    from flint_moe.reference.exact import FP32_TRUNCATE
+
+    return FP32_TRUNCATE
 
 
 def audit_specs() -> list[str]:
