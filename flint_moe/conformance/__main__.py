@@ -179,7 +179,7 @@ def _run_case(case, device, counter, invariance, inputs):
     from flint_moe.conformance.cases import make_inputs
     from flint_moe.conformance.faults import diagnose
     from flint_moe.conformance.invariance import check_invariances, required_failed
-    from flint_moe.conformance.paths import PATHS
+    from flint_moe.conformance.paths import path_for
     from flint_moe.ops import make_route_counter
 
     if counter is None:
@@ -187,7 +187,7 @@ def _run_case(case, device, counter, invariance, inputs):
     if inputs is None:
         inputs = make_inputs(case, device)
     taps: dict = {}
-    path = PATHS[case.path]
+    path = path_for(case)
     out = path.run(inputs, counter, taps)
     res = compare.compare_case(case, inputs, taps, out)
     if res.verdict == compare.FAIL:

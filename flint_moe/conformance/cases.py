@@ -51,6 +51,27 @@ PATH_PROFILES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 PATH_PROFILES["nvfp4_grouped"] = PATH_PROFILES["nvfp4_decode"]  # same weights (FlintMoEWeights), same rule
 
+#: Launch configurations a path can pick besides its default (issue 5: "every kernel configuration a path can
+#: pick, not only the default"): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
+#: or the name of one in flint_moe/kernels/nvfp4_tuned.py; ``BM`` for the grouped path).
+#: ``flint_moe.conformance.paths.path_for`` runs them and ``compare.expert_models`` bounds their accumulations
+#: with the model each kernel declares for that configuration. NVFP4 decode: the other measured path of each
+#: kernel (CUDA cores / tensor cores; docs/kernels/nvfp4-decode.md); BF16: the faster Qwen M=1 gate/up of the
+#: launch sweep and a deeper down unroll; grouped: the smallest and a larger row block.
+PATH_CONFIGS: dict[str, dict[str, dict]] = {
+    "nvfp4_decode": {
+        "default": {},
+        "gu-mma": {"gate_up": "GATE_UP_MMA"},
+        "dn-cuda-core": {"down": "DOWN_CUDA_CORE"},
+    },
+    "bf16_decode": {
+        "default": {},
+        "gu-bn4-w1-u8": {"gate_up": {"BN": 4, "num_warps": 1, "UNROLL": 8}},
+        "dn-bh8-u8": {"down": {"BH": 8, "UNROLL": 8}},
+    },
+    "nvfp4_grouped": {"default": {}, "bm64": {"BM": 64}, "bm128": {"BM": 128}},
+}
+
 
 @dataclass(frozen=True)
 class ShapeSpec:
@@ -89,7 +110,8 @@ SHAPES: dict[str, ShapeSpec] = {
 }
 
 _ID_RE = re.compile(
-    r"^(?P<path>[a-z0-9_]+)/(?P<shape>[A-Za-z0-9_.\-]+)/M(?P<M>\d+)/(?P<profile>[a-z0-9_]+)/s(?P<seed>\d+)$"
+    r"^(?P<path>[a-z0-9_]+)/(?P<shape>[A-Za-z0-9_.\-]+)/M(?P<M>\d+)/(?P<profile>[a-z0-9_]+)/s(?P<seed>\d+)"
+    r"(?:/c-(?P<config>[a-z0-9\-]+))?$"
 )
 
 
@@ -111,8 +133,14 @@ class Case:
     profile: str
     seed: int = 0
     pad_to: int | None = None
+    config: str = "default"
 
     def __post_init__(self) -> None:
+        if self.path in PATH_CONFIGS and self.config not in PATH_CONFIGS[self.path]:
+            raise ValueError(
+                f"Case: config {self.config!r} not defined for path {self.path!r} "
+                f"(known: {', '.join(PATH_CONFIGS[self.path])})"
+            )
         if self.path not in PATH_NAMES:
             raise ValueError(f"Case: unknown path {self.path!r} (known: {', '.join(PATH_NAMES)})")
         if self.profile not in PATH_PROFILES[self.path]:
@@ -125,15 +153,19 @@ class Case:
                              f"k={self.k} E={self.E}")  # fmt: skip
 
     @classmethod
-    def make(cls, path: str, shape: str | ShapeSpec, M: int, profile: str, seed: int = 0) -> Case:
+    def make(
+        cls, path: str, shape: str | ShapeSpec, M: int, profile: str, seed: int = 0, config: str = "default"
+    ) -> Case:
         """Case of a registered shape (sizes from ``SHAPES``)."""
         s = shape if isinstance(shape, ShapeSpec) else _shape(shape)
-        return cls(path, s.name, s.E, s.H, s.I, s.k, M, profile, seed, s.pad_to)
+        return cls(path, s.name, s.E, s.H, s.I, s.k, M, profile, seed, s.pad_to, config)
 
     @property
     def id(self) -> str:
-        """``<path>/<shape>/M<m>/<profile>/s<seed>``."""
-        return f"{self.path}/{self.shape}/M{self.M}/{self.profile}/s{self.seed}"
+        """``<path>/<shape>/M<m>/<profile>/s<seed>``, plus ``/c-<config>`` for a non-default launch
+        configuration (``PATH_CONFIGS``)."""
+        base = f"{self.path}/{self.shape}/M{self.M}/{self.profile}/s{self.seed}"
+        return base if self.config == "default" else f"{base}/c-{self.config}"
 
     @property
     def Ip(self) -> int:  # noqa: N802
@@ -146,7 +178,7 @@ class Case:
         m = _ID_RE.match(case_id)
         if m is None:
             raise ValueError(f"case id {case_id!r}: expected <path>/<shape>/M<m>/<profile>/s<seed>")
-        return cls.make(m["path"], m["shape"], int(m["M"]), m["profile"], int(m["seed"]))
+        return cls.make(m["path"], m["shape"], int(m["M"]), m["profile"], int(m["seed"]), m["config"] or "default")
 
 
 def _shape(name: str) -> ShapeSpec:
@@ -206,8 +238,12 @@ def _cpu_matrix() -> list[Case]:
     # grouped path: M > DECODE_MAX_TOKENS (row blocks shared by several tokens, experts with no token, a
     # padded intermediate, skewed routing: expert 0 takes every token)
     gr = [(a, 12, "gaussian"), (c, 9, "skewed_routing")]
+    # every non-default decode launch configuration once (the grouped ones on the gpu profile: interpreter time)
+    cfg = [Case.make(path, sh, 2, "gaussian", 0, c) for path, sh in (("nvfp4_decode", a), ("bf16_decode", d))
+           for c in PATH_CONFIGS[path] if c != "default"]  # fmt: skip
     return (
-        [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv]
+        cfg
+        + [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv]
         + [Case.make("bf16_decode", s, m, p) for s, m, p in bf]
         + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
     )
@@ -256,7 +292,22 @@ def _gpu_matrix() -> list[Case]:
             group += [Case.make(path, s, _GPU_M_CYCLE[j % 8], p) for j, p in enumerate(profs)]
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
-    return cases + _gpu_grouped_cases()
+    return cases + _gpu_grouped_cases() + _gpu_config_cases()
+
+
+#: Non-default launch configurations (``PATH_CONFIGS``) run on these shapes: decode at M = 1 and 8, grouped at
+#: M = 64 (gaussian data; the default configuration carries the data profiles).
+_GPU_CONFIG_SHAPES = ("deepseek-v3", "qwen3-30b-a3b")
+
+
+def _gpu_config_cases() -> list[Case]:
+    cases = []
+    for path, ms in (("nvfp4_decode", (1, 8)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (64,))):
+        for name in _GPU_CONFIG_SHAPES:
+            for config in PATH_CONFIGS[path]:
+                if config != "default":
+                    cases += [Case.make(path, name, m, "gaussian", 0, config) for m in ms]
+    return cases
 
 
 #: Token counts of the grouped path on the gpu profile: both sides of DECODE_MAX_TOKENS (8) and larger M on

@@ -134,10 +134,11 @@ PATH_MODELS: dict[str, SummationModel] = {
 }
 
 
-def expert_models(path: str) -> tuple[SummationModel, SummationModel]:
+def expert_models(path: str, config: str = "default") -> tuple[SummationModel, SummationModel]:
     """(gate/up model, down model): the summation models bounding a path's expert reductions.
 
-    ``nvfp4_decode``: what the kernels declare for their current launch configuration,
+    ``nvfp4_decode``: what the kernels declare for the launch configuration ``config`` (a
+    ``cases.PATH_CONFIGS`` name; ``paths.kernel_configs`` gives its overrides),
     ``flint_moe.kernels.nvfp4_gate_up.accumulation_model()`` / ``nvfp4_down.accumulation_model()``
     (``block_model(16)`` on CUDA cores, ``FP32_TRUNCATE`` on the tensor-core (MMA) path; imported lazily, so
     TRITON_INTERPRET must be settled first, as for any kernel import). Other paths, or kernels without
@@ -145,9 +146,11 @@ def expert_models(path: str) -> tuple[SummationModel, SummationModel]:
     default = PATH_MODELS[path]
     if path == "nvfp4_decode":
         try:
+            from flint_moe.conformance.paths import kernel_configs
             from flint_moe.kernels import nvfp4_down, nvfp4_gate_up
 
-            return nvfp4_gate_up.accumulation_model(), nvfp4_down.accumulation_model()
+            cfg = kernel_configs(path, config)
+            return nvfp4_gate_up.accumulation_model(cfg.get("gate_up")), nvfp4_down.accumulation_model(cfg.get("down"))
         except (ImportError, AttributeError):
             pass
     return default, default
@@ -586,7 +589,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
     want = NVFP4Experts if path.startswith("nvfp4_") else BF16Experts
     if not isinstance(wl, want):
         raise ValueError(f"case {case.id}: path {path} needs weights_logical {want.__name__}, got {type(wl).__name__}")
-    model = expert_models(path)
+    model = expert_models(path, getattr(case, "config", "default"))
     x = inputs.x.detach()
     dev = x.device
     router_w = inputs.router_weight.detach().to(dev)

@@ -3,7 +3,9 @@
 
 ``PATHS[name].run(inputs, counter, taps) -> out`` runs one case's inputs (``cases.CaseInputs``) through the
 op; ``taps`` (a dict or None) receives the kernels' stage tensors. ``max_tokens`` is the largest M the path
-serves (``cases.matrix`` never asks for more).
+serves (``cases.matrix`` never asks for more). ``path_for(case)`` is the path of a case with its launch
+configuration (``cases.PATH_CONFIGS``): the default op, or the same kernels launched with the overrides;
+``kernel_configs(path, config)`` resolves a configuration name to the launcher dicts.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KernelPath", "PATHS"]
+__all__ = ["KernelPath", "PATHS", "kernel_configs", "path_for"]
 
 
 @dataclass(frozen=True)
@@ -56,9 +58,7 @@ def _bf16(inputs, counter, taps):
 
     g1, g2, maps = inputs.stored
     k = _top_k(inputs)
-    return flint_moe_bf16_decode(
-        inputs.x, inputs.router_weight, g1, g2, maps, k, counter, inputs.shared, taps=taps
-    )
+    return flint_moe_bf16_decode(inputs.x, inputs.router_weight, g1, g2, maps, k, counter, inputs.shared, taps=taps)
 
 
 def _top_k(inputs) -> int:
@@ -79,3 +79,74 @@ def _build() -> dict[str, KernelPath]:
 
 
 PATHS: dict[str, KernelPath] = _build()
+
+
+def kernel_configs(path: str, config: str = "default") -> dict:
+    """Launcher overrides of ``config`` for ``path`` (``cases.PATH_CONFIGS``), names of
+    flint_moe/kernels/nvfp4_tuned.py resolved to their dicts: ``{"gate_up": dict, "down": dict, "BM": int}``
+    (keys present only where overridden). Raises KeyError for an unknown path or configuration."""
+    from flint_moe.conformance.cases import PATH_CONFIGS
+
+    out = {}
+    for key, v in PATH_CONFIGS[path][config].items():
+        if isinstance(v, str):
+            from flint_moe.kernels import nvfp4_tuned
+
+            v = getattr(nvfp4_tuned, v)
+        out[key] = dict(v) if isinstance(v, dict) else v
+    return out
+
+
+def _nvfp4_with(cfg: dict) -> Callable:
+    def fn(inputs, counter, taps):
+        from flint_moe.kernels.nvfp4_down import nvfp4_down
+        from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+        from flint_moe.ops.route import route
+
+        k = _top_k(inputs)
+        ids, tw = route(inputs.x, inputs.router_weight, k, counter, taps=taps)
+        act = nvfp4_gate_up(inputs.x, ids, inputs.stored, taps=taps, config=cfg.get("gate_up"))
+        return nvfp4_down(act, ids, tw, inputs.stored, inputs.shared, taps=taps, config=cfg.get("down"))
+
+    return fn
+
+
+def _bf16_with(cfg: dict) -> Callable:
+    def fn(inputs, counter, taps):
+        from flint_moe.kernels.bf16_down import bf16_down_combine
+        from flint_moe.kernels.bf16_gate_up import bf16_gate_up
+        from flint_moe.ops.route import route
+
+        g1, g2, maps = inputs.stored
+        k = _top_k(inputs)
+        ids, tw = route(inputs.x, inputs.router_weight, k, counter, taps=taps)
+        act = bf16_gate_up(inputs.x, ids, g1, maps[0], taps=taps, config=cfg.get("gate_up"))
+        return bf16_down_combine(act, ids, tw, g2, maps[1], inputs.shared, taps=taps, config=cfg.get("down"))
+
+    return fn
+
+
+def _grouped_with(cfg: dict) -> Callable:
+    def fn(inputs, counter, taps):
+        from flint_moe.ops import flint_moe_grouped
+
+        k = _top_k(inputs)
+        return flint_moe_grouped(
+            inputs.x, inputs.router_weight, inputs.stored, k, counter, inputs.shared, taps=taps, config=cfg
+        )
+
+    return fn
+
+
+_WITH = {"nvfp4_decode": _nvfp4_with, "bf16_decode": _bf16_with, "nvfp4_grouped": _grouped_with}
+
+
+def path_for(case) -> KernelPath:
+    """The KernelPath of ``case`` (``case.path`` with ``case.config``; the plain ``PATHS`` entry for the
+    default configuration)."""
+    base = PATHS[case.path]
+    config = getattr(case, "config", "default")
+    if config == "default":
+        return base
+    cfg = kernel_configs(case.path, config)
+    return KernelPath(f"{base.name}[{config}]", base.max_tokens, base.weights, _WITH[case.path](cfg))

@@ -233,6 +233,11 @@ AUDIT_SHAPES = ((2048, 768, 8), (2880, 2880, 4), (2880, 2944, 4), (7168, 2048, 8
 REQUIRE = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "fma.rn.f32"]
 
 
+#: Launch configurations besides the default that the conformance matrix runs
+#: (flint_moe/conformance/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
+AUDIT_CONFIGS = ({"BN": 4, "num_warps": 1, "UNROLL": 8},)
+
+
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit specialisations (every AUDIT_SHAPES entry, TAP off and on)."""
     names = []
@@ -245,10 +250,12 @@ def audit_specs() -> list[str]:
         "gacc_ptr": "*fp32",
         "uacc_ptr": "*fp32",
     }
-    cfg = GATE_UP_CONFIG
-    for h, i, k in AUDIT_SHAPES:
+    runs = [(h, i, k, GATE_UP_CONFIG, "") for h, i, k in AUDIT_SHAPES]
+    h0, i0, k0 = AUDIT_SHAPES[0]
+    runs += [(h0, i0, k0, {**GATE_UP_CONFIG, **c}, f"_cfg{j}") for j, c in enumerate(AUDIT_CONFIGS)]
+    for h, i, k, cfg, suffix in runs:
         for tap in (False, True):
-            name = f"bf16_gate_up.H{h}_I{i}_k{k}" + ("_tap" if tap else "")
+            name = f"bf16_gate_up.H{h}_I{i}_k{k}{suffix}" + ("_tap" if tap else "")
             consts = dict(H=h, INTER=i, TOPK=k, BN=cfg["BN"], UNROLL=cfg["UNROLL"], TAP=tap)
             register_audit(
                 name,

@@ -531,10 +531,16 @@ def audit_specs() -> list[str]:
         "y_ptr": "*bf16",
         "cnt_ptr": "*i32",
     }
-    for h, i in AUDIT_SHAPES:
+    from flint_moe.kernels import nvfp4_tuned
+
+    # the default at every shape; the other measured path (a conformance launch configuration,
+    # cases.PATH_CONFIGS) at DeepSeek-V3
+    runs = [(h, i, DOWN_CONFIG, "") for h, i in AUDIT_SHAPES]
+    runs.append((7168, 2048, {**DOWN_CONFIG, **nvfp4_tuned.DOWN_CUDA_CORE}, ".cuda_core"))
+    for h, i, cfg, suffix in runs:
         ip = (i + 63) // 64 * 64
         for tap in (False, True) if (h, i) == (7168, 2048) else (False,):
-            name = f"nvfp4_down.H{h}.I{i}{'.tap' if tap else ''}"
+            name = f"nvfp4_down.H{h}.I{i}{suffix}{'.tap' if tap else ''}"
             register_audit(
                 name,
                 _nvfp4_down_split_kernel,
@@ -544,30 +550,30 @@ def audit_specs() -> list[str]:
                     "IP": ip,
                     "INTER": i,
                     "TOPK": 8,
-                    "BH": DOWN_CONFIG["BH"],
-                    "BKB": DOWN_CONFIG["BKB"],
+                    "BH": cfg["BH"],
+                    "BKB": cfg["BKB"],
                     "ASM": True,
                     "DECODE": 2,
-                    "PREFETCH": DOWN_CONFIG["PREFETCH"],
-                    "WORDS": DOWN_CONFIG["WORDS"],
-                    "MMA": DOWN_CONFIG["MMA"],
-                    "RT": DOWN_CONFIG["RT"],
-                    "S": DOWN_CONFIG["S"],
-                    "SK": DOWN_CONFIG["SK"],
-                    "NW": DOWN_CONFIG["num_warps"],
-                    "LATE": DOWN_CONFIG["LATE"],
-                    "PF": DOWN_CONFIG["PF"],
-                    "COMBINE": DOWN_CONFIG["COMBINE"],
+                    "PREFETCH": cfg["PREFETCH"],
+                    "WORDS": cfg["WORDS"],
+                    "MMA": cfg["MMA"],
+                    "RT": cfg["RT"],
+                    "S": cfg["S"],
+                    "SK": cfg["SK"],
+                    "NW": cfg["num_warps"],
+                    "LATE": cfg["LATE"],
+                    "PF": cfg["PF"],
+                    "COMBINE": cfg["COMBINE"],
                     "TAP": tap,
                 },
                 [
                     BF16_CVT,
                     "fma.rn.f32",
-                    *(MMA_PTX if DOWN_CONFIG["MMA"] else ["mul.rn.f16x2"]),
+                    *(MMA_PTX if cfg["MMA"] else ["mul.rn.f16x2"]),
                     "griddepcontrol.wait",
                     "atom.global.gpu.acq_rel.add",
                 ],
-                options={"num_warps": DOWN_CONFIG["num_warps"], "num_stages": 1},
+                options={"num_warps": cfg["num_warps"], "num_stages": 1},
             )
             names.append(name)
     return names

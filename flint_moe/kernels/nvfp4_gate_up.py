@@ -414,10 +414,16 @@ def audit_specs() -> list[str]:
         "gacc_ptr": "*fp32",
         "uacc_ptr": "*fp32",
     }
-    for h, i in AUDIT_SHAPES:
+    from flint_moe.kernels import nvfp4_tuned
+
+    # the default at every shape; the other measured path (a conformance launch configuration,
+    # cases.PATH_CONFIGS) at DeepSeek-V3
+    runs = [(h, i, GATE_UP_CONFIG, "") for h, i in AUDIT_SHAPES]
+    runs.append((7168, 2048, {**GATE_UP_CONFIG, **nvfp4_tuned.GATE_UP_MMA}, ".mma"))
+    for h, i, cfg, suffix in runs:
         ip = (i + 63) // 64 * 64
         for tap in (False, True) if (h, i) == (7168, 2048) else (False,):
-            name = f"nvfp4_gate_up.H{h}.I{i}{'.tap' if tap else ''}"
+            name = f"nvfp4_gate_up.H{h}.I{i}{suffix}{'.tap' if tap else ''}"
             register_audit(
                 name,
                 _nvfp4_gate_up_kernel,
@@ -427,29 +433,29 @@ def audit_specs() -> list[str]:
                     "IP": ip,
                     "INTER": i,
                     "TOPK": 8,
-                    "BN": GATE_UP_CONFIG["BN"],
-                    "BKB": GATE_UP_CONFIG["BKB"],
+                    "BN": cfg["BN"],
+                    "BKB": cfg["BKB"],
                     "ASM": True,
                     "DECODE": 2,
-                    "PREFETCH": GATE_UP_CONFIG["PREFETCH"],
-                    "WORDS": GATE_UP_CONFIG["WORDS"],
-                    "MMA": GATE_UP_CONFIG["MMA"],
-                    "RT": GATE_UP_CONFIG["RT"],
-                    "S": GATE_UP_CONFIG["S"],
-                    "SK": GATE_UP_CONFIG["SK"],
-                    "NW": GATE_UP_CONFIG["num_warps"],
-                    "LATE": GATE_UP_CONFIG["LATE"],
-                    "PF": GATE_UP_CONFIG["PF"],
+                    "PREFETCH": cfg["PREFETCH"],
+                    "WORDS": cfg["WORDS"],
+                    "MMA": cfg["MMA"],
+                    "RT": cfg["RT"],
+                    "S": cfg["S"],
+                    "SK": cfg["SK"],
+                    "NW": cfg["num_warps"],
+                    "LATE": cfg["LATE"],
+                    "PF": cfg["PF"],
                     "TAP": tap,
                 },
                 [
                     BF16_CVT,
                     "rcp.approx.ftz.f32",
                     "ex2.approx.ftz.f32",
-                    *(MMA_PTX if GATE_UP_CONFIG["MMA"] else ["mul.rn.f16x2"]),
+                    *(MMA_PTX if cfg["MMA"] else ["mul.rn.f16x2"]),
                     "griddepcontrol.wait",
                 ],
-                options={"num_warps": GATE_UP_CONFIG["num_warps"], "num_stages": 1},
+                options={"num_warps": cfg["num_warps"], "num_stages": 1},
             )
             names.append(name)
     return names

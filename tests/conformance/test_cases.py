@@ -99,7 +99,7 @@ def test_gpu_matrix_coverage():
 
 
 def test_cpu_matrix_divisibility():
-    assert 12 <= len(CPU) <= 22 and {c.path for c in CPU} == set(PATH_NAMES)
+    assert 12 <= len(CPU) <= 26 and {c.path for c in CPU} == set(PATH_NAMES)
     pow2 = lambda n: n & (n - 1) == 0  # noqa: E731
     for c in CPU:
         assert not pow2(c.E) and not pow2(c.H) and not pow2(c.k), c.id
@@ -194,9 +194,7 @@ def test_poisoned_padding_present():
             assert bool(mask.any()), f"{c.id}: {name} has no padding at this shape"
             assert set(t[mask].unique().tolist()) == set(POISON_BYTES)
         clean = make_inputs(Case.make(c.path, c.shape, c.M, "gaussian")).stored
-        assert not bool(
-            (clean.w1_sf_swizzled.view(torch.uint8)[scale_padding_mask(clean, "w1_sf_swizzled")]).any()
-        )
+        assert not bool((clean.w1_sf_swizzled.view(torch.uint8)[scale_padding_mask(clean, "w1_sf_swizzled")]).any())
 
 
 def test_asymmetric_gate_up():
@@ -214,9 +212,46 @@ def test_asymmetric_gate_up():
 def test_cli_smoke(tmp_path, capsys):
     from flint_moe.conformance.__main__ import main
 
-    rc = main(
-        ["--profile", "cpu", "--filter", "/M1/", "--filter", "cpu-E6-H96-I48-P64-k3", "--out", str(tmp_path)]
-    )
+    rc = main(["--profile", "cpu", "--filter", "/M1/", "--filter", "cpu-E6-H96-I48-P64-k3", "--out", str(tmp_path)])
     assert rc == 0
     assert (tmp_path / "report.json").exists() and (tmp_path / "summary.md").exists()
     assert "bit-exactness NOT claimed" in capsys.readouterr().out
+
+
+def test_launch_configurations_are_cases():
+    from flint_moe.conformance.cases import PATH_CONFIGS
+    from flint_moe.conformance.paths import kernel_configs, path_for
+
+    for path, configs in PATH_CONFIGS.items():
+        assert "default" in configs and configs["default"] == {}
+        for name in configs:
+            if name == "default":
+                continue
+            got = [c for c in GPU if c.path == path and c.config == name]
+            assert got and all(c.id.endswith(f"/c-{name}") and Case.from_id(c.id) == c for c in got)
+            assert kernel_configs(path, name) and path_for(got[0]).name == f"{path}[{name}]"
+    for path in ("nvfp4_decode", "bf16_decode"):  # every decode configuration also on the cpu profile
+        assert {c.config for c in CPU if c.path == path} == set(PATH_CONFIGS[path])
+    assert path_for(CPU[-1]) is PATHS[CPU[-1].path] or CPU[-1].config != "default"
+    with pytest.raises(ValueError, match="config 'nope' not defined for path 'nvfp4_decode'"):
+        Case.make("nvfp4_decode", "deepseek-v3", 1, "gaussian", 0, "nope")
+    with pytest.raises(ValueError, match="config"):
+        Case.from_id("nvfp4_decode/deepseek-v3/M1/gaussian/s0/c-nope")
+
+
+def test_launch_configurations_are_audited():
+    """Every non-default launch configuration of the matrix is compiled by the sm_90 PTX audit."""
+    from flint_moe.conformance.cases import PATH_CONFIGS
+    from flint_moe.kernels import bf16_down, bf16_gate_up, nvfp4_down, nvfp4_gate_up, nvfp4_tuned
+    from flint_moe.kernels._common import collect_audit_specs
+
+    specs = collect_audit_specs()
+    bf = [v for n, v in PATH_CONFIGS["bf16_decode"].items() if n != "default"]
+    assert [v["gate_up"] for v in bf if "gate_up" in v] == list(bf16_gate_up.AUDIT_CONFIGS)
+    assert [v["down"] for v in bf if "down" in v] == list(bf16_down.AUDIT_CONFIGS)
+    assert {"bf16_gate_up.H2048_I768_k8_cfg0", "bf16_down_combine.H2048_I768_k8_cfg0"} <= set(specs)
+    nv = PATH_CONFIGS["nvfp4_decode"]
+    assert nv["gu-mma"] == {"gate_up": "GATE_UP_MMA"} and nv["dn-cuda-core"] == {"down": "DOWN_CUDA_CORE"}
+    assert nvfp4_gate_up.accumulation_model(nvfp4_tuned.GATE_UP_MMA).name == "fp32-truncate"
+    assert nvfp4_down.accumulation_model(nvfp4_tuned.DOWN_CUDA_CORE).name == "fp32-rn-block16"
+    assert {"nvfp4_gate_up.H7168.I2048.mma", "nvfp4_down.H7168.I2048.cuda_core.tap"} <= set(specs)
