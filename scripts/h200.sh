@@ -26,7 +26,9 @@ for step in $steps; do
     tests)  python3 -m pytest -m gpu -n "${FLINT_GPU_WORKERS:-6}" -q -rs -p no:cacheprovider --durations=15 tests \
               > "$OUT/pytest-gpu.txt" 2>&1 || rc=1
             tail -15 "$OUT/pytest-gpu.txt" ;;
-    conformance) python3 -m flint_moe.conformance --profile gpu --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1 || rc=1
+    conformance) t0=$(date +%s); timeout "${FLINT_CONFORMANCE_TIMEOUT:-3000}" python3 -m flint_moe.conformance --profile gpu \
+              --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1 || rc=1
+            echo "conformance wall: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/conformance.log"
             tail -5 "$OUT/conformance.log" ;;
     modules) python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/modules > "$OUT/pytest-modules.txt" 2>&1 || rc=1
             tail -5 "$OUT/pytest-modules.txt" ;;
