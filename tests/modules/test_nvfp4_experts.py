@@ -213,7 +213,8 @@ def test_warmup_token_counts() -> None:
     # k = 1, E = 1: M pairs on one expert -> row block 16 (M <= 16), 32 (<= 32), 64 (<= 64), 128 above;
     # per block: smallest M, largest M, smallest multiple of 16 (none in 33..40)
     assert warmup_token_counts(40, 8) == [*range(1, 10), 16, 17, 32, 33, 40]
-    # k = 8, E = 256 (DeepSeek): mean pairs per expert ceil(M / 32): block 16 up to M = 512, 32 up to 1024, ...
+    # k = 8, E = 256 (DeepSeek): mean pairs per expert ceil(M / 32): block 16 up to M = 512, 32 up to 1024,
+    # 64 up to 2048, 128 up to 4096, 256 above (grouped_config caps BM at 256)
     assert warmup_token_counts(16384, 8, 8, 256) == [
         *range(1, 10),
         16,
@@ -226,6 +227,9 @@ def test_warmup_token_counts() -> None:
         2048,
         2049,
         2064,
+        4096,
+        4097,
+        4112,
         16384,
     ]
 
