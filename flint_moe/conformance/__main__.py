@@ -13,7 +13,8 @@ OTHER`` (a report directory or report.json) the verdict changes and changed outp
 (``baseline.compare_reports``). Every run ends with the freshness line of the committed GPU report
 (``digest.check_report``, default reports/h200/report.json), also in summary.md. A rich progress bar
 runs during the cases and a rich summary table follows; exit status 1 on any FAIL (or a case that raised),
-2 for a bad baseline or a refused gpu profile, else 0.
+2 for a bad baseline or a refused gpu profile, 3 for a run stopped by SIGTERM / SIGINT (the report then
+covers the cases done and says INCOMPLETE), else 0.
 Without CUDA the kernels run under Triton's interpreter: TRITON_INTERPRET=1 is set here before triton is
 imported (bit-exactness is then NOT claimed; the report says so).
 """
@@ -31,6 +32,7 @@ if not torch.cuda.is_available():
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import platform  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -82,6 +84,14 @@ def _git_commit() -> str | None:
         return None
 
 
+class RunStopped(BaseException):  # noqa: N818  (a signal, like KeyboardInterrupt: not an Exception of a case)
+    """SIGTERM / SIGINT during a run (e.g. ``timeout`` in CI): the cases done so far are reported."""
+
+
+def _stop(signum, frame) -> None:  # noqa: ARG001
+    raise RunStopped(signal.Signals(signum).name)
+
+
 def select(profile: str, filters: list[str]) -> list:
     """Cases of ``profile`` whose id contains every substring in ``filters``."""
     from flint_moe.conformance.cases import matrix
@@ -90,7 +100,13 @@ def select(profile: str, filters: list[str]) -> list:
 
 
 def run_cases(
-    cases: list, device: torch.device, console=None, *, invariance: bool = False, inputs: dict | None = None
+    cases: list,
+    device: torch.device,
+    console=None,
+    *,
+    invariance: bool = False,
+    inputs: dict | None = None,
+    stopped: list | None = None,
 ) -> list:
     """Run and compare every case on ``device`` (rich progress bar); returns the CaseResults in order.
     With ``invariance``, each case's invariances (``invariance.check_invariances``) are attached; a required
@@ -101,6 +117,7 @@ def run_cases(
 
     from flint_moe.ops import make_route_counter
 
+    stopped = [] if stopped is None else stopped  # receives the signal name if SIGTERM / SIGINT stops the run
     counter = make_route_counter(device)
     results = []
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -114,6 +131,10 @@ def run_cases(
             except Exception as e:  # noqa: BLE001  (any kernel / input error is a FAIL of this case)
                 (console or prog.console).print_exception(max_frames=8)
                 results.append(raised_result(case, e))
+            except (RunStopped, KeyboardInterrupt) as e:
+                (console or prog.console).print(f"[bold yellow]run stopped ({e or 'SIGINT'}) at {case.id}[/]")
+                stopped.append(str(e) or "SIGINT")
+                break
             prog.advance(task)
     return results
 
@@ -362,8 +383,22 @@ def main(argv: list[str] | None = None) -> int:
     env["invariance"] = invariance
     if args.checkpoint is not None:
         env["checkpoint"] = f"{args.checkpoint} layer {args.layer}"
-    results = run_cases(cases, device, console, invariance=invariance, inputs=given_inputs)
-    mutation = _mutation(console) if ((profile == "gpu") if args.mutation is None else args.mutation) else None
+    # SIGTERM (e.g. a CI time limit) stops the run between or inside cases; the report covers the cases done.
+    old_term = signal.signal(signal.SIGTERM, _stop)
+    stopped: list[str] = []
+    mutation = None
+    try:
+        if (profile == "gpu") if args.mutation is None else args.mutation:
+            mutation = _mutation(console)  # first: the harness's self-test must not depend on how far cases get
+        results = run_cases(cases, device, console, invariance=invariance, inputs=given_inputs, stopped=stopped)
+    except (RunStopped, KeyboardInterrupt) as e:  # stopped during the mutation self-test
+        stopped.append(str(e) or "SIGINT")
+        results = []
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    if stopped:
+        env["incomplete"] = f"stopped by {stopped[0]} after {len(results)} of {len(cases)} selected cases"
+        env["cases_run"] = f"{len(results)} (INCOMPLETE: {env['incomplete']}) of {len(matrix(profile))}"
     gpu_path = Path(args.gpu_report)
     if not gpu_path.is_absolute() and not gpu_path.exists():
         gpu_path = repo_root() / gpu_path
@@ -400,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{len(results)} cases, {n_fail} FAIL; report: {', '.join(str(p) for p in paths.values())}")
     style = "bold green" if fresh.current else "bold yellow"
     console.print(f"[{style}]{fresh.line}[/]", highlight=False, soft_wrap=True)  # one line, never wrapped
+    if stopped:
+        console.print(f"[bold red]INCOMPLETE RUN: {env['incomplete']}[/]")
+        return 1 if n_fail else 3
     return 1 if n_fail else 0
 
 

@@ -292,7 +292,20 @@ def _gpu_matrix() -> list[Case]:
             group += [Case.make(path, s, _GPU_M_CYCLE[j % 8], p) for j, p in enumerate(profs)]
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
-    return cases + _gpu_grouped_cases() + _gpu_config_cases()
+    everything = cases + _gpu_grouped_cases() + _gpu_config_cases()
+    # Run order: the core shapes first (all paths and configurations), then the others; within a shape and
+    # path, cases sharing weights stay adjacent (one-entry weight cache). A run stopped by a time limit then
+    # still covers the core shapes on every path.
+    rank = {name: i for i, name in enumerate(GPU_CORE_SHAPES)}
+    paths = {p: i for i, p in enumerate(PATH_NAMES)}
+    first: dict = {}  # weight key -> position of its first case
+    for i, c in enumerate(everything):
+        first.setdefault(weight_key(c), i)
+    order = {id(c): i for i, c in enumerate(everything)}
+    return sorted(
+        everything,
+        key=lambda c: (rank.get(c.shape, len(rank)), c.shape, paths[c.path], first[weight_key(c)], order[id(c)]),
+    )
 
 
 #: Non-default launch configurations (``PATH_CONFIGS``) run on these shapes: decode at M = 1 and 8, grouped at

@@ -235,28 +235,40 @@ def scale_padding_mask(weights: FlintMoEWeights, name: str) -> torch.Tensor:
 
 
 def _bf16_weights(case, g, dev):
+    """BF16 expert weights of ``case`` drawn in fp32 a few experts at a time and rounded to bf16 at once (a
+    real layer's fp32 draws would not fit the GPU: Kimi-K2 is 67 GB in fp32)."""
     E, H, I = case.E, case.H, case.I  # noqa: E741
     p = case.profile
     f32 = dict(generator=g, device=dev, dtype=torch.float32)
-    gate = torch.randn(E, I, H, **f32) * 0.05 + 0.01
-    up = torch.randn(E, I, H, **f32) * 0.25 - 0.03
-    w2 = torch.randn(E, H, I, **f32) * 0.05
     notes: dict = {}
+    mag = None
     if p == "global_scales":
         mag = torch.exp2(torch.rand(E, **f32) * 24 - 20)
         mag[0], mag[-1] = 2.0**-20, 2.0**4
-        gate, up, w2 = (t * mag[:, None, None] for t in (gate, up, w2))
-    elif p == "zero_blocks":
-        for t in (gate, up, w2):
-            blocks = t.view(*t.shape[:-1], -1, 64)
-            blocks[torch.rand(blocks.shape[:-1], **f32) < 0.2] = 0.0
-        gate[:, 0] = 0.0
-    elif p == "asymmetric":
-        gate = -gate.abs() * 4.0 - 0.5
-        up = torch.zeros(E, I, H, device=dev)
-        up[:, torch.arange(I, device=dev), torch.arange(I, device=dev) % H] = 1.0
-    w13 = _bf16(torch.cat([gate, up], 1))
-    w2b = _bf16(w2)
+    w13 = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device=dev)
+    w2b = torch.empty(E, H, I, dtype=torch.bfloat16, device=dev)
+    step = max(1, (1 << 28) // max(3 * I * H, 1))
+    for e0 in range(0, E, step):
+        n = min(E, e0 + step) - e0
+        gate = torch.randn(n, I, H, **f32) * 0.05 + 0.01
+        up = torch.randn(n, I, H, **f32) * 0.25 - 0.03
+        w2 = torch.randn(n, H, I, **f32) * 0.05
+        if mag is not None:
+            m = mag[e0 : e0 + n, None, None]
+            gate, up, w2 = gate * m, up * m, w2 * m
+        elif p == "zero_blocks":
+            for t in (gate, up, w2):
+                blocks = t.view(*t.shape[:-1], -1, 64)
+                blocks[torch.rand(blocks.shape[:-1], **f32) < 0.2] = 0.0
+            gate[:, 0] = 0.0
+        elif p == "asymmetric":
+            gate = -gate.abs() * 4.0 - 0.5
+            up = torch.zeros(n, I, H, device=dev)
+            up[:, torch.arange(I, device=dev), torch.arange(I, device=dev) % H] = 1.0
+        w13[e0 : e0 + n, :I] = _bf16(gate)
+        w13[e0 : e0 + n, I:] = _bf16(up)
+        w2b[e0 : e0 + n] = _bf16(w2)
+        del gate, up, w2
     logical = BF16Experts(w13, w2b)
     if case.pad_to is not None:
         w13p, w2p, ip = pad_intermediate_bf16(w13, w2b, case.pad_to)

@@ -467,6 +467,8 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
     cases = case_dicts(results)
     totals = Counter(c["verdict"] for c in cases)
     lines = ["# flint-moe conformance", "", backend_line(env), "", _run_line(env), ""]
+    if env.get("incomplete"):
+        lines += [f"**INCOMPLETE RUN: {env['incomplete']}** (the cases below are the ones that ran)", ""]
     fl = freshness_line(gpu_report)
     if fl:
         lines += [fl, ""]
