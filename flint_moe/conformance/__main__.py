@@ -34,6 +34,7 @@ import datetime  # noqa: E402
 import platform  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 __all__ = ["environment", "main", "run_cases"]
@@ -191,8 +192,12 @@ def run_case(
     exact summation). Returns the CaseResult (FAIL cases carry ``faults.diagnose`` names)."""
     from flint_moe.reference.exact import filtered_sums
 
+    t0 = time.perf_counter()
     with filtered_sums():
-        return _run_case(case, device, counter, invariance, inputs)
+        res = _run_case(case, device, counter, invariance, inputs)
+    if isinstance(getattr(res, "meta", None), dict):
+        res.meta["seconds"] = round(time.perf_counter() - t0, 3)  # wall time of the case (run + golden + checks)
+    return res
 
 
 def _run_case(case, device, counter, invariance, inputs):

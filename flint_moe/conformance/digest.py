@@ -177,6 +177,8 @@ def _stamp(env: dict, dig: dict | None, totals: dict | None = None) -> str:
     if isinstance(totals, dict) and "cases" in totals:
         prof = f" ({env['profile']} profile)" if env.get("profile") else ""
         bits.append(f"{totals['cases']} cases{prof}, {totals.get('FAIL', 0)} FAIL")
+    if env.get("incomplete"):
+        bits.append(f"INCOMPLETE: {env['incomplete']}")
     if dig and dig.get("digest"):
         bits.append(f"sources {dig['digest'][:12]}")
     return ", ".join(bits)
