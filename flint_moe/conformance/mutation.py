@@ -420,7 +420,22 @@ def _prep_renorm(case, inputs):
     return replace(inputs, x=x.to(torch.bfloat16), router_weight=r.to(torch.bfloat16))
 
 
-PREPARE = {"negative_gate": _prep_negative_gate, "renorm_probe": _prep_renorm}
+def _prep_descending(case, inputs):
+    """Tokens e_0 and router column 0 = 0.5 * expert index: every token's logits rise with the expert index
+    (exact on any device and summation order), so its top-k is the k highest indices in DESCENDING index order
+    and an ascending-index top-k differs whenever k >= 2 (random data leaves it invisible with probability
+    (1/k!)^M, e.g. 1/36 for k = 3, M = 2)."""
+    M, H = inputs.x.shape
+    E = inputs.router_weight.shape[0]
+    dev = inputs.x.device
+    x = torch.zeros(M, H, device=dev)
+    x[:, 0] = 1.0
+    r = torch.zeros(E, H, device=dev)
+    r[:, 0] = 0.5 * torch.arange(E, dtype=torch.float32, device=dev)
+    return replace(inputs, x=x.to(torch.bfloat16), router_weight=r.to(torch.bfloat16))
+
+
+PREPARE = {"negative_gate": _prep_negative_gate, "renorm_probe": _prep_renorm, "descending": _prep_descending}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -458,7 +473,7 @@ def _muts() -> tuple[Mutation, ...]:
         Mutation("global_scale_missing", _NV, "gaussian", "tap", _tap_y(lambda d, gs: to_bf16(d))),
         Mutation("topk_ties_highest", _NV, "tied_logits", "tap", ties),
         Mutation("topk_ties_highest", _BF, "tied_logits", "tap", ties),
-        Mutation("topk_ascending_index", _NV, "gaussian", "tap", asc),
+        Mutation("topk_ascending_index", _NV, "gaussian", "tap", asc, "descending"),
         Mutation("renorm_no_eps", _NV, "tiny_sigmoids", "tap", no_eps),
         Mutation("renorm_reverse_order", _NV, "gaussian", "tap", rev, "renorm_probe"),
         Mutation("routing_weights_unrounded", _NV, "gaussian", "tap", unrounded),
