@@ -34,7 +34,7 @@ __all__ = [
 #: Kernel paths of this slice (``flint_moe.conformance.paths.PATHS`` keys). A path's name starts with the
 #: stored weight format it reads (``nvfp4_`` -> ``FlintMoEWeights``, ``bf16_`` -> the TRT-LLM BF16 layout).
 #: ``nvfp4_grouped`` (issue 6): ``flint_moe.ops.flint_moe_grouped`` on both sides of DECODE_MAX_TOKENS.
-PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped")
+PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module")
 
 #: Data profiles each path supports (docs/CONTRACTS.md "Issue 5"; generators in ``profiles.py``).
 #: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
@@ -50,6 +50,9 @@ PATH_PROFILES: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 PATH_PROFILES["nvfp4_grouped"] = PATH_PROFILES["nvfp4_decode"]  # same weights (FlintMoEWeights), same rule
+#: ``nvfp4_module`` (issue 6): ``modules.FlintNvfp4Experts`` loaded from the case's checkpoint-layout tensors
+#: (its loader repacks them), forward with the shared output on both sides of DECODE_MAX_TOKENS.
+PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
 
 #: Launch configurations a path can pick besides its default (issue 5: "every kernel configuration a path can
 #: pick, not only the default"): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
@@ -70,6 +73,7 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
         "dn-bh8-u8": {"down": {"BH": 8, "UNROLL": 8}},
     },
     "nvfp4_grouped": {"default": {}, "bm64": {"BM": 64}, "bm128": {"BM": 128}},
+    "nvfp4_module": {"default": {}},
 }
 
 
@@ -246,6 +250,7 @@ def _cpu_matrix() -> list[Case]:
         + [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv]
         + [Case.make("bf16_decode", s, m, p) for s, m, p in bf]
         + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
+        + [Case.make("nvfp4_module", a, 2, "gaussian"), Case.make("nvfp4_module", c, 9, "modelopt")]
     )
 
 
@@ -292,7 +297,7 @@ def _gpu_matrix() -> list[Case]:
             group += [Case.make(path, s, _GPU_M_CYCLE[j % 8], p) for j, p in enumerate(profs)]
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
-    everything = cases + _gpu_grouped_cases() + _gpu_config_cases()
+    everything = cases + _gpu_grouped_cases() + _gpu_config_cases() + _gpu_module_cases()
     # Run order: the core shapes first (all paths and configurations), then the others; within a shape and
     # path, cases sharing weights stay adjacent (one-entry weight cache). A run stopped by a time limit then
     # still covers the core shapes on every path.
@@ -311,6 +316,19 @@ def _gpu_matrix() -> list[Case]:
 #: Non-default launch configurations (``PATH_CONFIGS``) run on these shapes: decode at M = 1 and 8, grouped at
 #: M = 64 (gaussian data; the default configuration carries the data profiles).
 _GPU_CONFIG_SHAPES = ("deepseek-v3", "qwen3-30b-a3b")
+
+
+def _gpu_module_cases() -> list[Case]:
+    """``nvfp4_module`` on the core shapes: both sides of DECODE_MAX_TOKENS, skewed routing, a ModelOpt-quantized
+    layer where small enough."""
+    cases = []
+    for name in GPU_CORE_SHAPES:
+        s = _shape(name)
+        cases += [Case.make("nvfp4_module", s, m, "gaussian") for m in (1, 8, 9, 64)]
+        cases.append(Case.make("nvfp4_module", s, 4, "skewed_routing"))
+        if "modelopt" in _profiles_for("nvfp4_module", s):
+            cases.append(Case.make("nvfp4_module", s, 2, "modelopt"))
+    return cases
 
 
 def _gpu_config_cases() -> list[Case]:

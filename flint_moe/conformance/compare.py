@@ -131,10 +131,11 @@ PATH_MODELS: dict[str, SummationModel] = {
     "nvfp4_decode": block_model(16),
     "bf16_decode": FP32_RN,
     "nvfp4_grouped": FP32_TRUNCATE,
+    "nvfp4_module": block_model(16),  # modules.FlintNvfp4Experts: decode or grouped by M (expert_models)
 }
 
 
-def expert_models(path: str, config: str = "default") -> tuple[SummationModel, SummationModel]:
+def expert_models(path: str, config: str = "default", M: int | None = None) -> tuple[SummationModel, SummationModel]:
     """(gate/up model, down model): the summation models bounding a path's expert reductions.
 
     ``nvfp4_decode``: what the kernels declare for the launch configuration ``config`` (a
@@ -143,6 +144,10 @@ def expert_models(path: str, config: str = "default") -> tuple[SummationModel, S
     (``block_model(16)`` on CUDA cores, ``FP32_TRUNCATE`` on the tensor-core (MMA) path; imported lazily, so
     TRITON_INTERPRET must be settled first, as for any kernel import). Other paths, or kernels without
     the declaration: :data:`PATH_MODELS` for both. Raises KeyError for an unknown path."""
+    if path == "nvfp4_module":  # the module runs flint_moe: the decode kernels up to DECODE_MAX_TOKENS, then grouped
+        from flint_moe.ops import DECODE_MAX_TOKENS
+
+        return expert_models("nvfp4_decode" if M is None or M <= DECODE_MAX_TOKENS else "nvfp4_grouped")
     default = PATH_MODELS[path]
     if path == "nvfp4_decode":
         try:
@@ -589,7 +594,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
     want = NVFP4Experts if path.startswith("nvfp4_") else BF16Experts
     if not isinstance(wl, want):
         raise ValueError(f"case {case.id}: path {path} needs weights_logical {want.__name__}, got {type(wl).__name__}")
-    model = expert_models(path, getattr(case, "config", "default"))
+    model = expert_models(path, getattr(case, "config", "default"), int(case.M) if hasattr(case, "M") else None)
     x = inputs.x.detach()
     dev = x.device
     router_w = inputs.router_weight.detach().to(dev)

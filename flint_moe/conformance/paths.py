@@ -61,6 +61,41 @@ def _bf16(inputs, counter, taps):
     return flint_moe_bf16_decode(inputs.x, inputs.router_weight, g1, g2, maps, k, counter, inputs.shared, taps=taps)
 
 
+def module_from_inputs(inputs, top_k: int, pad_to: int | None = None):
+    """``modules.FlintNvfp4Experts`` loaded from ``inputs.logical`` (the golden model's checkpoint-layout
+    NVFP4Experts) as a checkpoint loader would feed it: ``{e}.{gate,up,down}_proj.{weight, weight_scale,
+    weight_scale_2}`` pairs (its loader repacks them into FlintMoEWeights)."""
+    from flint_moe.modules import FlintNvfp4Experts
+
+    lg = inputs.logical
+    E, two_i, half_h = lg.w13.shape
+    I, H = two_i // 2, half_h * 2  # noqa: E741
+    mod = FlintNvfp4Experts(E, H, I, top_k, pad_intermediate_to=pad_to, device=inputs.x.device)
+    named = []
+    for e in range(E):
+        for proj, rows in (("gate_proj", slice(0, I)), ("up_proj", slice(I, 2 * I))):
+            named += [(f"{e}.{proj}.weight", lg.w13[e, rows]), (f"{e}.{proj}.weight_scale", lg.w13_scale[e, rows]),
+                      (f"{e}.{proj}.weight_scale_2", lg.w13_gs[e])]  # fmt: skip
+        named += [(f"{e}.down_proj.weight", lg.w2[e]), (f"{e}.down_proj.weight_scale", lg.w2_scale[e]),
+                  (f"{e}.down_proj.weight_scale_2", lg.w2_gs[e])]  # fmt: skip
+    mod.load_weights(named)
+    return mod
+
+
+def _nvfp4_module(inputs, counter, taps):
+    k = _top_k(inputs)
+    hit = _MODULE.get("entry")
+    # one entry (real layers are large), keyed by the logical weights object itself (held, so never reused)
+    if hit is None or hit[0] is not inputs.logical or hit[1] != k:
+        _MODULE.clear()
+        ip, i = inputs.stored.intermediate_size, inputs.stored.valid_intermediate
+        _MODULE["entry"] = (inputs.logical, k, module_from_inputs(inputs, k, ip if ip != i else None))
+    return _MODULE["entry"][2](inputs.x, inputs.router_weight, inputs.shared, taps=taps)
+
+
+_MODULE: dict = {}
+
+
 def _top_k(inputs) -> int:
     try:
         return int(inputs.notes["top_k"])
@@ -75,6 +110,7 @@ def _build() -> dict[str, KernelPath]:
         "nvfp4_decode": KernelPath("nvfp4_decode", DECODE_MAX_TOKENS, "nvfp4", _nvfp4),
         "bf16_decode": KernelPath("bf16_decode", DECODE_BF16_MAX_TOKENS, "bf16", _bf16),
         "nvfp4_grouped": KernelPath("nvfp4_grouped", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_grouped),
+        "nvfp4_module": KernelPath("nvfp4_module", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_module),
     }
 
 

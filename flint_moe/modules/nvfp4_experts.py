@@ -153,7 +153,12 @@ class FlintNvfp4Experts(nn.Module):
         torch.cuda.synchronize(self.device)
 
     def forward(
-        self, hidden_states: torch.Tensor, router_weight: torch.Tensor, shared: torch.Tensor | nn.Module
+        self,
+        hidden_states: torch.Tensor,
+        router_weight: torch.Tensor,
+        shared: torch.Tensor | nn.Module,
+        *,
+        taps: dict | None = None,
     ) -> torch.Tensor:
         """Routed experts + shared expert, Flint rule steps 1-10.
 
@@ -163,6 +168,8 @@ class FlintNvfp4Experts(nn.Module):
             shared: the shared expert's output, bf16 [M, H], or the shared-expert ``nn.Module`` (called with
                 ``hidden_states``; on CUDA it runs on an auxiliary stream overlapping the router and gate/up
                 kernels, joined before the down/combine kernel; CUDA-graph safe; on the CPU it runs inline).
+            taps: optional dict for the conformance harness (``flint_moe.ops.flint_moe``'s taps: raw fp32
+                accumulators and stage outputs; the tapped kernel builds run).
         Returns:
             bf16 [M, H].
         Raises:
@@ -181,7 +188,9 @@ class FlintNvfp4Experts(nn.Module):
         from flint_moe.ops import flint_moe
 
         out, ready = self._shared.start(shared, hidden_states)
-        return flint_moe(hidden_states, router_weight, self.weights, self.top_k, self.route_counter, out, ready)
+        return flint_moe(
+            hidden_states, router_weight, self.weights, self.top_k, self.route_counter, out, ready, taps=taps
+        )
 
     def extra_repr(self) -> str:
         return (
