@@ -208,21 +208,56 @@ def _run_case(case, device, counter, invariance, inputs):
     from flint_moe.conformance.paths import path_for
     from flint_moe.ops import make_route_counter
 
+    phases: dict[str, float] = {}
+    clock = _PhaseClock(device, phases)
     if counter is None:
         counter = make_route_counter(device)
     if inputs is None:
-        inputs = make_inputs(case, device)
+        with clock("inputs"):
+            inputs = make_inputs(case, device)
     taps: dict = {}
     path = path_for(case)
-    out = path.run(inputs, counter, taps)
-    res = compare.compare_case(case, inputs, taps, out)
+    with clock("run"):  # the first case of a shape / configuration includes the Triton compiles
+        out = path.run(inputs, counter, taps)
+    with clock("compare"):
+        res = compare.compare_case(case, inputs, taps, out)
     if res.verdict == compare.FAIL:
-        res.diagnosis = diagnose(case, inputs, taps, out, res)
+        with clock("diagnose"):
+            res.diagnosis = diagnose(case, inputs, taps, out, res)
     if invariance:
-        res.invariance = check_invariances(case, inputs, path, counter, out, taps)
+        with clock("invariance"):
+            res.invariance = check_invariances(case, inputs, path, counter, out, taps)
         if required_failed(res.invariance):
             res.verdict = compare.FAIL
+    if isinstance(getattr(res, "meta", None), dict):
+        res.meta["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
     return res
+
+
+class _PhaseClock:
+    """``with clock("name"):`` adds the block's wall seconds to ``phases[name]`` (CUDA synchronised at both
+    ends, so asynchronous kernels are charged to the phase that launched them)."""
+
+    def __init__(self, device, phases: dict) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.phases = phases
+
+    def __call__(self, name: str):
+        clock = self
+
+        class _Block:
+            def __enter__(self):
+                if clock.cuda:
+                    torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                if clock.cuda:
+                    torch.cuda.synchronize()
+                clock.phases[name] = clock.phases.get(name, 0.0) + time.perf_counter() - self.t0
+                return False
+
+        return _Block()
 
 
 def summary_table(results: list):
