@@ -35,5 +35,9 @@ def test_cli_runs_a_checkpoint_layer(tmp_path) -> None:
     rep = json.loads((out / "report.json").read_text())
     assert [c["case_id"] for c in rep["cases"]] == ["nvfp4_decode/ckpt-ck-L0/M2/modelopt/s0"]
     assert rep["cases"][0]["verdict"] != "FAIL"
+    meta = rep["cases"][0]["meta"]  # checkpoint inputs are given: no "inputs" phase
+    assert set(meta["phase_seconds"]) == {"run", "compare"} and meta["seconds"] + 0.002 >= sum(
+        meta["phase_seconds"].values()
+    )  # 3-decimal rounding
     assert rep["env"]["checkpoint"] == f"{d} layer 0"
     assert main(["--profile", "cpu", "--checkpoint", str(d)]) == 2  # --layer missing
