@@ -92,47 +92,18 @@ def _prepare(name=None, model="deepseek-v3", M=1, rotations=CALLS, gu=None, dn=N
     return Prepared(fn=fn, bytes_moved=int(nbytes), rotations=rotations, note=model), w, sets
 
 
-def copy_bw(nbytes=1 << 31, reps=20) -> float:
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3)
-    del src, dst
-    return nbytes / statistics.median(ts)
+def copy_bw() -> float:
+    """Measured device copy bandwidth, bytes/s (``benchmarks.runner.copy_bandwidth``)."""
+    from benchmarks.runner import copy_bandwidth
+
+    return copy_bandwidth()
 
 
 def time_graph(fn, rotations, calls=CALLS, replays=REPLAYS) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(max(3, rotations)):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3 / calls)
-    return statistics.median(ts)
+    """Median seconds per call of ``fn`` from a CUDA graph (``benchmarks.runner.time_graph``)."""
+    from benchmarks.runner import Prepared, time_graph as runner_time_graph
+
+    return runner_time_graph(Prepared(fn=fn, bytes_moved=0, rotations=rotations), graph_calls=calls, replays=replays)
 
 
 #: Configuration before the 2026 tuning round (sequential-expert down, no prefetch): the bit reference.
