@@ -78,6 +78,7 @@ from flint_moe.reference.experts import (
     swiglu,
 )
 from flint_moe.reference.formats import to_bf16
+from flint_moe.reference.model import _AccBuffer  # per-(token, slot) assembly, shared with the golden model
 from flint_moe.reference.routing import (
     logits_from_accumulator,
     renormalize,
@@ -687,37 +688,20 @@ def _combine_any(tw: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return to_bf16(acc)
 
 
-class _RowAcc:
-    """Scatter per-expert Accumulation rows into (token, slot) positions of an [M, k, W] Accumulation
-    (columns beyond a part's width are exact zero sums with bound 0, like intermediate padding)."""
+def _pad_cols(acc: Accumulation, width: int) -> Accumulation:
+    """``acc`` [..., W] extended to ``width`` columns with exact zero sums (bound 0: +0 or -0 accepted), for
+    the padded intermediate columns whose weights are zero."""
+    extra = width - acc.shape[-1]
+    if extra <= 0:
+        return acc
 
-    def __init__(self, M: int, k: int, width: int, dev: torch.device) -> None:
-        self.shape, self.dev = (M, k, width), dev
-        self.f: dict[str, torch.Tensor] = {}
-        self.n = self.model = None
+    def z(t, fill):
+        return None if t is None else torch.cat([t, t.new_full((*t.shape[:-1], extra), fill)], dim=-1)
 
-    def put(self, tokens: torch.Tensor, slots: torch.Tensor, acc: Accumulation) -> None:
-        if self.n is None:
-            self.n, self.model = acc.n, acc.model
-            f64 = dict(dtype=torch.float64, device=self.dev)
-            self.f = {n: torch.zeros(self.shape, **f64) for n in ("exact", "bound", "abs_sum")}
-            self.f["eta_possible"] = torch.zeros(self.shape, dtype=torch.bool, device=self.dev)
-            if acc.inner_abs_sum is not None:
-                self.f["inner_abs_sum"] = torch.zeros(self.shape, **f64)
-            if acc.exact_error is not None:
-                self.f["exact_error"] = torch.zeros(self.shape, **f64)
-        w = acc.shape[-1]
-        for name, t in self.f.items():
-            v = getattr(acc, name)
-            if v is not None:
-                t[tokens, slots, :w] = v
-
-    def get(self) -> Accumulation:
-        f = self.f
-        return Accumulation(
-            f["exact"], f["bound"], f["abs_sum"], f["eta_possible"], self.n, self.model,
-            f.get("inner_abs_sum"), f.get("exact_error"),
-        )  # fmt: skip
+    return Accumulation(
+        z(acc.exact, 0.0), z(acc.bound, 0.0), z(acc.abs_sum, 0.0), z(acc.eta_possible, False), acc.n, acc.model,
+        z(acc.inner_abs_sum, 0.0), z(acc.exact_error, 0.0),
+    )  # fmt: skip
 
 
 def _gate_up_rows(cache: dict, e: int, tokens: torch.Tensor, compute) -> Accumulation:
@@ -766,7 +750,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
         return run
 
     # gate/up accumulations: one golden call per distinct expert over its tokens, rows scattered per pair.
-    g_acc, u_acc = _RowAcc(M, k, width, dev), _RowAcc(M, k, width, dev)
+    g_acc, u_acc = _AccBuffer(M, k, dev), _AccBuffer(M, k, dev)  # the golden model's own assembler
     for e in experts:
         tokens, slots = where[e]
         uniq, inv = torch.unique(tokens, return_inverse=True)
@@ -775,8 +759,8 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
         u_acc.put(tokens, slots, acc[..., I:])
     cache.setdefault("down", {})
     note = f"{len(experts)} experts, padded columns {width - I}" if width > I else f"{len(experts)} experts"
-    res["gate_acc"] = compare_accumulation("gate_acc", g_tap, g_acc.get(), note=note)
-    res["up_acc"] = compare_accumulation("up_acc", u_tap, u_acc.get(), note=note)
+    res["gate_acc"] = compare_accumulation("gate_acc", g_tap, _pad_cols(g_acc.get(), width), note=note)
+    res["up_acc"] = compare_accumulation("up_acc", u_tap, _pad_cols(u_acc.get(), width), note=note)
 
     # act from the kernel's own accumulators.
     shape3 = (M, k, width)
@@ -799,7 +783,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     # down accumulation on the kernel's act (logical I columns), one golden call per expert.
     d_tap, y_tap = t["down_acc"], t["y"]
     if _usable(a_tap, shape3, torch.bfloat16):
-        d_acc = _RowAcc(M, k, H, dev)
+        d_acc = _AccBuffer(M, k, dev)
         for e in experts:
             tokens, slots = where[e]
             act_e = a_tap[tokens, slots, :I].contiguous()
