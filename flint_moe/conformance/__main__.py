@@ -30,6 +30,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import platform  # noqa: E402
 import signal  # noqa: E402
@@ -209,23 +210,22 @@ def _run_case(case, device, counter, invariance, inputs):
     from flint_moe.ops import make_route_counter
 
     phases: dict[str, float] = {}
-    clock = _PhaseClock(device, phases)
     if counter is None:
         counter = make_route_counter(device)
     if inputs is None:
-        with clock("inputs"):
+        with _phase(phases, "inputs", device):
             inputs = make_inputs(case, device)
     taps: dict = {}
     path = path_for(case)
-    with clock("run"):  # the first case of a shape / configuration includes the Triton compiles
+    with _phase(phases, "run", device):  # the first case of a shape / configuration includes the Triton compiles
         out = path.run(inputs, counter, taps)
-    with clock("compare"):
+    with _phase(phases, "compare", device):
         res = compare.compare_case(case, inputs, taps, out)
     if res.verdict == compare.FAIL:
-        with clock("diagnose"):
+        with _phase(phases, "diagnose", device):
             res.diagnosis = diagnose(case, inputs, taps, out, res)
     if invariance:
-        with clock("invariance"):
+        with _phase(phases, "invariance", device):
             res.invariance = check_invariances(case, inputs, path, counter, out, taps)
         if required_failed(res.invariance):
             res.verdict = compare.FAIL
@@ -234,30 +234,20 @@ def _run_case(case, device, counter, invariance, inputs):
     return res
 
 
-class _PhaseClock:
-    """``with clock("name"):`` adds the block's wall seconds to ``phases[name]`` (CUDA synchronised at both
-    ends, so asynchronous kernels are charged to the phase that launched them)."""
-
-    def __init__(self, device, phases: dict) -> None:
-        self.cuda = torch.device(device).type == "cuda"
-        self.phases = phases
-
-    def __call__(self, name: str):
-        clock = self
-
-        class _Block:
-            def __enter__(self):
-                if clock.cuda:
-                    torch.cuda.synchronize()
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                if clock.cuda:
-                    torch.cuda.synchronize()
-                clock.phases[name] = clock.phases.get(name, 0.0) + time.perf_counter() - self.t0
-                return False
-
-        return _Block()
+@contextlib.contextmanager
+def _phase(phases: dict, name: str, device):
+    """Add the block's wall seconds to ``phases[name]`` (CUDA synchronised at both ends, so asynchronous
+    kernels are charged to the phase that launched them)."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize()
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
 
 
 def summary_table(results: list):
