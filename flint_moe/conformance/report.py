@@ -473,15 +473,19 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
     if fl:
         lines += [fl, ""]
     lines.append("Totals: " + ", ".join(f"{v} {totals.get(v, 0)}" for v in VERDICT_ORDER) + f" (of {len(cases)} cases)")
+    n_bb = sum(_mode(c) == BLACK_BOX for c in cases)
+    if n_bb:
+        lines[-1] += f"; {n_bb} {BLACK_BOX} (end to end only, no taps)"
     phases: dict[str, float] = {}
     for c in cases:
         for k, v in ((c.get("meta") or {}).get("phase_seconds") or {}).items():
             phases[k] = phases.get(k, 0.0) + float(v)
+    if env.get("run_seconds") is not None:
+        jobs = env.get("jobs") or 1
+        lines += ["", f"Wall time: {env['run_seconds']} s (cases and mutation self-test; {jobs} worker process"
+                  f"{'es' if jobs != 1 else ''} on the device)"]  # fmt: skip
     if phases:
-        lines += ["", "Time by phase (s, all cases): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())]
-    n_bb = sum(_mode(c) == BLACK_BOX for c in cases)
-    if n_bb:
-        lines[-1] += f"; {n_bb} {BLACK_BOX} (end to end only, no taps)"
+        lines += ["", "Time by phase (s, summed over cases): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())]
     ml = mutation_line(mutation)
     lines += ["", ml, ""] if ml else [""]
     lines += _table(cases)

@@ -1,0 +1,301 @@
+"""Several worker processes sharing one device for a conformance run (issue 5: the gpu profile in minutes).
+
+A case is mostly host work: Python-driven golden-model reductions, Triton compiles, kernel launches and
+synchronisations; the GPU itself is idle most of the time (``meta.phase_seconds`` of an H200 run). ``jobs``
+worker processes on the same GPU therefore finish the matrix about ``jobs`` times faster, while every case
+still runs exactly as in a serial run (same inputs, same kernels, same comparison; each worker has its own
+CUDA context, route counter and weight cache).
+
+Scheduling (:func:`plan_units`, :func:`pick_unit`):
+
+- **Units.** Cases that share weights (``profiles.weight_key``) form a unit, in matrix order, split into
+  pieces of at most ``max_cases`` cases (a piece rebuilds its weights: cheap, they are synthesised on the
+  device). A worker runs one unit at a time, so its one-entry weight cache works as in a serial run.
+- **Longest first.** Units are handed out by decreasing estimated cost (:func:`estimate_seconds`), so the
+  long ones (large-M grouped cases, DeepSeek-V3 layers) do not start last.
+- **Device memory.** A unit starts only while the estimated device memory of the running units plus its own
+  (:func:`estimate_bytes`: the logical and stored expert weights and a fixed allowance for the golden model)
+  stays within the budget (default 85 % of the free device memory at the start); a unit bigger than the
+  budget runs alone. The BF16 Kimi-K2 and Llama-4-Maverick layers hold ~70 GB each: two at once would not fit
+  on a 141 GB H200. After each unit a worker drops its weight cache and returns cached blocks to the driver.
+- **Mutation self-test.** ``mutation.run_mutations`` is one more unit, run beside the cases.
+
+A case that raises is a FAIL with the exception (``__main__.raised_result``), as in the serial runner; a
+worker that dies (e.g. a device fault) fails the rest of its unit with the exit code and is replaced.
+SIGTERM / SIGINT to the parent stops the workers; the cases finished so far are returned (INCOMPLETE report).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+
+__all__ = ["Unit", "default_jobs", "estimate_bytes", "estimate_seconds", "pick_unit", "plan_units", "run_parallel"]
+
+#: Device memory the golden model and the kernels' scratch may need beside a unit's weights (bytes).
+GOLDEN_ALLOWANCE = 6 << 30
+#: Estimated seconds of the mutation self-test on the H200 (22 s measured, reports/h200/README.md).
+MUTATION_SECONDS = 25.0
+#: Device memory of the mutation self-test (small shapes).
+MUTATION_BYTES = 2 << 30
+
+
+@dataclass
+class Unit:
+    """Work for one worker: ``cases`` as (position in the run, Case) in matrix order, or the mutation self-test
+    (``kind == "mutation"``); ``seconds`` / ``nbytes``: estimated cost and device memory."""
+
+    uid: int
+    kind: str
+    cases: list = field(default_factory=list)
+    seconds: float = 0.0
+    nbytes: int = 0
+
+
+def _params(case) -> int:
+    stored_i = case.I if not case.pad_to else -(-case.I // case.pad_to) * case.pad_to
+    return case.E * 3 * stored_i * case.H
+
+
+def estimate_bytes(case) -> int:
+    """Device memory (bytes) a case's weights occupy in a worker: NVFP4 0.5625 bytes per parameter (codes +
+    E4M3 block scales) twice (the checkpoint layout and FlintMoEWeights), plus the fp32 / bf16 expert stacks the
+    ``modelopt`` profile quantises; BF16 2 bytes per parameter twice (the logical stack and the TRT-LLM
+    layout); plus :data:`GOLDEN_ALLOWANCE`."""
+    p = _params(case)
+    if case.path.startswith("nvfp4_"):
+        b = int(2 * 0.5625 * p) + (6 * p if case.profile == "modelopt" else 0)
+    else:
+        b = 4 * p
+    return b + GOLDEN_ALLOWANCE
+
+
+def estimate_seconds(case) -> float:
+    """Rough wall seconds of a case on the H200 (for ordering only): a fixed part plus the golden model's
+    float64 reductions over the experts the case touches (``min(E, M k)`` experts of ``3 H I`` weights;
+    ~3 ns per weight, from the DeepSeek-V3 M=300 grouped case's 34 s of comparison)."""
+    experts = min(case.E, case.M * case.k)
+    return 0.5 + 3e-9 * experts * 3 * case.H * case.I
+
+
+def plan_units(cases: list, *, max_cases: int = 8, mutation: bool = False) -> list[Unit]:
+    """Units of ``cases`` (see the module docstring), longest estimated first; with ``mutation`` the
+    mutation self-test is one of them."""
+    from .profiles import weight_key
+
+    groups: dict[tuple, list] = {}
+    for pos, case in enumerate(cases):
+        groups.setdefault(weight_key(case), []).append((pos, case))
+    units: list[Unit] = []
+    for members in groups.values():
+        for i in range(0, len(members), max_cases):
+            part = members[i : i + max_cases]
+            sec = 2.0 + sum(estimate_seconds(c) for _, c in part)  # + the first case's compiles
+            units.append(Unit(len(units), "cases", part, sec, max(estimate_bytes(c) for _, c in part)))
+    if mutation:
+        units.append(Unit(len(units), "mutation", [], MUTATION_SECONDS, MUTATION_BYTES))
+    units.sort(key=lambda u: -u.seconds)
+    return units
+
+
+def pick_unit(pending: list[Unit], running_bytes: list[int], budget: int) -> Unit | None:
+    """The first unit of ``pending`` (longest first) that fits ``budget`` beside the running units'
+    ``running_bytes``; with nothing running, the first unit even if it alone exceeds the budget; None when
+    nothing fits now. Removes the chosen unit from ``pending``."""
+    used = sum(running_bytes)
+    for i, u in enumerate(pending):
+        if not running_bytes or used + u.nbytes <= budget:
+            return pending.pop(i)
+    return None
+
+
+def default_jobs(device_type: str) -> int:
+    """Worker processes for ``--jobs auto``: 1 on the CPU (the interpreter already uses the cores), else
+    half the host's cores, at most 8 (each worker also runs Triton's compiler processes)."""
+    if device_type != "cuda":
+        return 1
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+# ------------------------------------------------------------------------------------------------------
+# worker process
+# ------------------------------------------------------------------------------------------------------
+
+
+def _worker(wid: int, tasks, results, invariance: bool, device: str) -> None:
+    """Worker loop: run each unit from ``tasks`` and put one message per case, then ("done", ...)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    import gc
+
+    import torch
+
+    from flint_moe.conformance import profiles
+    from flint_moe.conformance.__main__ import raised_result, run_case
+    from flint_moe.ops import make_route_counter
+
+    dev = torch.device(device)
+    counter = make_route_counter(dev)
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        unit: Unit = task
+        t0 = time.perf_counter()
+        if unit.kind == "mutation":
+            from flint_moe.conformance.mutation import mutation_report, run_mutations
+
+            try:
+                rep = mutation_report(run_mutations(device=dev))
+            except Exception as e:  # noqa: BLE001  (reported, not fatal for the cases)
+                traceback.print_exc()
+                rep = {"error": f"{type(e).__name__}: {e}"}
+            results.put(("mutation", wid, unit.uid, rep))
+        else:
+            for pos, case in unit.cases:
+                try:
+                    r = run_case(case, dev, counter, invariance=invariance)
+                except Exception as e:  # noqa: BLE001  (any kernel / input error is a FAIL of this case)
+                    traceback.print_exc()
+                    r = raised_result(case, e)
+                results.put(("case", wid, unit.uid, pos, r.to_json()))
+        profiles._cache.clear()
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        results.put(("done", wid, unit.uid, round(time.perf_counter() - t0, 3)))
+
+
+# ------------------------------------------------------------------------------------------------------
+# parent
+# ------------------------------------------------------------------------------------------------------
+
+
+def _budget(device: str, fraction: float = 0.85) -> int:
+    import torch
+
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info()
+        return int(free * fraction)
+    return 1 << 62
+
+
+def run_parallel(
+    cases: list,
+    jobs: int,
+    device: str,
+    console=None,
+    *,
+    invariance: bool = False,
+    mutation: bool = False,
+    stopped: list | None = None,
+    max_cases: int = 8,
+) -> tuple[list[dict], dict | None, dict]:
+    """Run ``cases`` in ``jobs`` worker processes on ``device`` ("cuda" or "cpu").
+
+    Returns (case result dicts of the finished cases in ``cases`` order, the mutation report or None, run
+    info: jobs, budget bytes, units, per-worker busy seconds). ``stopped`` receives the signal name when
+    SIGTERM / SIGINT stops the run (the parent's handlers raise ``__main__.RunStopped``)."""
+    import multiprocessing as mp
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flint_moe.conformance.__main__ import RunStopped, raised_result
+
+    stopped = [] if stopped is None else stopped
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # inherited by the workers
+    ctx = mp.get_context("spawn")  # CUDA cannot be forked
+    budget = _budget(device)
+    pending = plan_units(cases, max_cases=max_cases, mutation=mutation)
+    n_units = len(pending)
+    results_q = ctx.Queue()
+    workers: dict[int, tuple] = {}  # wid -> (process, task queue)
+    running: dict[int, Unit] = {}
+    left: dict[int, set] = {}  # uid -> positions not yet reported
+    busy: dict[int, float] = {}
+    done: dict[int, dict] = {}
+    mutation_rep = None
+    next_wid = 0
+
+    def start_worker() -> None:
+        nonlocal next_wid
+        q = ctx.Queue()
+        p = ctx.Process(target=_worker, args=(next_wid, q, results_q, invariance, device), daemon=True)
+        p.start()
+        workers[next_wid] = (p, q)
+        next_wid += 1
+
+    n_workers = max(1, min(jobs, n_units))
+    for _ in range(n_workers):
+        start_worker()
+    deaths = 0
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*cols, console=console, transient=False) as prog:
+            bar = prog.add_task(f"conformance ({len(workers)} workers)", total=len(cases))
+            while pending or running:
+                for wid in sorted(workers):
+                    if wid in running or not pending:
+                        continue
+                    unit = pick_unit(pending, [u.nbytes for u in running.values()], budget)
+                    if unit is None:
+                        break
+                    running[wid] = unit
+                    left[unit.uid] = {pos for pos, _ in unit.cases}
+                    workers[wid][1].put(unit)
+                try:
+                    msg = results_q.get(timeout=2.0)
+                except queue.Empty:
+                    for wid, (p, _) in list(workers.items()):
+                        if p.is_alive():
+                            continue
+                        unit = running.pop(wid, None)
+                        del workers[wid]
+                        if unit is not None:  # fail what the dead worker had not reported
+                            err = RuntimeError(f"conformance worker died (exit code {p.exitcode}) in this unit")
+                            for pos, case in unit.cases:
+                                if pos in left[unit.uid]:
+                                    done[pos] = raised_result(case, err).to_json()
+                                    prog.advance(bar)
+                            if unit.kind == "mutation":
+                                mutation_rep = {"error": str(err)}
+                        deaths += 1
+                        if deaths > n_workers + 3:  # workers keep dying (e.g. at start-up): give up loudly
+                            why = f"conformance workers keep dying (last exit code {p.exitcode})"
+                            raise RuntimeError(why) from None
+                        start_worker()
+                    continue
+                kind, wid = msg[0], msg[1]
+                if kind == "case":
+                    _, _, uid, pos, res = msg
+                    done[pos] = res
+                    left[uid].discard(pos)
+                    prog.update(bar, description=res["case_id"])
+                    prog.advance(bar)
+                elif kind == "mutation":
+                    mutation_rep = msg[3]
+                elif kind == "done":
+                    running.pop(wid, None)
+                    busy[wid] = busy.get(wid, 0.0) + float(msg[3])
+    except (RunStopped, KeyboardInterrupt) as e:
+        stopped.append(str(e) or "SIGINT")
+    finally:
+        for p, q in workers.values():
+            if stopped:
+                p.terminate()
+            else:
+                q.put(None)
+        for p, _ in workers.values():
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    info = {
+        "jobs": n_workers,
+        "device_memory_budget_bytes": budget if budget < (1 << 62) else None,
+        "units": n_units,
+        "worker_busy_seconds": {str(k): round(v, 1) for k, v in sorted(busy.items())},
+    }
+    return [done[pos] for pos in sorted(done)], mutation_rep, info
