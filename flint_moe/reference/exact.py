@@ -554,8 +554,9 @@ def _filtered_chunk(
     zero = s_up == 0
     approx = torch.where(zero, 0.0, approx)
     err = s_up * (gamma(k, _U64) * _EVAL_SLACK)
-    lo = torch.nextafter(approx - err, approx.new_tensor(-math.inf))
-    hi = torch.nextafter(approx + err, approx.new_tensor(math.inf))
+    inf = torch.full((), math.inf, dtype=approx.dtype, device=approx.device)  # a fill, not a host copy
+    lo = torch.nextafter(approx - err, -inf)
+    hi = torch.nextafter(approx + err, inf)
     ambiguous = (_rn32_bits(lo) != _rn32_bits(hi)) & ~zero
     err = torch.where(zero, 0.0, err)
     if bool(ambiguous.any()):
@@ -571,6 +572,17 @@ def _filtered_chunk(
         approx = approx.index_put((t_idx, r_idx), ex)
         err = err.index_put((t_idx, r_idx), torch.zeros_like(ex))
     return approx, err
+
+
+def _chunk_rows(k: int, m: int, device: torch.device, filtered: bool) -> int:
+    """Rows of B per chunk of :func:`dot_accumulate_rows`. Exact summation materialises [m, rows, K] products:
+    rows = 2^24 / (m K). The filter materialises only [rows, K] operands (its exact fallback works on the few
+    ambiguous elements, :func:`_filtered_chunk`): rows = 2^24 / K, and 4x that on a CUDA device (a few buffers
+    of 512 MiB), so a real layer's expert is one or two chunks instead of one per few rows. The values never
+    depend on the chunking."""
+    if filtered:
+        return max(1, (_CHUNK_ELEMENTS * (4 if device.type == "cuda" else 1)) // max(k, 1))
+    return max(1, _CHUNK_ELEMENTS // max(k * m, 1))
 
 
 def _check_terms(k: int, name: str) -> None:
@@ -596,7 +608,8 @@ def dot_accumulate_rows(
             [stop - start] is a lower bound on each row's smallest non-zero |value| (saves two passes), or
             ``(values, all_finite, row_min, inner_abs)`` for block-scaled weights, ``inner_abs`` float64
             [stop - start, K] the unscaled |E2M1| values (recorded as ``inner_abs_sum``); called for
-            consecutive chunks of about 2^24 / M elements (memory: a few float64 buffers of 2^24 elements).
+            consecutive chunks of rows (:func:`_chunk_rows`: 2^24 / (M K) rows; under the filter 2^24 / K rows,
+            4x that on CUDA; memory: a few float64 buffers of that many elements).
         n_rows: number of rows N of B.
         model: the kernel's summation model (default :data:`FP32_RN`).
         narrow_products: True when every product of an ``a`` value and a B value has at most 24 significant
@@ -622,8 +635,8 @@ def dot_accumulate_rows(
     a_min = _min_nonzero_abs(a0)
     a_neg = torch.signbit(a0).to(torch.float64)
     a_ind = None if a_all_finite else _indicators(a64)
-    chunk = max(1, _CHUNK_ELEMENTS // max(k * m, 1))
     use_filter = _FILTER.get()
+    chunk = _chunk_rows(k, m, a.device, use_filter and a_all_finite)
     exact_parts, s_parts, eta_parts, inner_parts, err_parts = [], [], [], [], []
     for start in range(0, n_rows, chunk):
         stop = min(n_rows, start + chunk)

@@ -55,11 +55,20 @@ def _check_nvfp4(
     return n, k
 
 
-def _byte_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[256, 2]: the E2M1 values of the low (even element) and high nibble of each packed byte."""
-    v = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
-    b = torch.arange(256, device=device)
-    return torch.stack((v[b & 15], v[b >> 4]), dim=1)
+_BYTE_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _byte_table(dtype: torch.dtype, device: torch.device, *, absolute: bool = False) -> torch.Tensor:
+    """[256, 2]: the E2M1 values (``absolute``: their magnitudes) of the low (even element) and high nibble of
+    each packed byte; built once per (dtype, device, absolute), read-only (only indexed)."""
+    key = (dtype, device, absolute)
+    t = _BYTE_TABLES.get(key)
+    if t is None:
+        v = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+        v = v.abs() if absolute else v
+        b = torch.arange(256, device=device)
+        t = _BYTE_TABLES[key] = torch.stack((v[b & 15], v[b >> 4]), dim=1)
+    return t
 
 
 def _dequant_rows(codes: torch.Tensor, scale: torch.Tensor, start: int, stop: int, dtype) -> torch.Tensor:
@@ -92,7 +101,7 @@ def _nvfp4_accumulate(x, x_name, codes, codes_name, scale, scale_name, model) ->
         # |E2M1| values give the block model's inner partial sums (exact.py, "Overflow").
         s = e4m3_to_float(scale_bytes(scale[i:j])).to(torch.float64).abs()
         s_min = torch.where(s > 0, s, math.inf).amin(dim=1) * 0.5
-        inner = _byte_table(torch.float64, codes.device).abs()[codes[i:j].long()].view(j - i, -1)
+        inner = _byte_table(torch.float64, codes.device, absolute=True)[codes[i:j].long()].view(j - i, -1)
         return _dequant_rows(codes, scale, i, j, torch.float64), True, s_min, inner
 
     return dot_accumulate_rows(x, rows, n, model=model, narrow_products=True, name=x_name)

@@ -232,7 +232,18 @@ def e4m3_bytes(name: str, x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.uint8 else x.view(torch.uint8)
 
 
+_E4M3_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
 def _e4m3_table(device: torch.device) -> torch.Tensor:
+    """fp32 value of each byte 0..255 on ``device`` (built once per device, read-only: only indexed)."""
+    t = _E4M3_TABLES.get(device)
+    if t is None:
+        t = _E4M3_TABLES[device] = _build_e4m3_table(device)
+    return t
+
+
+def _build_e4m3_table(device: torch.device) -> torch.Tensor:
     """fp32 value of each byte 0..255, built from the bits (OCP FP8 E4M3: bias 7, 0x7F/0xFF NaN)."""
     b = torch.arange(256, dtype=torch.int32, device=device)
     sign = (b >> 7) << 31  # int32 shift: 1 << 31 wraps to the sign bit

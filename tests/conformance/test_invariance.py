@@ -157,3 +157,21 @@ def test_cli_invariance_flag(tmp_path) -> None:
     assert by == {"determinism": PASS, "row_independence": SKIP, "cuda_graph": SKIP, "batch_invariance": SKIP}
     assert case["diagnosis"] == []
     assert "## Invariances" in (tmp_path / "summary.md").read_text()
+
+
+def test_batch_invariance_samples_rows_of_large_batches(built, monkeypatch) -> None:
+    from flint_moe.conformance import invariance as inv
+
+    case, inputs, taps, out = built
+    big = inv._with(inputs, x=torch.cat([inputs.x, inputs.x.flip(0)]), shared=torch.cat([inputs.shared] * 2))
+    M = big.x.shape[0]
+    assert M == 2 * case.M >= 4
+    path = _Path(case)
+    out_big = path.run(big, _counter())
+    monkeypatch.setattr(inv, "BATCH_INVARIANCE_ROWS", 3)
+    r = inv.batch_invariance(case, big, path, _counter(), out_big, None)
+    assert path.calls == 1 + 3 and r.runs == 3  # the first, a middle and the last token alone
+    assert r.details["rows"] == 3 and r.details["rows_total"] == M
+    assert r.details["rows_equal"] + len(r.details["rows_differing"]) == 3
+    assert set(r.details["rows_differing"]) <= {0, round((M - 1) / 2), M - 1}
+    assert f"of {M}" in r.note

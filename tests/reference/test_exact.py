@@ -600,3 +600,27 @@ def test_block_model_inner_partials_set_overflow_possible():
     assert blk[:, :2].inner_abs_sum.shape == (2, 2)
     bf = dot_accumulate(tbf([[2.0**120] * 16]), tbf([[1.0] * 16])).with_model(block_model(16))
     assert bf.inner_abs_sum is None and not bool(bf.overflow_possible[0, 0])
+
+
+def test_chunk_rows_filtered_independent_of_tokens():
+    assert X._chunk_rows(1024, 8, torch.device("cpu"), False) == X._CHUNK_ELEMENTS // (1024 * 8)
+    assert X._chunk_rows(1024, 8, torch.device("cpu"), True) == X._CHUNK_ELEMENTS // 1024
+    assert X._chunk_rows(1024, 1, torch.device("cuda"), True) == 4 * X._CHUNK_ELEMENTS // 1024
+    assert X._chunk_rows(1 << 30, 8, torch.device("cpu"), True) == 1
+
+
+def test_filtered_chunked_rows_equal_unchunked(monkeypatch):
+    from flint_moe.reference.exact import filtered_sums
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 48, generator=g).bfloat16()
+    w = torch.randn(29, 48, generator=g).bfloat16()
+    w[3] = 0.0  # an all-zero row: +0 sums
+    with filtered_sums():
+        whole = dot_accumulate(x, w)
+        monkeypatch.setattr(X, "_CHUNK_ELEMENTS", 48 * 4)  # 4 rows per chunk under the filter, last chunk of 1
+        parts = dot_accumulate(x, w)
+    for f in ("exact", "bound", "abs_sum", "eta_possible", "exact_error"):
+        assert torch.equal(getattr(whole, f), getattr(parts, f)), f
+    exact = dot_accumulate(x, w)  # without the filter: every element summed exactly
+    assert torch.equal(whole.exact.to(torch.float32), exact.exact.to(torch.float32))  # same RN32 values
