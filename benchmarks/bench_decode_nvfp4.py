@@ -501,41 +501,73 @@ def sweep_mma(out_dir: str) -> int:
     return 1 if n_bad else 0
 
 
-#: Round 5 candidates (``--tune``): CUDA-core ("cc") and tensor-core ("mma") configurations; k = K-parts (SK),
-#: late = ``griddepcontrol.launch_dependents`` after the K loop, pf = cross-step register prefetch (added after
-#: the round-5 run, not measured yet).
+#: Round 6 candidates (``--tune``): complete configurations (every key of the path given, so that no value is
+#: inherited from whichever defaults are current). CUDA-core ("cc") and tensor-core ("mma") paths; k = K-parts
+#: (SK), f = FENCE (all code / scale loads of an asm call before its first decode), l2 = L2PF distance, pf = PF
+#: (register prefetch), late = LATE.
+def _mma_cfg(rows_key, rows, nw, rt, s, sk=1, late=False, pf=False, l2pf=0, fence=False):
+    return {
+        "MMA": True, rows_key: rows, "num_warps": nw, "RT": rt, "S": s, "SK": sk, "LATE": late, "PF": pf,
+        "L2PF": l2pf, "FENCE": fence,
+    }  # fmt: skip
+
+
+def _gu6(bn, nw, rt, s, sk=1, **kw):
+    return _mma_cfg("BN", bn, nw, rt, s, sk, **kw)
+
+
+def _dn6(bh, nw, rt, s, sk=1, **kw):
+    return _mma_cfg("BH", bh, nw, rt, s, sk, **kw)
+
+
 TUNE_GU = {
-    "cc-BN8w2": {"MMA": False, "BN": 8, "num_warps": 2},
-    "mma-BN16w2r2s4": _gu(16, 2, 2, 4),
-    "mma-BN16w2r2s4-late": {**_gu(16, 2, 2, 4), "LATE": True},
-    "mma-BN16w4r2s4k2": {**_gu(16, 4, 2, 4), "SK": 2},
-    "mma-BN16w8r2s4k4": {**_gu(16, 8, 2, 4), "SK": 4},
-    "mma-BN8w4r2s4k4": {**_gu(8, 4, 2, 4), "SK": 4},
-    "mma-BN16w4r2s4k2-late": {**_gu(16, 4, 2, 4), "SK": 2, "LATE": True},
-    "mma-BN8w4r2s4k4-pf": {**_gu(8, 4, 2, 4), "SK": 4, "PF": True},
-    "mma-BN16w4r2s2k2-pf": {**_gu(16, 4, 2, 2), "SK": 2, "PF": True},
+    "cc-BN8w2": {"MMA": False, "BN": 8, "num_warps": 2, "BKB": 512, "PREFETCH": False, "WORDS": False},
+    "mma-BN16w2r2s4": _gu6(16, 2, 2, 4),
+    "mma-BN8w4r2s4k4": _gu6(8, 4, 2, 4, 4),
+    "mma-BN8w4r2s4k4-pf": _gu6(8, 4, 2, 4, 4, pf=True),
+    "mma-BN8w4r2s4k4-l2": _gu6(8, 4, 2, 4, 4, l2pf=2),
+    "mma-BN8w4r2s4k4-f": _gu6(8, 4, 2, 4, 4, fence=True),
+    "mma-BN8w4r2s4k4-f-l2": _gu6(8, 4, 2, 4, 4, fence=True, l2pf=2),
+    "mma-BN8w4r2s2k4-f": _gu6(8, 4, 2, 2, 4, fence=True),
+    "mma-BN16w4r2s4k2-f": _gu6(16, 4, 2, 4, 2, fence=True),
+    "mma-BN16w8r2s4k4-f": _gu6(16, 8, 2, 4, 4, fence=True),
+    "mma-BN16w2r2s4-f": _gu6(16, 2, 2, 4, fence=True),
 }
 TUNE_DN = {
-    "cc-BH16w4": {"MMA": False, "BH": 16, "num_warps": 4, "PREFETCH": True},
-    "mma-BH16w1r2s4": _dn(16, 1, 2, 4),
-    "mma-BH16w2r2s4k2": {**_dn(16, 2, 2, 4), "SK": 2},
-    "mma-BH16w4r2s2k4": {**_dn(16, 4, 2, 2), "SK": 4},
-    "mma-BH32w4r2s4k2": {**_dn(32, 4, 2, 4), "SK": 2},
-    "mma-BH16w1r2s4-late": {**_dn(16, 1, 2, 4), "LATE": True},
-    "mma-BH16w1r2s4-pf": {**_dn(16, 1, 2, 4), "PF": True},
-    "mma-BH16w1r2s2-pf": {**_dn(16, 1, 2, 2), "PF": True},
+    "cc-BH16w4": {"MMA": False, "BH": 16, "num_warps": 4, "BKB": 512, "PREFETCH": True, "WORDS": False},
+    "mma-BH16w1r2s4": _dn6(16, 1, 2, 4),
+    "mma-BH16w1r2s4-pf": _dn6(16, 1, 2, 4, pf=True),
+    "mma-BH16w1r2s4-l2": _dn6(16, 1, 2, 4, l2pf=1),
+    "mma-BH16w1r2s4-f": _dn6(16, 1, 2, 4, fence=True),
+    "mma-BH16w1r2s2-f": _dn6(16, 1, 2, 2, fence=True),
+    "mma-BH16w2r2s4k2-f": _dn6(16, 2, 2, 4, 2, fence=True),
+    "mma-BH32w2r2s4-f": _dn6(32, 2, 2, 4, fence=True),
+    "mma-BH16w4r2s2k4-f": _dn6(16, 4, 2, 2, 4, fence=True),
 }
 
 
-def tune(out_dir: str, write_tuned: str | None) -> int:
-    """Round 5 (one device call, before the GPU tests and the runner): checks, timings, choice of the defaults.
+def _eff_sk(cfg: dict, kbytes: int, rows: int) -> int:
+    """The K-split the launcher runs ``cfg`` with at a row of ``kbytes`` code bytes (1 on the CUDA cores)."""
+    from flint_moe.kernels.nvfp4_gate_up import _check_mma
 
-    Checks at DeepSeek-V3 M = 1: within each path, every variant with the same K-split gives the same bits
-    (gate/up act, down_acc); every tensor-core variant's taps within ``FP32_TRUNCATE`` of the golden model
-    (two pairs). Timings: gate/up alone and down alone per candidate; then gate/up + down with the fastest
-    down for every gate/up candidate. Choice: the down with the least down time, the gate/up with the least
-    gate/up + down time (DeepSeek-V3 M = 1, the issue's goal); written to ``write_tuned``
-    (``flint_moe/kernels/nvfp4_tuned.py``) with the best configuration of each path, and to DIR/tuned.py."""
+    if not cfg["MMA"]:
+        return 0
+    return _check_mma(cfg["RT"], cfg["S"], cfg["SK"], cfg["num_warps"], rows, kbytes, "rows", "rows")[0]
+
+
+def tune(out_dir: str, write_tuned: str | None, models=("deepseek-v3", "qwen3-30b-a3b", "gpt-oss-120b")) -> int:
+    """Round 6 (one device call, before the GPU tests and the runner): checks, timings, choice of the defaults
+    per shape (docs/kernels/nvfp4-decode.md, round 6).
+
+    Per model at M = 1: every candidate with the same path and the same K-split the launcher runs at that shape
+    gives the same bits as the first (gate/up act; down y_acc); the first of each such group is checked against
+    the golden model (``FP32_TRUNCATE`` for the tensor-core path, the block model for the CUDA cores; two
+    (token, expert) pairs). Timings (CUDA graphs, rotating expert sets): gate/up alone and down alone per
+    candidate; gate/up + down for every gate/up with the fastest down, and for the fastest of those with every
+    down. Choice: the pair with the least gate/up + down time; DeepSeek-V3's becomes ``GATE_UP`` / ``DOWN``;
+    another model's becomes a per-shape override when it differs (the best pair on the default's paths, so that
+    ``accumulation_model`` does not depend on the shape). Written to ``write_tuned`` if every check passed, and
+    to DIR/tuned.py always."""
     from flint_moe.kernels.nvfp4_down import nvfp4_down
     from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
     from flint_moe.reference.exact import FP32_TRUNCATE, block_model
@@ -546,114 +578,165 @@ def tune(out_dir: str, write_tuned: str | None) -> int:
     t0 = time.time()
     bw = copy_bw()
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
-    res = {"copy_bw": bw, "checks": [], "times": []}
+    res = {"copy_bw": bw, "checks": [], "times": [], "choice": {}}
 
     def note(name, ok, extra=""):
         res["checks"].append(dict(check=name, ok=bool(ok)))
         print(f"check {name}: {'ok' if ok else 'FAIL'} {extra}({time.time() - t0:.0f} s)", flush=True)
 
-    cfg = MODELS["deepseek-v3"]
-    w = random_weights(cfg["E"], cfg["H"], cfg["I"], seed=3)
-    x, ids, tw, sh = make_inputs(1, cfg["H"], cfg["E"], cfg["k"], seed=11, device="cuda")
-    refs = {}
-    for v, gu in TUNE_GU.items():
-        key = (gu["MMA"], gu.get("SK", 1))  # same path and K-split: same bits
-        act = nvfp4_gate_up(x, ids, w, config=gu)
-        if key in refs:
-            note(f"gate/up {v} == first of its path", same(act, refs[key]))
-        else:
+    def model_of(cfg):
+        return FP32_TRUNCATE if cfg["MMA"] else block_model(16)
+
+    def checks(mname):
+        cfg = MODELS[mname]
+        H, I, k = cfg["H"], cfg["I"], cfg["k"]
+        w = random_weights(cfg["E"], H, I, seed=3)
+        x, ids, tw, sh = make_inputs(1, H, cfg["E"], k, seed=11, device="cuda")
+        pairs = {(0, 0), (0, k - 1)}
+        refs = {}
+        for v, gu in TUNE_GU.items():
+            key = (gu["MMA"], _eff_sk(gu, H // 2, 2 * gu["BN"]))
+            act = nvfp4_gate_up(x, ids, w, config=gu)
+            if key in refs:
+                note(f"{mname} gate/up {v} == first of its path and K-split", same(act, refs[key]))
+                continue
             refs[key] = act
-            if gu["MMA"]:
-                taps = {}
-                out = nvfp4_down(nvfp4_gate_up(x, ids, w, config=gu, taps=taps), ids, tw, w, sh, taps=taps)
-                try:
-                    check_taps(w, x, ids, tw, sh, taps, out, acc_pairs={(0, 0), (0, 7)}, gu_model=FP32_TRUNCATE)
-                    note(f"gate/up {v} golden", True)
-                except AssertionError as exc:
-                    note(f"gate/up {v} golden", False, f"{exc} ")
-    act = refs[(False, 1)]
-    drefs = {}
-    for v, dn in TUNE_DN.items():
-        key = (dn["MMA"], dn.get("SK", 1))
-        taps = {}
-        out = nvfp4_down(act, ids, tw, w, sh, config=dn, taps=taps)
-        if key in drefs:
-            note(f"down {v} == first of its path", same(taps["down_acc"], drefs[key]))
-        else:
-            drefs[key] = taps["down_acc"]
-            taps["act"] = act.view(1, cfg["k"], -1)
-            gtaps = {}
-            nvfp4_gate_up(x, ids, w, config=TUNE_GU["cc-BN8w2"], taps=gtaps)
-            taps.update(gate_acc=gtaps["gate_acc"], up_acc=gtaps["up_acc"])
+            taps = {}
+            out = nvfp4_down(nvfp4_gate_up(x, ids, w, config=gu, taps=taps), ids, tw, w, sh, taps=taps,
+                             config=TUNE_DN["mma-BH16w1r2s4"])  # fmt: skip
             try:
-                check_taps(
-                    w, x, ids, tw, sh, taps, out, acc_pairs={(0, 0), (0, 7)}, gu_model=block_model(16),
-                    dn_model=FP32_TRUNCATE if dn["MMA"] else block_model(16),
-                )  # fmt: skip
-                note(f"down {v} golden", True)
+                check_taps(w, x, ids, tw, sh, taps, out, acc_pairs=pairs, gu_model=model_of(gu),
+                           dn_model=FP32_TRUNCATE)  # fmt: skip
+                note(f"{mname} gate/up {v} golden", True)
             except AssertionError as exc:
-                note(f"down {v} golden", False, f"{exc} ")
-    del w
-    torch.cuda.empty_cache()
+                note(f"{mname} gate/up {v} golden", False, f"{exc} ")
+        cc = TUNE_GU["cc-BN8w2"]
+        gtaps = {}
+        act = nvfp4_gate_up(x, ids, w, config=cc, taps=gtaps)
+        drefs = {}
+        for v, dn in TUNE_DN.items():
+            key = (dn["MMA"], _eff_sk(dn, I // 2, dn["BH"]))
+            taps = {}
+            out = nvfp4_down(act, ids, tw, w, sh, config=dn, taps=taps)
+            if key in drefs:
+                note(f"{mname} down {v} == first of its path and K-split", same(taps["down_acc"], drefs[key]))
+                continue
+            drefs[key] = taps["down_acc"]
+            taps.update(act=act.view(1, k, -1), gate_acc=gtaps["gate_acc"], up_acc=gtaps["up_acc"])
+            try:
+                check_taps(w, x, ids, tw, sh, taps, out, acc_pairs=pairs, gu_model=block_model(16),
+                           dn_model=model_of(dn))  # fmt: skip
+                note(f"{mname} down {v} golden", True)
+            except AssertionError as exc:
+                note(f"{mname} down {v} golden", False, f"{exc} ")
+        del w
+        torch.cuda.empty_cache()
 
-    w = None
-    sets = None
+    def timings(mname):
+        state = {"w": None}
 
-    def timing(name, gu, dn, parts):
-        nonlocal w, sets
-        prep, w, sets = _prepare(model="deepseek-v3", M=1, gu=gu, dn=dn, weights=w)
-        r = dict(variant=name, gu=gu, dn=dn)
-        if "all" in parts:
-            t = time_graph(prep.fn, prep.rotations)
-            r.update(us=t * 1e6, frac=prep.bytes_moved / t / bw)
-        if "gu" in parts:
-            r["gu_us"] = 1e6 * time_graph(
-                lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS
+        def timing(name, gu, dn, parts):
+            prep, w, sets = _prepare(model=mname, M=1, gu=gu, dn=dn, weights=state["w"])
+            state["w"] = w
+            r = dict(model=mname, variant=name, gu=gu, dn=dn)
+            if "all" in parts:
+                t = time_graph(prep.fn, prep.rotations)
+                r.update(us=t * 1e6, frac=prep.bytes_moved / t / bw)
+            if "gu" in parts:
+                r["gu_us"] = 1e6 * time_graph(
+                    lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS
+                )
+            if "dn" in parts:
+                acts = [nvfp4_gate_up(xx, ii, w, config=TUNE_GU["cc-BN8w2"]) for (xx, ii, _, _) in sets]
+                r["dn_us"] = 1e6 * time_graph(
+                    lambda i: nvfp4_down(
+                        acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w, sets[i % CALLS][3], config=dn
+                    ),
+                    CALLS,
+                )
+            res["times"].append(r)
+            print(
+                f"{mname} M=1 {name:44s} "
+                + "  ".join(f"{k} {r[k]:.1f}" for k in ("us", "gu_us", "dn_us") if k in r)
+                + (f" ({100 * r['frac']:.1f}% of copy)" if "frac" in r else "")
+                + f" ({time.time() - t0:.0f} s)",
+                flush=True,
             )
-        if "dn" in parts:
-            acts = [nvfp4_gate_up(xx, ii, w) for (xx, ii, _, _) in sets]
-            r["dn_us"] = 1e6 * time_graph(
-                lambda i: nvfp4_down(
-                    acts[i % CALLS], sets[i % CALLS][1], sets[i % CALLS][2], w, sets[i % CALLS][3], config=dn
-                ),
-                CALLS,
-            )
-        res["times"].append(r)
-        print(
-            f"deepseek-v3 M=1 {name:40s} "
-            + "  ".join(f"{k} {r[k]:.1f}" for k in ("us", "gu_us", "dn_us") if k in r)
-            + f" ({time.time() - t0:.0f} s)",
-            flush=True,
-        )
-        return r
+            return r
 
-    res["gu_alone"] = {v: timing("gu " + v, gu, None, ("gu",))["gu_us"] for v, gu in TUNE_GU.items()}
-    dn_t = {v: timing("dn " + v, None, dn, ("dn",))["dn_us"] for v, dn in TUNE_DN.items()}
-    best_dn = min(dn_t, key=dn_t.get)
-    all_t = {v: timing(f"all {v} + {best_dn}", gu, TUNE_DN[best_dn], ("all",))["us"] for v, gu in TUNE_GU.items()}
-    best_gu = min(all_t, key=all_t.get)
-    best_cc_gu = min((v for v in TUNE_GU if v.startswith("cc")), key=lambda v: all_t[v])
-    best_mma_gu = min((v for v in TUNE_GU if v.startswith("mma")), key=lambda v: all_t[v])
-    best_cc_dn = min((v for v in TUNE_DN if v.startswith("cc")), key=dn_t.get)
-    best_mma_dn = min((v for v in TUNE_DN if v.startswith("mma")), key=dn_t.get)
+        for v, gu in TUNE_GU.items():
+            timing("gu " + v, gu, None, ("gu",))
+        dn_t = {v: timing("dn " + v, None, dn, ("dn",))["dn_us"] for v, dn in TUNE_DN.items()}
+        best_dn = min(dn_t, key=dn_t.get)
+        pair_t = {}
+        for v, gu in TUNE_GU.items():
+            pair_t[(v, best_dn)] = timing(f"all {v} + {best_dn}", gu, TUNE_DN[best_dn], ("all",))["us"]
+        best_gu = min((g for g, _ in pair_t), key=lambda g: pair_t[(g, best_dn)])
+        for v, dn in TUNE_DN.items():
+            if v != best_dn:
+                pair_t[(best_gu, v)] = timing(f"all {best_gu} + {v}", TUNE_GU[best_gu], dn, ("all",))["us"]
+        del state["w"]
+        torch.cuda.empty_cache()
+        return pair_t, dn_t
+
+    per_model = {}
+    for mname in models:
+        checks(mname)
+        per_model[mname] = timings(mname)
     n_bad = sum(not c["ok"] for c in res["checks"])
-    res["choice"] = dict(gate_up=best_gu, down=best_dn)
-    print(f"choice: gate/up {best_gu}, down {best_dn}; checks {len(res['checks'])}, failures {n_bad}", flush=True)
+
+    ds_pairs, ds_dn = per_model["deepseek-v3"]
+    gu0, dn0 = min(ds_pairs, key=ds_pairs.get)
+    res["choice"]["deepseek-v3"] = dict(gate_up=gu0, down=dn0, us=ds_pairs[(gu0, dn0)])
+    gu_by_shape, dn_by_shape = {}, {}
+    for mname in models[1:]:
+        pairs = per_model[mname][0]
+        same_path = {
+            p: t for p, t in pairs.items()
+            if TUNE_GU[p[0]]["MMA"] == TUNE_GU[gu0]["MMA"] and TUNE_DN[p[1]]["MMA"] == TUNE_DN[dn0]["MMA"]
+        }  # fmt: skip
+        g, d = min(same_path, key=same_path.get)
+        dflt = pairs.get((gu0, dn0))
+        res["choice"][mname] = dict(gate_up=g, down=d, us=same_path[(g, d)], default_pair_us=dflt)
+        shape = (MODELS[mname]["H"], MODELS[mname]["I"])
+        if g != gu0:
+            gu_by_shape[shape] = g
+        if d != dn0:
+            dn_by_shape[shape] = d
+    gu_cc = "cc-BN8w2"
+    gu_mma = min(
+        (v for v in TUNE_GU if v.startswith("mma")), key=lambda v: ds_pairs.get((v, min(ds_dn, key=ds_dn.get)), 1e9)
+    )
+    dn_cc = min((v for v in TUNE_DN if v.startswith("cc")), key=ds_dn.get)
+    dn_mma = min((v for v in TUNE_DN if v.startswith("mma")), key=ds_dn.get)
+    print(f"choice: {res['choice']}; checks {len(res['checks'])}, failures {n_bad}", flush=True)
+
+    def shapes_text(table, cands, what):
+        if not table:
+            return "{}"
+        rows = [f"    {shape!r}: {cands[v]!r},  # {v}" for shape, v in sorted(table.items())]
+        return "{\n" + "\n".join(rows) + "\n}"
+
+    ds = res["choice"]["deepseek-v3"]
     text = (
         '"""Launch configurations of the NVFP4 decode kernels chosen on the H200 (issue 4).\n\n'
         "Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md, round\n"
-        "5): ``GATE_UP`` / ``DOWN`` are the gate/up with the least gate/up + down time and the down with the least\n"
-        "down time at DeepSeek-V3 M=1 among the CUDA-core and tensor-core (``MMA``) candidates, each checked\n"
-        "against the golden model first; ``*_CUDA_CORE`` / ``*_MMA`` the best of each path (tests run both).\n"
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: gate/up + down {all_t[best_gu]:.1f} us, down\n"
-        f"alone {dn_t[best_dn]:.1f} us (copy {bw / 1e12:.3f} TB/s).\n"
+        "6): ``GATE_UP`` / ``DOWN`` are the pair with the least gate/up + down time at DeepSeek-V3 M=1 among the\n"
+        "CUDA-core and tensor-core (``MMA``) candidates, each checked against the golden model first;\n"
+        "``*_BY_SHAPE[(H, I)]`` the pair of another measured model where it differs (same paths: a shape never\n"
+        "changes ``MMA``); ``*_CUDA_CORE`` / ``*_MMA`` the best of each path at DeepSeek-V3 (tests run both).\n"
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: DeepSeek-V3 M=1 gate/up + down {ds['us']:.1f} us\n"
+        f"(copy {bw / 1e12:.3f} TB/s).\n"
         '"""\n\n'
-        f"GATE_UP = {TUNE_GU[best_gu]!r}\n"
-        f"DOWN = {TUNE_DN[best_dn]!r}\n"
-        f"GATE_UP_CUDA_CORE = {TUNE_GU[best_cc_gu]!r}\n"
-        f"GATE_UP_MMA = {TUNE_GU[best_mma_gu]!r}\n"
-        f"DOWN_CUDA_CORE = {TUNE_DN[best_cc_dn]!r}\n"
-        f"DOWN_MMA = {TUNE_DN[best_mma_dn]!r}\n"
+        f"GATE_UP = {TUNE_GU[gu0]!r}  # {gu0}\n"
+        f"DOWN = {TUNE_DN[dn0]!r}  # {dn0}\n"
+        f"GATE_UP_CUDA_CORE = {TUNE_GU[gu_cc]!r}  # {gu_cc}\n"
+        f"GATE_UP_MMA = {TUNE_GU[gu_mma]!r}  # {gu_mma}\n"
+        f"DOWN_CUDA_CORE = {TUNE_DN[dn_cc]!r}  # {dn_cc}\n"
+        f"DOWN_MMA = {TUNE_DN[dn_mma]!r}  # {dn_mma}\n"
+        "#: Per-shape overrides ((H, I) -> keys replacing GATE_UP's / DOWN's at that shape; never MMA).\n"
+        f"GATE_UP_BY_SHAPE: dict = {shapes_text(gu_by_shape, TUNE_GU, 'gate/up')}\n"
+        f"DOWN_BY_SHAPE: dict = {shapes_text(dn_by_shape, TUNE_DN, 'down')}\n"
     )
     with open(os.path.join(out_dir, "tuned.py"), "w") as f:
         f.write(text)
@@ -662,19 +745,22 @@ def tune(out_dir: str, write_tuned: str | None) -> int:
             f.write(text)
     lines = [
         f"copy {bw / 1e12:.3f} TB/s; checks {len(res['checks'])}, failures {n_bad}; choice {res['choice']}",
-        "| variant | all us | gu us | dn us |",
-        "|---|---|---|---|",
+        "| model | variant | all us | % copy | gu us | dn us |",
+        "|---|---|---|---|---|---|",
     ]
     for r in res["times"]:
         lines.append(
-            f"| {r['variant']} | "
-            + " | ".join(f"{r[k]:.1f}" if k in r else "" for k in ("us", "gu_us", "dn_us"))
+            f"| {r['model']} | {r['variant']} | "
+            + " | ".join(
+                (f"{100 * r[k]:.1f}" if k == "frac" else f"{r[k]:.1f}") if k in r else ""
+                for k in ("us", "frac", "gu_us", "dn_us")
+            )
             + " |"
         )
     with open(os.path.join(out_dir, "tune.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(out_dir, "tune.json"), "w") as f:
-        json.dump(res, f, indent=1)
+        json.dump(res, f, indent=1, default=str)
     print("\n".join(lines))
     return 1 if n_bad else 0
 
@@ -687,7 +773,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="tuning sweep (bit checks + split timings)")
     ap.add_argument("--words", action="store_true", help="round 3 sweep: int32-word code tiles (WORDS)")
     ap.add_argument("--mma", action="store_true", help="round 4 sweep: tensor-core path (MMA)")
-    ap.add_argument("--tune", action="store_true", help="round 5: checks, timings and the choice of the defaults")
+    ap.add_argument("--tune", action="store_true", help="round 6: checks, timings and the choice of the defaults")
     ap.add_argument("--write-tuned", default=None, help="with --tune: path of nvfp4_tuned.py to (over)write")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

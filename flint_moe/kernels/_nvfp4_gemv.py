@@ -79,6 +79,9 @@ __all__ = [
     "mma_tile_rows",
     "mma_gemv",
     "mma_sum_parts",
+    "mma_part_bytes",
+    "l2_prefetch",
+    "l2_prefetch_ptx",
 ]
 
 _INTERPRET = tl.constexpr(INTERPRET)
@@ -370,7 +373,7 @@ def load_bytes(ptrs, mask, ASM: tl.constexpr):
 MMA_SHAPES = ((2, 1), (2, 2), (2, 4), (4, 1), (4, 2))
 
 
-def mma_ptx(RT: int, S: int, PRED: bool, MODE: str = "full") -> str:
+def mma_ptx(RT: int, S: int, PRED: bool, MODE: str = "full", FENCE: bool = False) -> str:
     """PTX body of one ``mma_rows`` call (see ``mma_rows``): RT rows of this thread, S sub-steps.
 
     ``MODE`` (cross-step prefetch, ``mma_rows_pf``): "full" loads and computes one step; "load" only loads a
@@ -382,7 +385,12 @@ def mma_ptx(RT: int, S: int, PRED: bool, MODE: str = "full") -> str:
     pointers (u8, 2-byte aligned: the two E4M3 bytes of the chunk's blocks are adjacent in the 128x4 swizzle),
     RT activation pointers (int32 words; only the first is used), RT accumulators in, and with ``PRED`` RT
     validity flags (only the first is used: 1 = the whole chunk, 2 = its first block only, 0 = nothing; what is
-    not valid is not loaded and adds exact zeros).
+    not valid is not loaded and adds exact zeros). ``FENCE`` (MODE "full", no PRED): one more input, RT int32
+    zeros that the compiler cannot see as constants (only the first is used); every code and scale word of the
+    call is xor-ed together, ``and``-ed with that zero and ``or``-ed into the scale multiplier constant, so that
+    ptxas must issue all of the call's code and scale loads before the first decode (without it, ptxas
+    interleaves them with the arithmetic to save registers and only ~2 loads per thread are in flight). The
+    values are unchanged (the or adds 0), hence the same bits.
     Per sub-step s (code bytes +64 s, scales +1024 s, activation words +64 s): 16 code bytes of each row
     (4 words = 32 E2M1 codes = 2 blocks), 16 activation words (32 bf16), 2 scale bytes per row.
     Decode of word w (nibbles n0..n7 at bits 4i, element i of the word): pair i = (n_i, n_{i+4}) is placed as
@@ -396,9 +404,12 @@ def mma_ptx(RT: int, S: int, PRED: bool, MODE: str = "full") -> str:
     """
     assert RT % 2 == 0 and S >= 1 and MODE in ("full", "load", "pf", "drain")
     assert not PRED or MODE == "full"
+    assert not FENCE or (MODE == "full" and not PRED)
     nc = 4 * S + S  # carried tensors: code words (s, w) at 4 s + w, then scales at 4 S + s
     n_out = {"full": 1, "load": nc, "pf": 1 + nc, "drain": 1}[MODE] * RT
     ins = {"full": ["c", "s", "x", "a"], "load": ["c", "s"], "pf": ["c", "s", "x", "a"], "drain": ["x", "a"]}[MODE]
+    if FENCE:
+        ins = ins + ["z"]
     op = {name: [f"${n_out + k * RT + j}" for j in range(RT)] for k, name in enumerate(ins)}
     base_in = n_out + len(ins) * RT
     cp, sp = op.get("c"), op.get("s")
@@ -408,7 +419,7 @@ def mma_ptx(RT: int, S: int, PRED: bool, MODE: str = "full") -> str:
     pre = "@pv " if PRED else ""
     L = ["{"]
     L.append(f".reg .b32 cw<{RT * S * 4}>, su<{RT * S}>, xw<16>, xq<16>, pp<32>, q0, q1, t, v, m, s, a, k119;")
-    L.append(f".reg .b32 ncw<{RT * S * 4}>, nsu<{RT * S}>;")
+    L.append(f".reg .b32 ncw<{RT * S * 4}>, nsu<{RT * S}>, fz;")
     L.append(f".reg .f32 d<{2 * RT}>;")
     if PRED:  # flag 0: nothing, 1: the whole chunk, 2: its first 8 bytes (one block) only
         L.append(".reg .pred pv, ph;")
@@ -443,6 +454,12 @@ def mma_ptx(RT: int, S: int, PRED: bool, MODE: str = "full") -> str:
             L.append(f"{pre}ld.global.nc.u16 {ls}{j * S + s}, [{sp[j]}+{1024 * s}];")
             if PRED:
                 L.append(f"@!ph and.b32 su{j * S + s}, su{j * S + s}, 255;")
+    if FENCE:  # every code / scale word feeds k119 through an opaque zero: all loads issued before any decode
+        words = [f"cw{i}" for i in range(RT * S * 4)] + [f"su{i}" for i in range(RT * S)]
+        L.append(f"xor.b32 fz, {words[0]}, {words[1]};")
+        L.extend(f"xor.b32 fz, fz, {wd};" for wd in words[2:])
+        L.append(f"and.b32 fz, fz, {op['z'][0]};")
+        L.append("or.b32 k119, k119, fz;")
     for s in range(S if MODE != "load" else 0):
         for h in range(4):
             regs = f"xw{4 * h}, xw{4 * h + 1}, xw{4 * h + 2}, xw{4 * h + 3}"
@@ -512,6 +529,8 @@ _MMA_2_2 = tl.constexpr(mma_ptx(2, 2, False))
 _MMA_2_4 = tl.constexpr(mma_ptx(2, 4, False))
 _MMA_4_1 = tl.constexpr(mma_ptx(4, 1, False))
 _MMA_4_2 = tl.constexpr(mma_ptx(4, 2, False))
+_MMA_2_2F = tl.constexpr(mma_ptx(2, 2, False, FENCE=True))
+_MMA_2_4F = tl.constexpr(mma_ptx(2, 4, False, FENCE=True))
 _MMA_2_P = tl.constexpr(mma_ptx(2, 1, True))
 _MMA_4_P = tl.constexpr(mma_ptx(4, 1, True))
 
@@ -545,6 +564,19 @@ _CONS_2 = tl.constexpr(",".join(["=f"] * 2 + ["l"] * 6 + ["f"] * 2))
 _CONS_4 = tl.constexpr(",".join(["=f"] * 4 + ["l"] * 12 + ["f"] * 4))
 _CONS_2P = tl.constexpr(",".join(["=f"] * 2 + ["l"] * 6 + ["f"] * 2 + ["r"] * 2))
 _CONS_4P = tl.constexpr(",".join(["=f"] * 4 + ["l"] * 12 + ["f"] * 4 + ["r"] * 4))
+_CONS_2F = _CONS_2P
+
+
+@triton.jit
+def _asm4f(asm: tl.constexpr, cptr, sptr, xptr, acc, zero):
+    return tl.inline_asm_elementwise(
+        asm,
+        _CONS_2F,
+        [cptr.to(tl.int64), sptr.to(tl.int64), xptr.to(tl.int64), acc, zero],
+        dtype=tl.float32,
+        is_pure=False,
+        pack=2,
+    )
 
 
 @triton.jit
@@ -560,7 +592,7 @@ def _asm4(asm: tl.constexpr, cons: tl.constexpr, cptr, sptr, xptr, acc, RT: tl.c
 
 
 @triton.jit
-def mma_rows(cptr, sptr, xptr, acc, RT: tl.constexpr, S: tl.constexpr):
+def mma_rows(cptr, sptr, xptr, acc, RT: tl.constexpr, S: tl.constexpr, FENCE: tl.constexpr = False, zero=0):
     """One call of the tensor-core GEMV step for a [R, 4] tile of (row, chunk) pointers (module section
     "Tensor-core path"; PTX in ``mma_ptx``): returns ``acc`` plus ``S`` sub-steps of 64 code bytes per row.
 
@@ -568,10 +600,18 @@ def mma_rows(cptr, sptr, xptr, acc, RT: tl.constexpr, S: tl.constexpr):
     chunk's two E4M3 scale bytes, ``xptr`` int32 pointers to the chunk's 16 activation words, ``acc`` fp32
     [R, 4]. GPU: requires the default blocked layout of a [R, 4] tensor (threads [8, 4] per warp, warps along
     the rows, RT = R / (8 * num_warps) rows per thread; checked on the TTGIR by tests/kernels), where every
-    column then holds the row's running sum.
+    column then holds the row's running sum. ``FENCE`` (RT = 2, S = 2 or 4; ``zero``: int32 [R, 4] zeros the
+    compiler cannot fold): all code and scale loads of the call before its first decode (``mma_ptx``); same
+    values.
     """
     if _INTERPRET:
         return _mma_shim(cptr, sptr, xptr, acc, tl.full(acc.shape, 1, tl.int32), S)
+    elif FENCE:
+        tl.static_assert(RT == 2 and (S == 2 or S == 4), "mma_rows: FENCE needs RT = 2 and S = 2 or 4")
+        if S == 2:
+            return _asm4f(_MMA_2_2F, cptr, sptr, xptr, acc, zero)
+        else:
+            return _asm4f(_MMA_2_4F, cptr, sptr, xptr, acc, zero)
     elif RT == 2 and S == 1:
         return _asm4(_MMA_2_1, _CONS_2, cptr, sptr, xptr, acc, 2)
     elif RT == 2 and S == 2:
@@ -818,6 +858,40 @@ def mma_rows_tail(cptr, sptr, xptr, acc, flag, RT: tl.constexpr):
         )
 
 
+def mma_part_bytes(K: int, SK: int) -> int:
+    """Code bytes of each of the first SK - 1 K-parts of ``mma_gemv`` (the last has the rest): K / SK when K is a
+    multiple of 64 SK, else K / SK rounded up to a multiple of 64 (the parts start on 64-byte steps)."""
+    return K // SK if K % (64 * SK) == 0 else -(-K // (64 * SK)) * 64
+
+
+def l2_prefetch_ptx(S: int) -> str:
+    """PTX of ``l2_prefetch``: ``prefetch.global.L2`` of each 128-byte line of the ``64 S`` bytes from the
+    pointer (the 4 chunk threads of a row give the same lines), then ``$0 = 0``."""
+    lines = max(1, 64 * S // 128)
+    return " ".join(f"prefetch.global.L2 [$1+{128 * i}];" for i in range(lines)) + " mov.b32 $0, 0;"
+
+
+_L2PF_1 = tl.constexpr(l2_prefetch_ptx(1))
+_L2PF_2 = tl.constexpr(l2_prefetch_ptx(2))
+_L2PF_4 = tl.constexpr(l2_prefetch_ptx(4))
+
+
+@triton.jit
+def l2_prefetch(ptr, S: tl.constexpr):
+    """GPU: L2 prefetch of the ``64 S`` code bytes at each pointer of ``ptr`` (uint8 [R, 4]); returns int32 0
+    of the same shape, opaque to the compiler (adding it to the next loads' pointers keeps the prefetch ahead of
+    them). Interpreter: no prefetch, 0."""
+    if _INTERPRET:
+        return tl.zeros(ptr.shape, dtype=tl.int32)
+    elif S == 1:
+        return tl.inline_asm_elementwise(_L2PF_1, "=r,l", [ptr.to(tl.int64)], dtype=tl.int32, is_pure=False, pack=1)
+    elif S == 2:
+        return tl.inline_asm_elementwise(_L2PF_2, "=r,l", [ptr.to(tl.int64)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.static_assert(S == 4, "l2_prefetch: S must be 1, 2 or 4")
+        return tl.inline_asm_elementwise(_L2PF_4, "=r,l", [ptr.to(tl.int64)], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def opaque_zero(v):
     """int32 0 that the compiler cannot fold (``mov.b32 $0, 0`` on the GPU): a loop starting at it has a run-time
@@ -871,28 +945,43 @@ def mma_gemv(
     SK: tl.constexpr,
     SEED,
     PF: tl.constexpr = False,
+    L2PF: tl.constexpr = 0,
+    FENCE: tl.constexpr = False,
+    ZERO=0,
 ):
     """Tensor-core row sums of one tile (module section "Tensor-core path"): fp32 [R], times 2^8 (exact).
 
     ``c_base`` uint8 pointer to the expert's codes, ``row_off`` int64 [R] byte offset of each tile row's
     physical row, ``s_base`` uint8 pointer to the expert's swizzled scales, ``srow`` int32 [R] physical row
     (for the swizzle), ``x_base`` int32 pointer to the activation row (bf16 pairs), ``h`` int32 [R] K-part of
-    each tile row (``mma_tile_rows``), K code bytes per row. Part h covers bytes [h K/SK, (h + 1) K/SK)
-    (K a multiple of 8, and of 64 SK when SK > 1; with SK = 1 a partial last 64-byte step is masked per chunk
-    and per block: flag 1 = whole chunk, 2 = its first block only, 0 = none).
+    each tile row (``mma_tile_rows``), K code bytes per row (a multiple of 8). Part h covers bytes
+    [h KS, min((h + 1) KS, K)) with ``KS = mma_part_bytes(K, SK)`` (K / SK when K is a multiple of 64 SK,
+    else K / SK rounded up to a multiple of 64, so that only the last part is shorter; the launchers make sure
+    it is not empty). Every part runs the full ``64 S``-byte calls that fit in the shortest (last) part, then
+    64-byte calls up to its own end, the partial ones masked per chunk and per block (flag 1 = whole chunk,
+    2 = its first block only, 0 = none): the same sequence of MMAs over the part's bytes in increasing order.
     ``SEED``: any int32 scalar (keeps the K loop's trip count opaque to LLVM, see ``opaque_zero``).
     ``PF`` (GPU, RT = 2, S = 2 or 4): the codes and scales of step s + 1 are loaded (``mma_ptx`` MODE "pf")
     while step s computes, carried between calls in registers; same MMA sequence, same bits.
+    ``L2PF`` = D > 0 (GPU, without PF): before each full call, ``prefetch.global.L2`` of the code lines that the
+    call D calls later reads (clamped to the part's last full call; no data changes, so the same bits).
+    ``FENCE`` (GPU, RT = 2, S = 2 or 4, without PF; ``ZERO`` an int32 scalar 0 that the compiler cannot fold,
+    e.g. ``min(expert id, 0)``): each full call issues all its code and scale loads before its first decode
+    (``mma_ptx``); same values, same bits.
     """
-    KS: tl.constexpr = K // SK
+    KS: tl.constexpr = K // SK if K % (64 * SK) == 0 else (K + 64 * SK - 1) // (64 * SK) * 64
+    LAST: tl.constexpr = K - (SK - 1) * KS  # bytes of the last part (the others have KS)
+    tl.static_assert(LAST > 0, "mma_gemv: the last K-part is empty (the launcher must lower SK)")
     STEP: tl.constexpr = 64 * S
-    FULLM: tl.constexpr = KS // STEP * STEP
+    FULLM: tl.constexpr = LAST // STEP * STEP
     tig = tl.arange(0, 4)
     k_part = h * KS  # [R] first byte of each tile row's part
+    k_len = tl.where(h == SK - 1, LAST, KS)  # [R] bytes of each tile row's part
     cptr = c_base + (row_off + k_part)[:, None] + (16 * tig)[None, :]
     sptr = s_base + swizzled_scale_offsets(srow[:, None], (2 * tig)[None, :] + (k_part // 8)[:, None], KP)
     xptr = x_base + k_part[:, None] + (16 * tig)[None, :]
     acc = tl.zeros([R, 4], dtype=tl.float32)
+    zt = tl.zeros([R, 4], dtype=tl.int32) + ZERO  # the FENCE operand (unused otherwise)
     if PF and FULLM > 0 and not _INTERPRET:  # cross-step prefetch: step s + 1 loads while step s computes
         tl.static_assert(RT == 2 and (S == 2 or S == 4), "mma_gemv: PF needs RT = 2 and S = 2 or 4")
         if S == 2:
@@ -905,11 +994,16 @@ def mma_gemv(
             for k0 in tl.range(opaque_zero(SEED) + STEP, FULLM, STEP):
                 acc, carried = _pf_step_4(cptr + k0, sptr + (k0 // 64) * 1024, xptr + (k0 - STEP), acc, carried)
             acc = _pf_drain_4(xptr + (FULLM - STEP), acc, carried)
+    elif L2PF > 0 and FULLM > 0 and not _INTERPRET:  # L2 prefetch of the codes L2PF calls ahead
+        for k0 in tl.range(opaque_zero(SEED), FULLM, STEP):
+            ahead = tl.minimum(k0 + L2PF * STEP, FULLM - STEP)
+            z = l2_prefetch(cptr + ahead, S)  # 0, opaque: orders the prefetch before this call's loads
+            acc = mma_rows(cptr + (k0 + z), sptr + (k0 // 64) * 1024, xptr + k0, acc, RT, S, FENCE, zt)
     else:
         for k0 in tl.range(opaque_zero(SEED), FULLM, STEP):
-            acc = mma_rows(cptr + k0, sptr + (k0 // 64) * 1024, xptr + k0, acc, RT, S)
+            acc = mma_rows(cptr + k0, sptr + (k0 // 64) * 1024, xptr + k0, acc, RT, S, FENCE, zt)
     for k0 in tl.range(FULLM, KS, 64):
-        left = KS - k0 - 16 * tig[None, :] + 0 * srow[:, None]  # valid bytes from this chunk on (multiple of 8)
+        left = k_len[:, None] - k0 - 16 * tig[None, :] + 0 * srow[:, None]  # valid bytes from this chunk on
         flag = tl.where(left >= 16, 1, tl.where(left > 0, 2, 0))
         acc = mma_rows_tail(cptr + k0, sptr + (k0 // 64) * 1024, xptr + k0, acc, flag, RT)
     return mma_row_sums(acc)

@@ -41,22 +41,40 @@ from flint_moe.kernels._nvfp4_gemv import (
     mma_tile_rows,
     swizzled_scale_offsets,
 )
-from flint_moe.kernels.nvfp4_tuned import DOWN as _TUNED_DOWN
+from flint_moe.kernels.nvfp4_tuned import DOWN as _TUNED_DOWN, DOWN_BY_SHAPE as _TUNED_DOWN_BY_SHAPE
 
-__all__ = ["DOWN_CONFIG", "nvfp4_down", "accumulation_model", "audit_specs"]
+__all__ = ["DOWN_CONFIG", "nvfp4_down", "default_config", "accumulation_model", "audit_specs"]
 
 #: Launch configuration: ``BH`` hidden rows per program, ``BKB`` code bytes of a row per K step (a power of
 #: two >= 32; fixes the summation order, see the kernel docstring), ``num_warps``, ``PREFETCH`` (register
 #: double buffer of codes + scales), ``SPLIT`` (one program per (pair, row block)), ``COMBINE`` (1: the last
 #: arriving program combines; 0: a separate combine launch), ``WORDS`` (split kernel only: codes loaded and
 #: carried as int32 words, decoded 8 codes per asm; same values). Only ``BKB`` changes bits.
-#: ``MMA``, ``RT``, ``S``, ``SK``, ``LATE``: the tensor-core path as in ``GATE_UP_CONFIG`` (BH * SK = 8 *
-#: num_warps * RT). The tuned values (``nvfp4_tuned.DOWN``) override the base values below.
+#: ``MMA``, ``RT``, ``S``, ``SK``, ``LATE``, ``PF``, ``L2PF``: the tensor-core path as in ``GATE_UP_CONFIG``
+#: (BH * SK = 8 * num_warps * RT). The tuned values (``nvfp4_tuned.DOWN``) override the base values below, and
+#: ``nvfp4_tuned.DOWN_BY_SHAPE[(H, I)]`` those at one shape (``default_config``).
 DOWN_CONFIG = {
     "BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1, "WORDS": False,
-    "MMA": False, "RT": 2, "S": 2, "SK": 1, "LATE": False, "PF": False,
+    "MMA": False, "RT": 2, "S": 2, "SK": 1, "LATE": False, "PF": False, "L2PF": 0,
+    "FENCE": False,
 }  # fmt: skip
 DOWN_CONFIG.update(_TUNED_DOWN)
+
+
+def _check_down_overrides() -> None:
+    from flint_moe.kernels.nvfp4_gate_up import _check_shape_overrides
+
+    _check_shape_overrides(DOWN_CONFIG, _TUNED_DOWN_BY_SHAPE, "nvfp4_tuned.DOWN_BY_SHAPE")
+
+
+_check_down_overrides()
+
+
+def default_config(H: int, I: int) -> dict:
+    """The launch configuration ``nvfp4_down`` uses at hidden size ``H`` and valid intermediate size ``I`` when
+    no ``config`` is given (``config`` keys override it): ``DOWN_CONFIG`` updated with
+    ``nvfp4_tuned.DOWN_BY_SHAPE[(H, I)]`` if present (a pure function of the shape; never changes ``MMA``)."""
+    return {**DOWN_CONFIG, **_TUNED_DOWN_BY_SHAPE.get((int(H), int(I)), {})}
 
 
 @triton.jit
@@ -225,6 +243,8 @@ def _nvfp4_down_split_kernel(
     NW: tl.constexpr,
     LATE: tl.constexpr,
     PF: tl.constexpr,
+    L2PF: tl.constexpr,
+    FENCE: tl.constexpr,
     COMBINE: tl.constexpr,
     TAP: tl.constexpr,
 ):
@@ -243,7 +263,8 @@ def _nvfp4_down_split_kernel(
     ``MMA`` path: weights dequantised exactly to bf16 ``E2M1 * E4M3 * 2^-8``, products with act accumulated by
     chained ``mma.sync.m16n8k16`` (fp32, from +0; per 64-byte K step 8 MMAs per 16-byte chunk, the hardware's
     order and truncating alignment inside each), K steps in increasing order, ``y_acc = acc * 2^8`` (exact).
-    ``SK`` > 1: K split into SK parts (different warps), part sums added as ``p0 + p1`` /
+    ``SK`` > 1: K split into SK parts (different warps; ``mma_part_bytes(INTER / 2, SK)`` bytes each, the last
+    one the rest), part sums added as ``p0 + p1`` /
     ``(p0 + p1) + (p2 + p3)``. Bound: ``FP32_TRUNCATE``
     (u = 2^-23, d = INTER). The combine is unchanged. ``LATE``: ``griddepcontrol.launch_dependents`` after the
     K loop instead of at the start (scheduling only).
@@ -272,7 +293,23 @@ def _nvfp4_down_split_kernel(
         hi = q * BH + i
         hci = tl.where(hi < H, hi, 0)  # rows past H read row 0 (stores are masked)
         tt = mma_gemv(
-            w_ptr + e * (H * IPB), hci.to(tl.int64) * IPB, s_row, hci, a_row, kpart, IB, KP, TR, RT, S, SK, p, PF
+            w_ptr + e * (H * IPB),
+            hci.to(tl.int64) * IPB,
+            s_row,
+            hci,
+            a_row,
+            kpart,
+            IB,
+            KP,
+            TR,
+            RT,
+            S,
+            SK,
+            p,
+            PF,
+            L2PF,
+            FENCE,
+            tl.minimum(e.to(tl.int32), 0),  # ids are >= 0: an opaque zero for FENCE
         )
         y_acc = mma_sum_parts(tt, TR, NW, SK)
     else:
@@ -408,7 +445,7 @@ def nvfp4_down(
     check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
     check_op_tensor("act", act, dtype=torch.bfloat16, shape=(M * top_k, INTER), device=dev)
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
-    cfg = _config(config, DOWN_CONFIG, "nvfp4_down")
+    cfg = _config(config, default_config(H, INTER), "nvfp4_down")
     asm, decode = _decode_defaults(cfg, dev)
     bh, bkb = int(cfg["BH"]), int(cfg["BKB"])
     if bh <= 0 or bh & (bh - 1):
@@ -431,7 +468,7 @@ def nvfp4_down(
         if not split:
             raise ValueError("config MMA: needs SPLIT (the tensor-core path is in the split kernel)")
         sk, nw = _check_mma(rt, sub, sk, nw, bh, INTER // 2, "BH", "BH")
-        _check_pf(bool(cfg["PF"]), rt, sub)
+        _check_pf(bool(cfg["PF"]), rt, sub, int(cfg["L2PF"]), bool(cfg["FENCE"]))
     if combine not in (0, 1):
         raise ValueError(f"config COMBINE: must be 0 or 1, got {combine}")
     if M > 0 and split:
@@ -468,6 +505,8 @@ def nvfp4_down(
             NW=nw,
             LATE=bool(cfg["LATE"]),
             PF=bool(cfg["PF"]),
+            L2PF=int(cfg["L2PF"]) if mma else 0,
+            FENCE=bool(cfg["FENCE"]) and mma,
             COMBINE=combine,
             TAP=tap,
             num_warps=nw,
@@ -515,7 +554,7 @@ def nvfp4_down(
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of every (H, I) of the conformance matrix (production builds; the tapped
     build too for DeepSeek-V3, H 7168 x I 2048)."""
-    from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES, MMA_PTX
+    from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES, MMA_PTX, _check_mma
 
     names = []
     sig = {
@@ -535,10 +574,14 @@ def audit_specs() -> list[str]:
 
     # the default at every shape; the other measured path (a conformance launch configuration,
     # cases.PATH_CONFIGS) at DeepSeek-V3
-    runs = [(h, i, DOWN_CONFIG, "") for h, i in AUDIT_SHAPES]
-    runs.append((7168, 2048, {**DOWN_CONFIG, **nvfp4_tuned.DOWN_CUDA_CORE}, ".cuda_core"))
+    shapes = AUDIT_SHAPES + sorted(set(_TUNED_DOWN_BY_SHAPE) - set(AUDIT_SHAPES))  # + shapes with their own defaults
+    runs = [(h, i, default_config(h, i), "") for h, i in shapes]
+    runs.append((7168, 2048, {**default_config(7168, 2048), **nvfp4_tuned.DOWN_CUDA_CORE}, ".cuda_core"))
     for h, i, cfg, suffix in runs:
         ip = (i + 63) // 64 * 64
+        sk, nw = int(cfg["SK"]), int(cfg["num_warps"])
+        if cfg["MMA"]:  # the K-split and warps the launcher uses at this shape
+            sk, nw = _check_mma(cfg["RT"], cfg["S"], sk, nw, cfg["BH"], i // 2, "BH", "BH")
         for tap in (False, True) if (h, i) == (7168, 2048) else (False,):
             name = f"nvfp4_down.H{h}.I{i}{suffix}{'.tap' if tap else ''}"
             register_audit(
@@ -559,10 +602,12 @@ def audit_specs() -> list[str]:
                     "MMA": cfg["MMA"],
                     "RT": cfg["RT"],
                     "S": cfg["S"],
-                    "SK": cfg["SK"],
-                    "NW": cfg["num_warps"],
+                    "SK": sk,
+                    "NW": nw,
                     "LATE": cfg["LATE"],
                     "PF": cfg["PF"],
+                    "L2PF": cfg["L2PF"] if cfg["MMA"] else 0,
+                    "FENCE": bool(cfg["FENCE"]) and cfg["MMA"],
                     "COMBINE": cfg["COMBINE"],
                     "TAP": tap,
                 },
@@ -573,7 +618,7 @@ def audit_specs() -> list[str]:
                     "griddepcontrol.wait",
                     "atom.global.gpu.acq_rel.add",
                 ],
-                options={"num_warps": cfg["num_warps"], "num_stages": 1},
+                options={"num_warps": nw, "num_stages": 1},
             )
             names.append(name)
     return names

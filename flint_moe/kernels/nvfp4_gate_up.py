@@ -37,9 +37,20 @@ from flint_moe.kernels._nvfp4_gemv import (
     mma_tile_rows,
     swizzled_scale_offsets,
 )
-from flint_moe.kernels.nvfp4_tuned import GATE_UP as _TUNED_GATE_UP
+from flint_moe.kernels.nvfp4_tuned import GATE_UP as _TUNED_GATE_UP, GATE_UP_BY_SHAPE as _TUNED_GATE_UP_BY_SHAPE
 
-__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "accumulation_model", "audit_specs"]
+__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "default_config", "accumulation_model", "audit_specs"]
+
+
+def _check_shape_overrides(base: dict, by_shape: dict, name: str) -> None:
+    """Per-shape tuned overrides ((H, I) -> dict) may change the launch configuration only, never the path
+    (``MMA``): ``accumulation_model(config)`` must not depend on the shape."""
+    for shape, over in by_shape.items():
+        if set(over) - set(base):
+            raise ValueError(f"{name}[{shape}]: unknown config keys {sorted(set(over) - set(base))}")
+        if bool(over.get("MMA", base["MMA"])) != bool(base["MMA"]):
+            raise ValueError(f"{name}[{shape}]: may not change MMA (the accumulation path) from the default")
+
 
 #: Launch configuration: ``BN`` intermediate columns per program (a divisor of 64), ``BKB`` code bytes of a
 #: row per K step (a power of two >= 64; each thread holds 16 consecutive bytes = 32 codes = 2 blocks of a
@@ -52,13 +63,18 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "accumulation_model", 
 #: ``WORDS`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
 #: ``MMA`` selects the tensor-core path (``_nvfp4_gemv.mma_rows``: no block regrouping, FP32_TRUNCATE bound) with
 #: ``RT`` rows per thread, ``S`` 64-byte sub-steps per asm call, ``SK`` K-parts (2 * BN * SK = 8 * num_warps *
-#: RT) and ``LATE`` (launch the dependent grid after the K loop); these change no bit within the MMA path.
-#: The tuned values (``nvfp4_tuned.GATE_UP``) override the base values below.
+#: RT), ``LATE`` (launch the dependent grid after the K loop), ``PF`` (register prefetch of the next call's
+#: codes and scales), ``L2PF`` (D > 0: ``prefetch.global.L2`` of the codes D calls ahead) and ``FENCE`` (all
+#: code / scale loads of an asm call issued before its first decode); only SK changes bits within the MMA path.
+#: The tuned values (``nvfp4_tuned.GATE_UP``) override the base values below, and
+#: ``nvfp4_tuned.GATE_UP_BY_SHAPE[(H, I)]`` those at one shape (``default_config``).
 GATE_UP_CONFIG = {
     "BN": 8, "BKB": 512, "num_warps": 2, "PREFETCH": False, "WORDS": False,
-    "MMA": False, "RT": 2, "S": 4, "SK": 1, "LATE": False, "PF": False,
+    "MMA": False, "RT": 2, "S": 4, "SK": 1, "LATE": False, "PF": False, "L2PF": 0,
+    "FENCE": False,
 }  # fmt: skip
 GATE_UP_CONFIG.update(_TUNED_GATE_UP)
+_check_shape_overrides(GATE_UP_CONFIG, _TUNED_GATE_UP_BY_SHAPE, "nvfp4_tuned.GATE_UP_BY_SHAPE")
 
 #: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), exact in fp32.
 SWIGLU_C = -1.44269502162933349609375
@@ -92,6 +108,8 @@ def _nvfp4_gate_up_kernel(
     NW: tl.constexpr,
     LATE: tl.constexpr,
     PF: tl.constexpr,
+    L2PF: tl.constexpr,
+    FENCE: tl.constexpr,
     TAP: tl.constexpr,
 ):
     """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
@@ -117,8 +135,9 @@ def _nvfp4_gate_up_kernel(
     64 bytes the thread's 16-byte chunk c (lane % 4) of its rows, 8 MMAs per chunk in a fixed sequence, each
     adding 16 products (4 from each of the 4 chunks of the step) to the running sum in the hardware's internal
     order with its truncating alignment; K steps in increasing order; finally ``g_acc = acc * 2^8`` (exact).
-    With ``SK`` > 1 the row is split into SK equal K-parts summed that way by different warps, then the SK part
-    sums (each times 2^8) are added as ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)`` (``mma_sum_parts``).
+    With ``SK`` > 1 the row is split into SK K-parts (``mma_part_bytes(H / 2, SK)`` bytes each, the last one the
+    rest) summed that way by different warps, then the SK part sums (each times 2^8) are added as ``p0 + p1`` /
+    ``(p0 + p1) + (p2 + p3)`` (``mma_sum_parts``).
     Bound: the plain any-order model with tensor-core truncation, ``FP32_TRUNCATE`` (u = 2^-23, d = H).
 
     Rule steps: 6 (global scale on the fp32 accumulator), 7 (SwiGLU: ``mul``, ``ex2.approx.ftz.f32``, ``add``,
@@ -149,7 +168,23 @@ def _nvfp4_gate_up_kernel(
         n_i = q * BN + i // 2
         pr = tl.where(n_i < INTER, (n_i // 64) * 128 + n_i % 64 + (i % 2) * 64, 0)  # masked columns read row 0
         tt = mma_gemv(
-            w_ptr + e * (2 * IP * HB), pr.to(tl.int64) * HB, s_row, pr, x_row, kpart, HB, KP, TR, RT, S, SK, t, PF
+            w_ptr + e * (2 * IP * HB),
+            pr.to(tl.int64) * HB,
+            s_row,
+            pr,
+            x_row,
+            kpart,
+            HB,
+            KP,
+            TR,
+            RT,
+            S,
+            SK,
+            t,
+            PF,
+            L2PF,
+            FENCE,
+            tl.minimum(e.to(tl.int32), 0),  # ids are >= 0: an opaque zero for FENCE
         )
         tot = mma_sum_parts(tt, TR, NW, SK)  # [R], row r = 2 (n - q BN) + {0: up, 1: gate}
     else:
@@ -229,6 +264,13 @@ def accumulation_model(config: dict | None = None):
     return FP32_TRUNCATE if cfg["MMA"] else block_model(16)
 
 
+def default_config(H: int, I: int) -> dict:
+    """The launch configuration ``nvfp4_gate_up`` uses at hidden size ``H`` and valid intermediate size ``I``
+    when no ``config`` is given (``config`` keys override it): ``GATE_UP_CONFIG`` updated with
+    ``nvfp4_tuned.GATE_UP_BY_SHAPE[(H, I)]`` if present (a pure function of the shape; never changes ``MMA``)."""
+    return {**GATE_UP_CONFIG, **_TUNED_GATE_UP_BY_SHAPE.get((int(H), int(I)), {})}
+
+
 def _weights_common(weights) -> tuple[int, int, int, int]:
     """(E, H, Ip, I) of a FlintMoEWeights, with the layout checks the decode kernels rely on."""
     from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
@@ -269,11 +311,13 @@ def _check_mma(
     """Launch-configuration checks of the tensor-core path (``MMA``); returns (K-parts, warps) used.
 
     (RT, S) one of ``MMA_SHAPES``; ``rows`` (rows per program) * SK = 8 * num_warps * RT; ``SK`` (K-parts, a
-    power of two dividing num_warps). A shape whose ``kbytes`` (code bytes per row) is not a multiple of
-    64 * SK runs with SK = 1 and num_warps / SK warps (same rows per program; the choice depends on the shape
-    only, never on the token count, so a token's bits do not depend on the batch).
+    power of two dividing num_warps). The parts are ``mma_part_bytes(kbytes, SK)`` bytes each, the last one
+    shorter when ``kbytes`` (code bytes per row) is not a multiple of 64 * SK. A shape where that would leave
+    the last part empty runs with SK / 2 on num_warps / 2 warps (same rows per program), halved again until it
+    is not (the choice depends on the shape only, never on the token count, so a token's bits do not depend on
+    the batch).
     """
-    from flint_moe.kernels._nvfp4_gemv import MMA_SHAPES
+    from flint_moe.kernels._nvfp4_gemv import MMA_SHAPES, mma_part_bytes
 
     if (rt, sub) not in MMA_SHAPES:
         raise ValueError(f"config (RT, S) = ({rt}, {sub}): must be one of {MMA_SHAPES} with MMA")
@@ -283,15 +327,21 @@ def _check_mma(
         raise ValueError(
             f"config {key}: with MMA, {what} * SK = {rows * sk} must equal 8 * num_warps * RT = {8 * num_warps * rt}"
         )
-    if kbytes % (64 * sk):
-        return 1, num_warps // sk
+    while sk > 1 and kbytes - (sk - 1) * mma_part_bytes(kbytes, sk) <= 0:
+        sk, num_warps = sk // 2, num_warps // 2
     return sk, num_warps
 
 
-def _check_pf(pf: bool, rt: int, sub: int) -> None:
-    """``PF`` (cross-step prefetch of the tensor-core path) exists for RT = 2 and S = 2 or 4."""
+def _check_pf(pf: bool, rt: int, sub: int, l2pf: int = 0, fence: bool = False) -> None:
+    """``PF`` (cross-step prefetch of the tensor-core path) exists for RT = 2 and S = 2 or 4; ``L2PF`` (L2
+    prefetch distance in calls, 0 = off) for S = 1, 2 or 4 without PF; ``FENCE`` for RT = 2, S = 2 or 4
+    without PF."""
+    if fence and (pf or rt != 2 or sub not in (2, 4)):
+        raise ValueError(f"config FENCE: needs RT = 2 and S = 2 or 4 without PF, got RT = {rt}, S = {sub}, PF = {pf}")
     if pf and (rt != 2 or sub not in (2, 4)):
         raise ValueError(f"config PF: needs RT = 2 and S = 2 or 4, got RT = {rt}, S = {sub}")
+    if l2pf < 0 or (l2pf and (pf or sub not in (1, 2, 4))):
+        raise ValueError(f"config L2PF: {l2pf} must be >= 0, and > 0 only with S = 1, 2 or 4 without PF")
 
 
 def _decode_defaults(cfg: dict, device: torch.device) -> tuple[bool, int]:
@@ -334,7 +384,7 @@ def nvfp4_gate_up(
     M = x.shape[0]
     check_op_tensor("ids", ids, dtype=torch.int32, shape=(M, None), device=dev)
     top_k = ids.shape[1]
-    cfg = _config(config, GATE_UP_CONFIG, "nvfp4_gate_up")
+    cfg = _config(config, default_config(H, INTER), "nvfp4_gate_up")
     asm, decode = _decode_defaults(cfg, dev)
     bn, bkb = int(cfg["BN"]), int(cfg["BKB"])
     if bn <= 0 or 64 % bn:
@@ -345,7 +395,7 @@ def nvfp4_gate_up(
     nw = int(cfg["num_warps"])
     if mma:
         sk, nw = _check_mma(rt, sub, sk, nw, 2 * bn, H // 2, "BN", "2 * BN")
-        _check_pf(bool(cfg["PF"]), rt, sub)
+        _check_pf(bool(cfg["PF"]), rt, sub, int(cfg["L2PF"]), bool(cfg["FENCE"]))
     act = torch.empty((M * top_k, INTER), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
     if tap:
@@ -381,6 +431,8 @@ def nvfp4_gate_up(
             NW=nw,
             LATE=bool(cfg["LATE"]),
             PF=bool(cfg["PF"]),
+            L2PF=int(cfg["L2PF"]) if mma else 0,
+            FENCE=bool(cfg["FENCE"]) and mma,
             TAP=tap,
             num_warps=nw,
             num_stages=1,
@@ -418,10 +470,14 @@ def audit_specs() -> list[str]:
 
     # the default at every shape; the other measured path (a conformance launch configuration,
     # cases.PATH_CONFIGS) at DeepSeek-V3
-    runs = [(h, i, GATE_UP_CONFIG, "") for h, i in AUDIT_SHAPES]
-    runs.append((7168, 2048, {**GATE_UP_CONFIG, **nvfp4_tuned.GATE_UP_MMA}, ".mma"))
+    shapes = AUDIT_SHAPES + sorted(set(_TUNED_GATE_UP_BY_SHAPE) - set(AUDIT_SHAPES))  # + shapes with their own defaults
+    runs = [(h, i, default_config(h, i), "") for h, i in shapes]
+    runs.append((7168, 2048, {**default_config(7168, 2048), **nvfp4_tuned.GATE_UP_MMA}, ".mma"))
     for h, i, cfg, suffix in runs:
         ip = (i + 63) // 64 * 64
+        sk, nw = int(cfg["SK"]), int(cfg["num_warps"])
+        if cfg["MMA"]:  # the K-split and warps the launcher uses at this shape
+            sk, nw = _check_mma(cfg["RT"], cfg["S"], sk, nw, 2 * cfg["BN"], h // 2, "BN", "2 * BN")
         for tap in (False, True) if (h, i) == (7168, 2048) else (False,):
             name = f"nvfp4_gate_up.H{h}.I{i}{suffix}{'.tap' if tap else ''}"
             register_audit(
@@ -442,10 +498,12 @@ def audit_specs() -> list[str]:
                     "MMA": cfg["MMA"],
                     "RT": cfg["RT"],
                     "S": cfg["S"],
-                    "SK": cfg["SK"],
-                    "NW": cfg["num_warps"],
+                    "SK": sk,
+                    "NW": nw,
                     "LATE": cfg["LATE"],
                     "PF": cfg["PF"],
+                    "L2PF": cfg["L2PF"] if cfg["MMA"] else 0,
+                    "FENCE": bool(cfg["FENCE"]) and cfg["MMA"],
                     "TAP": tap,
                 },
                 [
@@ -455,7 +513,7 @@ def audit_specs() -> list[str]:
                     *(MMA_PTX if cfg["MMA"] else ["mul.rn.f16x2"]),
                     "griddepcontrol.wait",
                 ],
-                options={"num_warps": cfg["num_warps"], "num_stages": 1},
+                options={"num_warps": nw, "num_stages": 1},
             )
             names.append(name)
     return names

@@ -18,3 +18,6 @@ GATE_UP_CUDA_CORE = {"MMA": False, "BN": 8, "num_warps": 2}
 GATE_UP_MMA = {"MMA": True, "BN": 16, "num_warps": 2, "RT": 2, "S": 4}
 DOWN_CUDA_CORE = {"MMA": False, "BH": 16, "num_warps": 4, "PREFETCH": True}
 DOWN_MMA = DOWN
+#: Per-shape overrides ((H, I) -> keys replacing GATE_UP's / DOWN's at that shape; never MMA): none yet.
+GATE_UP_BY_SHAPE: dict = {}
+DOWN_BY_SHAPE: dict = {}

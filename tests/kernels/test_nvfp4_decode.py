@@ -32,6 +32,12 @@ DN = {"MMA": False, "BH": 64, "BKB": 64, "num_warps": 1}
 BLOCK16 = block_model(16)
 
 
+#: Complete tensor-core configurations (every MMA key given: nothing inherited from the current defaults).
+MMA_KEYS = {"SK": 1, "LATE": False, "PF": False, "L2PF": 0, "FENCE": False}
+GU_MMA = {"MMA": True, "BN": 8, "num_warps": 1, "RT": 2, "S": 1, **MMA_KEYS}
+DN_MMA = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, **MMA_KEYS}
+
+
 def check_taps(*args, **kwargs):
     """``_nvfp4_check.check_taps`` with the CUDA-core path's block model (the configs above)."""
     return _check_taps(*args, gu_model=BLOCK16, dn_model=BLOCK16, **kwargs)
@@ -159,15 +165,19 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="BN"):
         nvfp4_gate_up(x, ids, w, config={"BN": 3, "MMA": False})
     with pytest.raises(ValueError, match="BN"):  # MMA: 2 * BN * SK must be 8 * num_warps * RT
-        nvfp4_gate_up(x, ids, w, config={"MMA": True, "BN": 16, "num_warps": 1, "RT": 2, "S": 1, "SK": 1})
+        nvfp4_gate_up(x, ids, w, config={**GU_MMA, "BN": 16})
     with pytest.raises(ValueError, match="RT, S"):
-        nvfp4_gate_up(x, ids, w, config={"MMA": True, "BN": 16, "num_warps": 1, "RT": 4, "S": 4, "SK": 1})
+        nvfp4_gate_up(x, ids, w, config={**GU_MMA, "BN": 16, "RT": 4, "S": 4})
     with pytest.raises(ValueError, match="SK"):
-        nvfp4_down(act, ids, tw, w, sh, config={"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, "SK": 3})
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "SK": 3})
     with pytest.raises(ValueError, match="PF"):
-        nvfp4_down(act, ids, tw, w, sh, config={"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, "PF": True})
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "PF": True})
+    with pytest.raises(ValueError, match="FENCE"):  # the load fence exists for RT = 2 and S = 2 or 4
+        nvfp4_gate_up(x, ids, w, config={**GU_MMA, "FENCE": True})
+    with pytest.raises(ValueError, match="L2PF"):
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "S": 2, "PF": True, "L2PF": 1})
     with pytest.raises(ValueError, match="SPLIT"):
-        nvfp4_down(act, ids, tw, w, sh, config={"MMA": True, "SPLIT": False})
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "SPLIT": False})
     # M > DECODE_MAX_TOKENS goes to the grouped path (issue 6), which checks its own arguments
     big = torch.zeros(DECODE_MAX_TOKENS + 1, H, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^shared_output"):
@@ -183,8 +193,6 @@ def test_bad_inputs_raise():
 # tl.load, exact dequantised products, fp32 sums) exercises the indexing: row / chunk / K-part tiles, the
 # swizzled scale pointers, the partial last step (whole chunks and a half chunk), the K-split sums.
 # ------------------------------------------------------------------------------------------------------
-GU_MMA = {"MMA": True, "BN": 8, "num_warps": 1, "RT": 2, "S": 1, "SK": 1}
-DN_MMA = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, "SK": 1}
 
 
 def _run_mma(w, x, ids, tw, sh, gu, dn, taps=None):
@@ -226,10 +234,55 @@ def test_mma_variants_and_k_split():
     gu4 = {**gu2, "num_warps": 4, "BN": 16}
     dn4 = {**dn2, "num_warps": 4, "BH": 32}
     assert same(_run_mma(w, x, ids, tw, sh, gu4, dn4), out)
-    E, H, I = 3, 160, 192  # H/2 = 80, I/2 = 96: not multiples of 128, so SK = 2 runs as SK = 1 on 1 warp
+    # load fence and L2 prefetch: GPU scheduling only (no-ops under the interpreter), same bits
+    gu_f, dn_f = {**GU_MMA, "S": 2, "FENCE": True}, {**DN_MMA, "S": 4, "FENCE": True, "L2PF": 1}
+    assert same(_run_mma(w, x, ids, tw, sh, gu_f, dn_f), ref)
+
+
+def test_mma_uneven_k_split():
+    """K not a multiple of 64 SK: the first SK - 1 parts take ``mma_part_bytes`` (a multiple of 64) bytes, the last
+    the rest; within the FP32_TRUNCATE bound, independent of the warps per part; a split whose last part would be
+    empty runs with half the parts on half the warps (same bits as that configuration)."""
+    from flint_moe.kernels._nvfp4_gemv import mma_part_bytes
+
+    assert [mma_part_bytes(k, sk) for k, sk in ((1024, 4), (1440, 2), (1440, 4), (80, 2), (96, 2), (352, 4))] == [
+        256, 768, 384, 64, 64, 128,
+    ]  # fmt: skip
+    E, H, I, M, k = 3, 160, 192, 2, 2  # H/2 = 80 -> parts 64 + 16; I/2 = 96 -> parts 64 + 32
     w = make_weights(E, H, I, seed=7)
     x, ids, tw, sh = make_inputs(M, H, E, k, seed=7)
-    assert same(_run_mma(w, x, ids, tw, sh, gu2, dn2), _run_mma(w, x, ids, tw, sh, GU_MMA, DN_MMA))
+    gu2 = {**GU_MMA, "num_warps": 2, "SK": 2}
+    dn2 = {**DN_MMA, "num_warps": 2, "SK": 2}
+    taps = {}
+    out = _run_mma(w, x, ids, tw, sh, gu2, dn2, taps)
+    counts = _check_taps(w, x, ids, tw, sh, taps, out, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
+    assert counts["acc_elements"] == M * k * (2 * I + H)
+    # the part sums are added in a fixed order whatever the warps per part
+    assert same(_run_mma(w, x, ids, tw, sh, {**gu2, "num_warps": 4, "BN": 16}, {**dn2, "num_warps": 4, "BH": 32}), out)
+    # SK = 4 would leave the last part empty (3 x 64 >= 80, 96): runs as SK = 2 on 2 warps
+    gu4, dn4 = {**GU_MMA, "num_warps": 4, "SK": 4}, {**DN_MMA, "num_warps": 4, "SK": 4}
+    assert same(_run_mma(w, x, ids, tw, sh, gu4, dn4), out)
+
+
+def test_prefetch_and_fence_ptx():
+    """The L2 prefetch asm touches each 128-byte line of a call's 64 S code bytes once per thread; the load fence
+    folds every code and scale word of the call into the scale multiplier through the opaque zero operand, after
+    the last load and before the first decode; the other asm bodies are unchanged by it."""
+    from flint_moe.kernels._nvfp4_gemv import l2_prefetch_ptx, mma_ptx
+
+    assert l2_prefetch_ptx(1) == "prefetch.global.L2 [$1+0]; mov.b32 $0, 0;"
+    assert l2_prefetch_ptx(4) == "prefetch.global.L2 [$1+0]; prefetch.global.L2 [$1+128]; mov.b32 $0, 0;"
+    plain, fenced = mma_ptx(2, 4, False).splitlines(), mma_ptx(2, 4, False, FENCE=True).splitlines()
+    extra = [line for line in fenced if line not in plain]
+    # 2 rows x 4 sub-steps: 32 code words + 8 scale words -> 39 xor, the and with the zero operand ($10: after
+    # 2 outputs and 4 x 2 inputs), the or into the multiplier
+    assert sum(line.startswith("xor.b32 fz") for line in extra) == 39
+    assert "and.b32 fz, fz, $10;" in extra and "or.b32 k119, k119, fz;" in extra
+    last_load = max(i for i, line in enumerate(fenced) if "ld.global.nc" in line and "[$6" not in line)  # codes, scales
+    first_decode = min(i for i, line in enumerate(fenced) if line.startswith("prmt.b32 v,"))
+    fence = fenced.index("or.b32 k119, k119, fz;")
+    assert last_load < fence < first_decode
+    assert [line for line in fenced if line not in extra] == plain
 
 
 def test_accumulation_models():

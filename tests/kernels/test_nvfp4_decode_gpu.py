@@ -73,14 +73,16 @@ def test_matrix_shapes(H, I, path):
 
 
 def test_mma_variants_half_chunk():
-    """Tensor-core path: RT / S / num_warps / LATE / PF change no bit; I/2 = 520 bytes ends in a half 16-byte chunk
-    (one block) and H/2 = 1440 in a partial 64-byte step; K-split variants within the bound."""
+    """Tensor-core path: RT / S / num_warps / LATE / PF / L2PF / FENCE change no bit; I/2 = 520 bytes ends in a
+    half 16-byte chunk (one block) and H/2 = 1440 in a partial 64-byte step; K-split variants (uneven parts here:
+    1440 = 768 + 672, 520 = 320 + 200) within the bound and independent of the warps per part."""
     from flint_moe.reference.exact import FP32_TRUNCATE
 
     E, H, I, k = 9, 2880, 1040, 4  # I = 1040 stored padded to 1088
     w = make_weights(E, H, I, seed=7, pad_to=64, device="cuda")
-    gu0 = {"MMA": True, "BN": 16, "num_warps": 2, "RT": 2, "S": 4}
-    dn0 = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 4}
+    keys = {"SK": 1, "LATE": False, "PF": False, "L2PF": 0, "FENCE": False}  # complete: nothing from the defaults
+    gu0 = {"MMA": True, "BN": 16, "num_warps": 2, "RT": 2, "S": 4, **keys}
+    dn0 = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 4, **keys}
     for M in (1, 5):
         x, ids, tw, sh = make_inputs(M, H, E, k, seed=M, device="cuda")
         taps = {}
@@ -91,11 +93,22 @@ def test_mma_variants_half_chunk():
             ({**gu0, "S": 1, "LATE": True}, {**dn0, "num_warps": 2, "BH": 32, "S": 2, "LATE": True}),
             ({**gu0, "BN": 8, "num_warps": 1}, {**dn0, "num_warps": 4, "BH": 64}),
             ({**gu0, "PF": True}, {**dn0, "PF": True, "S": 2}),  # cross-step prefetch: same MMA sequence
+            ({**gu0, "FENCE": True, "L2PF": 2}, {**dn0, "FENCE": True, "S": 2, "L2PF": 1}),  # scheduling only
+            ({**gu0, "FENCE": True, "S": 2}, {**dn0, "L2PF": 2}),
         ):
             assert same(_run(w, x, ids, tw, sh, None, gu, dn), out)
-        # K-split: gate/up H/2 = 1440 and down I/2 = 520 are not multiples of 128: SK = 2 runs as SK = 1
-        o2 = _run(w, x, ids, tw, sh, None, {**gu0, "num_warps": 4, "SK": 2}, {**dn0, "num_warps": 2, "SK": 2})
-        assert same(o2, out)
+        # uneven K-split: within the bound; same bits with more warps per part, with FENCE and L2PF
+        taps = {}
+        gk, dk = {**gu0, "num_warps": 4, "SK": 2}, {**dn0, "num_warps": 2, "SK": 2}
+        o2 = _run(w, x, ids, tw, sh, taps, gk, dk)
+        check_taps(w, x, ids, tw, sh, taps, o2, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
+        gk8, dk4 = {**gk, "num_warps": 8, "BN": 32, "FENCE": True}, {**dk, "num_warps": 4, "BH": 32, "L2PF": 1}
+        assert same(_run(w, x, ids, tw, sh, None, gk8, dk4), o2)
+        taps = {}
+        o4 = _run(
+            w, x, ids, tw, sh, taps, {**gk, "BN": 8, "SK": 4}, {**dk, "num_warps": 4, "SK": 4}
+        )  # gate/up 3 x 384 + 288; down: 4 parts would leave the last empty, runs as 2
+        check_taps(w, x, ids, tw, sh, taps, o4, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
     w = _weights(E, 2048, 1024, seed=8)  # H/2 = 1024 and I/2 = 512 split in 2 and 4 parts
     x, ids, tw, sh = make_inputs(3, 2048, E, k, seed=3, device="cuda")
     taps = {}

@@ -4,7 +4,8 @@
 the default blocked layout of a [R, 4] tile: 8 x 4 threads per warp (lane = 4 * row group + chunk), warps along
 the rows, one element per thread and repetition. Triton chooses that layout itself; this test compiles the
 MMA specialisations the benchmarks and defaults use (in a subprocess without TRITON_INTERPRET, as
-tests/kernels/test_ptx_audit.py does; one with the cross-step prefetch ``PF``) and asserts the layout of every
+tests/kernels/test_ptx_audit.py does; one with the cross-step prefetch ``PF``, two with the L2 prefetch
+``L2PF`` and the load fence ``FENCE``) and asserts the layout of every
 tensor entering the MMA asm, so a Triton upgrade that changed it fails here instead of producing wrong sums on
 the GPU.
 """
@@ -44,15 +45,17 @@ def ttgir(K, sig, ce, nw):
 
 
 out = []
-for nw, rt, s, sk, pf in ((2, 2, 4, 1, False), (1, 4, 2, 1, False), (8, 2, 4, 4, False), (4, 2, 4, 4, True)):
+for nw, rt, s, sk, pf, l2, fe in ((2, 2, 4, 1, False, 0, 0), (1, 4, 2, 1, False, 0, 0), (8, 2, 4, 4, False, 0, 0),
+                                  (4, 2, 4, 4, True, 0, 0), (4, 2, 4, 4, False, 2, 1)):
     bn = 8 * nw * rt // (2 * sk)
     ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BN=bn, BKB=512, ASM=True, DECODE=2, PREFETCH=False,
-              WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=pf, TAP=False)
-    out.append(dict(kernel="gate_up", nw=nw, rt=rt, sk=sk, ttgir=ttgir(G._nvfp4_gate_up_kernel, GSIG, ce, nw)))
-for nw, rt, s, sk in ((1, 2, 4, 1), (4, 2, 2, 4)):
-    ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BH=8 * nw * rt // sk, BKB=512, ASM=True, DECODE=2,
-              PREFETCH=True, WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=False, COMBINE=1,
+              WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=pf, L2PF=l2, FENCE=bool(fe),
               TAP=False)
+    out.append(dict(kernel="gate_up", nw=nw, rt=rt, sk=sk, ttgir=ttgir(G._nvfp4_gate_up_kernel, GSIG, ce, nw)))
+for nw, rt, s, sk, l2, fe in ((1, 2, 4, 1, 0, 0), (4, 2, 2, 4, 0, 0), (1, 2, 4, 1, 1, 1)):
+    ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BH=8 * nw * rt // sk, BKB=512, ASM=True, DECODE=2,
+              PREFETCH=True, WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=False, L2PF=l2,
+              FENCE=bool(fe), COMBINE=1, TAP=False)
     out.append(dict(kernel="down", nw=nw, rt=rt, sk=sk, ttgir=ttgir(D._nvfp4_down_split_kernel, DSIG, ce, nw)))
 print(json.dumps(out))
 """
@@ -66,7 +69,7 @@ def test_mma_asm_operands_have_the_assumed_layout():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     specs = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(specs) == 6
+    assert len(specs) == 8
     for spec in specs:
         ir = spec["ttgir"]
         layouts = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{[^}]*\}>)", ir, re.M))
