@@ -765,6 +765,55 @@ def tune(out_dir: str, write_tuned: str | None, models=("deepseek-v3", "qwen3-30
     return 1 if n_bad else 0
 
 
+#: Round 6 follow-up probe (``--probe``): gate/up variants not in the round-6 tune, each timed alone and with the
+#: default down at DeepSeek-V3 M=1 (diagnostic only: nothing is written).
+PROBE_GU = {
+    "mma-BN8w4r2s2k4": _gu6(8, 4, 2, 2, 4),
+    "mma-BN8w4r2s1k4": _gu6(8, 4, 2, 1, 4),
+    "mma-BN8w2r2s2k2-f": _gu6(8, 2, 2, 2, 2, fence=True),
+    "mma-BN8w4r2s2k4-f-late": _gu6(8, 4, 2, 2, 4, fence=True, late=True),
+}
+
+
+def probe(out_dir: str) -> int:
+    """``PROBE_GU`` at DeepSeek-V3 M=1: bits equal to the default gate/up's where the K-split is the same, then
+    gate/up alone, the default pair and each probe with the default down (CUDA graphs); DIR/probe.md."""
+    from flint_moe.kernels.nvfp4_gate_up import GATE_UP_CONFIG, nvfp4_gate_up
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
+    from _nvfp4_check import make_inputs, same
+
+    bw = copy_bw()
+    cfg = MODELS["deepseek-v3"]
+    w = random_weights(cfg["E"], cfg["H"], cfg["I"], seed=3)
+    x, ids, _, _ = make_inputs(1, cfg["H"], cfg["E"], cfg["k"], seed=11, device="cuda")
+    ref = nvfp4_gate_up(x, ids, w)
+    sk0 = _eff_sk(GATE_UP_CONFIG, cfg["H"] // 2, 2 * GATE_UP_CONFIG["BN"])
+    lines = [
+        f"copy {bw / 1e12:.3f} TB/s",
+        "| gate/up | same bits as default | gu us | all us | % copy |",
+        "|---|---|---|---|---|",
+    ]
+    bad = 0
+    state = {"w": w}
+    for name, gu in {"default": None, **PROBE_GU}.items():
+        eq = ""
+        if gu is not None and _eff_sk(gu, cfg["H"] // 2, 2 * gu["BN"]) == sk0:
+            ok = same(nvfp4_gate_up(x, ids, w, config=gu), ref)
+            bad += not ok
+            eq = "yes" if ok else "NO"
+        prep, _, sets = _prepare(model="deepseek-v3", M=1, gu=gu, weights=state["w"])
+        t_all = time_graph(prep.fn, prep.rotations)
+        t_gu = time_graph(lambda i: nvfp4_gate_up(sets[i % CALLS][0], sets[i % CALLS][1], w, config=gu), CALLS)
+        lines.append(
+            f"| {name} | {eq} | {t_gu * 1e6:.1f} | {t_all * 1e6:.1f} | {100 * prep.bytes_moved / t_all / bw:.1f} |"
+        )
+        print(lines[-1], flush=True)
+    with open(os.path.join(out_dir, "probe.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/bench-nvfp4"))
@@ -774,11 +823,14 @@ def main(argv=None) -> int:
     ap.add_argument("--words", action="store_true", help="round 3 sweep: int32-word code tiles (WORDS)")
     ap.add_argument("--mma", action="store_true", help="round 4 sweep: tensor-core path (MMA)")
     ap.add_argument("--tune", action="store_true", help="round 6: checks, timings and the choice of the defaults")
+    ap.add_argument("--probe", action="store_true", help="round 6 follow-up: untuned gate/up variants (no write)")
     ap.add_argument("--write-tuned", default=None, help="with --tune: path of nvfp4_tuned.py to (over)write")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.tune:
         return tune(args.out, args.write_tuned)
+    if args.probe:
+        return probe(args.out)
     if args.mma:
         return sweep_mma(args.out)
     if args.words:
