@@ -552,8 +552,9 @@ def nvfp4_down(
 
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit of every (H, I) of the conformance matrix (production builds; the tapped
-    build too for DeepSeek-V3, H 7168 x I 2048)."""
+    """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
+    tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
+    there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
     from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES, MMA_PTX, _check_mma
 
     names = []

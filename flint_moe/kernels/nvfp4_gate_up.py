@@ -453,8 +453,9 @@ AUDIT_SHAPES = [(h, i) for h in (2048, 2880, 5120, 7168) for i in (512, 704, 204
 
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit of every (H, I) of the conformance matrix (production builds; the tapped
-    build too for DeepSeek-V3, H 7168 x I 2048)."""
+    """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
+    tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
+    there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
     names = []
     sig = {
         "x_ptr": "*i32",
