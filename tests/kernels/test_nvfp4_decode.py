@@ -292,3 +292,27 @@ def test_accumulation_models():
     assert nvfp4_down.accumulation_model({"MMA": True}) == FP32_TRUNCATE
     assert nvfp4_gate_up.accumulation_model({"MMA": False}) == BLOCK16
     assert nvfp4_down.accumulation_model({"MMA": False}) == BLOCK16
+
+
+def test_per_shape_defaults():
+    """``default_config(H, I)``: the module default updated with ``nvfp4_tuned.*_BY_SHAPE[(H, I)]`` (a pure function
+    of the shape, never another accumulation path), and every such shape in the sm_90 audit registry."""
+    from flint_moe.kernels import nvfp4_down, nvfp4_gate_up, nvfp4_tuned
+    from flint_moe.kernels._common import AUDIT_REGISTRY
+    from flint_moe.kernels.nvfp4_gate_up import _check_shape_overrides
+
+    for mod, table, name in (
+        (nvfp4_gate_up, nvfp4_tuned.GATE_UP_BY_SHAPE, "nvfp4_gate_up"),
+        (nvfp4_down, nvfp4_tuned.DOWN_BY_SHAPE, "nvfp4_down"),
+    ):
+        base = mod.GATE_UP_CONFIG if mod is nvfp4_gate_up else mod.DOWN_CONFIG
+        assert mod.default_config(7168, 2048) == base  # DeepSeek-V3: the tuned default itself
+        for (h, i), over in table.items():
+            cfg = mod.default_config(h, i)
+            assert cfg == {**base, **over} and cfg["MMA"] == base["MMA"]
+            assert mod.accumulation_model(cfg) == mod.accumulation_model(None)
+            assert f"{name}.H{h}.I{i}" in AUDIT_REGISTRY
+    with pytest.raises(ValueError, match="may not change MMA"):
+        _check_shape_overrides({"MMA": True, "BN": 8}, {(64, 64): {"MMA": False}}, "t")
+    with pytest.raises(ValueError, match="unknown config keys"):
+        _check_shape_overrides({"MMA": True, "BN": 8}, {(64, 64): {"BX": 1}}, "t")
