@@ -26,8 +26,8 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    from flint_moe.conformance.__main__ import run_case
     from flint_moe.conformance.cases import matrix
+    from flint_moe.conformance.runner import run_case
     from flint_moe.ops import make_route_counter
 
     dev = torch.device("cuda")
@@ -55,7 +55,9 @@ def main() -> None:
         pr.enable()
         try:
             r = run_case(c, dev, counter, invariance=True)
-            rec["cases"].append({"id": c.id, "verdict": r.verdict, **{k: r.meta.get(k) for k in ("seconds", "phase_seconds")}})
+            rec["cases"].append(
+                {"id": c.id, "verdict": r.verdict, **{k: r.meta.get(k) for k in ("seconds", "phase_seconds")}}
+            )
         except Exception as e:  # noqa: BLE001
             rec["cases"].append({"id": c.id, "error": repr(e)})
         pr.disable()

@@ -134,7 +134,7 @@ def _worker(wid: int, tasks, results, invariance: bool, device: str) -> None:
     import torch
 
     from flint_moe.conformance import profiles
-    from flint_moe.conformance.__main__ import raised_result, run_case
+    from flint_moe.conformance.runner import raised_result, run_case
     from flint_moe.ops import make_route_counter
 
     dev = torch.device(device)
@@ -203,7 +203,7 @@ def run_parallel(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flint_moe.conformance.__main__ import RunStopped, raised_result
+    from flint_moe.conformance.runner import RunStopped, raised_result
 
     stopped = [] if stopped is None else stopped
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # inherited by the workers
@@ -282,6 +282,15 @@ def run_parallel(
                     busy[wid] = busy.get(wid, 0.0) + float(msg[3])
     except (RunStopped, KeyboardInterrupt) as e:
         stopped.append(str(e) or "SIGINT")
+        while True:  # keep the cases the workers finished before the stop
+            try:
+                msg = results_q.get(timeout=0.2)
+            except (queue.Empty, OSError, EOFError):
+                break
+            if msg[0] == "case":
+                done[msg[3]] = msg[4]
+            elif msg[0] == "mutation":
+                mutation_rep = msg[3]
     finally:
         for p, q in workers.values():
             if stopped:

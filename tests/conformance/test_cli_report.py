@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from flint_moe.conformance import __main__ as cli
+from flint_moe.conformance import __main__ as cli, runner
 from flint_moe.conformance.digest import source_digest
 from tests.conformance._report_data import ok_case
 
@@ -32,7 +32,7 @@ def fake_run(monkeypatch):
             r.stages[1].verdict, r.stages[1].mismatches = "FAIL", 1
         return r
 
-    monkeypatch.setattr(cli, "run_case", run_case)
+    monkeypatch.setattr(runner, "run_case", run_case)
     return fail, raise_
 
 
@@ -86,7 +86,7 @@ def test_fail_exits_1(tmp_path, fake_run):
 
 
 def test_bad_baseline_exits_2_before_running(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
     assert cli.main(_argv(tmp_path, "--baseline", str(tmp_path / "nothing"))) == 2
     assert "no report.json there" in capsys.readouterr().out
 

@@ -8,6 +8,7 @@ import os
 import signal
 
 import flint_moe.conformance.__main__ as cli
+import flint_moe.conformance.runner as runner
 
 
 def test_sigterm_mid_run_writes_an_incomplete_report(tmp_path, monkeypatch) -> None:
@@ -21,7 +22,7 @@ def test_sigterm_mid_run_writes_an_incomplete_report(tmp_path, monkeypatch) -> N
             os.kill(os.getpid(), signal.SIGTERM)  # the handler raises inside this case
         return CaseResult(case.id, case.path, "EXACT", [StageResult("out", "bits", "EXACT")], meta={})
 
-    monkeypatch.setattr(cli, "run_case", run_case)
+    monkeypatch.setattr(runner, "run_case", run_case)
     out = tmp_path / "rep"
     rc = cli.main(["--profile", "cpu", "--out", str(out), "--no-html", "--no-mutation"])
     assert rc == 3
@@ -31,4 +32,4 @@ def test_sigterm_mid_run_writes_an_incomplete_report(tmp_path, monkeypatch) -> N
     n = len(cli.select("cpu", []))
     assert rep["env"]["incomplete"] == f"stopped by SIGTERM after 1 of {n} selected cases"
     assert "INCOMPLETE RUN: stopped by SIGTERM after 1 of" in (out / "summary.md").read_text()
-    assert signal.getsignal(signal.SIGTERM) is not cli._stop  # the handler is removed after the run
+    assert signal.getsignal(signal.SIGTERM) is not runner._stop  # the handler is removed after the run

@@ -19,8 +19,9 @@ import os
 import pytest
 import torch
 
-from flint_moe.conformance.__main__ import run_case, select
+from flint_moe.conformance.__main__ import select
 from flint_moe.conformance.cases import Case
+from flint_moe.conformance.runner import run_case
 
 PROFILE = os.environ.get("FLINT_CONFORMANCE_PROFILE") or ("gpu" if torch.cuda.is_available() else "cpu")
 FILTERS = [f for f in os.environ.get("FLINT_CONFORMANCE_FILTER", "").split(",") if f]

@@ -58,7 +58,7 @@ def test_estimate_bytes_by_path():
 
 
 def test_two_workers_equal_the_serial_run():
-    from flint_moe.conformance.__main__ import run_case
+    from flint_moe.conformance.runner import run_case
 
     cases = [c for c in matrix("cpu") if c.id.endswith("/M1/gaussian/s0")][:2]
     assert len(cases) == 2 and cases[0].path != cases[1].path
