@@ -64,7 +64,7 @@ PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
 PATH_CONFIGS: dict[str, dict[str, dict]] = {
     "nvfp4_decode": {
         "default": {},
-        "gu-mma": {"gate_up": "GATE_UP_MMA"},
+        "gu-cuda-core": {"gate_up": "GATE_UP_CUDA_CORE"},
         "dn-cuda-core": {"down": "DOWN_CUDA_CORE"},
     },
     "bf16_decode": {

@@ -9,8 +9,9 @@ CUDA context, route counter and weight cache).
 Scheduling (:func:`plan_units`, :func:`pick_unit`):
 
 - **Units.** Cases that share weights (``profiles.weight_key``) form a unit, in matrix order, split into
-  pieces of at most ``max_cases`` cases (a piece rebuilds its weights: cheap, they are synthesised on the
-  device). A worker runs one unit at a time, so its one-entry weight cache works as in a serial run.
+  pieces of at most ``max_cases`` cases and about ``max_seconds`` estimated seconds (a piece rebuilds its
+  weights: cheap, they are synthesised on the device). A worker runs one unit at a time, so its one-entry
+  weight cache works as in a serial run.
 - **Longest first.** Units are handed out by decreasing estimated cost (:func:`estimate_seconds`), so the
   long ones (large-M grouped cases, DeepSeek-V3 layers) do not start last.
 - **Device memory.** A unit starts only while the estimated device memory of the running units plus its own
@@ -82,20 +83,29 @@ def estimate_seconds(case) -> float:
     return 0.5 + 3e-9 * experts * 3 * case.H * case.I
 
 
-def plan_units(cases: list, *, max_cases: int = 8, mutation: bool = False) -> list[Unit]:
-    """Units of ``cases`` (see the module docstring), longest estimated first; with ``mutation`` the
-    mutation self-test is one of them."""
+def plan_units(cases: list, *, max_cases: int = 8, max_seconds: float = 15.0, mutation: bool = False) -> list[Unit]:
+    """Units of ``cases`` (see the module docstring), longest estimated first; a unit ends after ``max_cases``
+    cases or before the case that would take its estimate past ``max_seconds`` (a long case is a unit of its
+    own); with ``mutation`` the mutation self-test is one more unit."""
     from .profiles import weight_key
 
     groups: dict[tuple, list] = {}
     for pos, case in enumerate(cases):
         groups.setdefault(weight_key(case), []).append((pos, case))
-    units: list[Unit] = []
+    pieces: list[list] = []
     for members in groups.values():
-        for i in range(0, len(members), max_cases):
-            part = members[i : i + max_cases]
-            sec = 2.0 + sum(estimate_seconds(c) for _, c in part)  # + the first case's compiles
-            units.append(Unit(len(units), "cases", part, sec, max(estimate_bytes(c) for _, c in part)))
+        part: list = []
+        for pos, case in members:
+            est = sum(estimate_seconds(c) for _, c in part)
+            if part and (len(part) == max_cases or est + estimate_seconds(case) > max_seconds):
+                pieces.append(part)
+                part = []
+            part.append((pos, case))
+        pieces.append(part)
+    units: list[Unit] = []
+    for part in pieces:
+        sec = 2.0 + sum(estimate_seconds(c) for _, c in part)  # + the first case's compiles
+        units.append(Unit(len(units), "cases", part, sec, max(estimate_bytes(c) for _, c in part)))
     if mutation:
         units.append(Unit(len(units), "mutation", [], MUTATION_SECONDS, MUTATION_BYTES))
     units.sort(key=lambda u: -u.seconds)
@@ -193,6 +203,7 @@ def run_parallel(
     mutation: bool = False,
     stopped: list | None = None,
     max_cases: int = 8,
+    max_seconds: float = 15.0,
 ) -> tuple[list[dict], dict | None, dict]:
     """Run ``cases`` in ``jobs`` worker processes on ``device`` ("cuda" or "cpu").
 
@@ -209,7 +220,7 @@ def run_parallel(
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # inherited by the workers
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
     budget = _budget(device)
-    pending = plan_units(cases, max_cases=max_cases, mutation=mutation)
+    pending = plan_units(cases, max_cases=max_cases, max_seconds=max_seconds, mutation=mutation)
     n_units = len(pending)
     results_q = ctx.Queue()
     workers: dict[int, tuple] = {}  # wid -> (process, task queue)

@@ -253,7 +253,7 @@ def test_launch_configurations_are_audited():
     assert [v["down"] for v in bf if "down" in v] == list(bf16_down.AUDIT_CONFIGS)
     assert {"bf16_gate_up.H2048_I768_k8_cfg0", "bf16_down_combine.H2048_I768_k8_cfg0"} <= set(specs)
     nv = PATH_CONFIGS["nvfp4_decode"]
-    assert nv["gu-mma"] == {"gate_up": "GATE_UP_MMA"} and nv["dn-cuda-core"] == {"down": "DOWN_CUDA_CORE"}
+    assert nv["gu-cuda-core"] == {"gate_up": "GATE_UP_CUDA_CORE"} and nv["dn-cuda-core"] == {"down": "DOWN_CUDA_CORE"}
     assert nvfp4_gate_up.accumulation_model(nvfp4_tuned.GATE_UP_MMA).name == "fp32-truncate"
     assert nvfp4_down.accumulation_model(nvfp4_tuned.DOWN_CUDA_CORE).name == "fp32-rn-block16"
     assert {"nvfp4_gate_up.H7168.I2048.mma", "nvfp4_down.H7168.I2048.cuda_core.tap"} <= set(specs)

@@ -12,7 +12,7 @@ from flint_moe.conformance.profiles import weight_key
 
 def test_units_group_cases_by_weights_in_matrix_order():
     cases = matrix("cpu")
-    units = plan_units(cases, max_cases=3, mutation=True)
+    units = plan_units(cases, max_cases=3, max_seconds=1e9, mutation=True)
     assert sum(u.kind == "mutation" for u in units) == 1
     seen = []
     for u in units:
@@ -71,3 +71,14 @@ def test_two_workers_equal_the_serial_run():
         assert got["verdict"] == want["verdict"]
         assert got["digests"] == want["digests"]  # bitwise the same outputs and taps
         assert [s["verdict"] for s in got["stages"]] == [s["verdict"] for s in want["stages"]]
+
+
+def test_units_split_by_estimated_seconds():
+    big = Case.make("nvfp4_grouped", "deepseek-v3", 2048, "gaussian")
+    small = [Case.make("nvfp4_grouped", "deepseek-v3", m, "gaussian") for m in (1, 2)]
+    est = {c.id: parallel.estimate_seconds(c) for c in [*small, big]}
+    assert est[big.id] > 20.0 and est[small[0].id] + est[small[1].id] < 20.0  # hand check of the estimates
+    units = plan_units([small[0], big, small[1]], max_cases=8, max_seconds=20.0)
+    assert sorted([p for p, _ in u.cases] for u in units) == [[0], [1], [2]]  # the long case splits the run
+    units = plan_units([small[0], small[1], big], max_cases=8, max_seconds=20.0)
+    assert sorted([p for p, _ in u.cases] for u in units) == [[0, 1], [2]]
