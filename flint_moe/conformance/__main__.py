@@ -122,6 +122,28 @@ def checkpoint_selection(path: str, layer: int, profile: str, filters: list[str]
     return cases, inputs
 
 
+def _merge_rerun(prev: dict, prev_path: str, results: list, mutation, env: dict) -> tuple[list, dict | None]:
+    """``--rerun-failed``: the earlier report's cases in order, each rerun one replaced by its new result;
+    the earlier mutation report unless this run made one; ``env["rerun"]`` records what was merged."""
+    from flint_moe.conformance.report import case_dicts
+
+    new = {c["case_id"]: c for c in case_dicts(results)}
+    merged = [new.get(c["case_id"], c) for c in prev["cases"]]
+    pe = prev.get("env") or {}
+    env["rerun"] = {
+        "report": prev_path,
+        "previous_run": pe.get("date_utc"),
+        "previous_commit": pe.get("git_commit"),
+        "previous_run_seconds": pe.get("run_seconds"),
+        "previous_jobs": pe.get("jobs"),
+        "rerun_cases": sorted(new),
+    }
+    env["cases_run"] = (
+        f"{len(merged)} ({len(new)} FAIL cases of the run of {pe.get('date_utc')} rerun, the others from it)"
+    )
+    return merged, mutation if mutation is not None else prev.get("mutation")
+
+
 def summary_table(results: list):
     """rich Table: case (black-box labelled), verdict, exact %, max ulp, end to end, failing stages,
     warnings, failing invariances, diagnosis (``results``: CaseResults or their JSON dicts)."""
@@ -228,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--layer", type=int, default=None, metavar="N", help="MoE layer index for --checkpoint")
     ap.add_argument(
+        "--rerun-failed",
+        default=None,
+        metavar="REPORT",
+        help="run only the FAIL cases of an earlier report of the same sources (directory or report.json) and "
+        "write the merged report: its other cases as they were, these as rerun now (env['rerun'] says so)",
+    )
+    ap.add_argument(
         "--jobs",
         default="auto",
         metavar="N",
@@ -248,6 +277,26 @@ def main(argv: list[str] | None = None) -> int:
         cases, given_inputs = checkpoint_selection(args.checkpoint, args.layer, profile, args.filter, device)
     else:
         cases = select(profile, args.filter)
+    prev = None
+    if args.rerun_failed:
+        from flint_moe.conformance.baseline import load_report
+        from flint_moe.conformance.digest import source_digest
+
+        try:
+            prev, prev_path = load_report(args.rerun_failed)
+        except (FileNotFoundError, ValueError) as e:
+            print(str(e).replace("--baseline", "--rerun-failed"), file=sys.stderr)
+            return 2
+        prev_sd = (prev.get("env") or {}).get("source_digest") or {}
+        if prev_sd.get("digest") != source_digest().get("digest"):
+            print(f"--rerun-failed {args.rerun_failed}: its sources ({prev_sd.get('digest')}) are not the current "
+                  "sources: a merged report would mix kernels; run the whole profile", file=sys.stderr)  # fmt: skip
+            return 2
+        profile = (prev.get("env") or {}).get("profile") or profile
+        failed = {c["case_id"] for c in prev["cases"] if c.get("verdict") == "FAIL"}
+        from flint_moe.conformance.cases import matrix as _matrix
+
+        cases = [c for c in _matrix(profile) if c.id in failed and all(f in c.id for f in args.filter)]
     console = Console()
     if not console.is_terminal:  # CI logs, pipes: wide enough for the summary table's case ids
         console = Console(width=max(console.width, 180))
@@ -330,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     if stopped:
         env["incomplete"] = f"stopped by {stopped[0]} after {len(results)} of {len(cases)} selected cases"
         env["cases_run"] = f"{len(results)} (INCOMPLETE: {env['incomplete']}) of {len(matrix(profile))}"
+    if prev is not None:
+        results, mutation = _merge_rerun(prev, prev_path, results, mutation, env)
     gpu_path = Path(args.gpu_report)
     if not gpu_path.is_absolute() and not gpu_path.exists():
         gpu_path = repo_root() / gpu_path

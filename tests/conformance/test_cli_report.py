@@ -132,3 +132,40 @@ def test_a_case_that_raises_is_a_fail_and_the_run_goes_on(tmp_path, fake_run, ca
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "- **run** FAIL: 0 of 0 elements; max ulp -; first failing []; note: raised RuntimeError" in md
     assert "no catalogued fault" not in md  # the diagnosis did not run
+
+
+def test_rerun_failed_reruns_only_the_fails_and_merges(tmp_path, fake_run, monkeypatch):
+    from flint_moe.conformance import digest
+
+    fixed = source_digest()
+    monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)
+    other = "nvfp4_decode/cpu-E6-H96-I64-k3/M3/heavy_tailed/s0"
+    fake_run[1].add(CASE)  # the first run: CASE raises (e.g. out of memory)
+    first = tmp_path / "first"
+    argv = ["--profile", "cpu", "--filter", "cpu-E6-H96-I64-k3/M", "--no-html"]
+    assert cli.main([*argv, "--out", str(first)]) == 1
+    before = json.loads((first / "report.json").read_text())
+    assert {c["case_id"]: c["verdict"] for c in before["cases"]}[CASE] == "FAIL"
+    fake_run[1].clear()
+    ran = []
+    real = runner.run_case
+    monkeypatch.setattr(runner, "run_case", lambda case, *a, **k: ran.append(case.id) or real(case, *a, **k))
+    second = tmp_path / "second"
+    assert cli.main(["--rerun-failed", str(first), "--no-html", "--out", str(second)]) == 0
+    assert ran == [CASE]  # only the failing case ran again
+    after = json.loads((second / "report.json").read_text())
+    assert [c["case_id"] for c in after["cases"]] == [c["case_id"] for c in before["cases"]]
+    got = {c["case_id"]: c for c in after["cases"]}
+    assert got[CASE]["verdict"] == "WITHIN-BOUND" and got[other] == {c["case_id"]: c for c in before["cases"]}[other]
+    assert after["env"]["rerun"]["rerun_cases"] == [CASE]
+    assert after["totals"]["FAIL"] == 0 and after["totals"]["cases"] == len(before["cases"])
+    assert "FAIL cases of the run of" in (second / "summary.md").read_text()
+
+
+def test_rerun_failed_refuses_other_sources(tmp_path, monkeypatch, capsys):
+    rep = tmp_path / "old"
+    rep.mkdir()
+    (rep / "report.json").write_text(json.dumps({"env": {"source_digest": {"digest": "0" * 64}}, "cases": []}))
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    assert cli.main(["--rerun-failed", str(rep), "--out", str(tmp_path / "o")]) == 2
+    assert "not the current sources" in capsys.readouterr().err
