@@ -482,8 +482,17 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
             phases[k] = phases.get(k, 0.0) + float(v)
     if env.get("run_seconds") is not None:
         jobs = env.get("jobs") or 1
-        lines += ["", f"Wall time: {env['run_seconds']} s (cases and mutation self-test; {jobs} worker process"
-                  f"{'es' if jobs != 1 else ''} on the device)"]  # fmt: skip
+        line = (f"Wall time: {env['run_seconds']} s (cases and mutation self-test; {jobs} worker process"
+                f"{'es' if jobs != 1 else ''} on the device)")  # fmt: skip
+        rr = env.get("rerun")
+        if isinstance(rr, dict):
+            pj = rr.get("previous_jobs") or 1
+            again = rr.get("rerun_cases") or []
+            line = (f"Wall time: {rr.get('previous_run_seconds')} s for the run of {rr.get('previous_run')} "
+                    f"({pj} worker process{'es' if pj != 1 else ''}), then {env['run_seconds']} s to rerun its "
+                    f"{len(again)} FAIL cases ({jobs} worker process{'es' if jobs != 1 else ''}): "
+                    + ", ".join(f"`{c}`" for c in again))  # fmt: skip
+        lines += ["", line]
     if phases:
         lines += ["", "Time by phase (s, summed over cases): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())]
     ml = mutation_line(mutation)

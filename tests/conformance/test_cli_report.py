@@ -159,7 +159,9 @@ def test_rerun_failed_reruns_only_the_fails_and_merges(tmp_path, fake_run, monke
     assert got[CASE]["verdict"] == "WITHIN-BOUND" and got[other] == {c["case_id"]: c for c in before["cases"]}[other]
     assert after["env"]["rerun"]["rerun_cases"] == [CASE]
     assert after["totals"]["FAIL"] == 0 and after["totals"]["cases"] == len(before["cases"])
-    assert "FAIL cases of the run of" in (second / "summary.md").read_text()
+    md = (second / "summary.md").read_text()
+    assert "FAIL cases of the run of" in md
+    assert f"s to rerun its 1 FAIL cases (1 worker process): `{CASE}`" in md
 
 
 def test_rerun_failed_refuses_other_sources(tmp_path, monkeypatch, capsys):
