@@ -34,7 +34,9 @@ __all__ = [
 #: Kernel paths of this slice (``flint_moe.conformance.paths.PATHS`` keys). A path's name starts with the
 #: stored weight format it reads (``nvfp4_`` -> ``FlintMoEWeights``, ``bf16_`` -> the TRT-LLM BF16 layout).
 #: ``nvfp4_grouped`` (issue 6): ``flint_moe.ops.flint_moe_grouped`` on both sides of DECODE_MAX_TOKENS.
-PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module")
+#: ``bf16_module`` (issue 6): ``modules.FlintBf16DecodeMoE`` over the case's TRT-LLM-layout BF16 layer (read in
+#: place), forward with the shared output.
+PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module")
 
 #: Data profiles each path supports (docs/CONTRACTS.md "Issue 5"; generators in ``profiles.py``).
 #: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
@@ -53,6 +55,7 @@ PATH_PROFILES["nvfp4_grouped"] = PATH_PROFILES["nvfp4_decode"]  # same weights (
 #: ``nvfp4_module`` (issue 6): ``modules.FlintNvfp4Experts`` loaded from the case's checkpoint-layout tensors
 #: (its loader repacks them), forward with the shared output on both sides of DECODE_MAX_TOKENS.
 PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
+PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
 
 #: Launch configurations a path can pick besides its default (issue 5: "every kernel configuration a path can
 #: pick, not only the default"): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
@@ -74,6 +77,7 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
     },
     "nvfp4_grouped": {"default": {}, "bm64": {"BM": 64}, "bm128": {"BM": 128}},
     "nvfp4_module": {"default": {}},
+    "bf16_module": {"default": {}},
 }
 
 
@@ -251,6 +255,7 @@ def _cpu_matrix() -> list[Case]:
         + [Case.make("bf16_decode", s, m, p) for s, m, p in bf]
         + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
         + [Case.make("nvfp4_module", a, 2, "gaussian"), Case.make("nvfp4_module", c, 9, "modelopt")]
+        + [Case.make("bf16_module", f, 3, "skewed_routing")]
     )
 
 
@@ -320,7 +325,7 @@ _GPU_CONFIG_SHAPES = ("deepseek-v3", "qwen3-30b-a3b")
 
 def _gpu_module_cases() -> list[Case]:
     """``nvfp4_module`` on the core shapes: both sides of DECODE_MAX_TOKENS, skewed routing, a ModelOpt-quantized
-    layer where small enough."""
+    layer where small enough; ``bf16_module`` (decode only) at M = 1, 8 and with skewed routing."""
     cases = []
     for name in GPU_CORE_SHAPES:
         s = _shape(name)
@@ -328,6 +333,8 @@ def _gpu_module_cases() -> list[Case]:
         cases.append(Case.make("nvfp4_module", s, 4, "skewed_routing"))
         if "modelopt" in _profiles_for("nvfp4_module", s):
             cases.append(Case.make("nvfp4_module", s, 2, "modelopt"))
+        cases += [Case.make("bf16_module", s, m, "gaussian") for m in (1, 8)]
+        cases.append(Case.make("bf16_module", s, 4, "skewed_routing"))
     return cases
 
 

@@ -133,6 +133,7 @@ PATH_MODELS: dict[str, SummationModel] = {
     "bf16_decode": FP32_RN,
     "nvfp4_grouped": FP32_TRUNCATE,
     "nvfp4_module": block_model(16),  # modules.FlintNvfp4Experts: decode or grouped by M (expert_models)
+    "bf16_module": FP32_RN,  # modules.FlintBf16DecodeMoE: the BF16 decode kernels
 }
 
 

@@ -314,7 +314,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault("nibble_order_swapped", "gate_acc", "the E2M1 nibble order swapped (high nibble = even element)",
           lambda c, i: _decode_nvfp4(i, nibbles=True), _NV, "weights"),
     Fault("row_shuffle_missing", "gate_acc", "the TRT-LLM row shuffle missing (BF16 layout, w13 and w2)",
-          lambda c, i: _decode_bf16(i, shuffle=False), ("bf16_decode",), "weights"),
+          lambda c, i: _decode_bf16(i, shuffle=False), ("bf16_decode", "bf16_module"), "weights"),
     Fault("gate_up_swapped", "act", "gate/up swapped (SwiGLU(up, gate))", _act_swapped),
     Fault("act_rounded_twice", "act", "act rounded twice (bf16 of g*r before multiplying by u)", _act_twice),
     Fault("exact_sigmoid", "act", "an exact sigmoid instead of the rcp.approx(ex2.approx) form",

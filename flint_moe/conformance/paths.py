@@ -96,6 +96,23 @@ def _nvfp4_module(inputs, counter, taps):
 _MODULE: dict = {}
 
 
+def _bf16_module(inputs, counter, taps):
+    from flint_moe.modules import FlintBf16DecodeMoE
+
+    k = _top_k(inputs)
+    g1, g2, _maps = inputs.stored
+    E, H, two_i = g1.shape[0], g1.shape[1] * 64, g1.shape[2]
+    hit = _BF16_MODULE.get("entry")
+    # the module builds its own row maps and keeps its own route counter; the layer's weights are read in place
+    if hit is None or hit[0] is not g1 or hit[1] != k:
+        _BF16_MODULE.clear()
+        _BF16_MODULE["entry"] = (g1, k, FlintBf16DecodeMoE(E, H, two_i // 2, k, device=inputs.x.device))
+    return _BF16_MODULE["entry"][2](inputs.x, inputs.router_weight, (g1, g2), inputs.shared, taps=taps)
+
+
+_BF16_MODULE: dict = {}
+
+
 def _top_k(inputs) -> int:
     try:
         return int(inputs.notes["top_k"])
@@ -111,6 +128,7 @@ def _build() -> dict[str, KernelPath]:
         "bf16_decode": KernelPath("bf16_decode", DECODE_BF16_MAX_TOKENS, "bf16", _bf16),
         "nvfp4_grouped": KernelPath("nvfp4_grouped", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_grouped),
         "nvfp4_module": KernelPath("nvfp4_module", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_module),
+        "bf16_module": KernelPath("bf16_module", DECODE_BF16_MAX_TOKENS, "bf16", _bf16_module),
     }
 
 

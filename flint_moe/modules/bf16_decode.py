@@ -99,6 +99,8 @@ class FlintBf16DecodeMoE(nn.Module):
         router_weight: torch.Tensor,
         routed_experts: nn.Module | tuple[torch.Tensor, torch.Tensor],
         shared: torch.Tensor | nn.Module,
+        *,
+        taps: dict | None = None,
     ) -> torch.Tensor:
         """bf16 [M, H]: routed experts (BF16 rule) + shared expert.
 
@@ -107,6 +109,8 @@ class FlintBf16DecodeMoE(nn.Module):
             routed_experts: the TRT-LLM BF16 layer (class docstring).
             shared: bf16 [M, H] shared-expert output, or the shared-expert module (auxiliary CUDA stream with
                 fork/join events, CUDA-graph safe; inline on the CPU).
+            taps: optional dict filled with the kernels' raw accumulators (the op's ``taps``; for the
+                conformance harness).
         Raises:
             TypeError / ValueError naming the tensor (layer shapes, dtypes); NotImplementedError for
             M > DECODE_BF16_MAX_TOKENS (from the op).
@@ -128,7 +132,7 @@ class FlintBf16DecodeMoE(nn.Module):
         out, ready = self._shared.start(shared, hidden_states)
         return flint_moe_bf16_decode(
             hidden_states, router_weight, g1, g2, (self.row_map13, self.row_map2), self.top_k,
-            self.route_counter, out, ready,
+            self.route_counter, out, ready, taps=taps,
         )  # fmt: skip
 
     def extra_repr(self) -> str:

@@ -99,11 +99,11 @@ def test_gpu_matrix_coverage():
 
 
 def test_cpu_matrix_divisibility():
-    assert 12 <= len(CPU) <= 28 and {c.path for c in CPU} == set(PATH_NAMES)
+    assert 12 <= len(CPU) <= 30 and {c.path for c in CPU} == set(PATH_NAMES)  # cpu profile: 5-minute budget
     pow2 = lambda n: n & (n - 1) == 0  # noqa: E731
     for c in CPU:
         assert not pow2(c.E) and not pow2(c.H) and not pow2(c.k), c.id
-        assert c.H % (64 if c.path == "bf16_decode" else 32) == 0
+        assert c.H % (64 if c.path.startswith("bf16_") else 32) == 0
         assert c.Ip % 64 == 0
     assert any(c.pad_to for c in CPU if c.path == "nvfp4_decode")
     assert any(c.pad_to for c in CPU if c.path == "bf16_decode")

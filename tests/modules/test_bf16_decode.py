@@ -55,6 +55,17 @@ def test_forward_equals_op_without_copy() -> None:
         for layer in (_Layer(g1, g2), flat, (g1, g2)):
             assert _same(mod(x, router, layer, shared), ref)
         assert _same(mod(x, router, flat, shared_lin), ref)  # shared module, run inline on the CPU
+    # taps (for the conformance harness's bf16_module path): the op's raw accumulators, same output
+    taps_mod, taps_op = {}, {}
+    with torch.no_grad():
+        out = FlintBf16DecodeMoE(E, H, I, K)(x, router, (g1, g2), shared, taps=taps_mod)
+        flint_moe_bf16_decode(x, router, g1, g2, trtllm_bf16_row_maps(H, I), K, make_route_counter(), shared,
+                              taps=taps_op)  # fmt: skip
+    assert _same(out, ref) and taps_op and sorted(taps_mod) == sorted(taps_op)
+    for name, t in taps_op.items():
+        u = taps_mod[name]
+        assert isinstance(t, torch.Tensor) and u.shape == t.shape and u.dtype == t.dtype
+        assert torch.equal(u.view(torch.uint8), t.view(torch.uint8)), name
     v1, v2 = trtllm_bf16_views(flat.w13_weight.data, flat.w2_weight.data, E, H, I)
     assert v1.data_ptr() == g1.data_ptr() and v2.data_ptr() == g2.data_ptr()  # views, no copy
     assert v1.shape == (E, H // 64, 2 * I, 64) and v2.shape == (E, I // 64, H, 64)
