@@ -482,7 +482,8 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
             phases[k] = phases.get(k, 0.0) + float(v)
     if env.get("run_seconds") is not None:
         jobs = env.get("jobs") or 1
-        line = (f"Wall time: {env['run_seconds']} s (cases and mutation self-test; {jobs} worker process"
+        what = "cases and mutation self-test" if mutation else "cases"
+        line = (f"Wall time: {env['run_seconds']} s ({what}; {jobs} worker process"
                 f"{'es' if jobs != 1 else ''} on the device)")  # fmt: skip
         rr = env.get("rerun")
         if isinstance(rr, dict):
