@@ -149,7 +149,8 @@ def source_digest(root: Path | str | None = None, dirs=DIGEST_DIRS) -> dict:
 
 
 class Freshness:
-    """Outcome of :func:`check_report`: ``status`` ("CURRENT" | "STALE" | "MISSING"), ``line`` (the loud
+    """Outcome of :func:`check_report`: ``status`` ("CURRENT" | "STALE" | "MISSING" | "NOT-EVIDENCE": the
+    sources match but the report is not a complete, unfiltered gpu-profile GPU run with 0 FAIL), ``line`` (the loud
     one-line message), ``changed`` / ``added`` / ``removed`` (relative paths vs the report's digest)."""
 
     def __init__(self, status: str, line: str, changed=(), added=(), removed=()):
@@ -196,6 +197,47 @@ def _names(paths: list[str]) -> str:
     return shown + (f" and {len(paths) - MAX_NAMED} more" if len(paths) > MAX_NAMED else "")
 
 
+def _not_evidence(env: dict, totals: dict | None) -> list[str]:
+    """Why a report of the current sources still is not the GPU evidence (fields a report lacks are not held
+    against it): not run on a GPU, another profile, filtered, incomplete, or with FAIL cases."""
+    why = []
+    if "gpu" in env and not env["gpu"]:
+        why.append("not run on a GPU")
+    if env.get("profile") not in (None, "gpu"):
+        why.append(f"profile {env['profile']!r}")
+    if env.get("filters"):
+        why.append("filtered (" + ", ".join(map(str, env["filters"])) + ")")
+    if env.get("checkpoint"):
+        why.append(f"a checkpoint run ({env['checkpoint']})")
+    if env.get("incomplete"):
+        why.append("incomplete")
+    if isinstance(totals, dict) and totals.get("FAIL"):
+        why.append(f"{totals['FAIL']} FAIL")
+    return why
+
+
+def _coverage(data: dict) -> str:
+    """``"; not run on the GPU: <path> x<n>, ... (of N gpu cases)"`` for the gpu-profile cases missing from the
+    report (the matrix grew since it ran), or "" (also without torch: this module stays standard library)."""
+    if (data.get("env") or {}).get("profile") != "gpu" or not isinstance(data.get("cases"), list):
+        return ""
+    try:
+        from flint_moe.conformance.cases import matrix
+    except ImportError:
+        return ""
+    have = {c.get("case_id") for c in data["cases"] if isinstance(c, dict)}
+    want = matrix("gpu")
+    missing: dict[str, int] = {}
+    for c in want:
+        if c.id not in have:
+            missing[c.path] = missing.get(c.path, 0) + 1
+    if not missing:
+        return ""
+    return (
+        "; not run on the GPU: " + ", ".join(f"{p} x{n}" for p, n in missing.items()) + f" (of {len(want)} gpu cases)"
+    )
+
+
 def check_report(report: Path | str | dict | None = None, current: dict | None = None) -> Freshness:
     """Is the GPU report ``report`` (a report.json path, a report directory, or its loaded dict; default
     :data:`DEFAULT_GPU_REPORT` under the repository root) current for the sources digested by ``current``
@@ -239,8 +281,16 @@ def check_report(report: Path | str | dict | None = None, current: dict | None =
     added = sorted(new.keys() - old.keys())
     removed = sorted(old.keys() - new.keys())
     if not (changed or added or removed) and dig.get("digest") == cur["digest"]:
+        why = _not_evidence(env, totals)
+        if why:
+            return Freshness(
+                "NOT-EVIDENCE",
+                f"GPU REPORT NOT EVIDENCE ({'; '.join(why)}: only a complete, unfiltered gpu-profile run on a GPU "
+                f"with 0 FAIL is; {_stamp(env, dig, totals)}; sources unchanged)",
+            )
         return Freshness(
-            "CURRENT", f"GPU REPORT CURRENT ({_stamp(env, dig, totals)}; {len(new)} source files unchanged)"
+            "CURRENT",
+            f"GPU REPORT CURRENT ({_stamp(env, dig, totals)}; {len(new)} source files unchanged{_coverage(data)})",
         )
     what = [f"{f} changed" for f in changed] + [f"{f} added" for f in added] + [f"{f} removed" for f in removed]
     return Freshness(

@@ -96,7 +96,8 @@ def test_gpu_run_is_its_own_evidence(tmp_path, fake_run, monkeypatch, capsys):
     monkeypatch.setattr(cli, "environment", lambda: dict(env, gpu="NVIDIA H200", backend="triton-cuda (NVIDIA H200)"))
     assert cli.main(_argv(tmp_path, "--no-html", "--gpu-report", str(tmp_path / "none.json"))) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("GPU REPORT CURRENT (this GPU run: commit ") and "1 cases (cpu profile), 0 FAIL" in last
+    # a GPU run is judged by itself, and a filtered cpu-profile run is not the evidence
+    assert last.startswith("GPU REPORT NOT EVIDENCE (profile 'cpu'; filtered (") and "1 cases (cpu profile)" in last
 
 
 def test_mutation_flag_puts_the_kill_rate_in_the_report(tmp_path, fake_run, monkeypatch, capsys):

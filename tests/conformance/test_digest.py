@@ -199,3 +199,33 @@ def test_canonical_text_is_python_version_stable():
     got = hashlib.sha256(dg.normalized_source(VERSIONED).encode()).hexdigest()
     assert got == "bd84aef8a290ed7d8786a2890711fbe758c36d82b33cb6b089002b70260930cd"
     assert dg.ALGORITHM == "sha256/ast-canonical-v2"
+
+
+def test_report_of_current_sources_that_is_not_the_evidence(tmp_path):
+    cur = _tree(tmp_path / "t", BASE)
+    full = {"source_digest": cur, "profile": "gpu", "gpu": "NVIDIA H200", "filters": []}
+    assert dg.check_report({"env": full, "totals": {"FAIL": 0}}, current=cur).status == "CURRENT"
+    for change, why in (
+        ({"gpu": None, "profile": "cpu"}, "not run on a GPU; profile 'cpu'"),
+        ({"filters": ["bf16"]}, "filtered (bf16)"),
+        ({"incomplete": "stopped by SIGTERM after 3 of 9 selected cases"}, "incomplete"),
+    ):
+        f = dg.check_report({"env": dict(full, **change), "totals": {"FAIL": 0}}, current=cur)
+        assert f.status == "NOT-EVIDENCE" and not f.current
+        assert f.line.startswith(f"GPU REPORT NOT EVIDENCE ({why}: only a complete, unfiltered gpu-profile run")
+    f = dg.check_report({"env": full, "totals": {"FAIL": 2}}, current=cur)
+    assert f.status == "NOT-EVIDENCE" and f.line.startswith("GPU REPORT NOT EVIDENCE (2 FAIL:")
+
+
+def test_current_line_names_gpu_cases_the_report_lacks():
+    from flint_moe.conformance.cases import matrix
+
+    cur = dg.source_digest()
+    cases = matrix("gpu")
+    env = {"source_digest": cur, "profile": "gpu", "gpu": "NVIDIA H200"}
+    every = {"env": env, "totals": {"FAIL": 0}, "cases": [{"case_id": c.id} for c in cases]}
+    assert "not run on the GPU" not in dg.check_report(every, current=cur).line
+    lacking = dict(every, cases=[{"case_id": c.id} for c in cases if c.path != "bf16_module"])
+    n = sum(c.path == "bf16_module" for c in cases)
+    line = dg.check_report(lacking, current=cur).line
+    assert line.endswith(f"; not run on the GPU: bf16_module x{n} (of {len(cases)} gpu cases))")
