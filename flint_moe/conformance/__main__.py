@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--jobs",
         default="auto",
-        metavar="N",
+        metavar="N|auto",
         help="worker processes sharing the device (conformance/parallel.py; a case is mostly host work, so N "
         "workers on one GPU run the matrix ~N times faster); auto = half the cores up to 8 with CUDA, 1 without",
     )
@@ -269,12 +269,19 @@ def main(argv: list[str] | None = None) -> int:
     if profile == "auto":
         profile = "gpu" if torch.cuda.is_available() else "cpu"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.jobs != "auto" and not (args.jobs.isdigit() and int(args.jobs) >= 1):
+        print(f"--jobs: expected a positive integer or auto, got {args.jobs!r}", file=sys.stderr)
+        return 2
     given_inputs = None
     if args.checkpoint is not None or args.layer is not None:
         if args.checkpoint is None or args.layer is None:
             print("--checkpoint and --layer go together", file=sys.stderr)
             return 2
-        cases, given_inputs = checkpoint_selection(args.checkpoint, args.layer, profile, args.filter, device)
+        try:
+            cases, given_inputs = checkpoint_selection(args.checkpoint, args.layer, profile, args.filter, device)
+        except (FileNotFoundError, ValueError, KeyError) as e:
+            print(f"--checkpoint {args.checkpoint} --layer {args.layer}: {e}", file=sys.stderr)
+            return 2
     else:
         cases = select(profile, args.filter)
     prev = None
@@ -294,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         profile = (prev.get("env") or {}).get("profile") or profile
         failed = {c["case_id"] for c in prev["cases"] if c.get("verdict") == "FAIL"}
+        if not failed:
+            print(f"--rerun-failed {args.rerun_failed}: the report has no FAIL case, nothing to rerun")
+            return 0
         from flint_moe.conformance.cases import matrix as _matrix
 
         cases = [c for c in _matrix(profile) if c.id in failed and all(f in c.id for f in args.filter)]
@@ -343,13 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         env["checkpoint"] = f"{args.checkpoint} layer {args.layer}"
     from flint_moe.conformance.parallel import default_jobs, run_parallel
 
-    try:
-        jobs = default_jobs(device.type) if args.jobs == "auto" else int(args.jobs)
-        if jobs < 1:
-            raise ValueError
-    except ValueError:
-        console.print(f"[red]--jobs: expected a positive integer or auto, got {args.jobs!r}[/]")
-        return 2
+    jobs = default_jobs(device.type) if args.jobs == "auto" else int(args.jobs)  # validated above
     if given_inputs is not None:
         jobs = 1  # checkpoint layers are loaded in this process
     want_mutation = (profile == "gpu") if args.mutation is None else args.mutation
@@ -410,10 +414,15 @@ def main(argv: list[str] | None = None) -> int:
         console.print(mutation_line(mutation))
     if diff is not None:
         worse = sum(v["direction"] == "worse" for v in diff["verdict_changes"])
+        n_cmp = diff.get("cases_compared")
         console.print(
-            f"vs baseline {diff['other']}: {len(diff['verdict_changes'])} verdict changes ({worse} worse), "
+            f"vs baseline {diff['other']}: {n_cmp if n_cmp is not None else '?'} cases compared, "
+            f"{len(diff['verdict_changes'])} verdict changes ({worse} worse), "
             f"{len(diff['digest_changes'])} output digests changed"
         )
+        if not n_cmp:
+            console.print(f"[bold yellow]no case of this run is in the baseline {diff['other']} (another profile "
+                          "or filter?): nothing was compared[/]")  # fmt: skip
     console.print(f"{len(results)} cases, {n_fail} FAIL; report: {', '.join(str(p) for p in paths.values())}")
     style = "bold green" if fresh.current else "bold yellow"
     console.print(f"[{style}]{fresh.line}[/]", highlight=False, soft_wrap=True)  # one line, never wrapped

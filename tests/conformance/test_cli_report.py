@@ -172,3 +172,36 @@ def test_rerun_failed_refuses_other_sources(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
     assert cli.main(["--rerun-failed", str(rep), "--out", str(tmp_path / "o")]) == 2
     assert "not the current sources" in capsys.readouterr().err
+
+
+def test_cli_refusals_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    assert cli.main(["--profile", "cpu", "--jobs", "abc", "--out", str(tmp_path / "o")]) == 2
+    assert cli.main(["--profile", "cpu", "--jobs", "0", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "--jobs: expected a positive integer or auto, got 'abc'" in err and "got '0'" in err
+    assert cli.main(["--checkpoint", str(tmp_path / "nothing"), "--layer", "3", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"--checkpoint {tmp_path / 'nothing'} --layer 3: ") and "Traceback" not in err
+
+
+def test_rerun_failed_without_fails_says_so(tmp_path, fake_run, monkeypatch, capsys):
+    from flint_moe.conformance import digest
+
+    fixed = source_digest()
+    monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)
+    assert cli.main(_argv(tmp_path, "--no-html")) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    assert cli.main(["--rerun-failed", str(tmp_path / "out"), "--out", str(tmp_path / "o2")]) == 0
+    assert "the report has no FAIL case, nothing to rerun" in capsys.readouterr().out
+
+
+def test_baseline_with_no_common_case_is_said(tmp_path, fake_run, capsys):
+    base = tmp_path / "base"
+    base.mkdir()
+    other = {"schema": "x", "env": {}, "cases": [{"case_id": "bf16_decode/x/M1/gaussian/s0", "verdict": "EXACT"}]}
+    (base / "report.json").write_text(json.dumps(other))
+    assert cli.main(_argv(tmp_path, "--no-html", "--baseline", str(base))) == 0
+    out = capsys.readouterr().out
+    assert "0 cases compared" in out and "nothing was compared" in out
