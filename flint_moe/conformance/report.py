@@ -437,7 +437,7 @@ def _run_line(env: dict) -> str:
     """Date, coverage, commit and command of the run (what a reviewer needs to reproduce it)."""
     parts = []
     if env.get("date_utc"):
-        parts.append(f"run {env['date_utc']}")
+        parts.append(str(env["date_utc"]))
     if env.get("cases_run"):
         parts.append(f"cases {env['cases_run']} of profile `{env.get('profile', '?')}`")
     parts.append(f"commit `{env.get('git_commit') or 'unknown'}`")

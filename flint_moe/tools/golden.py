@@ -4,8 +4,9 @@
 
 NVFP4 codes and E4M3 block scales are synthesised directly (a bf16 stack of a DeepSeek-V3 layer does not fit
 in memory): random E2M1 codes, block scales drawn from the E4M3 binades a ModelOpt checkpoint uses for
-N(0, 0.02) weights, and per-expert global scales near ``amax / (6 * 448)``. This is the main job until the
-conformance harness lands (issue 5).
+N(0, 0.02) weights, and per-expert global scales near ``amax / (6 * 448)``. A look at the golden model alone;
+the main job is the conformance harness (``nox -s conformance``). A DeepSeek-V3 layer needs ~10 GB of memory:
+``--model qwen3-30b-a3b`` is a small one.
 """
 
 from __future__ import annotations
@@ -53,23 +54,23 @@ def synthesize_nvfp4_experts(shape: MoEShape, generator: torch.Generator, device
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flint_moe.tools.golden", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="deepseek-v3", choices=sorted(MODEL_SHAPES))
+    parser.add_argument("--model", default="deepseek-v3", choices=sorted(MODEL_SHAPES),
+                        help="real layer shape (default deepseek-v3: ~10 GB of memory)")  # fmt: skip
     parser.add_argument("--tokens", type=int, default=4, help="M, the number of tokens (decode: a few)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthesised weights and tokens")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the golden model runs")
     args = parser.parse_args(argv)
     if args.tokens < 1:
         parser.error("--tokens must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here (use --device cpu)")
 
     shape = MODEL_SHAPES[args.model]
     console = Console(width=140)
     gen = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
     experts = synthesize_nvfp4_experts(shape, gen, args.device)
-    nbytes = sum(
-        t.numel() * t.element_size()
-        for t in (experts.w13, experts.w13_scale, experts.w2, experts.w2_scale)
-    )
+    nbytes = sum(t.numel() * t.element_size() for t in (experts.w13, experts.w13_scale, experts.w2, experts.w2_scale))
     router_weight = (torch.randn(shape.num_experts, shape.hidden, generator=gen) * 0.02).to(torch.bfloat16)
     x = torch.randn(args.tokens, shape.hidden, generator=gen).to(torch.bfloat16)
     shared = (torch.randn(args.tokens, shape.hidden, generator=gen) * 0.1).to(torch.bfloat16)
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(*(str(v) for v in row))
     console.print(table)
     console.print(
-        f"synthesised {nbytes / 1e9:.2f} GB of NVFP4 codes + scales in {t1 - t0:.1f} s; "
-        f"golden model {t2 - t1:.1f} s"
+        f"synthesised {nbytes / 1e9:.2f} GB of NVFP4 codes + scales in {t1 - t0:.1f} s; golden model {t2 - t1:.1f} s"
     )
     console.print(f"ids[0] = {result.ids[0].tolist()}  routing weights[0] = {result.weights[0].tolist()}")
     return 0

@@ -34,4 +34,4 @@ def test_summary_has_the_run_line():
         "command": "python -m flint_moe.conformance --profile cpu",
     }
     text = summary_markdown([], env)
-    assert "Run: run 2026-11-29T00:00:00+00:00; cases 1 of 20 of profile `cpu`; commit `abc123`; command " in text
+    assert "Run: 2026-11-29T00:00:00+00:00; cases 1 of 20 of profile `cpu`; commit `abc123`; command " in text

@@ -74,4 +74,5 @@ def test_worker_index():
 
 
 def test_matrix_is_collected():
-    assert CASE_IDS and all(Case.from_id(i).id == i for i in CASE_IDS)
+    assert CASE_IDS, "no case selected: check FLINT_CONFORMANCE_PROFILE / FLINT_CONFORMANCE_FILTER"
+    assert all(Case.from_id(i).id == i for i in CASE_IDS)

@@ -68,7 +68,7 @@ def test_header_lines_in_order():
     lines = md.splitlines()
     assert lines[0] == "# flint-moe conformance" and lines[2].startswith("**Backend: triton-interpreter (CPU).**")
     assert lines[4] == (
-        "Run: run 2026-11-29T20:00:00+00:00; cases 5 of 20 of profile `cpu`; commit `abc123`; sources "
+        "Run: 2026-11-29T20:00:00+00:00; cases 5 of 20 of profile `cpu`; commit `abc123`; sources "
         "`0123456789ab`; command `python -m flint_moe.conformance`."
     )
     assert lines[6] == f"**{FRESH['line']}**"
