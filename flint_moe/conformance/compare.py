@@ -973,62 +973,78 @@ def end_to_end_taps(
     if "ids" not in missing and bool(((t["ids"] < 0) | (t["ids"] >= router_w.shape[0])).any()):
         missing.append("ids")
     lo, hi = logit_intervals(racc)
-    w2nz: dict[int, torch.Tensor] = {}
-    for m in torch.nonzero(diff.any(dim=1)).flatten().tolist():
-        if missing:
+    rows_d = diff.any(dim=1)
+    if missing:
+        for m in torch.nonzero(rows_d).flatten().tolist():
             why[m] = f"taps {missing} unusable: not traced"
-            continue
+        return _e2e_result("taps", out, gold["out"], diff, expl, cause, why)
+    kids = t["ids"].long()
+    ids_eq = (kids == gold["ids"].long()).all(dim=1)
+    w_eq = _bits_equal(t["weights"], gold["weights"]).all(dim=1)
+    # rows whose routing differs (few): traced one by one
+    for m in torch.nonzero(rows_d & ~(ids_eq & w_eq)).flatten().tolist():
         kid = t["ids"][m]
-        if not torch.equal(kid, gold["ids"][m]):
+        if not bool(ids_eq[m]):
             ok, pair = routing_explained(kid, gold["logits"][m], lo[m], hi[m])
             if ok:
                 expl[m], cause[m] = diff[m], CAUSES.index("routing")
             else:
                 why[m] = f"top-k differs between experts {pair} whose logit intervals do not overlap"
             continue
-        if not bool(_bits_equal(t["weights"][m], gold["weights"][m]).all()):
-            sel = kid.long()
-            if not bool(_bits_equal(t["logits"][m, sel], gold["logits"][m, sel]).all()):
-                expl[m], cause[m] = diff[m], CAUSES.index("router_acc")
-            else:
-                why[m] = "routing weights differ although the selected logits agree"
-            continue
-        y_ok = torch.zeros(H, dtype=torch.bool, device=dev)
-        y_bad = torch.zeros_like(y_ok)
-        c_row = torch.full((H,), -1, dtype=torch.long, device=dev)
-        for j in range(k):
-            y_diff = ~_bits_equal(t["y"][m, j], gold["y"][m, j])
-            if not bool(y_diff.any()):
-                continue
-            e = int(kid[j])
-            d_diff = ~_bits_equal(t["down_acc"][m, j], gold["down_acc"][m, j])
-            reach_ok = torch.zeros_like(y_ok)
-            reach_bad = torch.zeros_like(y_ok)
-            a_tap, g_tap, u_tap = t["act"], t["gate_acc"], t["up_acc"]
-            if _usable(a_tap, a_tap.shape if isinstance(a_tap, torch.Tensor) else (), torch.bfloat16) and (
-                a_tap.dim() == 3 and a_tap.shape[-1] >= I
-            ):
-                a_diff = ~_bits_equal(a_tap[m, j, :I], gold["act"][m, j])
-                if bool(a_diff.any()):
-                    acc_diff = torch.ones_like(a_diff)
-                    if isinstance(g_tap, torch.Tensor) and isinstance(u_tap, torch.Tensor):
-                        acc_diff = ~_bits_equal(g_tap[m, j, :I], gold["gate_acc"][m, j]) | ~_bits_equal(
-                            u_tap[m, j, :I], gold["up_acc"][m, j]
-                        )
-                    if e not in w2nz:
-                        w2nz[e] = _w2_nonzero(path, wl, e, dev)
-                    reach_ok = w2nz[e][:, a_diff & acc_diff].any(dim=1)
-                    reach_bad = w2nz[e][:, a_diff & ~acc_diff].any(dim=1)
-            ok_j = y_diff & d_diff & ~reach_bad
-            y_ok |= ok_j
-            y_bad |= y_diff & ~ok_j
-            c_j = torch.where(reach_ok, CAUSES.index("gate_up_acc"), CAUSES.index("down_acc"))
-            c_row = torch.where((c_row < 0) & ok_j, c_j, c_row)
-        row_ok = diff[m] & y_ok & ~y_bad
-        expl[m], cause[m] = row_ok, torch.where(row_ok, c_row, -1)
-        if bool((diff[m] & ~row_ok).any()):
-            why[m] = "output differs where no upstream accumulation difference reaches it"
+        sel = kid.long()
+        if not bool(_bits_equal(t["logits"][m, sel], gold["logits"][m, sel]).all()):
+            expl[m], cause[m] = diff[m], CAUSES.index("router_acc")
+        else:
+            why[m] = "routing weights differ although the selected logits agree"
+    # rows with the same routing: every (token, slot, h) at once (a loop over rows would synchronise the
+    # device several times per row: thousands of times for a large batch)
+    same = rows_d & ids_eq & w_eq
+    y_diff = ~_bits_equal(t["y"], gold["y"]) & same[:, None, None]  # [M, k, H]
+    d_diff = ~_bits_equal(t["down_acc"], gold["down_acc"])
+    reach_ok, reach_bad = _act_reach(path, wl, t, gold, kids, y_diff.any(dim=2), M, k, H, I, dev)
+    ok = y_diff & d_diff & ~reach_bad  # a differing y explained by its own down_acc difference
+    y_ok, y_bad = ok.any(dim=1), (y_diff & ~ok).any(dim=1)
+    c_row = torch.full((M, H), -1, dtype=torch.long, device=dev)
+    gu_c, dn_c = CAUSES.index("gate_up_acc"), CAUSES.index("down_acc")
+    for j in range(k):  # the first slot that explains an element names its cause
+        c_j = torch.where(reach_ok[:, j], gu_c, dn_c)
+        c_row = torch.where((c_row < 0) & ok[:, j], c_j, c_row)
+    row_ok = diff & y_ok & ~y_bad
+    expl = torch.where(same[:, None], row_ok, expl)
+    cause = torch.where(same[:, None], torch.where(row_ok, c_row, -1), cause)
+    for m in torch.nonzero(same & (diff & ~row_ok).any(dim=1)).flatten().tolist():
+        why[m] = "output differs where no upstream accumulation difference reaches it"
     return _e2e_result("taps", out, gold["out"], diff, expl, cause, why)
+
+
+def _act_reach(path, wl, t, gold, kids, slots, M, k, H, I, dev):  # noqa: E741
+    """(reach_ok, reach_bad) bool [M, k, H] for the (token, slot) pairs ``slots`` [M, k]: whether an ``act``
+    difference at (m, j, i) reaches output h through a non-zero ``W2[h, i]`` of the pair's expert, with the
+    gate/up accumulators differing there too (ok: explained upstream) or not (bad). One product per expert
+    over its pairs; all False where the act / gate / up taps are unusable."""
+    reach_ok = torch.zeros((M, k, H), dtype=torch.bool, device=dev)
+    reach_bad = torch.zeros_like(reach_ok)
+    a_tap, g_tap, u_tap = t["act"], t["gate_acc"], t["up_acc"]
+    if not (isinstance(a_tap, torch.Tensor) and a_tap.dtype == torch.bfloat16 and a_tap.dim() == 3
+            and tuple(a_tap.shape[:2]) == (M, k) and a_tap.shape[-1] >= I):  # fmt: skip
+        return reach_ok, reach_bad
+    a_diff = ~_bits_equal(a_tap[:, :, :I], gold["act"]) & slots[:, :, None]
+    acc_diff = torch.ones_like(a_diff)
+    if all(isinstance(g, torch.Tensor) and g.dim() == 3 and tuple(g.shape[:2]) == (M, k) and g.shape[-1] >= I
+           for g in (g_tap, u_tap)):  # fmt: skip
+        acc_diff = ~_bits_equal(g_tap[:, :, :I], gold["gate_acc"]) | ~_bits_equal(u_tap[:, :, :I], gold["up_acc"])
+    pm, pj = torch.nonzero(a_diff.any(dim=2), as_tuple=True)
+    if pm.numel() == 0:
+        return reach_ok, reach_bad
+    pe = kids[pm, pj]
+    for e in torch.unique(pe).tolist():
+        sel = pe == e
+        m_e, j_e = pm[sel], pj[sel]
+        w = _w2_nonzero(path, wl, e, dev).to(torch.float32)  # [H, I]; counts below 2^24 are exact
+        a_e, c_e = a_diff[m_e, j_e].to(torch.float32), acc_diff[m_e, j_e].to(torch.float32)
+        reach_ok[m_e, j_e] = (a_e * c_e) @ w.T > 0
+        reach_bad[m_e, j_e] = (a_e * (1.0 - c_e)) @ w.T > 0
+    return reach_ok, reach_bad
 
 
 def _e2e_result(mode, out, gold_out, diff, expl, cause, why: dict, lo=None, hi=None, note="") -> EndToEndResult:
