@@ -51,8 +51,9 @@ INTERPRETER_BACKEND = "triton-interpreter (CPU): bit-exactness NOT claimed"
 
 
 def environment() -> dict:
-    """Run environment for the report: backend, gpu, driver, cuda, torch, triton, python, git commit (or None)
-    and the source digest of the kernels and the golden model (``digest.source_digest``)."""
+    """Run environment for the report: backend, gpu, driver, cuda, torch, triton, python, git commit (or None),
+    the tracked files modified in the checkout (``git_dirty``) and the source digest of the kernels and the
+    golden model (``digest.source_digest``)."""
     import triton
 
     from flint_moe.conformance.digest import source_digest
@@ -67,6 +68,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "git_commit": os.environ.get("FLINT_GIT_COMMIT") or _git_commit(),
+        "git_dirty": _git_dirty(),
         "driver": _driver() if cuda else None,
         "source_digest": source_digest(),
     }
@@ -80,6 +82,18 @@ def _driver() -> str | None:
             capture_output=True, text=True, timeout=20,
         )  # fmt: skip
         return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _git_dirty() -> list[str] | None:
+    """Tracked files modified in the checkout (the sources then differ from ``git_commit``; the source digest
+    is what counts), [] for a clean one, None without git (e.g. a ``git archive`` snapshot)."""
+    try:
+        root = Path(__file__).resolve().parents[2]
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                           text=True, timeout=10)  # fmt: skip
+        return sorted(ln[3:] for ln in r.stdout.splitlines() if ln.strip()) if r.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
 

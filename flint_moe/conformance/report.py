@@ -440,7 +440,9 @@ def _run_line(env: dict) -> str:
         parts.append(str(env["date_utc"]))
     if env.get("cases_run"):
         parts.append(f"cases {env['cases_run']} of profile `{env.get('profile', '?')}`")
-    parts.append(f"commit `{env.get('git_commit') or 'unknown'}`")
+    dirty = env.get("git_dirty")
+    parts.append(f"commit `{env.get('git_commit') or 'unknown'}`" + (f" plus local changes to {len(dirty)} files"
+                                                                      if dirty else ""))  # fmt: skip
     sd = env.get("source_digest")
     if isinstance(sd, dict) and sd.get("digest"):
         parts.append(f"sources `{sd['digest'][:12]}`")

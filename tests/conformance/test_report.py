@@ -181,3 +181,12 @@ def test_mutation_line_all_caught_and_untested():
         "catalogued fault caught. Catalogued faults without a mutation: nibble_swap."
     )
     assert rp.mutation_line(None) is None
+
+
+def test_run_line_says_when_the_checkout_had_local_changes():
+    from flint_moe.conformance.report import _run_line
+
+    line = _run_line({"git_commit": "abc123", "git_dirty": ["a", "b"]})
+    assert "commit `abc123` plus local changes to 2 files" in line
+    assert "local changes" not in _run_line({"git_commit": "abc123", "git_dirty": []})
+    assert "local changes" not in _run_line({"git_commit": "abc123", "git_dirty": None})
