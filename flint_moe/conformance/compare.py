@@ -705,19 +705,60 @@ def _pad_cols(acc: Accumulation, width: int) -> Accumulation:
     )  # fmt: skip
 
 
-def _gate_up_rows(cache: dict, e: int, tokens: torch.Tensor, compute) -> Accumulation:
-    """Golden gate/up Accumulation [len(tokens), 2I] of expert ``e`` for the (sorted, unique) ``tokens``:
-    from ``cache["gu"][e] = (cached tokens, Accumulation)`` when it covers them, else computed (``compute(
-    tokens)``) and cached. Rows are independent, so a subset gives the same values as all M tokens."""
+class _Pairs:
+    """A routing ``ids`` [M, k] grouped by expert on the host, from one device read (a per-expert
+    ``nonzero`` / ``unique`` / ``tolist`` on the device would synchronise several times per expert).
+
+    ``experts``: the distinct ids, ascending. Per expert e: ``tokens[e]``, ``slots[e]`` (device int64, the
+    pairs in row-major order, as ``torch.nonzero(ids == e, as_tuple=True)``), ``uniq[e]`` (device, ascending
+    distinct tokens), ``inv[e]`` (device, each pair's index into ``uniq[e]``), ``pairs[e]`` (host list of
+    (token, slot)), ``uniq_host[e]`` (host tuple). The device tensors are views of one host-to-device copy."""
+
+    def __init__(self, ids: torch.Tensor, dev: torch.device):
+        import numpy as np
+
+        h = ids.detach().to("cpu", torch.int64).numpy()
+        k = h.shape[1]
+        flat = h.reshape(-1)
+        order = np.argsort(flat, kind="stable")  # within one expert: ascending flat index = row-major
+        vals, starts = np.unique(flat[order], return_index=True)
+        ends = [*starts[1:].tolist(), flat.size]
+        parts, spans, off = [], {}, 0
+        self.pairs: dict[int, list] = {}
+        self.uniq_host: dict[int, tuple] = {}
+        for e, a, b in zip(vals.tolist(), starts.tolist(), ends, strict=True):
+            idx = order[a:b]
+            tok, slot = idx // k, idx % k
+            uq, inv = np.unique(tok, return_inverse=True)
+            spans[e] = (off, len(idx), len(uq))
+            parts += [tok, slot, inv.reshape(-1), uq]
+            off += 3 * len(idx) + len(uq)
+            self.pairs[e] = list(zip(tok.tolist(), slot.tolist(), strict=True))
+            self.uniq_host[e] = tuple(uq.tolist())
+        big = torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(dev) if parts else None
+        self.experts: list[int] = vals.tolist()
+        self.tokens, self.slots, self.inv, self.uniq = {}, {}, {}, {}
+        for e, (o, n, u) in spans.items():
+            self.tokens[e], self.slots[e] = big[o : o + n], big[o + n : o + 2 * n]
+            self.inv[e], self.uniq[e] = big[o + 2 * n : o + 3 * n], big[o + 3 * n : o + 3 * n + u]
+
+
+def _gate_up_rows(cache: dict, e: int, tokens: torch.Tensor, compute, host: tuple) -> Accumulation:
+    """Golden gate/up Accumulation [len(tokens), 2I] of expert ``e`` for the (sorted, unique) ``tokens``
+    (device; ``host``: the same tokens as a host tuple): from ``cache["gu"][e] = (host tokens, Accumulation)``
+    when it covers them, else computed (``compute(tokens)``) and cached. Rows are independent, so a subset
+    gives the same values as all M tokens."""
     gu = cache.setdefault("gu", {})
     hit = gu.get(e)
     if hit is not None:
         have, acc = hit
-        pos = torch.searchsorted(have, tokens).clamp(max=max(have.numel() - 1, 0))
-        if have.numel() and bool((have[pos] == tokens).all()):
-            return acc[pos]
+        if have == host:
+            return acc
+        at = {t: i for i, t in enumerate(have)}
+        if all(t in at for t in host):
+            return acc[torch.tensor([at[t] for t in host], dtype=torch.int64).to(tokens.device)]
     acc = compute(tokens)
-    gu[e] = (tokens, acc)
+    gu[e] = (host, acc)
     return acc
 
 
@@ -736,9 +777,9 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     width = g_tap.shape[-1] if isinstance(g_tap, torch.Tensor) and g_tap.dim() == 3 else I
     if width < I:
         width = I
-    ids_l = ids.to(dev).long()
-    experts = torch.unique(ids_l).tolist()
-    where = {e: torch.nonzero(ids_l == e, as_tuple=True) for e in experts}  # (tokens, slots), row-major
+    routing = _Pairs(ids, dev)
+    experts = routing.experts
+    where = {e: (routing.tokens[e], routing.slots[e]) for e in experts}  # (tokens, slots), row-major
 
     def compute_gu(e):
         def run(tokens):
@@ -754,8 +795,8 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     g_acc, u_acc = _AccBuffer(M, k, dev), _AccBuffer(M, k, dev)  # the golden model's own assembler
     for e in experts:
         tokens, slots = where[e]
-        uniq, inv = torch.unique(tokens, return_inverse=True)
-        acc = _gate_up_rows(cache, e, uniq, compute_gu(e))[inv]
+        uniq, inv = routing.uniq[e], routing.inv[e]
+        acc = _gate_up_rows(cache, e, uniq, compute_gu(e), routing.uniq_host[e])[inv]
         g_acc.put(tokens, slots, acc[..., :I])
         u_acc.put(tokens, slots, acc[..., I:])
     cache.setdefault("down", {})
@@ -794,7 +835,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
             else:
                 acc = down_accumulate_bf16(act_e, w2, model=d_model)
             d_acc.put(tokens, slots, acc)
-            cache["down"][e] = (list(zip(tokens.tolist(), slots.tolist(), strict=True)), act_e, acc)
+            cache["down"][e] = (routing.pairs[e], act_e, acc)
         res["down_acc"] = compare_accumulation("down_acc", d_tap, d_acc.get())
     else:
         res["down_acc"] = StageResult("down_acc", "accumulation", FAIL, note="act tap unusable: not checked")
@@ -887,8 +928,9 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
     dacc = torch.zeros((M, k, H), dtype=torch.float32, device=dev)
     y = torch.zeros((M, k, H), dtype=torch.bfloat16, device=dev)
     downs = cache.get("down", {})
-    for e in torch.unique(ids).tolist():
-        tokens, slots = torch.nonzero(ids == e, as_tuple=True)
+    routing = _Pairs(ids, dev)
+    for e in routing.experts:
+        tokens, slots = routing.tokens[e], routing.slots[e]
 
         def run(rows, e=e):
             w13 = wl.w13[e].to(dev)
@@ -897,15 +939,15 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
                 return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model)
             return gate_up_accumulate_bf16(xs, w13, model=gu_model)
 
-        uniq, inv = torch.unique(tokens, return_inverse=True)
-        r = _gate_up_rows(cache, e, uniq, run).exact.to(torch.float32)[inv]
+        uniq, inv = routing.uniq[e], routing.inv[e]
+        r = _gate_up_rows(cache, e, uniq, run, routing.uniq_host[e]).exact.to(torch.float32)[inv]
         g_e, u_e = r[:, :I].contiguous(), r[:, I:].contiguous()
         if nv:
             gs1 = wl.w13_gs[e : e + 1].to(dev)
             a_e = swiglu(apply_global_scale(g_e, gs1), apply_global_scale(u_e, gs1))
         else:
             a_e = swiglu(g_e, u_e)
-        pairs = list(zip(tokens.tolist(), slots.tolist(), strict=True))
+        pairs = routing.pairs[e]
         prev = downs.get(e)  # the teacher-forced down sums: reuse the rows whose act agrees
         redo = torch.ones(len(pairs), dtype=torch.bool, device=dev)
         dr = torch.empty((len(pairs), H), dtype=torch.float32, device=dev)
