@@ -318,9 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if not failed:
             print(f"--rerun-failed {args.rerun_failed}: the report has no FAIL case, nothing to rerun")
             return 0
-        from flint_moe.conformance.cases import matrix as _matrix
-
-        cases = [c for c in _matrix(profile) if c.id in failed and all(f in c.id for f in args.filter)]
+        cases = [c for c in select(profile, args.filter) if c.id in failed]
     console = Console()
     if not console.is_terminal:  # CI logs, pipes: wide enough for the summary table's case ids
         console = Console(width=max(console.width, 180))

@@ -60,8 +60,7 @@ class Unit:
 
 
 def _params(case) -> int:
-    stored_i = case.I if not case.pad_to else -(-case.I // case.pad_to) * case.pad_to
-    return case.E * 3 * stored_i * case.H
+    return case.E * 3 * case.Ip * case.H  # stored (padded) intermediate size
 
 
 def estimate_bytes(case) -> int:
