@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=8)
     ap.add_argument("--budget", type=float, default=200.0, help="stop starting cases after this many seconds")
     ap.add_argument("--mutation", action="store_true")
+    ap.add_argument("--ids", nargs="*", default=None, help="profile these case ids instead of a stride sample")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -46,7 +47,7 @@ def main() -> None:
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(50)
         (out / "mutation_profile.txt").write_text(s.getvalue())
-    cases = matrix("gpu")[:: a.stride]
+    cases = [c for c in matrix("gpu") if c.id in set(a.ids)] if a.ids else matrix("gpu")[:: a.stride]
     counter = make_route_counter(dev)
     pr = cProfile.Profile()
     for c in cases:
