@@ -55,25 +55,36 @@ def _check_nvfp4(
     return n, k
 
 
-_BYTE_TABLES: dict[tuple, torch.Tensor] = {}
+_CODE_TABLES: dict[tuple, torch.Tensor] = {}
 
 
-def _byte_table(dtype: torch.dtype, device: torch.device, *, absolute: bool = False) -> torch.Tensor:
-    """[256, 2]: the E2M1 values (``absolute``: their magnitudes) of the low (even element) and high nibble of
-    each packed byte; built once per (dtype, device, absolute), read-only (only indexed)."""
+def _code_table(dtype: torch.dtype, device: torch.device, *, absolute: bool = False) -> torch.Tensor:
+    """[16]: the E2M1 value (``absolute``: magnitude) of each code 0..15; built once per (dtype, device,
+    absolute), read-only (only indexed)."""
     key = (dtype, device, absolute)
-    t = _BYTE_TABLES.get(key)
+    t = _CODE_TABLES.get(key)
     if t is None:
         v = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
-        v = v.abs() if absolute else v
-        b = torch.arange(256, device=device)
-        t = _BYTE_TABLES[key] = torch.stack((v[b & 15], v[b >> 4]), dim=1)
+        t = _CODE_TABLES[key] = v.abs() if absolute else v
     return t
 
 
-def _dequant_rows(codes: torch.Tensor, scale: torch.Tensor, start: int, stop: int, dtype) -> torch.Tensor:
+def _unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [r, K/2] packed bytes -> int64 [r, K] E2M1 codes, the low nibble (even element) first."""
+    return torch.stack((packed & 15, packed >> 4), dim=-1).view(packed.shape[0], -1).long()
+
+
+def _decode_codes(codes: torch.Tensor, dtype, *, absolute: bool = False) -> torch.Tensor:
+    """int64 E2M1 codes -> their values in ``dtype`` (exact). ``torch.take`` on the 16-entry table: one
+    elementwise pass (indexing a [256, 2] byte table instead ran CUDA's slice gather, ~2 ms per expert at
+    DeepSeek-V3 sizes: 91% of the conformance harness's device time, scripts/diag_kernel_profile.py)."""
+    return torch.take(_code_table(dtype, codes.device, absolute=absolute), codes)
+
+
+def _dequant_rows(codes: torch.Tensor, scale: torch.Tensor, start: int, stop: int, dtype, unpacked=None):
     rows = codes[start:stop]
-    c = _byte_table(dtype, codes.device)[rows.long()]  # [r, K/2, 2]: unpacked, low nibble first
+    n = _unpack_codes(rows) if unpacked is None else unpacked
+    c = _decode_codes(n, dtype)  # [r, K]
     s = e4m3_to_float(scale_bytes(scale[start:stop])).to(dtype)
     w = c.view(rows.shape[0], -1, BLOCK) * s[:, :, None]  # exact: <= 6 significant bits, in [2^-10, 2688]
     return w.view(rows.shape[0], -1)
@@ -101,8 +112,9 @@ def _nvfp4_accumulate(x, x_name, codes, codes_name, scale, scale_name, model) ->
         # |E2M1| values give the block model's inner partial sums (exact.py, "Overflow").
         s = e4m3_to_float(scale_bytes(scale[i:j])).to(torch.float64).abs()
         s_min = torch.where(s > 0, s, math.inf).amin(dim=1) * 0.5
-        inner = _byte_table(torch.float64, codes.device, absolute=True)[codes[i:j].long()].view(j - i, -1)
-        return _dequant_rows(codes, scale, i, j, torch.float64), True, s_min, inner
+        n = _unpack_codes(codes[i:j])
+        inner = _decode_codes(n, torch.float64, absolute=True)
+        return _dequant_rows(codes, scale, i, j, torch.float64, n), True, s_min, inner
 
     return dot_accumulate_rows(x, rows, n, model=model, narrow_products=True, name=x_name)
 
