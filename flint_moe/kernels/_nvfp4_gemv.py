@@ -58,7 +58,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._common import INTERPRET
+from flint_moe.kernels._common import INTERPRET, gdc_launch_dependents, gdc_wait
 
 __all__ = [
     "decode_e2m1",
@@ -831,6 +831,45 @@ def _pf_drain_4(xptr, acc, carried):
     )
 
 
+def early_wait_ptx(n: int) -> str:
+    """PTX of ``_early_wait_2`` / ``_early_wait_4`` (``EARLY`` 1 of ``mma_gemv``), pack 2: outputs ``$0, $1``
+    (int32 0), inputs ``n`` carried tensors then the opaque zero tensor (2 registers each). Every carried word is
+    xor-ed together, ``and``-ed with the zero and compared with 0; ``griddepcontrol.wait`` runs under the negation
+    of that (always true) predicate, so ptxas cannot sink the weight loads below the wait (without it, it does)."""
+    ins = [f"${2 + i}" for i in range(2 * n)]
+    z = f"${2 + 2 * n}"
+    L = ["{", ".reg .b32 fz;", ".reg .pred pw;", f"xor.b32 fz, {ins[0]}, {ins[1]};"]
+    L += [f"xor.b32 fz, fz, {r};" for r in ins[2:]]
+    L += [f"and.b32 fz, fz, {z};", "setp.ne.b32 pw, fz, 0;", "@!pw griddepcontrol.wait;"]
+    L += ["mov.b32 $0, 0;", "mov.b32 $1, 0;", "}"]
+    return "\n".join(L)
+
+
+_EARLY_WAIT_2 = tl.constexpr(early_wait_ptx(10))
+_EARLY_WAIT_4 = tl.constexpr(early_wait_ptx(20))
+_EARLY_CONS_2 = tl.constexpr(",".join(["=r"] * 2 + ["r"] * 22))
+_EARLY_CONS_4 = tl.constexpr(",".join(["=r"] * 2 + ["r"] * 42))
+
+
+@triton.jit
+def _early_wait_2(carried, zero):
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = carried
+    return tl.inline_asm_elementwise(
+        _EARLY_WAIT_2, _EARLY_CONS_2, [c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, zero],
+        dtype=tl.int32, is_pure=False, pack=2,
+    )  # fmt: skip
+
+
+@triton.jit
+def _early_wait_4(carried, zero):
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19 = carried
+    return tl.inline_asm_elementwise(
+        _EARLY_WAIT_4, _EARLY_CONS_4,
+        [c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, zero],
+        dtype=tl.int32, is_pure=False, pack=2,
+    )  # fmt: skip
+
+
 @triton.jit
 def mma_rows_tail(cptr, sptr, xptr, acc, flag, RT: tl.constexpr):
     """``mma_rows`` with S = 1 for a partial last step: ``flag`` (int32 [R, 4]) 1 = the whole chunk, 2 = its
@@ -948,6 +987,9 @@ def mma_gemv(
     L2PF: tl.constexpr = 0,
     FENCE: tl.constexpr = False,
     ZERO=0,
+    EARLY: tl.constexpr = 0,
+    ORDER_PTR=None,
+    TRIGGER: tl.constexpr = False,
 ):
     """Tensor-core row sums of one tile (module section "Tensor-core path"): fp32 [R], times 2^8 (exact).
 
@@ -968,6 +1010,16 @@ def mma_gemv(
     ``FENCE`` (GPU, RT = 2, S = 2 or 4, without PF; ``ZERO`` an int32 scalar 0 that the compiler cannot fold,
     e.g. ``min(expert id, 0)``): each full call issues all its code and scale loads before its first decode
     (``mma_ptx``); same values, same bits.
+    ``EARLY`` (the caller has not yet passed ``griddepcontrol.wait``; this function does it, ``gdc_wait``):
+    1 (GPU, RT = 2, S = 2 or 4, without PF / L2PF): the codes and scales of the first full call are loaded into
+    registers (``mma_ptx`` MODE "load") before the wait, that call computed after it (MODE "drain"), the
+    remaining calls as usual: the same MMA sequence, so the same bits; 2 (GPU): ``prefetch.global.L2`` of every
+    full call's code lines before the wait (no data changes). Only the weights (codes, scales) are touched
+    before the wait; the activation row is read after it: ``ORDER_PTR`` (int32 pointer to a value >= 0, e.g.
+    the expert id) is read with a volatile load after the wait and ``min(value, 0)`` (= 0) added to every
+    activation pointer, so that ptxas cannot hoist an activation load (``ld.global.nc``, which it treats as
+    read-only data) above ``griddepcontrol.wait``; ``TRIGGER``: ``griddepcontrol.launch_dependents`` right after
+    the wait (as the kernels without EARLY do at their start). Interpreter: the wait (a no-op) first.
     """
     KS: tl.constexpr = K // SK if K % (64 * SK) == 0 else (K + 64 * SK - 1) // (64 * SK) * 64
     LAST: tl.constexpr = K - (SK - 1) * KS  # bytes of the last part (the others have KS)
@@ -982,6 +1034,30 @@ def mma_gemv(
     xptr = x_base + k_part[:, None] + (16 * tig)[None, :]
     acc = tl.zeros([R, 4], dtype=tl.float32)
     zt = tl.zeros([R, 4], dtype=tl.int32) + ZERO  # the FENCE operand (unused otherwise)
+    EARLY_REGS: tl.constexpr = EARLY == 1 and FULLM > 0 and not _INTERPRET
+    K0: tl.constexpr = STEP if EARLY_REGS else 0  # first byte of the regular loop
+    if EARLY_REGS:  # first full call's codes / scales before the wait, computed after it
+        tl.static_assert(RT == 2 and (S == 2 or S == 4) and not PF and L2PF == 0, "mma_gemv: EARLY 1 needs RT 2, S 2/4")
+        if S == 2:  # the wait depends on the loaded words (``early_wait_ptx``): loads issued before it
+            carried = _pf_load_2(cptr, sptr)
+            _early_wait_2(carried, zt)
+        else:
+            carried = _pf_load_4(cptr, sptr)
+            _early_wait_4(carried, zt)
+    elif EARLY > 0:
+        if EARLY == 2 and not _INTERPRET:  # L2 prefetch of the part's full calls' code lines before the wait
+            for k0 in tl.static_range(0, FULLM, STEP):
+                l2_prefetch(cptr + k0, S)
+        gdc_wait()
+    if EARLY > 0:  # activation addresses depend on a coherent load issued after the wait
+        if TRIGGER:
+            gdc_launch_dependents()
+        xptr = xptr + tl.minimum(tl.load(ORDER_PTR, volatile=True), 0)
+    if EARLY_REGS:  # the first call, from the registers loaded before the wait
+        if S == 2:
+            acc = _pf_drain_2(xptr, acc, carried)
+        else:
+            acc = _pf_drain_4(xptr, acc, carried)
     if PF and FULLM > 0 and not _INTERPRET:  # cross-step prefetch: step s + 1 loads while step s computes
         tl.static_assert(RT == 2 and (S == 2 or S == 4), "mma_gemv: PF needs RT = 2 and S = 2 or 4")
         if S == 2:
@@ -1000,7 +1076,7 @@ def mma_gemv(
             z = l2_prefetch(cptr + ahead, S)  # 0, opaque: orders the prefetch before this call's loads
             acc = mma_rows(cptr + (k0 + z), sptr + (k0 // 64) * 1024, xptr + k0, acc, RT, S, FENCE, zt)
     else:
-        for k0 in tl.range(opaque_zero(SEED), FULLM, STEP):
+        for k0 in tl.range(opaque_zero(SEED) + K0, FULLM, STEP):
             acc = mma_rows(cptr + k0, sptr + (k0 // 64) * 1024, xptr + k0, acc, RT, S, FENCE, zt)
     for k0 in tl.range(FULLM, KS, 64):
         left = k_len[:, None] - k0 - 16 * tig[None, :] + 0 * srow[:, None]  # valid bytes from this chunk on

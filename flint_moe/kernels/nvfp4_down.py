@@ -22,6 +22,7 @@ import triton.language as tl
 
 from flint_moe.kernels._common import (
     BF16_CVT,
+    INTERPRET,
     bf16_rn,
     check_op_tensor,
     gdc_launch_dependents,
@@ -51,12 +52,17 @@ __all__ = ["DOWN_CONFIG", "nvfp4_down", "default_config", "accumulation_model", 
 #: arriving program combines; 0: a separate combine launch), ``WORDS`` (split kernel only: codes loaded and
 #: carried as int32 words, decoded 8 codes per asm; same values). Only ``BKB`` changes bits.
 #: ``MMA``, ``RT``, ``S``, ``SK``, ``LATE``, ``PF``, ``L2PF``: the tensor-core path as in ``GATE_UP_CONFIG``
-#: (BH * SK = 8 * num_warps * RT). The tuned values (``nvfp4_tuned.DOWN``) override the base values below, and
+#: (BH * SK = 8 * num_warps * RT). ``RB`` (tensor-core path): row blocks per program, one after the other;
+#: ``EARLY`` (tensor-core path): 1 / 2 read the first call's weights (into registers / L2) before
+#: ``griddepcontrol.wait`` (see ``_nvfp4_down_split_kernel``; scheduling only, same bits); ``MAXNREG``
+#: (tensor-core path): a register cap per thread for ptxas (0 = none; e.g. 72 keeps 28 one-warp programs per
+#: SM). The CUDA-core path ignores RB, EARLY and MAXNREG (as FENCE and L2PF). The tuned values
+#: (``nvfp4_tuned.DOWN``) override the base values below, and
 #: ``nvfp4_tuned.DOWN_BY_SHAPE[(H, I)]`` those at one shape (``default_config``).
 DOWN_CONFIG = {
     "BH": 16, "BKB": 512, "num_warps": 4, "PREFETCH": True, "SPLIT": True, "COMBINE": 1, "WORDS": False,
     "MMA": False, "RT": 2, "S": 2, "SK": 1, "LATE": False, "PF": False, "L2PF": 0,
-    "FENCE": False,
+    "FENCE": False, "RB": 1, "EARLY": 0, "MAXNREG": 0,
 }  # fmt: skip
 DOWN_CONFIG.update(_TUNED_DOWN)
 
@@ -225,7 +231,7 @@ def _nvfp4_down_split_kernel(
     out_ptr,  # bf16 [M, H] (out, COMBINE == 1 only)
     dacc_ptr,  # fp32 [M * TOPK, H] (out, TAP only): y_acc
     y_ptr,  # bf16 [M * TOPK, H] (out): y of every pair
-    cnt_ptr,  # int32 [M * cdiv(H, BH)] arrival counters, all 0 on entry and on exit (COMBINE == 1 only)
+    cnt_ptr,  # int32 [M * cdiv(cdiv(H, BH), RB)] arrival counters, 0 on entry and on exit (COMBINE == 1 only)
     H: tl.constexpr,
     IP: tl.constexpr,
     INTER: tl.constexpr,
@@ -247,6 +253,8 @@ def _nvfp4_down_split_kernel(
     FENCE: tl.constexpr,
     COMBINE: tl.constexpr,
     TAP: tl.constexpr,
+    RB: tl.constexpr = 1,
+    EARLY: tl.constexpr = 0,
 ):
     """y[p, h] = bf16(RN(y_acc * gs2[e_p])) for one (token, selected expert) pair p and BH rows; with
     ``COMBINE == 1`` the last of a row block's TOPK programs to finish also does rule steps 9-10 for it.
@@ -268,51 +276,81 @@ def _nvfp4_down_split_kernel(
     ``(p0 + p1) + (p2 + p3)``. Bound: ``FP32_TRUNCATE``
     (u = 2^-23, d = INTER). The combine is unchanged. ``LATE``: ``griddepcontrol.launch_dependents`` after the
     K loop instead of at the start (scheduling only).
+
+    ``RB`` (tensor-core path): each program handles RB consecutive row blocks q = RB q' + r (r = 0..RB-1, grid
+    ``(M * TOPK, cdiv(cdiv(H, BH), RB))``), one after the other with the same per-row K loop; one arrival
+    counter per (t, q'), the last arriver combines all RB * BH rows (the same per-row combine): same bits.
+    ``EARLY`` (tensor-core path; ``mma_gemv``): the expert id (``ld.global.cg``) and the weights of the first
+    row block's first call (1: into registers; 2: L2 prefetch of its rows) are read before
+    ``griddepcontrol.wait``, everything else after it. Same bits. Valid only when the ids were written by a
+    grid that completed before this launch could start: the case when the preceding kernel (the gate/up GEMV,
+    whose ids come from the router) triggers its dependents only after its own ``griddepcontrol.wait``
+    (docs/kernels/nvfp4-decode.md, round 7).
     """
-    gdc_wait()
-    if not LATE:
-        gdc_launch_dependents()
+    EARLY_ON: tl.constexpr = MMA and EARLY > 0
+    if not EARLY_ON:  # else in the first mma_gemv, after the early loads (and the trigger right after it)
+        gdc_wait()
+        if not LATE:
+            gdc_launch_dependents()
     IB: tl.constexpr = INTER // 2  # valid code bytes (and act bf16 pairs) per row
     IPB: tl.constexpr = IP // 2  # stored code bytes per row
     KP: tl.constexpr = (IP // 16 + 3) // 4 * 4
     MP: tl.constexpr = (H + 127) // 128 * 128
     NQ: tl.constexpr = (H + BH - 1) // BH
+    NQR: tl.constexpr = (NQ + RB - 1) // RB  # counters per token
     p = tl.program_id(0)
-    q = tl.program_id(1)
+    q = tl.program_id(1)  # with RB > 1: the group of row blocks RB q .. RB q + RB - 1
     t = p // TOPK
-    h = q * BH + tl.arange(0, BH)
-    h_ok = h < H
-    hc = tl.where(h_ok, h, 0)
-    e = tl.load(ids_ptr + p).to(tl.int64)
-    w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
+    if EARLY_ON:  # before the wait: through L2 only (written by the router, a grid completed before this launch)
+        e = tl.load(ids_ptr + p, cache_modifier=".cg").to(tl.int64)
+    else:
+        e = tl.load(ids_ptr + p).to(tl.int64)
     s_row = s_ptr + e * (MP * KP)
     a_row = act_ptr + p.to(tl.int64) * IB
     if MMA:  # tile of BH * SK rows: (local row i, K-part), NW warps, RT rows per thread
         TR: tl.constexpr = BH * SK
         i, kpart = mma_tile_rows(TR, NW, SK)
-        hi = q * BH + i
-        hci = tl.where(hi < H, hi, 0)  # rows past H read row 0 (stores are masked)
-        tt = mma_gemv(
-            w_ptr + e * (H * IPB),
-            hci.to(tl.int64) * IPB,
-            s_row,
-            hci,
-            a_row,
-            kpart,
-            IB,
-            KP,
-            TR,
-            RT,
-            S,
-            SK,
-            p,
-            PF,
-            L2PF,
-            FENCE,
-            tl.minimum(e.to(tl.int32), 0),  # ids are >= 0: an opaque zero for FENCE
-        )
-        y_acc = mma_sum_parts(tt, TR, NW, SK)
+        for r in tl.static_range(RB):
+            qr = q * RB + r
+            hi = qr * BH + i
+            hci = tl.where(hi < H, hi, 0)  # rows past H read row 0 (stores are masked)
+            tt = mma_gemv(
+                w_ptr + e * (H * IPB),
+                hci.to(tl.int64) * IPB,
+                s_row,
+                hci,
+                a_row,
+                kpart,
+                IB,
+                KP,
+                TR,
+                RT,
+                S,
+                SK,
+                p,
+                PF,
+                L2PF,
+                FENCE,
+                tl.minimum(e.to(tl.int32), 0),  # ids are >= 0: an opaque zero for FENCE
+                EARLY if r == 0 else 0,  # the first row block passes the wait (EARLY)
+                ids_ptr + p,  # EARLY: re-read after the wait, orders the activation loads after it
+                r == 0 and not LATE,  # EARLY: launch_dependents right after the wait
+            )
+            y_acc = mma_sum_parts(tt, TR, NW, SK)
+            if r < RB - 1:  # every row block but the last: its y now (the last one's below)
+                hr = qr * BH + tl.arange(0, BH)
+                yr = bf16_rn(y_acc * tl.load(alpha_ptr + e))
+                tl.store(y_ptr + p.to(tl.int64) * H + hr, yr, mask=hr < H)
+                if TAP:
+                    tl.store(dacc_ptr + p.to(tl.int64) * H + hr, y_acc, mask=hr < H)
+        h = (q * RB + RB - 1) * BH + tl.arange(0, BH)
+        h_ok = h < H
     else:
+        tl.static_assert(RB == 1, "nvfp4_down: RB > 1 needs MMA")
+        h = q * BH + tl.arange(0, BH)
+        h_ok = h < H
+        hc = tl.where(h_ok, h, 0)
+        w_row = w_ptr + e * (H * IPB) + hc.to(tl.int64) * IPB
         NB: tl.constexpr = BKB // 8
         FULL: tl.constexpr = IB // BKB * BKB  # bytes covered by full K steps
         s_off = swizzled_scale_offsets(hc[:, None], tl.arange(0, NB)[None, :], KP)  # scale offsets of step 0
@@ -371,11 +409,13 @@ def _nvfp4_down_split_kernel(
         tl.store(dacc_ptr + y_off, y_acc, mask=h_ok)
     if COMBINE == 1:
         tl.debug_barrier()  # every thread's y stores precede the release below
-        c_ptr = cnt_ptr + t * NQ + q
+        c_ptr = cnt_ptr + t * NQR + q
         arrived = tl.atomic_add(c_ptr, 1, sem="acq_rel", scope="gpu")
         if arrived == TOPK - 1:
             tl.atomic_xchg(c_ptr, 0, sem="relaxed", scope="gpu")
-            _combine_rows(t, h, h_ok, tw_ptr, y_ptr, shared_ptr, out_ptr, H, TOPK, True)
+            for r in tl.static_range(RB):
+                hr = (q * RB + r) * BH + tl.arange(0, BH)
+                _combine_rows(t, hr, hr < H, tw_ptr, y_ptr, shared_ptr, out_ptr, H, TOPK, True)
 
 
 @triton.jit
@@ -395,6 +435,24 @@ def accumulation_model(config: dict | None = None):
 
     cfg = {**DOWN_CONFIG, **(config or {})}
     return FP32_TRUNCATE if cfg["MMA"] else block_model(16)
+
+
+def _check_rb_early(cfg: dict, mma: bool, rt: int, sub: int) -> tuple[int, int, int]:
+    """(RB, EARLY, MAXNREG) of ``cfg`` as launched, after checks: RB an integer >= 1, EARLY 0, 1 or 2 (1 only with
+    RT = 2, S = 2 or 4 and neither PF nor L2PF), MAXNREG 0 or in [24, 255]. Tensor-core options: the CUDA-core
+    path runs with (1, 0, 0) whatever they are (as it ignores FENCE and L2PF)."""
+    rb, early, maxnreg = int(cfg["RB"]), int(cfg["EARLY"]), int(cfg["MAXNREG"])
+    if rb < 1:
+        raise ValueError(f"config RB: {rb} must be >= 1 (row blocks per program)")
+    if early not in (0, 1, 2):
+        raise ValueError(f"config EARLY: {early} must be 0, 1 or 2")
+    if maxnreg and not 24 <= maxnreg <= 255:
+        raise ValueError(f"config MAXNREG: {maxnreg} must be 0 (none) or in [24, 255]")
+    if not mma:
+        return 1, 0, 0
+    if early == 1 and (rt != 2 or sub not in (2, 4) or bool(cfg["PF"]) or int(cfg["L2PF"])):
+        raise ValueError(f"config EARLY: 1 needs RT = 2 and S = 2 or 4 without PF and L2PF, got RT = {rt}, S = {sub}")
+    return rb, early, maxnreg
 
 
 _COUNTERS: dict = {}
@@ -435,6 +493,11 @@ def nvfp4_down(
 
     Raises:
         TypeError / ValueError naming the offending tensor.
+
+    With ``EARLY`` (tensor-core config), ``ids`` is read before the kernel's ``griddepcontrol.wait``: it must
+    have been written by a grid that completed before the previous kernel on the stream let this one launch, as
+    in ``nvfp4_gate_up`` -> ``nvfp4_down`` (gate/up triggers its dependents only after its own wait, i.e. after
+    the router, or whatever wrote ``ids``, completed); ``act``, ``tw`` and ``shared_output`` are read after it.
     """
     from flint_moe.kernels.nvfp4_gate_up import _config, _decode_defaults, _weights_common
 
@@ -471,8 +534,10 @@ def nvfp4_down(
         _check_pf(bool(cfg["PF"]), rt, sub, int(cfg["L2PF"]), bool(cfg["FENCE"]))
     if combine not in (0, 1):
         raise ValueError(f"config COMBINE: must be 0 or 1, got {combine}")
+    rb, early, maxnreg = _check_rb_early(cfg, mma, rt, sub)
+    cap = {"maxnreg": maxnreg} if maxnreg and not INTERPRET else {}
     if M > 0 and split:
-        nq = triton.cdiv(H, bh)
+        nq = triton.cdiv(triton.cdiv(H, bh), rb)
         if not tap:
             y = torch.empty((M * top_k, H), dtype=torch.bfloat16, device=dev)
         cnt = _counters(dev, M * nq) if combine == 1 else y
@@ -509,8 +574,11 @@ def nvfp4_down(
             FENCE=bool(cfg["FENCE"]) and mma,
             COMBINE=combine,
             TAP=tap,
+            RB=rb,
+            EARLY=early,
             num_warps=nw,
             num_stages=1,
+            **cap,
             **launch_options(),
         )
         if combine == 0:
@@ -581,6 +649,7 @@ def audit_specs() -> list[str]:
     for h, i, cfg, suffix in runs:
         ip = (i + 63) // 64 * 64
         sk, nw = int(cfg["SK"]), int(cfg["num_warps"])
+        rb, early, maxnreg = _check_rb_early(cfg, bool(cfg["MMA"]), int(cfg["RT"]), int(cfg["S"]))
         if cfg["MMA"]:  # the K-split and warps the launcher uses at this shape
             sk, nw = _check_mma(cfg["RT"], cfg["S"], sk, nw, cfg["BH"], i // 2, "BH", "BH")
         for tap in (False, True) if (h, i) == (7168, 2048) else (False,):
@@ -611,6 +680,8 @@ def audit_specs() -> list[str]:
                     "FENCE": bool(cfg["FENCE"]) and cfg["MMA"],
                     "COMBINE": cfg["COMBINE"],
                     "TAP": tap,
+                    "RB": rb,
+                    "EARLY": early,
                 },
                 [
                     BF16_CVT,
@@ -619,7 +690,7 @@ def audit_specs() -> list[str]:
                     "griddepcontrol.wait",
                     "atom.global.gpu.acq_rel.add",
                 ],
-                options={"num_warps": nw, "num_stages": 1},
+                options={"num_warps": nw, "num_stages": 1, **({"maxnreg": maxnreg} if maxnreg else {})},
             )
             names.append(name)
     return names

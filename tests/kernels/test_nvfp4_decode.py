@@ -34,8 +34,9 @@ BLOCK16 = block_model(16)
 
 #: Complete tensor-core configurations (every MMA key given: nothing inherited from the current defaults).
 MMA_KEYS = {"SK": 1, "LATE": False, "PF": False, "L2PF": 0, "FENCE": False}
+DN_KEYS = {"RB": 1, "EARLY": 0, "MAXNREG": 0}  # down only
 GU_MMA = {"MMA": True, "BN": 8, "num_warps": 1, "RT": 2, "S": 1, **MMA_KEYS}
-DN_MMA = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, **MMA_KEYS}
+DN_MMA = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, **MMA_KEYS, **DN_KEYS}
 
 
 def check_taps(*args, **kwargs):
@@ -176,6 +177,16 @@ def test_bad_inputs_raise():
         nvfp4_gate_up(x, ids, w, config={**GU_MMA, "FENCE": True})
     with pytest.raises(ValueError, match="L2PF"):
         nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "S": 2, "PF": True, "L2PF": 1})
+    with pytest.raises(ValueError, match="config RB: 0 must be >= 1"):
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "RB": 0})
+    with pytest.raises(ValueError, match="config EARLY: 1 needs RT = 2 and S = 2 or 4"):
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "EARLY": 1})  # S = 1
+    with pytest.raises(ValueError, match="config EARLY: 1 needs RT = 2 and S = 2 or 4 without PF"):
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "S": 2, "EARLY": 1, "PF": True})
+    with pytest.raises(ValueError, match="config EARLY: 3 must be 0, 1 or 2"):
+        nvfp4_down(act, ids, tw, w, sh, config={**DN, "EARLY": 3})
+    with pytest.raises(ValueError, match="config MAXNREG: 8 must be 0"):
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "MAXNREG": 8})
     with pytest.raises(ValueError, match="SPLIT"):
         nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "SPLIT": False})
     # M > DECODE_MAX_TOKENS goes to the grouped path (issue 6), which checks its own arguments
@@ -239,6 +250,32 @@ def test_mma_variants_and_k_split():
     assert same(_run_mma(w, x, ids, tw, sh, gu_f, dn_f), ref)
 
 
+def test_mma_down_row_blocks_and_early_loads():
+    """Down, tensor-core path: RB row blocks per program (one arrival counter per group; the last group partly
+    past H) and EARLY weight loads before the grid-dependency wait change no bit (the same per-row MMA sequence
+    and combine); the counters are left at 0 (a second call gives the same bits)."""
+    from flint_moe.kernels.nvfp4_down import _counters
+
+    E, H, I, M, k = 3, 96, 256, 2, 2  # NQ = 6 row blocks of 16: RB 2, 3 -> 3, 2 groups; RB 4 -> 2 (96..127 masked)
+    w = make_weights(E, H, I, seed=9)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=9)
+    act = nvfp4_gate_up(x, ids, w, config=GU_MMA)
+    taps0 = {}
+    ref = nvfp4_down(act, ids, tw, w, sh, config=DN_MMA, taps=taps0)
+    for over in (
+        {"RB": 2},
+        {"RB": 4, "S": 2, "EARLY": 1},
+        {"RB": 3, "EARLY": 2, "MAXNREG": 72},
+        {"S": 2, "EARLY": 1, "BH": 32, "num_warps": 2, "RB": 2},  # 32-row blocks: 3 blocks, 2 groups
+    ):
+        taps = {}
+        cfg = {**DN_MMA, **over}
+        assert same(nvfp4_down(act, ids, tw, w, sh, config=cfg, taps=taps), ref), over
+        assert same(taps["down_acc"], taps0["down_acc"]) and same(taps["y"], taps0["y"]), over
+        assert same(nvfp4_down(act, ids, tw, w, sh, config=cfg), ref), over  # production build, counters reused
+    assert int(_counters(act.device, 1).abs().sum()) == 0
+
+
 def test_mma_uneven_k_split():
     """K not a multiple of 64 SK: the first SK - 1 parts take ``mma_part_bytes`` (a multiple of 64) bytes, the last
     the rest; within the FP32_TRUNCATE bound, independent of the warps per part; a split whose last part would be
@@ -283,6 +320,18 @@ def test_prefetch_and_fence_ptx():
     fence = fenced.index("or.b32 k119, k119, fz;")
     assert last_load < fence < first_decode
     assert [line for line in fenced if line not in extra] == plain
+
+
+def test_early_wait_ptx():
+    """EARLY 1: the grid-dependency wait runs under a predicate computed from every carried code / scale word and
+    the opaque zero operand (always true), so the weight loads precede it."""
+    from flint_moe.kernels._nvfp4_gemv import early_wait_ptx
+
+    lines = early_wait_ptx(20).splitlines()
+    # 20 carried tensors x 2 registers ($2..$41), zero at $42
+    assert lines[3] == "xor.b32 fz, $2, $3;" and sum(line.startswith("xor.b32 fz, fz, $") for line in lines) == 38
+    i = lines.index("and.b32 fz, fz, $42;")
+    assert lines[i + 1 : i + 3] == ["setp.ne.b32 pw, fz, 0;", "@!pw griddepcontrol.wait;"]
 
 
 def test_accumulation_models():

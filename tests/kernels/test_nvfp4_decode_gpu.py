@@ -82,7 +82,7 @@ def test_mma_variants_half_chunk():
     w = make_weights(E, H, I, seed=7, pad_to=64, device="cuda")
     keys = {"SK": 1, "LATE": False, "PF": False, "L2PF": 0, "FENCE": False}  # complete: nothing from the defaults
     gu0 = {"MMA": True, "BN": 16, "num_warps": 2, "RT": 2, "S": 4, **keys}
-    dn0 = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 4, **keys}
+    dn0 = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 4, **keys, "RB": 1, "EARLY": 0, "MAXNREG": 0}
     for M in (1, 5):
         x, ids, tw, sh = make_inputs(M, H, E, k, seed=M, device="cuda")
         taps = {}
@@ -95,6 +95,10 @@ def test_mma_variants_half_chunk():
             ({**gu0, "PF": True}, {**dn0, "PF": True, "S": 2}),  # cross-step prefetch: same MMA sequence
             ({**gu0, "FENCE": True, "L2PF": 2}, {**dn0, "FENCE": True, "S": 2, "L2PF": 1}),  # scheduling only
             ({**gu0, "FENCE": True, "S": 2}, {**dn0, "L2PF": 2}),
+            # row blocks per program, weights before the grid-dependency wait, register cap: scheduling only
+            ({**gu0, "FENCE": True, "S": 2}, {**dn0, "RB": 3, "EARLY": 1, "MAXNREG": 72}),
+            (gu0, {**dn0, "S": 2, "EARLY": 1, "FENCE": True, "RB": 2}),
+            (gu0, {**dn0, "EARLY": 2, "RB": 4}),
         ):
             assert same(_run(w, x, ids, tw, sh, None, gu, dn), out)
         # uneven K-split: within the bound; same bits with more warps per part, with FENCE and L2PF
@@ -114,6 +118,37 @@ def test_mma_variants_half_chunk():
     taps = {}
     out = _run(w, x, ids, tw, sh, taps, {**gu0, "num_warps": 4, "SK": 2}, {**dn0, "num_warps": 4, "SK": 4})
     check_taps(w, x, ids, tw, sh, taps, out, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
+
+
+def test_op_graph_new_routing_every_replay():
+    """The whole op (router, gate/up, down: one chain of dependent launches) captured once in a CUDA graph and
+    replayed with new tokens, hence a new routing, every time: the same bits as eager calls, i.e. the down kernel
+    reads this replay's expert ids (it may read them before its grid-dependency wait: ``EARLY``)."""
+    from flint_moe.ops import flint_moe, make_route_counter
+
+    E, H, I, k, M = 256, 7168, 2048, 8, 2
+    w = _weights(E, H, I, seed=2)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    rw = (torch.randn(E, H, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    xs = [torch.randn(M, H, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
+    sh = torch.randn(M, H, device="cuda", generator=g).to(torch.bfloat16)
+    counter = make_route_counter(torch.device("cuda"))
+    eager = [flint_moe(x, rw, w, k, counter, sh) for x in xs]
+    assert not any(same(eager[i], eager[j]) for i in range(4) for j in range(i))
+    static_x = xs[0].clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        flint_moe(static_x, rw, w, k, counter, sh)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flint_moe(static_x, rw, w, k, counter, sh)
+    for i in (1, 2, 3, 0, 2, 1):
+        static_x.copy_(xs[i])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert same(out, eager[i]), i
 
 
 def test_deepseek_v3_all_m_graph_replay():
