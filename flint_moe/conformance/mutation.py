@@ -361,7 +361,8 @@ def _p_maps(kind):
             l13 = torch.arange(two_ip, device=map13.device)
             m13 = pos_of[(l13 + ip) % two_ip]
             m2 = torch.arange(hidden, device=map2.device)
-        return replace(inputs, stored=(g1, g2, (m13.to(torch.int32), m2.to(torch.int32))))
+        return replace(inputs, stored=(g1, g2, (m13.to(torch.int32), m2.to(torch.int32))),
+                       notes={**inputs.notes, "injected_row_maps": True})  # fmt: skip
 
     return inject
 

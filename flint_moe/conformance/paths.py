@@ -58,7 +58,10 @@ def _bf16(inputs, counter, taps):
 
     g1, g2, maps = inputs.stored
     k = _top_k(inputs)
-    return flint_moe_bf16_decode(inputs.x, inputs.router_weight, g1, g2, maps, k, counter, inputs.shared, taps=taps)
+    # mutation testing injects wrong (in-range) row maps on purpose: the op's value check would refuse them
+    check = not inputs.notes.get("injected_row_maps", False)
+    return flint_moe_bf16_decode(inputs.x, inputs.router_weight, g1, g2, maps, k, counter, inputs.shared, taps=taps,
+                                 check_row_map_values=check)  # fmt: skip
 
 
 def module_from_inputs(inputs, top_k: int, pad_to: int | None = None):

@@ -14,6 +14,7 @@ import torch
 from flint_moe.kernels._common import check_op_tensor
 from flint_moe.kernels.bf16_down import bf16_down_combine, check_g2
 from flint_moe.kernels.bf16_gate_up import bf16_gate_up, check_g1
+from flint_moe.ops._checks import check_kernel_device, check_top_k, checked_row_maps
 from flint_moe.ops.route import route  # owner E
 
 __all__ = [
@@ -33,9 +34,8 @@ DECODE_BF16_MAX_TOKENS = 8
 def check_bf16_row_maps(row_maps: object, hidden: int, inter: int, device: torch.device) -> tuple:
     """Validate ``row_maps`` = (map13 int32 [2Ip], map2 int32 [H]) and return it as a tuple.
 
-    Dtype, shape, device and contiguity only: the values (permutations from ``trtllm_bf16_row_maps(H, Ip)``)
-    are not read back from the device, which would synchronise every decode step. Call
-    :func:`check_bf16_row_map_values` once (e.g. at model load) to check them.
+    Dtype, shape, device and contiguity only. ``flint_moe_bf16_decode`` also checks the values, once per
+    tensor (``ops._checks.checked_row_maps``); :func:`check_bf16_row_map_values` checks them on the host.
     """
     if not isinstance(row_maps, (tuple, list)) or len(row_maps) != 2:
         raise TypeError("row_maps: expected a pair (map13, map2) from flint_moe.layouts.trtllm_bf16_row_maps")
@@ -71,6 +71,7 @@ def flint_moe_bf16_decode(
     shared_ready: torch.cuda.Event | None = None,
     *,
     taps: dict | None = None,
+    check_row_map_values: bool = True,
 ) -> torch.Tensor:
     """Routed experts + shared add for ``M <= DECODE_BF16_MAX_TOKENS`` tokens, BF16 rule (steps 1-4, 6-10).
 
@@ -80,7 +81,9 @@ def flint_moe_bf16_decode(
         w13: bf16 g1 [E, H/64, 2Ip, 64], w2: bf16 g2 [E, Ip/64, H, 64]: ``flint_moe.layouts.to_trtllm_bf16``
             of [gate; up] experts (Ip a multiple of 64, e.g. 704 or 2880 as is, or padded to 128 with
             ``pad_intermediate_bf16`` for FlashInfer's launcher: padded rows are zero and change nothing).
-        row_maps: ``trtllm_bf16_row_maps(H, Ip)`` on x's device (int32 [2Ip], int32 [H]).
+        row_maps: ``trtllm_bf16_row_maps(H, Ip)`` on x's device (int32 [2Ip], int32 [H]). Their values are
+            compared with the expected maps once per tensor (and after any in-place change): the first call
+            with a new map tensor reads one flag back to the host, so make it before a CUDA-graph capture.
         top_k: k, 1 <= k <= E (the router's limits apply, see ``flint_moe.ops.route``).
         counter: ``make_route_counter(device)`` buffer (never reset; CUDA-graph safe).
         shared_output: bf16 [M, H], the shared expert's output (rule step 10).
@@ -91,12 +94,17 @@ def flint_moe_bf16_decode(
             ``ids``, ``weights`` (router), ``gate_acc``, ``up_acc`` fp32 [M, k, Ip], ``act`` bf16 [M, k, Ip],
             ``down_acc`` fp32 [M, k, H], ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/CONTRACTS.md "Taps").
             The outputs are bitwise those of the production build.
+        check_row_map_values: False skips the value check of ``row_maps`` (the conformance harness's fault
+            injection passes deliberately wrong in-range permutations); the caller then guarantees that every
+            value indexes inside its map's range. Default True.
 
     Returns: new bf16 tensor [M, H] (inputs are never modified).
-    Raises: TypeError / ValueError naming the bad argument (dtype, shape, layout, device, contiguity);
-        NotImplementedError for M > DECODE_BF16_MAX_TOKENS.
+    Raises: TypeError / ValueError naming the bad argument (dtype, shape, layout, device, contiguity, row map
+        values); NotImplementedError for M > DECODE_BF16_MAX_TOKENS; RuntimeError for CPU tensors without
+        TRITON_INTERPRET=1, or new row maps first seen inside a CUDA-graph capture.
     """
     check_op_tensor("x", x, dtype=torch.bfloat16)
+    check_kernel_device("x", x)
     if x.dim() != 2:
         raise ValueError(f"x: expected [M, H], got shape {tuple(x.shape)}")
     m_tok, hidden = int(x.shape[0]), int(x.shape[1])
@@ -116,18 +124,15 @@ def flint_moe_bf16_decode(
         raise ValueError(f"w13: holds {e13} experts, router_weight has {n_exp}")
     check_g2(w2, hidden, inter, n_exp, dev)
     maps = check_bf16_row_maps(row_maps, hidden, inter, dev)
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
-    if not 1 <= top_k <= n_exp:
-        raise ValueError(f"top_k: must satisfy 1 <= top_k <= E = {n_exp}, got {top_k}")
+    check_top_k(top_k, n_exp, f"E = {n_exp}")
+    if check_row_map_values:
+        checked_row_maps(maps, hidden, inter)
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(m_tok, hidden), device=dev)
     if shared_ready is not None:
         if dev.type != "cuda":
             raise ValueError("shared_ready: a CUDA event only makes sense for CUDA tensors; pass None")
         if not isinstance(shared_ready, torch.cuda.Event):
-            raise TypeError(
-                f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}"
-            )
+            raise TypeError(f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}")
     if taps is not None and not isinstance(taps, dict):
         raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
     if m_tok == 0:

@@ -12,6 +12,7 @@ import torch
 from flint_moe.kernels._common import check_op_tensor
 from flint_moe.kernels.nvfp4_down import nvfp4_down
 from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+from flint_moe.ops._checks import check_kernel_device, check_top_k
 
 __all__ = ["DECODE_MAX_TOKENS", "flint_moe"]
 
@@ -55,7 +56,8 @@ def flint_moe(
     Raises:
         ValueError: M > ``GROUPED_MAX_TOKENS`` (grouped path).
         TypeError / ValueError: wrong dtype, shape, device or contiguity (the message names the tensor),
-        top_k out of range, H of ``x`` and ``weights`` different.
+        top_k out of range (TypeError when not an int), H of ``x`` and ``weights`` different.
+        RuntimeError: CPU tensors without TRITON_INTERPRET=1 (the Triton interpreter).
     """
     from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
 
@@ -63,6 +65,7 @@ def flint_moe(
         raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
     dev = weights.w1.device
     check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
+    check_kernel_device("x", x)
     M = x.shape[0]
     if M > DECODE_MAX_TOKENS:
         from flint_moe.ops.moe_nvfp4_grouped import flint_moe_grouped
@@ -70,8 +73,7 @@ def flint_moe(
         return flint_moe_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps=taps)
     E = weights.num_experts
     check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= E:
-        raise ValueError(f"top_k: must be an int in [1, {E}], got {top_k!r}")
+    check_top_k(top_k, E, f"E = {E}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
     from flint_moe.ops.route import route
 

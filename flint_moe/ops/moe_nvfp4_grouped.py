@@ -17,6 +17,7 @@ from flint_moe.kernels._common import check_op_tensor
 from flint_moe.kernels.moe_permute import moe_permute
 from flint_moe.kernels.nvfp4_grouped_down import nvfp4_grouped_down
 from flint_moe.kernels.nvfp4_grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+from flint_moe.ops._checks import check_kernel_device, check_top_k
 
 __all__ = ["GROUPED_MAX_TOKENS", "flint_moe_grouped"]
 
@@ -57,7 +58,7 @@ def flint_moe_grouped(
         bf16 [M, H] (a new tensor).
     Raises:
         TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, top_k range);
-        ValueError for M > GROUPED_MAX_TOKENS.
+        ValueError for M > GROUPED_MAX_TOKENS; RuntimeError for CPU tensors without TRITON_INTERPRET=1.
     """
     from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
 
@@ -65,13 +66,13 @@ def flint_moe_grouped(
         raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
     dev = weights.w1.device
     check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
+    check_kernel_device("x", x)
     M = int(x.shape[0])
     if M > GROUPED_MAX_TOKENS:
         raise ValueError(f"x: {M} tokens exceed GROUPED_MAX_TOKENS = {GROUPED_MAX_TOKENS}")
     E = weights.num_experts
     check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= E:
-        raise ValueError(f"top_k: must be an int in [1, {E}], got {top_k!r}")
+    check_top_k(top_k, E, f"E = {E}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
     if shared_ready is not None and not isinstance(shared_ready, torch.cuda.Event):
         raise TypeError(f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}")

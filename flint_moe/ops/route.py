@@ -24,6 +24,7 @@ from flint_moe.kernels.router import (
     launch_router_gemv_topk,
     launch_topk,
 )
+from flint_moe.ops._checks import check_kernel_device, check_top_k
 
 __all__ = ["ROUTE_GEMV_MAX_TOKENS", "make_route_counter", "route", "router_logits_fp32"]
 
@@ -73,17 +74,16 @@ def route(
         weights: bf16(div_rn(s_j, RN(S + 1e-20f))) as fp32 (steps 3-4); 0 for an all-underflow row.
     Raises:
         TypeError (not a tensor, dtype, top_k not an int), ValueError (shape, device, contiguity, k range,
-        counter too small); messages name the argument. Inputs are never modified.
+        counter too small); RuntimeError for CPU tensors without TRITON_INTERPRET=1; messages name the
+        argument. Inputs are never modified.
     """
     check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, None))
+    check_kernel_device("x", x)
     m, h = x.shape
     dev = x.device
     check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(None, h), device=dev)
     e = int(router_weight.shape[0])
-    if not isinstance(top_k, int) or isinstance(top_k, bool):
-        raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
-    if not 1 <= top_k <= min(e, MAX_TOP_K):
-        raise ValueError(f"top_k: must satisfy 1 <= top_k <= min(E = {e}, {MAX_TOP_K}), got {top_k}")
+    check_top_k(top_k, min(e, MAX_TOP_K), f"min(E = {e}, {MAX_TOP_K})")
     if e > MAX_EXPERTS:
         raise ValueError(f"router_weight: at most {MAX_EXPERTS} experts, got E = {e}")
     if h < 1:

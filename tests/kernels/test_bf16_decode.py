@@ -53,9 +53,7 @@ def assert_same(kernel: torch.Tensor, golden: torch.Tensor, what: str) -> None:
     kn, gn = torch.isnan(kernel.float()), torch.isnan(golden.float())
     assert torch.equal(kn, gn), f"{what}: NaN positions differ"
     diff = (_bits(kernel) != _bits(golden)) & ~kn
-    assert not bool(diff.any()), (
-        f"{what}: {int(diff.sum())} elements differ, first at {diff.nonzero()[0].tolist()}"
-    )
+    assert not bool(diff.any()), f"{what}: {int(diff.sum())} elements differ, first at {diff.nonzero()[0].tolist()}"
 
 
 def replay_order(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -115,9 +113,7 @@ def make_case(e: int, h: int, i: int, pad_to: int | None, k: int, m: int, seed: 
 
 def run_kernels(c: dict, taps: dict | None, gate_up_config=None, down_config=None) -> tuple:
     act = bf16_gate_up(c["x"], c["ids"], c["g1"], c["maps"][0], taps=taps, config=gate_up_config)
-    out = bf16_down_combine(
-        act, c["ids"], c["tw"], c["g2"], c["maps"][1], c["shared"], taps=taps, config=down_config
-    )
+    out = bf16_down_combine(act, c["ids"], c["tw"], c["g2"], c["maps"][1], c["shared"], taps=taps, config=down_config)
     return act, out
 
 
@@ -314,9 +310,7 @@ def test_gate_up_rejects_bad_inputs(small) -> None:
 def test_down_rejects_bad_inputs(small) -> None:
     c = small
     act = torch.zeros(1, 2, 64, dtype=torch.bfloat16)
-    args = dict(
-        act=act, ids=c["ids"], weights=c["tw"], w2=c["g2"], map2=c["maps"][1], shared_output=c["shared"]
-    )
+    args = dict(act=act, ids=c["ids"], weights=c["tw"], w2=c["g2"], map2=c["maps"][1], shared_output=c["shared"])
 
     def call(**kw):
         return bf16_down_combine(**{**args, **kw})
@@ -442,3 +436,53 @@ def test_row_map_value_check() -> None:
     check_bf16_row_map_values(maps, 192, 128)
     with pytest.raises(ValueError, match=r"^row_maps\[1\]"):
         check_bf16_row_map_values((maps[0], maps[1].flip(0).contiguous()), 192, 128)
+
+
+@needs_route
+def test_op_row_map_values_checked_once_per_tensor() -> None:
+    """Wrong map values (in range or not) are refused before any kernel reads them; a checked map tensor is not
+    checked again until it is modified in place (its version counter)."""
+    from flint_moe.ops import _checks
+
+    c = _op_case(1)
+    good = c["maps"]
+    bad13 = good[0].flip(0).contiguous()  # a permutation, in range, but not the layout's map
+    with pytest.raises(ValueError, match=r"^row_maps\[0\]: not the TRT-LLM BF16 row map"):
+        _op(c, row_maps=(bad13, good[1]))
+    oob = good[1].clone()
+    oob[0] = 1 << 30  # would index far outside w2
+    with pytest.raises(ValueError, match=r"^row_maps\[1\]"):
+        _op(c, row_maps=(good[0], oob))
+    _op(c)
+    assert _checks._is_checked(good[0]) and _checks._is_checked(good[1])
+    m2 = good[1].clone()
+    _op(c, row_maps=(good[0], m2))
+    assert _checks._is_checked(m2)
+    m2[0] = 1 << 30  # in-place change after the check: checked again, refused
+    assert not _checks._is_checked(m2)
+    with pytest.raises(ValueError, match=r"^row_maps\[1\]"):
+        _op(c, row_maps=(good[0], m2))
+
+
+def test_top_k_check_wording() -> None:
+    """One exception type and wording per violation, shared by every op (ops._checks.check_top_k)."""
+    from flint_moe.ops._checks import check_top_k
+
+    assert check_top_k(3, 4, "E = 4") == 3
+    for bad in (True, 2.0, "2", None):
+        with pytest.raises(TypeError, match=r"^top_k: expected an int, got "):
+            check_top_k(bad, 4, "E = 4")
+    for bad in (0, -1, 5):
+        with pytest.raises(ValueError, match=rf"^top_k: must satisfy 1 <= top_k <= E = 4, got {bad}$"):
+            check_top_k(bad, 4, "E = 4")
+
+
+@needs_route
+def test_op_refuses_cpu_tensors_without_interpreter(monkeypatch) -> None:
+    """Without TRITON_INTERPRET the op names the CPU tensor instead of failing inside Triton."""
+    from flint_moe.ops import _checks
+
+    c = _op_case(1)
+    monkeypatch.setattr(_checks, "INTERPRET", False)
+    with pytest.raises(RuntimeError, match="^x: on the CPU.*TRITON_INTERPRET=1"):
+        _op(c)
