@@ -2,7 +2,9 @@
 (issue 5 "Committed GPU evidence").
 
 :func:`source_digest` hashes every file under :data:`DIGEST_DIRS` (``flint_moe/kernels``, ``flint_moe/ops``,
-``flint_moe/reference``, data files included; ``__pycache__`` and ``*.pyc`` excluded) with SHA-256:
+``flint_moe/reference``, and the code the harness's paths also run: ``flint_moe/layouts`` (the stored
+weights the kernels read) and ``flint_moe/modules`` (the module paths); data files included; ``__pycache__``
+and ``*.pyc`` excluded) with SHA-256:
 
 - a ``.py`` file is hashed in a normalised form, so that comments, docstrings, blank lines and formatting do
   not count: it is parsed with :mod:`ast`, the docstrings (a string constant as the first statement of the
@@ -46,7 +48,7 @@ __all__ = [
 #: Name of the normalisation + hashing scheme; a report made with another one is reported stale.
 ALGORITHM = "sha256/ast-canonical-v2"
 #: Directories (relative to the repository root) whose files make up the digest.
-DIGEST_DIRS = ("flint_moe/kernels", "flint_moe/ops", "flint_moe/reference")
+DIGEST_DIRS = ("flint_moe/kernels", "flint_moe/ops", "flint_moe/reference", "flint_moe/layouts", "flint_moe/modules")
 #: Where the lead commits the latest H200 run.
 DEFAULT_GPU_REPORT = "reports/h200/report.json"
 #: Files named in the stale line before "and N more".

@@ -160,10 +160,10 @@ def test_cli_prints_the_line_and_strict_exit(tmp_path, capsys, monkeypatch):
     assert "GPU REPORT CURRENT" in capsys.readouterr().out
 
 
-def test_real_checkout_digest_covers_kernels_ops_reference():
+def test_real_checkout_digest_covers_the_code_the_harness_runs():
     d = dg.source_digest()
     tops = {f.split("/")[1] for f in d["files"]}
-    assert tops == {"kernels", "ops", "reference"}
+    assert tops == {"kernels", "ops", "reference", "layouts", "modules"}
     assert any(f.startswith("flint_moe/reference/data/") for f in d["files"])
 
 
