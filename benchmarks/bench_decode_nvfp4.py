@@ -982,6 +982,39 @@ def round7(out_dir: str, write_tuned: str | None) -> int:
     return 1 if n_bad else 0
 
 
+def ab7(out_dir: str) -> int:
+    """Round 7 confirmation (diagnostic, nothing written but DIR/ab7.md): gate/up + down at M = 1, 2, 4, 8 with the
+    committed default down against the round-6 down (DeepSeek-V3), and gpt-oss-120b's own down with and without
+    EARLY 1; 3 interleaved rounds (order reversed every other round), CUDA graphs, median."""
+    from flint_moe.kernels.nvfp4_down import default_config as dn_default
+
+    bw = copy_bw()
+    lines = [f"copy {bw / 1e12:.3f} TB/s", "", "| model | M | down | us (3 rounds) | median |", "|---|---|---|---|---|"]
+    variants = {
+        "deepseek-v3": {"default (round 7)": None, "round-6 down": TUNE7_DN["mma-BH16w1r2s4"]},
+        "gpt-oss-120b": {"default (own down)": None, "own down + EARLY 1": {**dn_default(2880, 2880), "EARLY": 1}},
+    }
+    for mname, vs in variants.items():
+        w = None
+        for M in (1, 2, 4, 8):
+            preps = {}
+            for v, dn in vs.items():
+                preps[v], w, _ = _prepare(model=mname, M=M, dn=dn, weights=w)
+            t = {v: [] for v in vs}
+            for rnd in range(3):
+                for v in list(vs) if rnd % 2 == 0 else list(vs)[::-1]:
+                    t[v].append(1e6 * time_graph(preps[v].fn, preps[v].rotations))
+            for v in vs:
+                lines.append(f"| {mname} | {M} | {v} | {', '.join(f'{x:.1f}' for x in t[v])} | "
+                             f"{statistics.median(t[v]):.1f} |")  # fmt: skip
+                print(lines[-1], flush=True)
+        del w
+        torch.cuda.empty_cache()
+    with open(os.path.join(out_dir, "ab7.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/bench-nvfp4"))
@@ -994,10 +1027,13 @@ def main(argv=None) -> int:
     ap.add_argument("--probe", action="store_true", help="round 6 follow-up: untuned gate/up variants (no write)")
     ap.add_argument("--write-tuned", default=None, help="with --tune: path of nvfp4_tuned.py to (over)write")
     ap.add_argument("--round7", action="store_true", help="round 7: down candidates (RB, EARLY, MAXNREG)")
+    ap.add_argument("--ab7", action="store_true", help="round 7 confirmation: new vs round-6 down, M = 1..8")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.round7:
         return round7(args.out, args.write_tuned)
+    if args.ab7:
+        return ab7(args.out)
     if args.tune:
         return tune(args.out, args.write_tuned)
     if args.probe:

@@ -5,8 +5,11 @@ Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kerne
 CUDA-core and tensor-core (``MMA``) candidates, each checked against the golden model first;
 ``*_BY_SHAPE[(H, I)]`` the pair of another measured model where it differs (same paths: a shape never
 changes ``MMA``); ``*_CUDA_CORE`` / ``*_MMA`` the best of each path at DeepSeek-V3 (tests run both).
-Measured 2026-11-29 22:54 UTC: DeepSeek-V3 M=1 gate/up + down 71.0 us
-(copy 4.163 TB/s).
+Round 7 (``--round7``): ``DOWN`` / ``DOWN_MMA`` the fastest pair of the round-7 down candidates (row blocks
+per program, weights loaded before the grid-dependency wait, register cap; same bits as round 6);
+the per-shape down overrides pinned to the round-6 behaviour (RB 1, EARLY 0, MAXNREG 0).
+Measured 2026-11-30 01:43 UTC: DeepSeek-V3 M=1 gate/up + down 69.1 us
+(copy 4.158 TB/s; round-6 down 72.6 us in the same run).
 """
 
 GATE_UP = {
@@ -32,7 +35,10 @@ DOWN = {
     "PF": False,
     "L2PF": 0,
     "FENCE": False,
-}  # mma-BH16w1r2s4
+    "RB": 1,
+    "EARLY": 1,
+    "MAXNREG": 72,
+}  # mma-BH16w1r2s4-e1-r72
 GATE_UP_CUDA_CORE = {"MMA": False, "BN": 8, "num_warps": 2, "BKB": 512, "PREFETCH": False, "WORDS": False}  # cc-BN8w2
 GATE_UP_MMA = {
     "MMA": True,
@@ -58,7 +64,10 @@ DOWN_MMA = {
     "PF": False,
     "L2PF": 0,
     "FENCE": False,
-}  # mma-BH16w1r2s4
+    "RB": 1,
+    "EARLY": 1,
+    "MAXNREG": 72,
+}  # mma-BH16w1r2s4-e1-r72
 #: Per-shape overrides ((H, I) -> keys replacing GATE_UP's / DOWN's at that shape; never MMA).
 GATE_UP_BY_SHAPE: dict = {
     (2048, 768): {
@@ -86,6 +95,9 @@ DOWN_BY_SHAPE: dict = {
         "PF": False,
         "L2PF": 0,
         "FENCE": True,
+        "RB": 1,
+        "EARLY": 0,
+        "MAXNREG": 0,
     },  # mma-BH16w2r2s4k2-f
     (2880, 2880): {
         "MMA": True,
@@ -98,5 +110,8 @@ DOWN_BY_SHAPE: dict = {
         "PF": False,
         "L2PF": 0,
         "FENCE": True,
+        "RB": 1,
+        "EARLY": 0,
+        "MAXNREG": 0,
     },  # mma-BH16w4r2s2k4-f
 }

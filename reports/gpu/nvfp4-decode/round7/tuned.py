@@ -1,0 +1,23 @@
+"""Launch configurations of the NVFP4 decode kernels chosen on the H200 (issue 4).
+
+Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md, round
+6): ``GATE_UP`` / ``DOWN`` are the pair with the least gate/up + down time at DeepSeek-V3 M=1 among the
+CUDA-core and tensor-core (``MMA``) candidates, each checked against the golden model first;
+``*_BY_SHAPE[(H, I)]`` the pair of another measured model where it differs (same paths: a shape never
+changes ``MMA``); ``*_CUDA_CORE`` / ``*_MMA`` the best of each path at DeepSeek-V3 (tests run both).
+Round 7 (``--round7``): ``DOWN`` / ``DOWN_MMA`` the fastest pair of the round-7 down candidates (row blocks
+per program, weights loaded before the grid-dependency wait, register cap; same bits as round 6);
+the per-shape down overrides pinned to the round-6 behaviour (RB 1, EARLY 0, MAXNREG 0).
+Measured 2026-11-30 01:43 UTC: DeepSeek-V3 M=1 gate/up + down 69.1 us
+(copy 4.158 TB/s; round-6 down 72.6 us in the same run).
+"""
+
+GATE_UP = {'MMA': True, 'BN': 8, 'num_warps': 4, 'RT': 2, 'S': 2, 'SK': 4, 'LATE': False, 'PF': False, 'L2PF': 0, 'FENCE': True}
+DOWN = {'MMA': True, 'BH': 16, 'num_warps': 1, 'RT': 2, 'S': 4, 'SK': 1, 'LATE': False, 'PF': False, 'L2PF': 0, 'FENCE': False, 'RB': 1, 'EARLY': 1, 'MAXNREG': 72}  # mma-BH16w1r2s4-e1-r72
+GATE_UP_CUDA_CORE = {'MMA': False, 'BN': 8, 'num_warps': 2, 'BKB': 512, 'PREFETCH': False, 'WORDS': False}
+GATE_UP_MMA = {'MMA': True, 'BN': 8, 'num_warps': 4, 'RT': 2, 'S': 2, 'SK': 4, 'LATE': False, 'PF': False, 'L2PF': 0, 'FENCE': True}
+DOWN_CUDA_CORE = {'MMA': False, 'BH': 16, 'num_warps': 4, 'BKB': 512, 'PREFETCH': True, 'WORDS': False}
+DOWN_MMA = {'MMA': True, 'BH': 16, 'num_warps': 1, 'RT': 2, 'S': 4, 'SK': 1, 'LATE': False, 'PF': False, 'L2PF': 0, 'FENCE': False, 'RB': 1, 'EARLY': 1, 'MAXNREG': 72}  # mma-BH16w1r2s4-e1-r72
+#: Per-shape overrides ((H, I) -> keys replacing GATE_UP's / DOWN's at that shape; never MMA).
+GATE_UP_BY_SHAPE: dict = {(2048, 768): {'MMA': True, 'BN': 16, 'num_warps': 2, 'RT': 2, 'S': 4, 'SK': 1, 'LATE': False, 'PF': False, 'L2PF': 0, 'FENCE': True}}
+DOWN_BY_SHAPE: dict = {(2048, 768): {'MMA': True, 'BH': 16, 'num_warps': 2, 'RT': 2, 'S': 4, 'SK': 2, 'LATE': False, 'PF': False, 'L2PF': 0, 'FENCE': True, 'RB': 1, 'EARLY': 0, 'MAXNREG': 0}, (2880, 2880): {'MMA': True, 'BH': 16, 'num_warps': 4, 'RT': 2, 'S': 2, 'SK': 4, 'LATE': False, 'PF': False, 'L2PF': 0, 'FENCE': True, 'RB': 1, 'EARLY': 0, 'MAXNREG': 0}}
