@@ -86,25 +86,35 @@ def _driver() -> str | None:
         return None
 
 
-def _git_dirty() -> list[str] | None:
-    """Tracked files modified in the checkout (the sources then differ from ``git_commit``; the source digest
-    is what counts), [] for a clean one, None without git (e.g. a ``git archive`` snapshot)."""
+def _git(*args: str) -> str | None:
+    """stdout of ``git ARGS`` run in the package's checkout, or None without git, on error, or when the
+    package is not the top level of a git work tree (e.g. a ``git archive`` snapshot unpacked inside another
+    checkout, as on the H200: that checkout's state would not describe the snapshot)."""
+    root = Path(__file__).resolve().parents[2]
     try:
-        root = Path(__file__).resolve().parents[2]
-        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                           text=True, timeout=10)  # fmt: skip
-        return sorted(ln[3:] for ln in r.stdout.splitlines() if ln.strip()) if r.returncode == 0 else None
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
+                             timeout=10)  # fmt: skip
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root:
+            return None
+        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        return r.stdout if r.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _git_dirty() -> list[str] | None:
+    """Tracked files modified in the checkout (the sources then differ from ``git_commit``; the source digest
+    is what counts), [] for a clean one, None without a checkout of its own (a ``git archive`` snapshot) or when
+    ``FLINT_GIT_COMMIT`` names the commit the tree was sent as."""
+    if os.environ.get("FLINT_GIT_COMMIT"):
+        return None
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else sorted(ln[3:] for ln in out.splitlines() if ln.strip())
 
 
 def _git_commit() -> str | None:
-    try:
-        root = Path(__file__).resolve().parents[2]
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        return r.stdout.strip() or None if r.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    out = _git("rev-parse", "HEAD")
+    return (out or "").strip() or None
 
 
 def select(profile: str, filters: list[str]) -> list:
