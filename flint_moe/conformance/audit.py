@@ -1,0 +1,442 @@
+"""sm_90 PTX audit of every kernel specialisation the conformance matrix launches (issue 4, "CPU (CI)").
+
+The kernel modules register hand-picked specialisations (``flint_moe.kernels._common.AUDIT_REGISTRY``, each
+module's ``audit_specs()``). This module derives the specialisations from the matrix itself, so that a new
+shape, top_k, expert count or launch configuration in ``cases.matrix`` cannot slip past the audit:
+
+- ``matrix_launches(profiles)`` runs every case of ``cases.matrix("gpu")`` and ``cases.matrix("cpu")`` (every
+  path and ``cases.PATH_CONFIGS`` entry) through the same op / launcher calls as
+  ``flint_moe.conformance.paths`` does, twice (with taps: the TAP builds the conformance run compares; without:
+  the production builds its determinism / CUDA-graph replays run), on ``meta``-device tensors of the case's
+  real sizes, with ``JITFunction.run`` replaced by a recorder: no kernel runs and no memory is touched; each
+  ``kernel[grid](...)`` launch is recorded as a ``Launch`` (kernel, argument types, constexpr values,
+  compile options) exactly as the launcher computed them (default configs, K-splits, warps, ...).
+- Launches are deduplicated by what changes the compiled kernel: the kernel function, the Triton types of
+  its runtime arguments, its constexpr arguments, and the compile options (``num_warps``, ``num_stages``,
+  ``maxnreg``, ...). ``launch_pdl`` (a launch attribute, not in the PTX) and ``enable_fp_fusion`` (always
+  True, ``_common.launch_options``; the audit compiles with it) are left out of the key.
+- ``register_matrix_audit()`` registers, through ``_common.register_audit``, every distinct launch no
+  kernel-module spec already covers, as ``matrix.<kernel>.<digest>`` with the ``require`` / ``forbid`` lists
+  of that kernel's own registered specs (a kernel's rule instructions do not depend on its sizes; where the
+  module's specs differ by path (MMA vs CUDA cores), the list of the spec with the same ``MMA`` constexpr).
+- ``python -m flint_moe.conformance.audit list | audit NAME... | uncovered`` mirrors
+  ``python -m flint_moe.kernels._common`` with the matrix specs registered too (``audit`` prints JSON and
+  exits 1 on problems; ``uncovered`` prints the launches no registered spec covers, exit 1 if any).
+
+Must run without ``TRITON_INTERPRET`` (the recorder patches ``triton.runtime.jit.JITFunction``; under the
+interpreter kernels are ``InterpretedFunction`` objects and launch options differ); raises ``RuntimeError``
+otherwise. The kernel / op / layout modules are only imported, never modified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Launch",
+    "IGNORED_OPTIONS",
+    "matrix_launches",
+    "spec_key",
+    "launch_key",
+    "uncovered_launches",
+    "register_matrix_audit",
+    "collect_all_specs",
+]
+
+#: Launch keyword arguments that do not change the compiled PTX (or are fixed for every audit compile).
+IGNORED_OPTIONS = frozenset({"launch_pdl", "enable_fp_fusion"})
+#: Compile options' values when a launch does not pass them (Triton 3.6 CUDAOptions defaults that matter).
+_OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One recorded ``kernel[grid](...)`` launch: ``kernel`` (the JITFunction), ``signature`` (runtime argument
+    name -> Triton type string), ``constexprs`` (constexpr argument name -> value), ``options`` (compile
+    options passed at the launch, ``IGNORED_OPTIONS`` removed)."""
+
+    kernel: Any
+    signature: tuple[tuple[str, str], ...]
+    constexprs: tuple[tuple[str, Any], ...]
+    options: tuple[tuple[str, Any], ...]
+
+    @property
+    def kernel_name(self) -> str:
+        fn = getattr(self.kernel, "fn", self.kernel)
+        return f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
+
+    @property
+    def key(self) -> tuple:
+        return launch_key(self.kernel, dict(self.signature), dict(self.constexprs), dict(self.options))
+
+
+def _norm_options(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    opts = {**_OPTION_DEFAULTS, **{k: v for k, v in options.items() if k not in IGNORED_OPTIONS}}
+    return tuple(sorted((k, v) for k, v in opts.items() if v is not None))
+
+
+def launch_key(kernel: Any, signature: dict, constexprs: dict, options: dict) -> tuple:
+    """What makes one compiled specialisation: (kernel function, runtime argument types, constexprs, options)."""
+    fn = getattr(kernel, "fn", kernel)
+    consts = {k: (bool(v) if isinstance(v, bool) else v) for k, v in constexprs.items()}
+    return (
+        f"{fn.__module__}.{fn.__qualname__}",
+        tuple(sorted((k, v) for k, v in signature.items() if k not in consts)),
+        tuple(sorted(consts.items())),
+        _norm_options(options),
+    )
+
+
+def spec_key(spec) -> tuple:
+    """``launch_key`` of a registered ``_common.AuditSpec``."""
+    return launch_key(spec.kernel, spec.signature, spec.constexprs, spec.options)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Recording launches
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _check_not_interpreted() -> None:
+    from flint_moe.kernels._common import INTERPRET
+
+    if INTERPRET:
+        raise RuntimeError(
+            "flint_moe.conformance.audit: TRITON_INTERPRET=1 was set when the kernels were imported; the launch "
+            "recorder needs real JITFunctions (run `python -m flint_moe.conformance.audit` without it)"
+        )
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def _recording(out: list[Launch]):
+    """Replace ``JITFunction.run`` by a recorder appending a ``Launch`` to ``out`` (no compile, no launch)."""
+    from triton.runtime.jit import JITFunction, mangle_type
+
+    orig = JITFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        del grid, warmup
+        names = self.arg_names
+        bound = dict(zip(names, args, strict=False))
+        options = {}
+        for k, v in kwargs.items():
+            if k in names:
+                bound[k] = v
+            else:
+                options[k] = v
+        sig, consts = {}, {}
+        for p in self.params:
+            name = p.name
+            if name not in bound:
+                if p.has_default:
+                    bound[name] = p.default
+                else:
+                    raise TypeError(f"recorder: {self.__name__} launched without argument {name!r}")
+            v = bound[name]
+            if p.is_constexpr:
+                consts[name] = v
+            else:
+                sig[name] = mangle_type(v)
+        out.append(
+            Launch(
+                self,
+                tuple(sorted(sig.items())),
+                tuple(sorted(consts.items())),
+                tuple(sorted((k, v) for k, v in options.items() if k not in IGNORED_OPTIONS)),
+            )
+        )
+
+    JITFunction.run = record
+    try:
+        yield out
+    finally:
+        JITFunction.run = orig
+
+
+def _meta_inputs(case):
+    """``cases.CaseInputs`` of ``case`` as fake CUDA tensors (call inside ``FakeTensorMode``): the stored
+    layouts' shapes and dtypes on device ``cuda``, no data."""
+    from flint_moe.conformance.cases import CaseInputs
+
+    meta = torch.device("cuda")
+    E, H, I, Ip, M = case.E, case.H, case.I, case.Ip, case.M  # noqa: E741
+
+    def t(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device=meta)
+
+    notes = {"top_k": case.k, "injected_row_maps": True}  # fake maps hold no values to check
+    if case.path.startswith("nvfp4"):
+        from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
+        from flint_moe.layouts.swizzle import swizzled_scale_shape
+
+        stored = FlintMoEWeights(
+            w1=t(E, 2 * Ip, H // 2, dtype=torch.uint8),
+            w1_sf_swizzled=t(E, *swizzled_scale_shape(2 * Ip, H // 16), dtype=torch.float8_e4m3fn),
+            w1_alpha=t(E, dtype=torch.float32),
+            w2=t(E, H, Ip // 2, dtype=torch.uint8),
+            w2_sf_swizzled=t(E, *swizzled_scale_shape(H, Ip // 16), dtype=torch.float8_e4m3fn),
+            w2_alpha=t(E, dtype=torch.float32),
+            valid_intermediate=I,
+        )
+    else:
+        stored = (t(E, H // 64, 2 * Ip, 64), t(E, Ip // 64, H, 64), (t(2 * Ip, dtype=torch.int32),
+                  t(H, dtype=torch.int32)))  # fmt: skip
+    return CaseInputs(t(M, H), t(E, H), t(M, H), None, stored, notes)
+
+
+#: The op path each module path runs (``modules.FlintNvfp4Experts.forward`` calls ``ops.flint_moe``,
+#: ``modules.FlintBf16DecodeMoE.forward`` calls ``ops.flint_moe_bf16_decode``, default configurations; the
+#: modules only load / repack the weights, and pass their own route counter and shared output).
+_MODULE_OP_PATH = {"nvfp4_module": "nvfp4_decode", "bf16_module": "bf16_decode"}
+
+
+def _shape_only_permute(ids, num_experts, block_m):
+    """``moe_permute`` (pure torch, no Triton kernel) reduced to its outputs' shapes: its index arithmetic
+    needs a real device, and the grouped launchers read only the sizes and ``block_m`` on the host."""
+    from flint_moe.kernels.moe_permute import MoEPermutation, num_blocks_bound
+
+    m, k = ids.shape
+    nb = num_blocks_bound(m * k, num_experts, block_m)
+
+    def i32(n):
+        return torch.empty(n, dtype=torch.int32, device=ids.device)
+
+    return MoEPermutation(i32(m * k), i32(num_experts + 1), i32(nb), i32(nb), i32(nb), num_experts, int(k), block_m)
+
+
+def _case_launches(case, counter) -> list[Launch]:
+    from dataclasses import replace
+
+    from flint_moe.conformance.paths import path_for
+
+    run_case = case
+    if case.path in _MODULE_OP_PATH:
+        run_case = replace(case, path=_MODULE_OP_PATH[case.path], profile="gaussian")
+    path = path_for(run_case)
+    inputs = _meta_inputs(case)
+    import flint_moe.ops.moe_nvfp4_grouped as grouped_op
+
+    launches: list[Launch] = []
+    with _recording(launches), _patched(grouped_op, "moe_permute", _shape_only_permute):
+        for taps in ({}, None):  # the compared (tapped) run, then the production build (determinism, graphs)
+            path.fn(inputs, counter, taps)
+    return launches
+
+
+def matrix_launches(profiles: Sequence[str] = ("gpu", "cpu")) -> dict[tuple, tuple[Launch, list[str]]]:
+    """Distinct launches (``launch_key`` -> (first ``Launch``, ids of the cases that launch it)) of every case
+    of ``cases.matrix(p)`` for ``p`` in ``profiles``. Raises RuntimeError under TRITON_INTERPRET=1 and any
+    error a launcher raises for a case (with the case id)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flint_moe.conformance.cases import matrix
+
+    _check_not_interpreted()
+    out: dict[tuple, tuple[Launch, list[str]]] = {}
+    with FakeTensorMode():
+        counter = torch.zeros(64, dtype=torch.int32, device="cuda")
+        for profile in profiles:
+            for case in matrix(profile):
+                try:
+                    launches = _case_launches(case, counter)
+                except Exception as e:
+                    raise RuntimeError(f"matrix_launches: case {case.id}: {type(e).__name__}: {e}") from e
+                for ln in launches:
+                    entry = out.setdefault(ln.key, (ln, []))
+                    entry[1].append(case.id)
+    return out
+
+
+def _kernel_ref(kernel: Any) -> str:
+    fn = getattr(kernel, "fn", kernel)
+    return f"{fn.__module__}:{fn.__name__}"
+
+
+def _resolve_kernel(ref: str) -> Any:
+    import importlib
+
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+_TAG_KEYS = ("H", "IP", "INTER", "TOPK", "EP2", "BM", "BN", "BH", "MMA", "TAP")
+
+
+def _spec_name(ln: Launch) -> str:
+    consts = dict(ln.constexprs)
+    tags = [f"{k}{int(consts[k])}" for k in _TAG_KEYS if k in consts]
+    digest = hashlib.sha1(repr(ln.key).encode()).hexdigest()[:10]
+    return ".".join(["matrix", ln.kernel_name, *tags, digest])
+
+
+def _rule_lists(kernel: Any, constexprs: dict, specs: dict) -> tuple[tuple, tuple]:
+    """(require, forbid) of ``kernel``'s own registered specs: those with the same ``MMA`` constexpr if it has one
+    (the tensor-core and CUDA-core paths require different instructions). Raises LookupError when the kernel
+    module registers no spec for this kernel (or none for this MMA value)."""
+    fn = getattr(kernel, "fn", kernel)
+    own = [s for s in specs.values() if getattr(s.kernel, "fn", s.kernel) is fn and not s.name.startswith("matrix.")]
+    if "MMA" in constexprs:
+        own = [s for s in own if bool(s.constexprs.get("MMA")) == bool(constexprs["MMA"])]
+    lists = {(s.require, s.forbid) for s in own}
+    if not lists:
+        raise LookupError(
+            f"{_kernel_ref(kernel)}: the conformance matrix launches it (MMA={constexprs.get('MMA')}) but its module's "
+            "audit_specs() registers no specialisation to take the required / forbidden instructions from"
+        )
+    if len(lists) > 1:
+        raise LookupError(f"{_kernel_ref(kernel)}: its registered specs disagree on require / forbid")
+    return lists.pop()
+
+
+def matrix_spec_records(profiles: Sequence[str] = ("gpu", "cpu")) -> list[dict]:
+    """JSON-able records of every distinct matrix launch no kernel-module spec covers: ``name``, ``kernel``
+    ("module:function"), ``signature``, ``constexprs``, ``options``, ``require``, ``forbid``, ``cases`` (how many
+    matrix cases launch it) and ``example`` (the first such case id). Sorted by name."""
+    from flint_moe.kernels._common import collect_audit_specs
+
+    specs = {n: s for n, s in collect_audit_specs().items() if not n.startswith("matrix.")}
+    out = []
+    for ln, ids in uncovered_launches(matrix_launches(profiles), specs).values():
+        consts = dict(ln.constexprs)
+        require, forbid = _rule_lists(ln.kernel, consts, specs)
+        out.append(
+            {
+                "name": _spec_name(ln),
+                "kernel": _kernel_ref(ln.kernel),
+                "signature": dict(ln.signature),
+                "constexprs": consts,
+                "options": dict(_norm_options(dict(ln.options))),
+                "require": [list(r) if isinstance(r, tuple) else r for r in require],
+                "forbid": list(forbid),
+                "cases": len(ids),
+                "example": ids[0],
+            }
+        )
+    return sorted(out, key=lambda r: r["name"])
+
+
+def register_records(records: Iterable[dict]) -> list[str]:
+    """Register ``matrix_spec_records`` entries through ``_common.register_audit``; returns their names."""
+    from flint_moe.kernels._common import register_audit
+
+    names = []
+    for r in records:
+        register_audit(
+            r["name"],
+            _resolve_kernel(r["kernel"]),
+            r["signature"],
+            r["constexprs"],
+            [tuple(x) if isinstance(x, list) else x for x in r["require"]],
+            r["forbid"],
+            options=r["options"],
+        )
+        names.append(r["name"])
+    return names
+
+
+def register_matrix_audit(profiles: Sequence[str] = ("gpu", "cpu")) -> list[str]:
+    """Derive the matrix's uncovered specialisations (``matrix_spec_records``) and register them."""
+    return register_records(matrix_spec_records(profiles))
+
+
+def collect_all_specs() -> dict:
+    """The kernel modules' registry (``_common.collect_audit_specs``) plus ``register_matrix_audit()``'s specs."""
+    from flint_moe.kernels._common import collect_audit_specs
+
+    collect_audit_specs()
+    register_matrix_audit()
+    return collect_audit_specs()
+
+
+def uncovered_launches(launches: dict, specs: dict) -> dict[tuple, tuple[Launch, list[str]]]:
+    """The entries of ``launches`` (``matrix_launches``) whose key no spec of ``specs`` (name -> AuditSpec) has."""
+    covered = {spec_key(s) for s in specs.values()}
+    return {k: v for k, v in launches.items() if k not in covered}
+
+
+def _audit_names(specs: dict, names: Sequence[str]) -> dict[str, list[str]]:
+    from flint_moe.kernels._common import audit_ptx, compile_ptx_sm90
+
+    out = {}
+    for n in names:
+        if n not in specs:
+            raise KeyError(f"audit: no audit specialisation named {n!r}")
+        s = specs[n]
+        out[n] = audit_ptx(compile_ptx_sm90(s.kernel, s.signature, s.constexprs, s.options), s.require, s.forbid)
+    return out
+
+
+_USAGE = (
+    "usage: python -m flint_moe.conformance.audit specs | list | uncovered | audit [--specs FILE] NAME...\n"
+    "  specs      JSON records of the matrix launches no kernel-module spec covers (matrix_spec_records)\n"
+    "  list       JSON names of every spec (kernel modules' + matrix)\n"
+    "  uncovered  JSON of the matrix launches no registered spec covers (exit 1 if any)\n"
+    "  audit      compile NAME... for sm_90 and audit the PTX (JSON name -> problems; exit 1 on problems);\n"
+    "             --specs FILE: take the matrix records from FILE (output of `specs`) instead of re-deriving them"
+)
+
+
+def _main(argv: Sequence[str]) -> int:
+    from flint_moe.kernels._common import collect_audit_specs
+
+    if not argv or argv[0] not in ("specs", "list", "uncovered", "audit"):
+        print(_USAGE, file=sys.stderr)
+        return 2
+    try:
+        _check_not_interpreted()
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 2
+    cmd, args = argv[0], list(argv[1:])
+    if cmd == "specs":
+        print(json.dumps(matrix_spec_records()))
+        return 0
+    if cmd == "list":
+        print(json.dumps(sorted(collect_all_specs())))
+        return 0
+    if cmd == "uncovered":
+        # the records go through JSON, as the audit subprocesses receive them
+        register_records(json.loads(json.dumps(matrix_spec_records())))
+        left = uncovered_launches(matrix_launches(), collect_audit_specs())
+        rows = [{"kernel": ln.kernel_name, "constexprs": dict(ln.constexprs), "signature": dict(ln.signature),
+                 "options": dict(ln.options), "cases": ids[:3]} for ln, ids in left.values()]  # fmt: skip
+        print(json.dumps(rows, default=str))
+        return 1 if rows else 0
+    if args[:1] == ["--specs"]:
+        if len(args) < 2:
+            print(_USAGE, file=sys.stderr)
+            return 2
+        with open(args[1]) as f:
+            register_records(json.load(f))
+        args = args[2:]
+        specs = collect_audit_specs()
+    else:
+        specs = collect_all_specs()
+    result = _audit_names(specs, args)
+    print(json.dumps(result))
+    return 1 if any(result.values()) else 0
+
+
+if __name__ == "__main__":
+    # through the package module, so that the registry is the one the kernel modules register into
+    from flint_moe.conformance.audit import _main as _package_main
+
+    sys.exit(_package_main(sys.argv[1:]))
