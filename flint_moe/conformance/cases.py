@@ -23,6 +23,8 @@ from flint_moe.shapes import MODEL_SHAPES
 __all__ = [
     "PATH_NAMES",
     "PATH_PROFILES",
+    "ORACLE_PROFILES",
+    "oracle_available",
     "SHAPES",
     "Case",
     "CaseInputs",
@@ -51,7 +53,25 @@ PATH_PROFILES: dict[str, tuple[str, ...]] = {
         "asymmetric", "tiny_sigmoids",
     ),
 }  # fmt: skip
+#: Profiles whose inputs come from the field's own tools (issue 5 "Real inputs beside our own"), present only
+#: where the tool is importable (the ``oracle`` extra; not on the H200, so only in the ``cpu`` profile):
+#: ``modelopt_quantizer`` = bf16 experts quantized by nvidia-modelopt's ``NVFP4QTensor`` (gate and up of an
+#: expert under one global scale, as fused exports have), then our ``FlintMoEWeights.from_modelopt``;
+#: ``flashinfer_layout`` = the stored weights the kernels read made by FlashInfer's own layout functions
+#: (``interleave_cute_dsl_moe_weights`` + ``_swizzle_cutile_fp4_scales`` for NVFP4,
+#: ``prepare_trtllm_bf16_weights`` for BF16) instead of ours. Value: the module the profile imports.
+ORACLE_PROFILES: dict[str, str] = {"modelopt_quantizer": "modelopt", "flashinfer_layout": "flashinfer"}
+PATH_PROFILES["nvfp4_decode"] += tuple(ORACLE_PROFILES)
+PATH_PROFILES["bf16_decode"] += ("flashinfer_layout",)
 PATH_PROFILES["nvfp4_grouped"] = PATH_PROFILES["nvfp4_decode"]  # same weights (FlintMoEWeights), same rule
+
+
+def oracle_available(profile: str) -> bool:
+    """True unless ``profile`` is one of :data:`ORACLE_PROFILES` whose tool is not installed."""
+    import importlib.util
+
+    mod = ORACLE_PROFILES.get(profile)
+    return mod is None or importlib.util.find_spec(mod) is not None
 #: ``nvfp4_module`` (issue 6): ``modules.FlintNvfp4Experts`` loaded from the case's checkpoint-layout tensors
 #: (its loader repacks them), forward with the shared output on both sides of DECODE_MAX_TOKENS.
 PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
@@ -249,8 +269,13 @@ def _cpu_matrix() -> list[Case]:
     # every non-default decode launch configuration once (the grouped ones on the gpu profile: interpreter time)
     cfg = [Case.make(path, sh, 2, "gaussian", 0, c) for path, sh in (("nvfp4_decode", a), ("bf16_decode", d))
            for c in PATH_CONFIGS[path] if c != "default"]  # fmt: skip
+    # inputs made by nvidia-modelopt / FlashInfer where installed (ORACLE_PROFILES; unpadded shapes: FlashInfer's
+    # layout functions do not pad)
+    oracle = [("nvfp4_decode", a, 2, "modelopt_quantizer"), ("nvfp4_decode", a, 3, "flashinfer_layout"),
+              ("nvfp4_grouped", a, 10, "flashinfer_layout"), ("bf16_decode", d, 2, "flashinfer_layout")]  # fmt: skip
     return (
         cfg
+        + [Case.make(path, s, m, p) for path, s, m, p in oracle if oracle_available(p)]
         + [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv]
         + [Case.make("bf16_decode", s, m, p) for s, m, p in bf]
         + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
@@ -275,7 +300,7 @@ _GPU_OTHER_PROFILES = 3
 
 
 def _profiles_for(path: str, s: ShapeSpec) -> list[str]:
-    profs = [p for p in PATH_PROFILES[path] if p != "gaussian"]
+    profs = [p for p in PATH_PROFILES[path] if p != "gaussian" and p not in ORACLE_PROFILES]
     if s.E * s.H * s.I * 3 > _MODELOPT_MAX_PARAMS and "modelopt" in profs:
         profs.remove("modelopt")
     return profs

@@ -10,7 +10,9 @@ layers are cheap): ``global_scales`` (per-expert global scales 2^-20..2^4), ``e4
 scale byte incl. subnormals and 448), ``zero_blocks`` (zero codes / zero scales / a zero row),
 ``poisoned_padding`` (every padding byte of the swizzled scales set to 0x7F / 0xFF / 0x7E=448),
 ``asymmetric`` (gate strongly negative, up identity-like), ``modelopt`` (bf16 experts quantized with the
-ModelOpt recipe, ``reference.quantize_experts``). BF16 weights are random bf16 then ``to_trtllm_bf16``.
+ModelOpt recipe, ``reference.quantize_experts``), ``modelopt_quantizer`` (the same quantized by nvidia-modelopt
+itself). BF16 weights are random bf16 then ``to_trtllm_bf16``. ``flashinfer_layout`` (both formats): the stored
+weights made by FlashInfer's own preparation functions instead of ``flint_moe.layouts`` (cases.ORACLE_PROFILES).
 """
 
 from __future__ import annotations
@@ -137,6 +139,12 @@ def _nvfp4_weights(case, g, dev):
         w2f = torch.randn(E, H, I, generator=g, device=dev) * 0.05
         ex = quantize_experts(_bf16(torch.cat([gate, up], 1)), _bf16(w2f))
         c13, s13, gs1, c2, s2, gs2 = ex.w13, ex.w13_scale, ex.w13_gs, ex.w2, ex.w2_scale, ex.w2_gs
+    elif p == "modelopt_quantizer":
+        gate = torch.randn(E, I, H, generator=g, device=dev) * 0.05 + 0.01
+        up = torch.randn(E, I, H, generator=g, device=dev) * 0.25 - 0.03
+        w2f = torch.randn(E, H, I, generator=g, device=dev) * 0.05
+        c13, s13, gs1, c2, s2, gs2 = _modelopt_quantize(_bf16(torch.cat([gate, up], 1)), _bf16(w2f))
+        notes["quantizer"] = "nvidia-modelopt NVFP4QTensor.quantize"
     else:
         c13 = torch.randint(0, 256, (E, 2 * I, H // 2), generator=g, device=dev, dtype=torch.uint8)
         c2 = torch.randint(0, 256, (E, H, I // 2), generator=g, device=dev, dtype=torch.uint8)
@@ -157,9 +165,13 @@ def _nvfp4_weights(case, g, dev):
             c2, s2 = _zero_blocks(c2, s2, g, dev)
         elif p == "asymmetric":
             c13, s13 = _asymmetric(c13, s13, E, I, H, dev)
-    stored = FlintMoEWeights.from_modelopt(
-        c13, s13.view(FP8), gs1, c2, s2.view(FP8), gs2, pad_intermediate_to=case.pad_to
-    )
+    if p == "flashinfer_layout":
+        stored = _flashinfer_nvfp4(c13, s13, gs1, c2, s2, gs2, case)
+        notes["layout"] = "flashinfer.fused_moe.prepare (interleave_cute_dsl_moe_weights, _swizzle_cutile_fp4_scales)"
+    else:
+        stored = FlintMoEWeights.from_modelopt(
+            c13, s13.view(FP8), gs1, c2, s2.view(FP8), gs2, pad_intermediate_to=case.pad_to
+        )
     if p == "poisoned_padding":
         for name in ("w1_sf_swizzled", "w2_sf_swizzled"):
             t = getattr(stored, name).view(torch.uint8)
@@ -274,5 +286,73 @@ def _bf16_weights(case, g, dev):
         w13p, w2p, ip = pad_intermediate_bf16(w13, w2b, case.pad_to)
     else:
         w13p, w2p, ip = w13, w2b, I
-    g1, g2 = to_trtllm_bf16(w13p, w2p)
+    if p == "flashinfer_layout":
+        g1, g2 = _flashinfer_bf16(w13p, w2p, case)
+        notes["layout"] = "flashinfer.fused_moe.prepare.prepare_trtllm_bf16_weights"
+    else:
+        g1, g2 = to_trtllm_bf16(w13p, w2p)
     return logical, (g1, g2, trtllm_bf16_row_maps(H, ip, device=dev)), notes
+
+
+# ------------------------------------------------------------------------------------------------------
+# inputs made by the field's own tools (cases.ORACLE_PROFILES; the ``oracle`` extra)
+# ------------------------------------------------------------------------------------------------------
+
+
+def _w31(t: torch.Tensor) -> torch.Tensor:
+    """[gate; up] rows -> [up; gate] (FlashInfer's w3_w1 order) along dim 1."""
+    half = t.shape[1] // 2
+    return torch.cat([t[:, half:], t[:, :half]], dim=1)
+
+
+def _modelopt_quantize(w13: torch.Tensor, w2: torch.Tensor):
+    """bf16 w13 [E, 2I, H] ([gate; up]), w2 [E, H, I] -> ModelOpt checkpoint tensors (codes uint8, block scales
+    uint8 E4M3 bytes, fp32 [E] global scales), quantized by nvidia-modelopt's ``NVFP4QTensor.quantize`` with
+    block 16; gate and up of an expert quantized together (one global scale, as fused exports have)."""
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    def one(w: torch.Tensor):
+        q, s, g2 = NVFP4QTensor.quantize(w.clone(), 16)
+        return q._quantized_data.view(torch.uint8), s.view(torch.uint8), g2.float().reshape(())
+
+    parts13 = [one(w13[e]) for e in range(w13.shape[0])]
+    parts2 = [one(w2[e]) for e in range(w2.shape[0])]
+    c13, s13, gs1 = (torch.stack([p[i] for p in parts13]) for i in range(3))
+    c2, s2, gs2 = (torch.stack([p[i] for p in parts2]) for i in range(3))
+    return c13, s13, gs1, c2, s2, gs2
+
+
+def _flashinfer_nvfp4(c13, s13, gs1, c2, s2, gs2, case) -> FlintMoEWeights:
+    """FlintMoEWeights whose stored tensors FlashInfer's own CuTe-DSL W4A16 preparation made (64-row
+    interleave of [up; gate], 128x4 scale swizzle); the global scales are the checkpoint's."""
+    from flashinfer.fused_moe.prepare import _swizzle_cutile_fp4_scales, interleave_cute_dsl_moe_weights
+
+    from flint_moe.layouts.swizzle import swizzled_scale_shape
+
+    if case.pad_to is not None:
+        raise ValueError(f"{case.id}: flashinfer_layout needs an unpadded shape (FlashInfer does not pad)")
+    E, two_i, h2 = c13.shape
+    H, I = 2 * h2, two_i // 2  # noqa: E741
+    w1, s1 = interleave_cute_dsl_moe_weights(_w31(c13), _w31(s13.view(FP8)), swap_ab=False)
+    sw1 = _swizzle_cutile_fp4_scales(s1.view(torch.uint8), scale_block_size=16)
+    sw2 = _swizzle_cutile_fp4_scales(s2.view(torch.uint8).contiguous(), scale_block_size=16)
+    return FlintMoEWeights(
+        w1.contiguous(), sw1.reshape(E, *swizzled_scale_shape(two_i, H // 16)).view(FP8), gs1.float().clone(),
+        c2.clone(), sw2.reshape(E, *swizzled_scale_shape(H, I // 16)).view(FP8), gs2.float().clone(), I,
+    )  # fmt: skip
+
+
+def _flashinfer_bf16(w13: torch.Tensor, w2: torch.Tensor, case):
+    """(g1, g2) of the TRT-LLM BlockMajorK BF16 layout made by FlashInfer's ``prepare_trtllm_bf16_weights``."""
+    from flashinfer.fused_moe.prepare import prepare_trtllm_bf16_weights
+
+    if case.pad_to is not None:
+        raise ValueError(f"{case.id}: flashinfer_layout needs an unpadded shape")
+    E, two_i, H = w13.shape
+    I = two_i // 2  # noqa: E741
+    ref = prepare_trtllm_bf16_weights(_w31(w13), w2, num_local_experts=E, hidden_size=H, intermediate_size=I,
+                                      permute_cache={})  # fmt: skip
+    return (
+        ref["gemm1_weights"].reshape(E, H // 64, 2 * I, 64).contiguous(),
+        ref["gemm2_weights"].reshape(E, I // 64, H, 64).contiguous(),
+    )

@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from flint_moe import reference as R
-from flint_moe.conformance.cases import PATH_NAMES, PATH_PROFILES, Case, make_inputs, matrix
+from flint_moe.conformance.cases import (
+    ORACLE_PROFILES,
+    PATH_NAMES,
+    PATH_PROFILES,
+    Case,
+    make_inputs,
+    matrix,
+    oracle_available,
+)
 from flint_moe.conformance.paths import PATHS
 from flint_moe.conformance.profiles import POISON_BYTES, scale_padding_mask
 from flint_moe.layouts import FlintMoEWeights
@@ -83,13 +91,13 @@ def test_gpu_matrix_coverage():
     for path in PATH_NAMES:
         if path in ("nvfp4_decode", "bf16_decode"):  # grouped / module serve any M: both sides of the threshold
             assert {c.M for c in GPU if c.path == path} == set(range(1, PATHS[path].max_tokens + 1))
-        assert {c.profile for c in GPU if c.path == path} == set(PATH_PROFILES[path])
+        assert {c.profile for c in GPU if c.path == path} == set(PATH_PROFILES[path]) - set(ORACLE_PROFILES)
     from flint_moe.conformance.cases import GPU_CORE_SHAPES
 
     for name in GPU_CORE_SHAPES:  # the core shapes get every M <= 8 and every data profile on each path
         for path in PATH_NAMES:
             got = [c for c in GPU if c.path == path and c.shape == name]
-            want = set(PATH_PROFILES[path]) - {"modelopt"}
+            want = set(PATH_PROFILES[path]) - {"modelopt", *ORACLE_PROFILES}
             assert want <= {c.profile for c in got}, (name, path)
             if path in ("nvfp4_decode", "bf16_decode"):
                 assert {c.M for c in got if c.profile == "gaussian"} == set(range(1, 9))
@@ -257,3 +265,56 @@ def test_launch_configurations_are_audited():
     assert nvfp4_gate_up.accumulation_model(nvfp4_tuned.GATE_UP_MMA).name == "fp32-truncate"
     assert nvfp4_down.accumulation_model(nvfp4_tuned.DOWN_CUDA_CORE).name == "fp32-rn-block16"
     assert {"nvfp4_gate_up.H7168.I2048.mma", "nvfp4_down.H7168.I2048.cuda_core.tap"} <= set(specs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# inputs made by the field's own tools (ORACLE_PROFILES): present where installed, never on the gpu profile
+
+
+def test_oracle_profiles_only_where_installed():
+    assert not [c.id for c in GPU if c.profile in ORACLE_PROFILES]  # the H200 has neither tool
+    for prof in ORACLE_PROFILES:
+        got = [c for c in CPU if c.profile == prof]
+        assert bool(got) == oracle_available(prof), prof
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("path", ["nvfp4_decode", "nvfp4_grouped", "bf16_decode"])
+def test_flashinfer_layout_inputs_equal_ours(path):
+    """The stored weights FlashInfer's preparation made equal flint_moe.layouts' for the same checkpoint
+    tensors, byte for byte (so a difference in a flashinfer_layout case is a kernel's, not the layout's)."""
+    pytest.importorskip("flashinfer")
+    from flint_moe.layouts import to_trtllm_bf16
+
+    case = next(c for c in CPU if c.profile == "flashinfer_layout" and c.path == path)
+    inp = make_inputs(case)
+    if path.startswith("nvfp4_"):
+        L = inp.logical
+        ours = FlintMoEWeights.from_modelopt(L.w13, L.w13_scale, L.w13_gs, L.w2, L.w2_scale, L.w2_gs)
+        for name in ("w1", "w1_sf_swizzled", "w1_alpha", "w2", "w2_sf_swizzled", "w2_alpha"):
+            assert _bytes(getattr(inp.stored, name)) == _bytes(getattr(ours, name)), name
+        assert inp.stored.valid_intermediate == ours.valid_intermediate
+    else:
+        g1, g2 = to_trtllm_bf16(inp.logical.w13, inp.logical.w2)
+        assert _bytes(inp.stored[0]) == _bytes(g1) and _bytes(inp.stored[1]) == _bytes(g2)
+
+
+@pytest.mark.oracle
+def test_modelopt_quantizer_inputs_match_our_recipe():
+    """nvidia-modelopt's quantizer and reference.quantize_experts give the same checkpoint tensors for the
+    profile's bf16 stack (codes, block scales, one global scale per expert for gate and up)."""
+    pytest.importorskip("modelopt")
+    from flint_moe.conformance.profiles import _gen
+    from flint_moe.reference.quantize import quantize_experts
+
+    case = next(c for c in CPU if c.profile == "modelopt_quantizer")
+    L = make_inputs(case).logical
+    g = _gen(torch.device("cpu"), "/".join(map(str, (case.path, case.shape, case.profile, case.seed))))
+    E, H, I = case.E, case.H, case.I  # noqa: E741
+    gate = torch.randn(E, I, H, generator=g) * 0.05 + 0.01
+    up = torch.randn(E, I, H, generator=g) * 0.25 - 0.03
+    w2f = torch.randn(E, H, I, generator=g) * 0.05
+    ex = quantize_experts(torch.cat([gate, up], 1).to(torch.bfloat16), w2f.to(torch.bfloat16))
+    assert _bytes(L.w13) == _bytes(ex.w13) and _bytes(L.w2) == _bytes(ex.w2)
+    assert _bytes(L.w13_scale) == _bytes(ex.w13_scale) and _bytes(L.w2_scale) == _bytes(ex.w2_scale)
+    assert _bytes(L.w13_gs) == _bytes(ex.w13_gs) and _bytes(L.w2_gs) == _bytes(ex.w2_gs)
