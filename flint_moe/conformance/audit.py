@@ -287,22 +287,38 @@ def _spec_name(ln: Launch) -> str:
     return ".".join(["matrix", ln.kernel_name, *tags, digest])
 
 
+#: The instructions that tell the NVFP4 decode kernels' two paths apart, as their ``audit_specs()`` pick them:
+#: ``*(MMA_PTX if cfg["MMA"] else ["mul.rn.f16x2"])`` (flint_moe/kernels/nvfp4_gate_up.py, nvfp4_down.py).
+_CUDA_CORE_PTX = ("mul.rn.f16x2",)
+
+
+def _swap_path(require: tuple, mma: bool) -> tuple:
+    from flint_moe.kernels.nvfp4_gate_up import MMA_PTX
+
+    drop = set(MMA_PTX) | set(_CUDA_CORE_PTX)
+    return tuple(r for r in require if r not in drop) + tuple(MMA_PTX if mma else _CUDA_CORE_PTX)
+
+
 def _rule_lists(kernel: Any, constexprs: dict, specs: dict) -> tuple[tuple, tuple]:
-    """(require, forbid) of ``kernel``'s own registered specs: those with the same ``MMA`` constexpr if it has one
-    (the tensor-core and CUDA-core paths require different instructions). Raises LookupError when the kernel
-    module registers no spec for this kernel (or none for this MMA value)."""
+    """(require, forbid) of ``kernel``'s own registered specs (a kernel's rule instructions do not depend on its
+    sizes). For a kernel with an ``MMA`` constexpr, the specs with the same ``MMA`` value; when its module audits
+    only the other path, that path's list with the path instructions swapped as the module's ``audit_specs()``
+    swaps them (``_swap_path``). Raises LookupError when the kernel module registers no spec for this kernel or
+    its specs disagree."""
     fn = getattr(kernel, "fn", kernel)
     own = [s for s in specs.values() if getattr(s.kernel, "fn", s.kernel) is fn and not s.name.startswith("matrix.")]
-    if "MMA" in constexprs:
-        own = [s for s in own if bool(s.constexprs.get("MMA")) == bool(constexprs["MMA"])]
     lists = {(s.require, s.forbid) for s in own}
+    if "MMA" in constexprs:
+        mma = bool(constexprs["MMA"])
+        same = {(s.require, s.forbid) for s in own if bool(s.constexprs.get("MMA")) == mma}
+        lists = same or {(_swap_path(r, mma), f) for r, f in lists}
     if not lists:
         raise LookupError(
-            f"{_kernel_ref(kernel)}: the conformance matrix launches it (MMA={constexprs.get('MMA')}) but its module's "
-            "audit_specs() registers no specialisation to take the required / forbidden instructions from"
+            f"{_kernel_ref(kernel)}: the conformance matrix launches it but its module's audit_specs() registers "
+            "no specialisation to take the required / forbidden instructions from"
         )
     if len(lists) > 1:
-        raise LookupError(f"{_kernel_ref(kernel)}: its registered specs disagree on require / forbid")
+        raise LookupError(f"{_kernel_ref(kernel)}: its registered specs disagree on require / forbid: {lists}")
     return lists.pop()
 
 
