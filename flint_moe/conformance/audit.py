@@ -400,9 +400,53 @@ def _audit_names(specs: dict, names: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
+def coverage_report(profiles: Sequence[str] = ("gpu", "cpu")) -> dict:
+    """Everything the CI test needs from one derivation (JSON-able): ``records`` (``matrix_spec_records``),
+    ``uncovered`` (matrix launches that neither a kernel-module spec nor a record covers once the records have
+    gone through JSON and ``register_records``; must be empty), ``cases`` (number of matrix cases),
+    ``silent_cases`` (ids of cases that launched no kernel), ``kernels_by_path`` (path -> kernel names its cases
+    launch), ``per_kernel`` (kernel -> [distinct launches, covered by kernel-module specs, module specs])."""
+    from flint_moe.conformance.cases import matrix
+    from flint_moe.kernels._common import collect_audit_specs
+
+    module_specs = {n: s for n, s in collect_audit_specs().items() if not n.startswith("matrix.")}
+    launches = matrix_launches(profiles)
+    records = matrix_spec_records(profiles)
+    register_records(json.loads(json.dumps(records)))
+    left = uncovered_launches(launches, collect_audit_specs())
+    ids = [c.id for p in profiles for c in matrix(p)]
+    launched: dict[str, set] = {}
+    by_path: dict[str, set] = {}
+    for ln, case_ids in launches.values():
+        for cid in case_ids:
+            launched.setdefault(cid, set()).add(ln.kernel_name)
+            by_path.setdefault(cid.split("/", 1)[0], set()).add(ln.kernel_name)
+    module_keys = {spec_key(s) for s in module_specs.values()}
+    per_kernel: dict[str, list[int]] = {}
+    for key, (ln, _) in launches.items():
+        row = per_kernel.setdefault(ln.kernel_name, [0, 0, 0])
+        row[0] += 1
+        row[1] += key in module_keys
+    for s in module_specs.values():
+        fn = getattr(s.kernel, "fn", s.kernel)
+        row = per_kernel.setdefault(f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", [0, 0, 0])
+        row[2] += 1
+    return {
+        "records": records,
+        "uncovered": [
+            {"kernel": ln.kernel_name, "constexprs": dict(ln.constexprs), "cases": c[:3]} for ln, c in left.values()
+        ],  # fmt: skip
+        "cases": len(ids),
+        "silent_cases": [cid for cid in ids if cid not in launched],
+        "kernels_by_path": {p: sorted(k) for p, k in sorted(by_path.items())},
+        "per_kernel": dict(sorted(per_kernel.items())),
+    }
+
+
 _USAGE = (
-    "usage: python -m flint_moe.conformance.audit specs | list | uncovered | audit [--specs FILE] NAME...\n"
+    "usage: python -m flint_moe.conformance.audit specs | report | list | uncovered | audit [--specs FILE] NAME...\n"
     "  specs      JSON records of the matrix launches no kernel-module spec covers (matrix_spec_records)\n"
+    "  report     JSON coverage_report()\n"
     "  list       JSON names of every spec (kernel modules' + matrix)\n"
     "  uncovered  JSON of the matrix launches no registered spec covers (exit 1 if any)\n"
     "  audit      compile NAME... for sm_90 and audit the PTX (JSON name -> problems; exit 1 on problems);\n"
@@ -413,7 +457,7 @@ _USAGE = (
 def _main(argv: Sequence[str]) -> int:
     from flint_moe.kernels._common import collect_audit_specs
 
-    if not argv or argv[0] not in ("specs", "list", "uncovered", "audit"):
+    if not argv or argv[0] not in ("specs", "report", "list", "uncovered", "audit"):
         print(_USAGE, file=sys.stderr)
         return 2
     try:
@@ -424,6 +468,9 @@ def _main(argv: Sequence[str]) -> int:
     cmd, args = argv[0], list(argv[1:])
     if cmd == "specs":
         print(json.dumps(matrix_spec_records()))
+        return 0
+    if cmd == "report":
+        print(json.dumps(coverage_report(), default=str))
         return 0
     if cmd == "list":
         print(json.dumps(sorted(collect_all_specs())))

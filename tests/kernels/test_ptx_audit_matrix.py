@@ -1,0 +1,155 @@
+"""sm_90 PTX audit of every kernel specialisation the conformance matrix launches (issue 4, "CPU (CI)").
+
+``flint_moe.conformance.audit`` records the launches of every case of ``cases.matrix("gpu")`` and
+``matrix("cpu")`` (every path and PATH_CONFIGS entry, tapped and production builds) on fake CUDA tensors,
+deduplicates them by (kernel, argument types, constexprs, compile options), and turns the ones no kernel
+module's ``audit_specs()`` covers into audit specs (``matrix.<kernel>...``) with that kernel's own
+require / forbid lists. This module:
+
+- derives them once per pytest worker (subprocess ``python -m flint_moe.conformance.audit report``, without
+  ``TRITON_INTERPRET``: the recorder needs real JITFunctions);
+- ``test_matrix_launches_are_all_audited``: fails when a matrix case launches a specialisation that neither a
+  kernel module's spec nor a derived spec covers, when a case launches no kernel, or when a path launches
+  fewer kernels than its op runs;
+- ``test_matrix_ptx_audit[k]``: compiles the derived specs ``k::CHUNKS`` for sm_90 and audits their PTX (one
+  subprocess per chunk, like tests/kernels/test_ptx_audit.py, so pytest-xdist spreads them);
+- ``test_new_matrix_shape_is_caught``: a matrix with one more shape launches specialisations the kernel
+  modules' registry lacks, and the derivation covers them;
+- ``test_matrix_audit_reports_problems``: the ``--specs`` audit path really compiles and reports a missing
+  instruction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BACKEND = "any"
+ROOT = Path(__file__).resolve().parents[2]
+#: Fixed number of audit chunks (the derived specs are known only after the derivation subprocess; spec i goes
+#: to chunk i % CHUNKS). About 8 compiles per chunk at today's ~250 derived specs.
+CHUNKS = 32
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _json_tail(proc: subprocess.CompletedProcess, ok: tuple[int, ...] = (0,)):
+    if proc.returncode not in ok or not proc.stdout.strip():
+        pytest.fail(f"subprocess failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def matrix_report(tmp_path_factory) -> dict:
+    """``coverage_report()`` of the current matrix, and the derived records written to a JSON file."""
+    report = _json_tail(_run(["-m", "flint_moe.conformance.audit", "report"]))
+    path = tmp_path_factory.mktemp("matrix_audit") / "specs.json"
+    path.write_text(json.dumps(report["records"]))
+    report["specs_file"] = str(path)
+    return report
+
+
+#: Kernels each path's op launches (flint_moe/ops: route -> GEMV+top-k for M <= ROUTE_GEMV_MAX_TOKENS, torch.mm
+#: + top-k above; decode gate/up + split-K down; grouped gate/up + down + combine above DECODE_MAX_TOKENS).
+_ROUTER = {"router._router_gemv_topk_kernel"}
+_NVFP4_DECODE = _ROUTER | {"nvfp4_gate_up._nvfp4_gate_up_kernel", "nvfp4_down._nvfp4_down_split_kernel"}
+_GROUPED = _ROUTER | {
+    "router._topk_kernel",
+    "nvfp4_grouped_gate_up._grouped_gate_up_kernel",
+    "nvfp4_grouped_down._grouped_down_kernel",
+    "nvfp4_grouped_down._grouped_combine_kernel",
+}
+_BF16 = _ROUTER | {"bf16_gate_up._bf16_gate_up_kernel", "bf16_down._bf16_down_combine_kernel"}
+EXPECTED_KERNELS = {
+    "nvfp4_decode": _NVFP4_DECODE,
+    "nvfp4_grouped": _GROUPED,
+    "nvfp4_module": _NVFP4_DECODE | _GROUPED,
+    "bf16_decode": _BF16,
+    "bf16_module": _BF16,
+}
+
+
+def test_matrix_launches_are_all_audited(matrix_report: dict) -> None:
+    """Every specialisation any matrix case launches is in the audit registry (kernel modules' + derived)."""
+    r = matrix_report
+    assert r["uncovered"] == [], f"{len(r['uncovered'])} matrix launches not audited, e.g. {r['uncovered'][:3]}"
+    assert r["cases"] > 0 and r["silent_cases"] == [], f"cases that launched no kernel: {r['silent_cases'][:5]}"
+    for path, kernels in r["kernels_by_path"].items():
+        assert set(kernels) == EXPECTED_KERNELS[path], path
+    names = [rec["name"] for rec in r["records"]]
+    assert len(names) == len(set(names)) and all(n.startswith("matrix.") for n in names)
+    # every derived spec is a launch the kernel modules' registry lacks, and its kernel has specs there
+    for kernel, (launches, covered, module_specs) in r["per_kernel"].items():
+        derived = sum(rec["kernel"].endswith(":" + kernel.split(".")[-1]) for rec in r["records"])
+        assert derived == launches - covered, kernel
+        assert launches == 0 or module_specs > 0, kernel
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_matrix_ptx_audit(chunk: int, matrix_report: dict) -> None:
+    names = [rec["name"] for rec in matrix_report["records"]][chunk::CHUNKS]
+    if not names:
+        return  # fewer derived specs than chunks: nothing left for this one (the coverage test counts them)
+    proc = _run(["-m", "flint_moe.conformance.audit", "audit", "--specs", matrix_report["specs_file"], *names])
+    result = _json_tail(proc, ok=(0, 1))
+    assert sorted(result) == sorted(names)
+    bad = {n: p for n, p in result.items() if p}
+    assert not bad, "\n".join(f"{n}: " + "; ".join(p) for n, p in sorted(bad.items()))
+
+
+_NEW_SHAPE = """
+import json
+from flint_moe.conformance import audit as A, cases as C
+from flint_moe.kernels._common import collect_audit_specs
+s = C.ShapeSpec("audit-probe", 48, 3584, 1792, 6)
+C.SHAPES[s.name] = s
+C.matrix = lambda profile: [C.Case.make("nvfp4_decode", s, 1, "gaussian"), C.Case.make("bf16_decode", s, 2, "gaussian")]
+launches = A.matrix_launches(("gpu",))
+before = A.uncovered_launches(launches, collect_audit_specs())
+names = A.register_matrix_audit(("gpu",))
+after = A.uncovered_launches(launches, collect_audit_specs())
+print(json.dumps([len(launches), sorted(ln.kernel_name for ln, _ in before.values()), len(names), len(after)]))
+"""
+
+
+def test_new_matrix_shape_is_caught() -> None:
+    """A shape the kernel modules never registered (H 3584, I 1792, E 48, k 6): its launches are missing from the
+    modules' registry, and ``register_matrix_audit`` adds exactly those."""
+    n_launches, before, n_names, n_after = _json_tail(_run(["-c", _NEW_SHAPE]))
+    # per path: the router, gate/up and down kernels, each a production and a tapped build
+    assert n_launches == 10  # the router GEMV+top-k for E48/k6 at H 3584 is shared by both paths
+    assert sorted(before) == sorted(
+        ["router._router_gemv_topk_kernel"] * 2
+        + ["nvfp4_gate_up._nvfp4_gate_up_kernel"] * 2
+        + ["nvfp4_down._nvfp4_down_split_kernel"] * 2
+        + ["bf16_gate_up._bf16_gate_up_kernel"] * 2
+        + ["bf16_down._bf16_down_combine_kernel"] * 2
+    )
+    assert (n_names, n_after) == (10, 0)
+
+
+def test_matrix_audit_reports_problems(matrix_report: dict, tmp_path: Path) -> None:
+    """The ``--specs`` path compiles real PTX: a derived spec that also requires an absent instruction fails."""
+    rec = dict(matrix_report["records"][0])
+    rec["name"] = "matrix.probe.requires_sin"
+    rec["require"] = [*rec["require"], "sin.approx.f32"]
+    f = tmp_path / "probe.json"
+    f.write_text(json.dumps([rec]))
+    proc = _run(["-m", "flint_moe.conformance.audit", "audit", "--specs", str(f), rec["name"]])
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert _json_tail(proc, ok=(1,)) == {rec["name"]: ["required instruction missing: sin.approx.f32"]}
