@@ -7,21 +7,26 @@ shape, top_k, expert count or launch configuration in ``cases.matrix`` cannot sl
 - ``matrix_launches(profiles)`` runs every case of ``cases.matrix("gpu")`` and ``cases.matrix("cpu")`` (every
   path and ``cases.PATH_CONFIGS`` entry) through the same op / launcher calls as
   ``flint_moe.conformance.paths`` does, twice (with taps: the TAP builds the conformance run compares; without:
-  the production builds its determinism / CUDA-graph replays run), on ``meta``-device tensors of the case's
-  real sizes, with ``JITFunction.run`` replaced by a recorder: no kernel runs and no memory is touched; each
-  ``kernel[grid](...)`` launch is recorded as a ``Launch`` (kernel, argument types, constexpr values,
-  compile options) exactly as the launcher computed them (default configs, K-splits, warps, ...).
+  the production builds its determinism / CUDA-graph replays run), on fake CUDA tensors of the case's real
+  sizes (``torch._subclasses.fake_tensor.FakeTensorMode``: device ``cuda``, no data, no GPU needed), with
+  ``JITFunction.run`` replaced by a recorder: no kernel compiles or runs; each ``kernel[grid](...)`` launch is
+  recorded as a ``Launch`` (kernel, argument types, constexpr values, compile options) exactly as the launcher
+  computed them on a CUDA device (default configs, K-splits, warps, register caps, ...). Two stand-ins:
+  ``moe_permute`` (pure torch, no kernel) returns its outputs' shapes only, and the module paths run the op
+  their ``forward`` calls (``_MODULE_OP_PATH``).
 - Launches are deduplicated by what changes the compiled kernel: the kernel function, the Triton types of
-  its runtime arguments, its constexpr arguments, and the compile options (``num_warps``, ``num_stages``,
-  ``maxnreg``, ...). ``launch_pdl`` (a launch attribute, not in the PTX) and ``enable_fp_fusion`` (always
-  True, ``_common.launch_options``; the audit compiles with it) are left out of the key.
+  its runtime arguments (dead tap pointers included: Triton caches one binary per signature), its constexpr
+  arguments, and the compile options (``num_warps``, ``num_stages``, ``maxnreg``, ``enable_fp_fusion``, ...).
+  ``launch_pdl`` (a launch attribute, not in the PTX) is left out of the key.
 - ``register_matrix_audit()`` registers, through ``_common.register_audit``, every distinct launch no
   kernel-module spec already covers, as ``matrix.<kernel>.<digest>`` with the ``require`` / ``forbid`` lists
   of that kernel's own registered specs (a kernel's rule instructions do not depend on its sizes; where the
-  module's specs differ by path (MMA vs CUDA cores), the list of the spec with the same ``MMA`` constexpr).
-- ``python -m flint_moe.conformance.audit list | audit NAME... | uncovered`` mirrors
-  ``python -m flint_moe.kernels._common`` with the matrix specs registered too (``audit`` prints JSON and
-  exits 1 on problems; ``uncovered`` prints the launches no registered spec covers, exit 1 if any).
+  module's specs differ by path (MMA vs CUDA cores), the list of the specs with the same ``MMA`` constexpr,
+  or the other path's list with the path instructions swapped as the module swaps them, ``_rule_lists``).
+- ``python -m flint_moe.conformance.audit specs | report | list | uncovered | audit [--specs FILE] NAME...``
+  mirrors ``python -m flint_moe.kernels._common`` with the matrix specs registered too (``audit`` compiles
+  with the same ``compile_ptx_sm90`` / ``audit_ptx``, prints JSON and exits 1 on problems; ``uncovered``
+  prints the launches no registered spec covers, exit 1 if any; ``report``: ``coverage_report()``).
 
 Must run without ``TRITON_INTERPRET`` (the recorder patches ``triton.runtime.jit.JITFunction``; under the
 interpreter kernels are ``InterpretedFunction`` objects and launch options differ); raises ``RuntimeError``
@@ -51,17 +56,20 @@ __all__ = [
     "collect_all_specs",
 ]
 
-#: Launch keyword arguments that do not change the compiled PTX (or are fixed for every audit compile).
-IGNORED_OPTIONS = frozenset({"launch_pdl", "enable_fp_fusion"})
+#: Launch keyword arguments that do not change the compiled PTX: ``launch_pdl`` is a launch attribute (Triton 3.6
+#: reads it only in the NVIDIA driver's launcher).
+IGNORED_OPTIONS = frozenset({"launch_pdl"})
 #: Compile options' values when a launch does not pass them (Triton 3.6 CUDAOptions defaults that matter).
-_OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3}
+#: ``enable_fp_fusion`` stays in the key: ``_common.compile_ptx_sm90`` always compiles with True, so a launch
+#: with False would match no spec and fail the coverage test.
+_OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3, "enable_fp_fusion": True}
 
 
 @dataclass(frozen=True)
 class Launch:
     """One recorded ``kernel[grid](...)`` launch: ``kernel`` (the JITFunction), ``signature`` (runtime argument
     name -> Triton type string), ``constexprs`` (constexpr argument name -> value), ``options`` (compile
-    options passed at the launch, ``IGNORED_OPTIONS`` removed)."""
+    options passed at the launch, ``IGNORED_OPTIONS`` removed; ``enable_fp_fusion`` kept)."""
 
     kernel: Any
     signature: tuple[tuple[str, str], ...]
@@ -96,8 +104,8 @@ def launch_key(kernel: Any, signature: dict, constexprs: dict, options: dict) ->
 
 
 def spec_key(spec) -> tuple:
-    """``launch_key`` of a registered ``_common.AuditSpec``."""
-    return launch_key(spec.kernel, spec.signature, spec.constexprs, spec.options)
+    """``launch_key`` of a registered ``_common.AuditSpec`` (compiled with ``enable_fp_fusion=True`` always)."""
+    return launch_key(spec.kernel, spec.signature, spec.constexprs, {**spec.options, "enable_fp_fusion": True})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -171,16 +179,15 @@ def _recording(out: list[Launch]):
         JITFunction.run = orig
 
 
-def _meta_inputs(case):
+def _fake_inputs(case):
     """``cases.CaseInputs`` of ``case`` as fake CUDA tensors (call inside ``FakeTensorMode``): the stored
     layouts' shapes and dtypes on device ``cuda``, no data."""
     from flint_moe.conformance.cases import CaseInputs
 
-    meta = torch.device("cuda")
     E, H, I, Ip, M = case.E, case.H, case.I, case.Ip, case.M  # noqa: E741
 
     def t(*shape, dtype=torch.bfloat16):
-        return torch.empty(shape, dtype=dtype, device=meta)
+        return torch.empty(shape, dtype=dtype, device="cuda")
 
     notes = {"top_k": case.k, "injected_row_maps": True}  # fake maps hold no values to check
     if case.path.startswith("nvfp4"):
@@ -231,7 +238,7 @@ def _case_launches(case, counter) -> list[Launch]:
     if case.path in _MODULE_OP_PATH:
         run_case = replace(case, path=_MODULE_OP_PATH[case.path], profile="gaussian")
     path = path_for(run_case)
-    inputs = _meta_inputs(case)
+    inputs = _fake_inputs(case)
     import flint_moe.ops.moe_nvfp4_grouped as grouped_op
 
     launches: list[Launch] = []
@@ -339,7 +346,7 @@ def matrix_spec_records(profiles: Sequence[str] = ("gpu", "cpu")) -> list[dict]:
                 "kernel": _kernel_ref(ln.kernel),
                 "signature": dict(ln.signature),
                 "constexprs": consts,
-                "options": dict(_norm_options(dict(ln.options))),
+                "options": {k: v for k, v in _norm_options(dict(ln.options)) if k != "enable_fp_fusion"},
                 "require": [list(r) if isinstance(r, tuple) else r for r in require],
                 "forbid": list(forbid),
                 "cases": len(ids),
