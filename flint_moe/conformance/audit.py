@@ -6,9 +6,10 @@ shape, top_k, expert count or launch configuration in ``cases.matrix`` cannot sl
 
 - ``matrix_launches(profiles)`` runs every case of ``cases.matrix("gpu")`` and ``cases.matrix("cpu")`` (every
   path and ``cases.PATH_CONFIGS`` entry) through the same op / launcher calls as
-  ``flint_moe.conformance.paths`` does, twice (with taps: the TAP builds the conformance run compares; without:
-  the production builds its determinism / CUDA-graph replays run), on fake CUDA tensors of the case's real
-  sizes (``torch._subclasses.fake_tensor.FakeTensorMode``: device ``cuda``, no data, no GPU needed), with
+  ``flint_moe.conformance.paths`` does, as the harness runs it (``_case_launches``: with taps, the TAP builds
+  the conformance run compares; without, the production builds its determinism / CUDA-graph replays run; each
+  row alone at M = 1 for batch invariance; the default path for mutation testing), on fake CUDA tensors of the
+  case's real sizes (``torch._subclasses.fake_tensor.FakeTensorMode``: device ``cuda``, no data, no GPU), with
   ``JITFunction.run`` replaced by a recorder: no kernel compiles or runs; each ``kernel[grid](...)`` launch is
   recorded as a ``Launch`` (kernel, argument types, constexpr values, compile options) exactly as the launcher
   computed them on a CUDA device (default configs, K-splits, warps, register caps, ...). Two stand-ins:
@@ -230,21 +231,29 @@ def _shape_only_permute(ids, num_experts, block_m):
 
 
 def _case_launches(case, counter) -> list[Launch]:
+    """The launches of every run the conformance harness makes for ``case``: the compared run (taps), the
+    production build (determinism / row independence / CUDA-graph replays: taps None), each row alone at M = 1
+    (``invariance.batch_invariance``, taps; the grouped path keeps its op at M = 1, with a smaller row block),
+    and, for a non-default configuration, the default path at the same M (``mutation``: ``PATHS[case.path]``)."""
     from dataclasses import replace
 
-    from flint_moe.conformance.paths import path_for
+    import flint_moe.ops.moe_nvfp4_grouped as grouped_op
+    from flint_moe.conformance.paths import PATHS, path_for
 
     run_case = case
     if case.path in _MODULE_OP_PATH:
         run_case = replace(case, path=_MODULE_OP_PATH[case.path], profile="gaussian")
     path = path_for(run_case)
     inputs = _fake_inputs(case)
-    import flint_moe.ops.moe_nvfp4_grouped as grouped_op
-
+    runs = [(path, inputs, {}), (path, inputs, None)]
+    if case.M >= 2:
+        runs.append((path, _fake_inputs(replace(case, M=1)), {}))
+    if run_case.config != "default":
+        runs.append((PATHS[run_case.path], inputs, {}))
     launches: list[Launch] = []
     with _recording(launches), _patched(grouped_op, "moe_permute", _shape_only_permute):
-        for taps in ({}, None):  # the compared (tapped) run, then the production build (determinism, graphs)
-            path.fn(inputs, counter, taps)
+        for p, inp, taps in runs:
+            p.fn(inp, counter, taps)
     return launches
 
 
