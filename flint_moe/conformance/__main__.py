@@ -2,7 +2,7 @@
 
     python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR] [--list]
                                     [--invariance | --no-invariance] [--mutation | --no-mutation]
-                                    [--baseline OTHER] [--no-html] [--gpu-report REPORT]
+                                    [--baseline OTHER] [--no-html] [--gpu-report REPORT] [--black-box]
 
 For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
@@ -238,6 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run the gpu profile without CUDA (real shapes under the Triton interpreter: minutes per case)",
     )
     ap.add_argument(
+        "--black-box",
+        action="store_true",
+        help="judge every selected case as a kernel without taps is judged: production build, end-to-end "
+        "comparison with the golden model's bounded intervals only (blackbox.compare_blackbox), labelled "
+        "black-box in the report; no stage verdicts and no fault diagnosis",
+    )
+    ap.add_argument(
         "--invariance",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -371,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"backend: {env['backend']}; {len(cases)} cases ({profile}); report -> {out_dir}")
     invariance = (profile == "gpu") if args.invariance is None else bool(args.invariance)
     env["invariance"] = invariance
+    env["black_box"] = bool(args.black_box)
     if args.checkpoint is not None:
         env["checkpoint"] = f"{args.checkpoint} layer {args.layer}"
     from flint_moe.conformance.parallel import default_jobs, run_parallel
@@ -389,13 +397,21 @@ def main(argv: list[str] | None = None) -> int:
         if jobs > 1:
             console.print(f"{jobs} worker processes on {device}")
             results, mutation, info = run_parallel(
-                cases, jobs, str(device), console, invariance=invariance, mutation=want_mutation, stopped=stopped
+                cases,
+                jobs,
+                str(device),
+                console,
+                invariance=invariance,
+                mutation=want_mutation,
+                stopped=stopped,
+                black_box=args.black_box,
             )
             env["parallel"] = info
         else:
             if want_mutation:
                 mutation = _mutation(console)  # first: the self-test must not depend on how far cases get
-            results = run_cases(cases, device, console, invariance=invariance, inputs=given_inputs, stopped=stopped)
+            results = run_cases(cases, device, console, invariance=invariance, inputs=given_inputs, stopped=stopped,
+                                black_box=args.black_box)  # fmt: skip
     except (RunStopped, KeyboardInterrupt) as e:  # stopped during the mutation self-test
         stopped.append(str(e) or "SIGINT")
         results = []

@@ -201,7 +201,8 @@ def _names(paths: list[str]) -> str:
 
 def _not_evidence(env: dict, totals: dict | None) -> list[str]:
     """Why a report of the current sources still is not the GPU evidence (fields a report lacks are not held
-    against it): not run on a GPU, another profile, filtered, incomplete, or with FAIL cases."""
+    against it): not run on a GPU, another profile, filtered, a checkpoint or black-box run, incomplete, or with
+    FAIL cases."""
     why = []
     if "gpu" in env and not env["gpu"]:
         why.append("not run on a GPU")
@@ -211,6 +212,8 @@ def _not_evidence(env: dict, totals: dict | None) -> list[str]:
         why.append("filtered (" + ", ".join(map(str, env["filters"])) + ")")
     if env.get("checkpoint"):
         why.append(f"a checkpoint run ({env['checkpoint']})")
+    if env.get("black_box"):
+        why.append("black-box mode (no stage verdicts)")
     if env.get("incomplete"):
         why.append("incomplete")
     if isinstance(totals, dict) and totals.get("FAIL"):

@@ -139,7 +139,7 @@ def default_jobs(device_type: str) -> int:
 # ------------------------------------------------------------------------------------------------------
 
 
-def _worker(wid: int, tasks, results, invariance: bool, device: str) -> None:
+def _worker(wid: int, tasks, results, invariance: bool, device: str, black_box: bool = False) -> None:
     """Worker loop: run each unit from ``tasks`` and put one message per case, then ("done", ...)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     import gc
@@ -169,7 +169,7 @@ def _worker(wid: int, tasks, results, invariance: bool, device: str) -> None:
             results.put(("mutation", wid, unit.uid, rep))
         else:
             for pos, case in unit.cases:
-                r = _run_with_retries(case, dev, counter, invariance, run_case, raised_result)
+                r = _run_with_retries(case, dev, counter, invariance, run_case, raised_result, black_box)
                 results.put(("case", wid, unit.uid, pos, r.to_json()))
         profiles._cache.clear()
         gc.collect()
@@ -182,7 +182,7 @@ def _worker(wid: int, tasks, results, invariance: bool, device: str) -> None:
 OOM_ATTEMPTS = 4
 
 
-def _run_with_retries(case, dev, counter, invariance, run_case, raised_result):
+def _run_with_retries(case, dev, counter, invariance, run_case, raised_result, black_box=False):
     """``run_case``; a CUDA out-of-memory error (the device is shared by the workers, and the memory estimates
     are estimates) frees this worker's cached blocks, waits and runs the case again from scratch, at most
     :data:`OOM_ATTEMPTS` times; the attempts are recorded in ``meta.oom_retries``. Any other exception, or
@@ -193,7 +193,7 @@ def _run_with_retries(case, dev, counter, invariance, run_case, raised_result):
 
     for attempt in range(OOM_ATTEMPTS):
         try:
-            r = run_case(case, dev, counter, invariance=invariance)
+            r = run_case(case, dev, counter, invariance=invariance, black_box=black_box)
         except torch.OutOfMemoryError as e:
             if attempt + 1 == OOM_ATTEMPTS:
                 traceback.print_exc()
@@ -235,6 +235,7 @@ def run_parallel(
     invariance: bool = False,
     mutation: bool = False,
     stopped: list | None = None,
+    black_box: bool = False,
     max_cases: int = 8,
     max_seconds: float = 15.0,
 ) -> tuple[list[dict], dict | None, dict]:
@@ -267,7 +268,7 @@ def run_parallel(
     def start_worker() -> None:
         nonlocal next_wid
         q = ctx.Queue()
-        p = ctx.Process(target=_worker, args=(next_wid, q, results_q, invariance, device), daemon=True)
+        p = ctx.Process(target=_worker, args=(next_wid, q, results_q, invariance, device, black_box), daemon=True)
         p.start()
         workers[next_wid] = (p, q)
         next_wid += 1

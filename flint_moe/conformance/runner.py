@@ -43,6 +43,7 @@ def run_cases(
     invariance: bool = False,
     inputs: dict | None = None,
     stopped: list | None = None,
+    black_box: bool = False,
 ) -> list:
     """Run and compare every case on ``device`` (rich progress bar); returns the CaseResults in order.
     With ``invariance``, each case's invariances (``invariance.check_invariances``) are attached; a required
@@ -63,7 +64,8 @@ def run_cases(
             prog.update(task, description=case.id)
             try:
                 given = None if inputs is None else inputs.get(case.id)
-                results.append(run_case(case, device, counter, invariance=invariance, inputs=given))
+                r = run_case(case, device, counter, invariance=invariance, inputs=given, black_box=black_box)
+                results.append(r)
             except Exception as e:  # noqa: BLE001  (any kernel / input error is a FAIL of this case)
                 (console or prog.console).print_exception(max_frames=8)
                 results.append(raised_result(case, e))
@@ -96,24 +98,28 @@ def run_case(
     *,
     invariance: bool = False,
     inputs=None,
+    black_box: bool = False,
 ):
     """Run one case on ``device`` and compare it (the body of :func:`run_cases`; the pytest entry
     tests/conformance/test_matrix.py calls it too). ``counter``: ``ops.make_route_counter(device)`` (made here
     when None). ``inputs``: the case's ``CaseInputs`` when they do not come from ``cases.make_inputs`` (a
     checkpoint layer: ``checkpoint.checkpoint_cases``). The golden model's long accumulations use the
     certified float64 filter (``reference.exact.filtered_sums``: same RN32 values and acceptance decisions as
-    exact summation). Returns the CaseResult (FAIL cases carry ``faults.diagnose`` names)."""
+    exact summation). ``black_box``: judge the case as a kernel without taps would be judged
+    (``blackbox.compare_blackbox``: the path runs its production build, the output is compared end to end with
+    the golden model's intervals, ``mode = "black-box"``; no stages, no diagnosis). Returns the CaseResult
+    (FAIL cases of the taps mode carry ``faults.diagnose`` names)."""
     from flint_moe.reference.exact import filtered_sums
 
     t0 = time.perf_counter()
     with filtered_sums():
-        res = _run_case(case, device, counter, invariance, inputs)
+        res = _run_case(case, device, counter, invariance, inputs, black_box)
     if isinstance(getattr(res, "meta", None), dict):
         res.meta["seconds"] = round(time.perf_counter() - t0, 3)  # wall time of the case (run + golden + checks)
     return res
 
 
-def _run_case(case, device, counter, invariance, inputs):
+def _run_case(case, device, counter, invariance, inputs, black_box=False):
     from flint_moe.conformance import compare
     from flint_moe.conformance.cases import make_inputs
     from flint_moe.conformance.faults import diagnose
@@ -130,10 +136,18 @@ def _run_case(case, device, counter, invariance, inputs):
     taps: dict = {}
     path = path_for(case)
     with _phase(phases, "run", device):  # the first case of a shape / configuration includes the Triton compiles
-        out = path.run(inputs, counter, taps)
+        out = path.run(inputs, counter, None if black_box else taps)
     with _phase(phases, "compare", device):
-        res = compare.compare_case(case, inputs, taps, out)
-    if res.verdict == compare.FAIL:
+        if black_box:
+            from flint_moe.conformance.blackbox import compare_blackbox
+
+            res = compare_blackbox(lambda *_: out, inputs.x, inputs.router_weight, inputs.stored,
+                                   int(inputs.notes["top_k"]), inputs.logical, shared=inputs.shared,
+                                   name=case.path, case_id=case.id)  # fmt: skip
+            res.meta.update({k: getattr(case, k) for k in ("shape", "profile", "seed")})
+        else:
+            res = compare.compare_case(case, inputs, taps, out)
+    if res.verdict == compare.FAIL and not black_box:
         with _phase(phases, "diagnose", device):
             res.diagnosis = diagnose(case, inputs, taps, out, res)
     if invariance:

@@ -22,7 +22,7 @@ def fake_run(monkeypatch):
     fail: set[str] = set()
     raise_: set[str] = set()
 
-    def run_case(case, device, counter=None, *, invariance=False, inputs=None):
+    def run_case(case, device, counter=None, *, invariance=False, inputs=None, black_box=False):
         if case.id in raise_:
             raise RuntimeError("illegal memory access (simulated)")
         r = ok_case(int(case.M))
@@ -205,3 +205,18 @@ def test_baseline_with_no_common_case_is_said(tmp_path, fake_run, capsys):
     assert cli.main(_argv(tmp_path, "--no-html", "--baseline", str(base))) == 0
     out = capsys.readouterr().out
     assert "0 cases compared" in out and "nothing was compared" in out
+
+
+def test_black_box_flag_runs_cases_without_taps(tmp_path, capsys):
+    """--black-box: the real run of one cpu case, judged end to end only (report mode "black-box", no stages),
+    recorded in env; such a report is never the GPU evidence."""
+    from flint_moe.conformance.digest import check_report
+
+    assert cli.main(_argv(tmp_path, "--black-box", "--no-html")) == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["env"]["black_box"] is True
+    (c,) = data["cases"]
+    assert c["case_id"] == CASE and c["mode"] == "black-box" and c["stages"] == []
+    assert c["verdict"] in ("EXACT", "EXPLAINED") and c["end_to_end"]["mode"] == "black-box"
+    data["env"].update(profile="gpu", gpu="NVIDIA H200", filters=[])  # even were it a gpu run
+    assert "black-box mode" in check_report(data, current=data["env"]["source_digest"]).line

@@ -209,6 +209,7 @@ def test_report_of_current_sources_that_is_not_the_evidence(tmp_path):
         ({"gpu": None, "profile": "cpu"}, "not run on a GPU; profile 'cpu'"),
         ({"filters": ["bf16"]}, "filtered (bf16)"),
         ({"incomplete": "stopped by SIGTERM after 3 of 9 selected cases"}, "incomplete"),
+        ({"black_box": True}, "black-box mode (no stage verdicts)"),
     ):
         f = dg.check_report({"env": dict(full, **change), "totals": {"FAIL": 0}}, current=cur)
         assert f.status == "NOT-EVIDENCE" and not f.current
