@@ -410,7 +410,8 @@ def render_html(report: dict, *, max_bytes: int = 16 * 2**20, plots: bool | None
             fig = _ulp_fig(path, cs)
             if fig is not None:
                 body.append(f"<h3>{_h.escape(path)}</h3>" + _img(figs.add(fig), f"{path} ulp"))
-        bad = [c for c in cases if c["verdict"] in ("FAIL", "EXPLAINED")]
+        # every FAIL first (they must never fall past the cap), then the EXPLAINED cases in report order
+        bad = [c for c in cases if c["verdict"] == "FAIL"] + [c for c in cases if c["verdict"] == "EXPLAINED"]
         body.append("<h2>Mismatch heatmaps (FAIL and EXPLAINED cases)</h2>")
         if not bad:
             body.append("<p>No FAIL or EXPLAINED case.</p>")

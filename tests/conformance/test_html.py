@@ -109,3 +109,18 @@ def test_heatmap_panels_use_maps_and_flatten_coordinates():
     panels = hp._heat_panels(bb)
     assert [p[0] for p in panels] == ["end to end: 4 differing", "end to end: 1 unexplained"]
     assert panels[1][1] is None and panels[1][2] == [(1, 191)]  # drawn from the recorded coordinates
+
+
+def test_fail_heatmaps_come_before_the_cap(report, monkeypatch):
+    """With room for one heatmap, the FAIL case's is the one drawn, even though an EXPLAINED case comes first
+    in the report."""
+    pytest.importorskip("matplotlib")
+    cases = sorted(report["cases"], key=lambda c: c["verdict"] != "EXPLAINED")  # EXPLAINED cases first
+    report = {**report, "cases": cases}
+    order = [c["verdict"] for c in cases if c["verdict"] in ("FAIL", "EXPLAINED")]
+    assert order.index("EXPLAINED") < order.index("FAIL")
+    monkeypatch.setattr(hp, "MAX_HEATMAP_CASES", 1)
+    text = hp.render_html(report)
+    fail_id = next(c["case_id"] for c in report["cases"] if c["verdict"] == "FAIL")
+    assert text.count("<h3><code>") == 1 and f"<h3><code>{fail_id}</code></h3>" in text
+    assert "1 more FAIL/EXPLAINED cases not drawn." in text
