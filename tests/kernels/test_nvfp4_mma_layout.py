@@ -5,7 +5,8 @@ the default blocked layout of a [R, 4] tile: 8 x 4 threads per warp (lane = 4 * 
 the rows, one element per thread and repetition. Triton chooses that layout itself; this test compiles the
 MMA specialisations the benchmarks and defaults use (in a subprocess without TRITON_INTERPRET, as
 tests/kernels/test_ptx_audit.py does; one with the cross-step prefetch ``PF``, two with the L2 prefetch
-``L2PF`` and the load fence ``FENCE``) and asserts the layout of every
+``L2PF`` and the load fence ``FENCE``, the round-7 down default with ``EARLY`` loads and ``maxnreg`` 72) and
+asserts the layout of every
 tensor entering the MMA asm, so a Triton upgrade that changed it fails here instead of producing wrong sums on
 the GPU.
 """
@@ -36,11 +37,13 @@ DSIG = {"act_ptr": "*i32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*u8",
         "cnt_ptr": "*i32"}
 
 
-def ttgir(K, sig, ce, nw):
+def ttgir(K, sig, ce, nw, maxnreg=0):
     full = {a: ("constexpr" if a in ce else sig[a]) for a in K.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(K.arg_names) if a in sig}
     src = ASTSource(fn=K, signature=full, constexprs=ce, attrs=attrs)
     opts = {"num_warps": nw, "num_stages": 1, "enable_fp_fusion": True}
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ttgir"]
 
 
@@ -52,11 +55,14 @@ for nw, rt, s, sk, pf, l2, fe in ((2, 2, 4, 1, False, 0, 0), (1, 4, 2, 1, False,
               WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=pf, L2PF=l2, FENCE=bool(fe),
               TAP=False)
     out.append(dict(kernel="gate_up", nw=nw, rt=rt, sk=sk, ttgir=ttgir(G._nvfp4_gate_up_kernel, GSIG, ce, nw)))
-for nw, rt, s, sk, l2, fe in ((1, 2, 4, 1, 0, 0), (4, 2, 2, 4, 0, 0), (1, 2, 4, 1, 1, 1)):
+# the last one: the round-7 default (early weight loads before griddepcontrol.wait, 72 registers)
+for nw, rt, s, sk, l2, fe, early, mr in ((1, 2, 4, 1, 0, 0, 0, 0), (4, 2, 2, 4, 0, 0, 0, 0), (1, 2, 4, 1, 1, 1, 0, 0),
+                                         (1, 2, 4, 1, 0, 0, 1, 72)):
     ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BH=8 * nw * rt // sk, BKB=512, ASM=True, DECODE=2,
               PREFETCH=True, WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=False, L2PF=l2,
-              FENCE=bool(fe), COMBINE=1, TAP=False)
-    out.append(dict(kernel="down", nw=nw, rt=rt, sk=sk, ttgir=ttgir(D._nvfp4_down_split_kernel, DSIG, ce, nw)))
+              FENCE=bool(fe), COMBINE=1, TAP=False, RB=1, EARLY=early)
+    ir = ttgir(D._nvfp4_down_split_kernel, DSIG, ce, nw, mr)
+    out.append(dict(kernel="down", nw=nw, rt=rt, sk=sk, ttgir=ir))
 print(json.dumps(out))
 """
 
@@ -69,7 +75,7 @@ def test_mma_asm_operands_have_the_assumed_layout():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     specs = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(specs) == 8
+    assert len(specs) == 9
     for spec in specs:
         ir = spec["ttgir"]
         layouts = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{[^}]*\}>)", ir, re.M))
