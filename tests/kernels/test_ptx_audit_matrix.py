@@ -10,13 +10,15 @@ require / forbid lists. This module:
   ``TRITON_INTERPRET``: the recorder needs real JITFunctions);
 - ``test_matrix_launches_are_all_audited``: fails when a matrix case launches a specialisation that neither a
   kernel module's spec nor a derived spec covers, when a case launches no kernel, or when a path launches
-  fewer kernels than its op runs;
+  fewer kernels than its op runs (the recorder would be blind to part of it);
 - ``test_matrix_ptx_audit[k]``: compiles the derived specs ``k::CHUNKS`` for sm_90 and audits their PTX (one
   subprocess per chunk, like tests/kernels/test_ptx_audit.py, so pytest-xdist spreads them);
 - ``test_new_matrix_shape_is_caught``: a matrix with one more shape launches specialisations the kernel
   modules' registry lacks, and the derivation covers them;
 - ``test_matrix_audit_reports_problems``: the ``--specs`` audit path really compiles and reports a missing
-  instruction.
+  instruction;
+- ``test_stable_cache_keys``: the audit's ``stable_cache_keys()`` (Triton's on-disk cache serves reruns) gives
+  the same kernel cache keys in two processes and leaves the PTX unchanged.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ import pytest
 BACKEND = "any"
 ROOT = Path(__file__).resolve().parents[2]
 #: Fixed number of audit chunks (the derived specs are known only after the derivation subprocess; spec i goes
-#: to chunk i % CHUNKS). About 8 compiles per chunk at today's ~250 derived specs.
-CHUNKS = 32
+#: to chunk i % CHUNKS). About 12 compiles per chunk at today's ~250 derived specs (each subprocess spends
+#: ~3 s importing torch / triton / the kernels, about two compiles' worth).
+CHUNKS = 20
 
 
 def _env() -> dict:
@@ -89,8 +92,9 @@ def test_matrix_launches_are_all_audited(matrix_report: dict) -> None:
     r = matrix_report
     assert r["uncovered"] == [], f"{len(r['uncovered'])} matrix launches not audited, e.g. {r['uncovered'][:3]}"
     assert r["cases"] > 0 and r["silent_cases"] == [], f"cases that launched no kernel: {r['silent_cases'][:5]}"
-    for path, kernels in r["kernels_by_path"].items():
-        assert set(kernels) == EXPECTED_KERNELS[path], path
+    assert sorted(r["kernels_by_path"]) == sorted(EXPECTED_KERNELS)
+    for path, kernels in r["kernels_by_path"].items():  # the recorder sees the whole op of every path
+        assert EXPECTED_KERNELS[path] <= set(kernels), (path, kernels)
     names = [rec["name"] for rec in r["records"]]
     assert len(names) == len(set(names)) and all(n.startswith("matrix.") for n in names)
     # every derived spec is a launch the kernel modules' registry lacks, and its kernel has specs there
@@ -153,3 +157,38 @@ def test_matrix_audit_reports_problems(matrix_report: dict, tmp_path: Path) -> N
     proc = _run(["-m", "flint_moe.conformance.audit", "audit", "--specs", str(f), rec["name"]])
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert _json_tail(proc, ok=(1,)) == {rec["name"]: ["required instruction missing: sin.approx.f32"]}
+
+
+_KEYS = """
+import hashlib, json, sys
+from flint_moe.conformance import audit as A
+import flint_moe.kernels._common as C
+if sys.argv[1] == "stable":
+    A.stable_cache_keys()
+S = C.collect_audit_specs()
+keys = {n: S[n].kernel.cache_key for n in ("common.helpers", "router.topk.E256_k8", "bf16_gate_up.H2048_I768_k8")}
+s = S["common.helpers"]
+ptx = C.compile_ptx_sm90(s.kernel, s.signature, s.constexprs, s.options)
+print(json.dumps([keys, hashlib.sha256(ptx.encode()).hexdigest()]))
+"""
+
+
+def test_stable_cache_keys(tmp_path: Path) -> None:
+    """Triton 3.6 hashes the repr of ``_common._SHIM_*`` (a function's address) into every kernel's cache key;
+    ``stable_cache_keys`` makes the keys process-independent and the PTX stays the same."""
+    out = {}
+    for i, mode in enumerate(("stable", "stable", "plain")):
+        env_dir = tmp_path / f"cache{i}"
+        proc = subprocess.run(
+            [sys.executable, "-c", _KEYS, mode],
+            cwd=ROOT,
+            env={**_env(), "TRITON_CACHE_DIR": str(env_dir)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        out[i] = _json_tail(proc)
+    (k0, ptx0), (k1, ptx1), (k2, ptx2) = out[0], out[1], out[2]
+    assert k0 == k1  # the same keys in two processes: the on-disk cache can serve the second
+    assert all(k0[n] != k2[n] for n in k0)  # the address-bearing keys of a plain process differ
+    assert ptx0 == ptx1 == ptx2  # and the compiled code does not change
