@@ -107,7 +107,11 @@ def test_gpu_matrix_coverage():
 
 
 def test_cpu_matrix_divisibility():
-    assert 12 <= len(CPU) <= 30 and {c.path for c in CPU} == set(PATH_NAMES)  # cpu profile: 5-minute budget
+    # cpu profile: 5-minute budget (the 29 base cases took 196 s under `nox -s conformance` on a fresh clone,
+    # 2 cores); the oracle-tool cases (ORACLE_PROFILES, only where installed) add at most 4 small ones
+    base = [c for c in CPU if c.profile not in ORACLE_PROFILES]
+    assert 12 <= len(base) <= 30 and len(CPU) - len(base) <= 4
+    assert {c.path for c in CPU} == set(PATH_NAMES)
     pow2 = lambda n: n & (n - 1) == 0  # noqa: E731
     for c in CPU:
         assert not pow2(c.E) and not pow2(c.H) and not pow2(c.k), c.id
@@ -117,7 +121,8 @@ def test_cpu_matrix_divisibility():
     assert any(c.pad_to for c in CPU if c.path == "bf16_decode")
     for path in PATH_NAMES:
         assert {c.profile for c in CPU if c.path == path} <= set(PATH_PROFILES[path])
-    assert {c.profile for c in CPU if c.path == "nvfp4_decode"} == set(PATH_PROFILES["nvfp4_decode"])
+    want = {p for p in PATH_PROFILES["nvfp4_decode"] if oracle_available(p)}
+    assert {c.profile for c in CPU if c.path == "nvfp4_decode"} == want
 
 
 @pytest.mark.parametrize("case", CPU, ids=[c.id for c in CPU])
