@@ -718,25 +718,19 @@ def tune(out_dir: str, write_tuned: str | None, models=("deepseek-v3", "qwen3-30
         return "{\n" + "\n".join(rows) + "\n}"
 
     ds = res["choice"]["deepseek-v3"]
-    text = (
-        '"""Launch configurations of the NVFP4 decode kernels chosen on the H200 (issue 4).\n\n'
-        "Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md, round\n"
-        "6): ``GATE_UP`` / ``DOWN`` are the pair with the least gate/up + down time at DeepSeek-V3 M=1 among the\n"
-        "CUDA-core and tensor-core (``MMA``) candidates, each checked against the golden model first;\n"
-        "``*_BY_SHAPE[(H, I)]`` the pair of another measured model where it differs (same paths: a shape never\n"
-        "changes ``MMA``); ``*_CUDA_CORE`` / ``*_MMA`` the best of each path at DeepSeek-V3 (tests run both).\n"
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: DeepSeek-V3 M=1 gate/up + down {ds['us']:.1f} us\n"
-        f"(copy {bw / 1e12:.3f} TB/s).\n"
-        '"""\n\n'
-        f"GATE_UP = {TUNE_GU[gu0]!r}  # {gu0}\n"
-        f"DOWN = {TUNE_DN[dn0]!r}  # {dn0}\n"
-        f"GATE_UP_CUDA_CORE = {TUNE_GU[gu_cc]!r}  # {gu_cc}\n"
-        f"GATE_UP_MMA = {TUNE_GU[gu_mma]!r}  # {gu_mma}\n"
-        f"DOWN_CUDA_CORE = {TUNE_DN[dn_cc]!r}  # {dn_cc}\n"
-        f"DOWN_MMA = {TUNE_DN[dn_mma]!r}  # {dn_mma}\n"
-        "#: Per-shape overrides ((H, I) -> keys replacing GATE_UP's / DOWN's at that shape; never MMA).\n"
-        f"GATE_UP_BY_SHAPE: dict = {shapes_text(gu_by_shape, TUNE_GU, 'gate/up')}\n"
-        f"DOWN_BY_SHAPE: dict = {shapes_text(dn_by_shape, TUNE_DN, 'down')}\n"
+    text = tuned_text(
+        "",
+        f"DeepSeek-V3 M=1 gate/up + down {ds['us']:.1f} us\n(copy {bw / 1e12:.3f} TB/s).",
+        [
+            ("GATE_UP", TUNE_GU[gu0], gu0),
+            ("DOWN", TUNE_DN[dn0], dn0),
+            ("GATE_UP_CUDA_CORE", TUNE_GU[gu_cc], gu_cc),
+            ("GATE_UP_MMA", TUNE_GU[gu_mma], gu_mma),
+            ("DOWN_CUDA_CORE", TUNE_DN[dn_cc], dn_cc),
+            ("DOWN_MMA", TUNE_DN[dn_mma], dn_mma),
+        ],
+        shapes_text(gu_by_shape, TUNE_GU, "gate/up"),
+        shapes_text(dn_by_shape, TUNE_DN, "down"),
     )
     with open(os.path.join(out_dir, "tuned.py"), "w") as f:
         f.write(text)
@@ -839,36 +833,50 @@ TUNE7_DN = {
 PIN7 = {"RB": 1, "EARLY": 0, "MAXNREG": 0}
 
 
-def tuned7_text(best: str, best_us: float, base_us: float, bw: float) -> str:
-    """Text of nvfp4_tuned.py with ``DOWN`` / ``DOWN_MMA`` = ``TUNE7_DN[best]``, everything else as now and the
-    per-shape down overrides pinned with ``PIN7`` (``round7``)."""
-    from flint_moe.kernels import nvfp4_tuned as T
-
-    dn_shape = {shape: {**over, **PIN7} for shape, over in T.DOWN_BY_SHAPE.items()}
-    text = (
+def tuned_text(doc_extra: str, measured: str, values: list, gu_by_shape: str, dn_by_shape: str) -> str:
+    """Text of nvfp4_tuned.py: the module docstring (the round-6 tune's paragraph, then ``doc_extra`` and the
+    ``measured`` line), ``values`` as ``(name, config, comment)`` assignments (comment "" for none) and the two
+    per-shape override dicts as source text. Shared by the tune step (round 6) and ``round7``."""
+    body = "".join(f"{name} = {cfg!r}" + (f"  # {note}" if note else "") + "\n" for name, cfg, note in values)
+    return (
         '"""Launch configurations of the NVFP4 decode kernels chosen on the H200 (issue 4).\n\n'
         "Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md, round\n"
         "6): ``GATE_UP`` / ``DOWN`` are the pair with the least gate/up + down time at DeepSeek-V3 M=1 among the\n"
         "CUDA-core and tensor-core (``MMA``) candidates, each checked against the golden model first;\n"
         "``*_BY_SHAPE[(H, I)]`` the pair of another measured model where it differs (same paths: a shape never\n"
         "changes ``MMA``); ``*_CUDA_CORE`` / ``*_MMA`` the best of each path at DeepSeek-V3 (tests run both).\n"
+        f"{doc_extra}Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {measured}\n"
+        '"""\n\n'
+        f"{body}"
+        "#: Per-shape overrides ((H, I) -> keys replacing GATE_UP's / DOWN's at that shape; never MMA).\n"
+        f"GATE_UP_BY_SHAPE: dict = {gu_by_shape}\n"
+        f"DOWN_BY_SHAPE: dict = {dn_by_shape}\n"
+    )
+
+
+def tuned7_text(best: str, best_us: float, base_us: float, bw: float) -> str:
+    """Text of nvfp4_tuned.py with ``DOWN`` / ``DOWN_MMA`` = ``TUNE7_DN[best]``, everything else as now and the
+    per-shape down overrides pinned with ``PIN7`` (``round7``)."""
+    from flint_moe.kernels import nvfp4_tuned as T
+
+    dn_shape = {shape: {**over, **PIN7} for shape, over in T.DOWN_BY_SHAPE.items()}
+    return tuned_text(
         "Round 7 (``--round7``): ``DOWN`` / ``DOWN_MMA`` the fastest pair of the round-7 down candidates (row blocks\n"
         "per program, weights loaded before the grid-dependency wait, register cap; same bits as round 6);\n"
-        "the per-shape down overrides pinned to the round-6 behaviour (RB 1, EARLY 0, MAXNREG 0).\n"
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: DeepSeek-V3 M=1 gate/up + down "
-        f"{best_us:.1f} us\n(copy {bw / 1e12:.3f} TB/s; round-6 down {base_us:.1f} us in the same run).\n"
-        '"""\n\n'
-        f"GATE_UP = {T.GATE_UP!r}\n"
-        f"DOWN = {TUNE7_DN[best]!r}  # {best}\n"
-        f"GATE_UP_CUDA_CORE = {T.GATE_UP_CUDA_CORE!r}\n"
-        f"GATE_UP_MMA = {T.GATE_UP_MMA!r}\n"
-        f"DOWN_CUDA_CORE = {T.DOWN_CUDA_CORE!r}\n"
-        f"DOWN_MMA = {TUNE7_DN[best]!r}  # {best}\n"
-        "#: Per-shape overrides ((H, I) -> keys replacing GATE_UP's / DOWN's at that shape; never MMA).\n"
-        f"GATE_UP_BY_SHAPE: dict = {T.GATE_UP_BY_SHAPE!r}\n"
-        f"DOWN_BY_SHAPE: dict = {dn_shape!r}\n"
+        "the per-shape down overrides pinned to the round-6 behaviour (RB 1, EARLY 0, MAXNREG 0).\n",
+        f"DeepSeek-V3 M=1 gate/up + down {best_us:.1f} us\n(copy {bw / 1e12:.3f} TB/s; round-6 down "
+        f"{base_us:.1f} us in the same run).",
+        [
+            ("GATE_UP", T.GATE_UP, ""),
+            ("DOWN", TUNE7_DN[best], best),
+            ("GATE_UP_CUDA_CORE", T.GATE_UP_CUDA_CORE, ""),
+            ("GATE_UP_MMA", T.GATE_UP_MMA, ""),
+            ("DOWN_CUDA_CORE", T.DOWN_CUDA_CORE, ""),
+            ("DOWN_MMA", TUNE7_DN[best], best),
+        ],
+        repr(T.GATE_UP_BY_SHAPE),
+        repr(dn_shape),
     )
-    return text
 
 
 def round7(out_dir: str, write_tuned: str | None) -> int:
