@@ -404,41 +404,6 @@ def uncovered_launches(launches: dict, specs: dict) -> dict[tuple, tuple[Launch,
     return {k: v for k, v in launches.items() if k not in covered}
 
 
-class _NamedShim:
-    """A ``_common._SHIM_*`` interpreter shim with a process-independent ``repr`` (see ``stable_cache_keys``)."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<shim {self.fn.__module__}.{self.fn.__qualname__}>"
-
-
-def stable_cache_keys() -> list[str]:
-    """Make the kernels' Triton cache keys the same in every process, so that Triton's on-disk cache serves
-    audit reruns. Triton 3.6 hashes ``str(value)`` of every ``tl.constexpr`` global a kernel uses
-    (``JITFunction.cache_key``); ``_common``'s ``_SHIM_* = tl.constexpr(<function>)`` print their memory
-    address, so every process hashed, and compiled, anew. This replaces them (in this process only, before
-    any key is computed) by constexprs of the same functions with a stable ``repr``. The compiled code is
-    unchanged: the shims sit in ``if _INTERPRET:`` branches, which the GPU compiler folds away unvisited.
-    Returns the names replaced. Call before the first compile."""
-    import triton.language as tl
-
-    from flint_moe.kernels import _common
-
-    done = []
-    for name in sorted(vars(_common)):
-        v = getattr(_common, name)
-        if name.startswith("_SHIM_") and isinstance(v, tl.constexpr) and callable(v.value):
-            if not isinstance(v.value, _NamedShim):
-                setattr(_common, name, tl.constexpr(_NamedShim(v.value)))
-            done.append(name)
-    return done
-
-
 def _audit_names(specs: dict, names: Sequence[str]) -> dict[str, list[str]]:
     from flint_moe.kernels._common import audit_ptx, compile_ptx_sm90
 
@@ -544,7 +509,6 @@ def _main(argv: Sequence[str]) -> int:
         specs = collect_audit_specs()
     else:
         specs = collect_all_specs()
-    stable_cache_keys()
     result = _audit_names(specs, args)
     print(json.dumps(result))
     return 1 if any(result.values()) else 0

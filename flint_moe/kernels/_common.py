@@ -175,15 +175,69 @@ def _shim_bf16_rn(x: Any) -> Any:
     return _shim_wrap(out.reshape(data.shape), ty, tl.bfloat16)
 
 
+class _NamedShim:
+    """An interpreter shim callable whose ``repr`` names the function, not its address.
+
+    Triton 3.6 hashes ``str(value)`` of every ``tl.constexpr`` global a kernel body names
+    (``JITFunction.cache_key``), dead branches included; a plain function prints its memory address, which
+    made every process's cache key differ and every process compile anew. The compiled code does not depend
+    on it: the shims sit in ``if _INTERPRET:`` branches that the GPU compiler folds away unvisited."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<shim {self.fn.__module__}.{self.fn.__qualname__}>"
+
+
 # The helpers reference the shims through ``tl.constexpr`` wrappers: Triton's cache-key pass visits every name
 # of a ``@triton.jit`` body, dead branches included, and rejects plain Python functions; a constexpr is a
 # compile-time constant to it (and callable in the interpreter). The GPU compiler never reaches these calls.
-_SHIM_rcp_approx_ftz = tl.constexpr(_shim_rcp_approx_ftz)
-_SHIM_ex2_approx_ftz = tl.constexpr(_shim_ex2_approx_ftz)
-_SHIM_rsqrt_approx_ftz = tl.constexpr(_shim_rsqrt_approx_ftz)
-_SHIM_expf_libdevice = tl.constexpr(_shim_expf_libdevice)
-_SHIM_div_rn = tl.constexpr(_shim_div_rn)
-_SHIM_bf16_rn = tl.constexpr(_shim_bf16_rn)
+_SHIM_rcp_approx_ftz = tl.constexpr(_NamedShim(_shim_rcp_approx_ftz))
+_SHIM_ex2_approx_ftz = tl.constexpr(_NamedShim(_shim_ex2_approx_ftz))
+_SHIM_rsqrt_approx_ftz = tl.constexpr(_NamedShim(_shim_rsqrt_approx_ftz))
+_SHIM_expf_libdevice = tl.constexpr(_NamedShim(_shim_expf_libdevice))
+_SHIM_div_rn = tl.constexpr(_NamedShim(_shim_div_rn))
+_SHIM_bf16_rn = tl.constexpr(_NamedShim(_shim_bf16_rn))
+
+
+# INTERPRETER SHIM for the widening casts. Triton 3.6's interpreter converts every float cast through
+# ``triton.runtime.interpreter._convert_float``, which renormalises a subnormal input before re-biasing and
+# then clamps the exponent at 0: bf16 2^-130 becomes 0 and 3 * 2^-133 becomes 2^-127, although bf16 and fp32
+# share one exponent range and the GPU widens by a 16-bit shift (exact, subnormals kept). Every bf16 -> fp32
+# widening of a kernel (``.to(tl.float32)``, and the implicit promotion of mixed bf16 / fp32 arithmetic) goes
+# through that function, so the shim replaces it in this process: bf16 -> fp32 exactly, every other
+# conversion by Triton's own code (its fp16 -> fp32 is exact: fp16 subnormals are fp32 normals).
+def _exact_widen(data: np.ndarray, src: Any, dst: Any) -> np.ndarray | None:
+    """The exact widening of interpreter ``data`` (bit patterns of ``src``) to ``dst`` as fp32 bit patterns,
+    or None when the conversion is not bf16 -> fp32."""
+    if src == tl.bfloat16 and dst == tl.float32:
+        bits = np.frombuffer(np.ascontiguousarray(data).tobytes(), dtype=np.uint16).astype(np.uint32)
+        return (bits << np.uint32(16)).reshape(np.shape(data))
+    return None
+
+
+def _install_exact_widening() -> None:
+    """Route the interpreter's float conversions through ``_exact_widen`` first (idempotent)."""
+    from triton.runtime import interpreter
+
+    if getattr(interpreter._convert_float, "_flint_exact_widening", False):
+        return
+    convert = interpreter._convert_float
+
+    def _convert_float(input, input_dtype, output_dtype, rounding_mode):  # noqa: A002 (Triton's signature)
+        out = _exact_widen(input, input_dtype, output_dtype)
+        return convert(input, input_dtype, output_dtype, rounding_mode) if out is None else out
+
+    _convert_float._flint_exact_widening = True
+    interpreter._convert_float = _convert_float
+
+
+if INTERPRET:
+    _install_exact_widening()
 
 
 # =========================================================================================================

@@ -175,6 +175,51 @@ def test_interpreter_plain_cast_truncates() -> None:
     assert [int(v) & 0xFFFF for v in y.view(torch.int16).tolist()] == [0x3F80, 0x3F80, 0x3F81, 0x3F80]
 
 
+def _all_bf16() -> torch.Tensor:
+    """Every bf16 bit pattern, 0x0000 .. 0xFFFF."""
+    return torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+def test_interpreter_widens_bf16_exactly() -> None:
+    """Every bf16 value, subnormals and signed zeros included, widens to fp32 by the 16-bit shift the GPU
+    performs, both through ``.to(tl.float32)`` and through the implicit promotion of bf16 * fp32 (Triton's own
+    interpreter cast turns bf16 2^-130 into 0 and 3 * 2^-133 into 2^-127)."""
+
+    @triton.jit
+    def _widen(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
+        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = o < n
+        x = tl.load(x_ptr + o, mask=m, other=0.0)
+        tl.store(y_ptr + o, x.to(tl.float32), mask=m)
+        tl.store(z_ptr + o, x * tl.full((BLOCK,), 1.0, tl.float32), mask=m)
+
+    x = _all_bf16()
+    n = x.numel()
+    y = torch.empty(n, dtype=torch.float32)
+    z = torch.empty(n, dtype=torch.float32)
+    _widen[(triton_cdiv(n, 16384),)](x, y, z, n, BLOCK=16384)
+    want = (x.view(torch.int16).to(torch.int32) & 0xFFFF) << 16  # the bf16 pattern in the high half
+    assert torch.equal(y.view(torch.int32), want.to(torch.int32))
+    finite = ~torch.isnan(x.float())
+    assert torch.equal(z.view(torch.int32)[finite], want.to(torch.int32)[finite])
+    # hand values: 0x0008 = 2^-130, 0x0003 = 3 * 2^-133, 0x8001 = -2^-133
+    assert y[0x0008].item() == 2.0**-130 and y[0x0003].item() == 3 * 2.0**-133 and y[0x8001].item() == -(2.0**-133)
+    assert y[0x8000].view(torch.int32).item() == -(2**31)  # -0.0 stays -0.0
+
+
+def test_shim_constexpr_reprs_name_the_function() -> None:
+    """The shims' constexpr reprs carry no memory address, so Triton's cache key is the same in every process."""
+    shims = {k: v for k, v in vars(C).items() if k.startswith("_SHIM_")}
+    assert sorted(shims) == sorted(
+        f"_SHIM_{n}" for n in ("rcp_approx_ftz", "ex2_approx_ftz", "rsqrt_approx_ftz", "expf_libdevice", "div_rn",
+                               "bf16_rn")
+    )
+    for name, v in shims.items():
+        text = repr(v.value)
+        assert text == f"<shim flint_moe.kernels._common._shim_{name[6:]}>", text
+        assert "0x" not in str(v)
+
+
 def test_launch_options() -> None:
     assert C.launch_options() == {"enable_fp_fusion": True}  # no PDL under the interpreter
     assert C.launch_options(pdl=False) == {"enable_fp_fusion": True}
