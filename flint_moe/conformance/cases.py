@@ -46,11 +46,11 @@ PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "b
 PATH_PROFILES: dict[str, tuple[str, ...]] = {
     "nvfp4_decode": (
         "gaussian", "heavy_tailed", "tied_logits", "skewed_routing", "global_scales", "e4m3_scales",
-        "zero_blocks", "poisoned_padding", "asymmetric", "tiny_sigmoids", "modelopt",
+        "zero_blocks", "poisoned_padding", "asymmetric", "tiny_sigmoids", "modelopt", "subnormal_tokens",
     ),
     "bf16_decode": (
         "gaussian", "heavy_tailed", "tied_logits", "skewed_routing", "global_scales", "zero_blocks",
-        "asymmetric", "tiny_sigmoids",
+        "asymmetric", "tiny_sigmoids", "subnormal_tokens",
     ),
 }  # fmt: skip
 #: Profiles whose inputs come from the field's own tools (issue 5 "Real inputs beside our own"), present only
@@ -253,7 +253,7 @@ def _cpu_matrix() -> list[Case]:
     nv = [
         (a, 1, "gaussian"), (a, 3, "heavy_tailed"), (a, 3, "tied_logits"), (a, 4, "skewed_routing"),
         (a, 2, "tiny_sigmoids"), (a, 2, "global_scales"), (a, 2, "e4m3_scales"), (a, 2, "zero_blocks"),
-        (a, 2, "poisoned_padding"), (a, 2, "asymmetric"), (a, 2, "modelopt"),
+        (a, 2, "poisoned_padding"), (a, 2, "asymmetric"), (a, 2, "modelopt"), (a, 3, "subnormal_tokens"),
         (a, 8, "gaussian"), (b, 2, "gaussian"), (c, 2, "gaussian"), (c, 1, "poisoned_padding"),
     ]  # fmt: skip
     bf = [

@@ -4,7 +4,9 @@ and expert weights for a ``Case`` (issue 5; shared/notes/field-cases.md).
 Token / router profiles (both paths): ``gaussian``; ``heavy_tailed`` (log-normal-scaled tokens plus outlier
 hidden channels x64); ``tied_logits`` (router rows that are power-of-two multiples of one vector, so equal
 levels give bitwise-equal logits, with a tie group straddling the k-th place); ``skewed_routing`` (expert 0
-wins every token, the upper experts never do); ``tiny_sigmoids`` (every logit in about [-85, -30]).
+wins every token, the upper experts never do); ``tiny_sigmoids`` (every logit in about [-85, -30]);
+``subnormal_tokens`` (bf16 subnormal activations: whole token rows of them, and a quarter of the other rows'
+channels).
 Weight profiles: NVFP4 codes and E4M3 scales are synthesised directly (no bf16 stack; DeepSeek-V3 sized
 layers are cheap): ``global_scales`` (per-expert global scales 2^-20..2^4), ``e4m3_scales`` (every finite
 scale byte incl. subnormals and 448), ``zero_blocks`` (zero codes / zero scales / a zero row),
@@ -29,7 +31,7 @@ __all__ = ["POISON_BYTES", "build_inputs", "weight_key", "scale_padding_mask"]
 FP8 = torch.float8_e4m3fn
 #: Bytes written into the scale padding by ``poisoned_padding`` (E4M3 NaN 0x7F / 0xFF and 448 = 0x7E).
 POISON_BYTES = (0x7F, 0xFF, 0x7E)
-_ROUTER_PROFILES = ("gaussian", "heavy_tailed", "tied_logits", "skewed_routing", "tiny_sigmoids")
+_ROUTER_PROFILES = ("gaussian", "heavy_tailed", "tied_logits", "skewed_routing", "tiny_sigmoids", "subnormal_tokens")
 
 _cache: dict = {}
 
@@ -112,6 +114,17 @@ def _tokens(case, g: torch.Generator, dev: torch.device):
         c = 64.0 + torch.linspace(0, 46, E, device=dev)
         c = c[torch.randperm(E, generator=g, device=dev)]
         router = (-c / H)[:, None].expand(E, H).clone()
+    elif p == "subnormal_tokens":
+        # even token rows: every channel a bf16 subnormal (+-m * 2^-133, m in 1..127) or a signed zero; odd
+        # rows: gaussian with a quarter of the channels replaced the same way. Every long reduction then sums
+        # products of subnormal activations (fp32 subnormal or tiny partial sums, logits that round to bf16
+        # subnormals and tie).
+        m = torch.randint(0, 128, (M, H), generator=g, device=dev).float()
+        sign = torch.where(torch.rand(M, H, **f32) < 0.5, -1.0, 1.0)
+        sub = sign * m * 2.0**-133
+        rows = torch.arange(M, device=dev)[:, None] % 2 == 0
+        x = torch.where(rows | (torch.rand(M, H, **f32) < 0.25), sub, x)
+        notes["subnormal_rows"] = list(range(0, M, 2))
     return _bf16(x), _bf16(router), _bf16(shared), notes
 
 
