@@ -8,6 +8,9 @@ the ModelOpt checkpoint layout (``ModelOptExperts``) plus the router weight (``C
   llama.cpp's NVFP4 type 40 with merged experts and ``<name>.scale`` global scales (converted exactly).
 - ``read_layer``: either, by path (a directory -> ModelOpt, a ``.gguf`` file -> GGUF).
 
+A checkpoint that breaks its format raises ``CheckpointError`` (a ValueError whose message names the file and
+the tensor or key); expert names follow one rule everywhere (``checkpoints.experts.parse_expert_name``).
+
 Formats and conversion rules: docs/checkpoints.md.
 """
 
@@ -17,16 +20,19 @@ from pathlib import Path
 
 import torch
 
-from flint_moe.checkpoints.experts import ExpertStack, ModelOptExperts
+from flint_moe.checkpoints.errors import CheckpointError
+from flint_moe.checkpoints.experts import ExpertStack, ModelOptExperts, parse_expert_name
 from flint_moe.checkpoints.gguf import nvfp4_gguf_to_modelopt, read_gguf_layer
 from flint_moe.checkpoints.layer import CheckpointLayer
 from flint_moe.checkpoints.modelopt import read_modelopt_layer
 
 __all__ = [
+    "CheckpointError",
     "CheckpointLayer",
     "ExpertStack",
     "ModelOptExperts",
     "nvfp4_gguf_to_modelopt",
+    "parse_expert_name",
     "read_gguf_layer",
     "read_layer",
     "read_modelopt_layer",
@@ -36,7 +42,7 @@ __all__ = [
 def read_layer(path: str | Path, layer: int, *, device: torch.device | str | None = "cpu") -> CheckpointLayer:
     """Layer ``layer`` of the checkpoint at ``path``: a directory is read as ModelOpt safetensors
     (``read_modelopt_layer``), a file as GGUF (``read_gguf_layer``). FileNotFoundError if ``path`` does not
-    exist; other errors as the readers raise them."""
+    exist; otherwise OSError (unreadable), ValueError (``layer`` < 0) or CheckpointError as the readers raise."""
     p = Path(path)
     if p.is_dir():
         return read_modelopt_layer(p, layer, device=device)

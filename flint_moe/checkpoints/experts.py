@@ -10,11 +10,18 @@ Names (relative to one MoE layer's ``experts`` prefix; ModelOpt / HF naming, sha
 | ``weight_scale_2`` | fp32, one element (0-d or [1]) | | |
 | ``input_scale`` | anything: accepted and ignored (W4A16 has no activation scale) | | |
 
+``e`` is a canonical decimal index: ASCII digits 0-9, no sign, no leading zero ("0" itself excepted), no
+whitespace or underscores, at most 9 digits (``parse_expert_name``). Each name stands for one slot
+(expert, projection, kind), so ``00.down_proj.weight`` is refused rather than taken as expert 0.
+
 ``ExpertStack`` copies each tensor into preallocated stacked buffers ``w13`` [E, 2I, H/2] (rows [gate; up]),
 ``w13_scale`` [E, 2I, H/16], ``w13_scale_2`` fp32 [E, 2] (gate, up), ``w2`` [E, H, I/2], ``w2_scale``
-[E, H, I/16], ``w2_scale_2`` [E] and rejects (ValueError naming the tensor) unknown names, expert indices out of
-range, duplicates, wrong shapes, E4M3 NaN scale bytes (0x7F / 0xFF: the Flint rule rejects NaN scales) and
-non-finite or negative global scales; wrong dtypes raise TypeError. ``ModelOptExperts`` is the finished stack.
+[E, H, I/16], ``w2_scale_2`` [E] and rejects (ValueError naming the tensor) unknown names, non-canonical
+indices, expert indices out of range, a slot written twice, wrong shapes, E4M3 NaN scale bytes (0x7F / 0xFF: the
+Flint rule rejects NaN scales) and non-finite or negative global scales; wrong dtypes raise TypeError. It is
+complete when every slot of ``REQUIRED_KINDS`` of every expert was written exactly once. ``ModelOptExperts`` is
+the finished stack. Readers size the stack with ``expert_count`` (every name checked, the index range bounded
+and complete) and ``check_stack_fits`` before anything is allocated.
 """
 
 from __future__ import annotations
@@ -25,17 +32,111 @@ from dataclasses import dataclass
 
 import torch
 
+from flint_moe.checkpoints.errors import CheckpointError
 from flint_moe.reference._checks import check_tensor
 from flint_moe.reference.weights import NVFP4Experts, check_scale_bytes
 
-__all__ = ["EXPERT_NAME", "PROJECTIONS", "REQUIRED_KINDS", "ExpertStack", "ModelOptExperts"]
+__all__ = [
+    "EXPERT_NAME",
+    "INDEX",
+    "PROJECTIONS",
+    "REQUIRED_KINDS",
+    "ExpertStack",
+    "ModelOptExperts",
+    "check_stack_fits",
+    "expert_count",
+    "parse_expert_name",
+]
 
-#: ``{e}.{proj}.{kind}`` (the module's ``load_weights`` names).
-EXPERT_NAME = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale|weight_scale_2|input_scale)")
+#: A canonical decimal index (expert or layer): "0", or 1-9 followed by at most 8 ASCII digits.
+INDEX = r"(?:0|[1-9][0-9]{0,8})"
+#: ``{e}.{proj}.{kind}`` with a canonical ``e`` (the module's ``load_weights`` names).
+EXPERT_NAME = re.compile(rf"({INDEX})\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale|weight_scale_2|input_scale)")
+_ANY_INDEX = re.compile(r"([^.]*)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale|weight_scale_2|input_scale)")
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 #: Kinds every expert needs (``input_scale`` is optional).
 REQUIRED_KINDS = ("weight", "weight_scale", "weight_scale_2")
 FP8 = torch.float8_e4m3fn
+#: Bytes of one expert's required tensors per H * I: three E2M1 matrices (1/2 byte a value) + their E4M3 scales
+#: (1/16 byte a value); the same for GGUF NVFP4 (36 bytes per 64 values).
+BYTES_PER_HI = 3 * 9 / 16
+
+
+def parse_expert_name(name: object, full: str | None = None, num_experts: int | None = None) -> tuple[int, str, str]:
+    """``(e, proj, kind)`` of an expert tensor name ``{e}.{proj}.{kind}`` (module docstring).
+
+    ``full`` is the name the errors show (default ``name``); with ``num_experts`` the index must be below it.
+    Raises CheckpointError (a ValueError) naming the tensor: an unknown name, an index that is not canonical
+    decimal, an index out of range.
+    """
+    full = str(name) if full is None else full
+    m = _ANY_INDEX.fullmatch(name) if isinstance(name, str) else None
+    if m is None:
+        raise CheckpointError(
+            None,
+            full,
+            "unknown expert tensor name; expected '{e}.{gate,up,down}_proj."
+            "{weight,weight_scale,weight_scale_2,input_scale}'",
+        )
+    text = m[1]
+    if re.fullmatch(INDEX, text) is None:
+        shown = repr(text if len(text) <= 24 else text[:24] + "...")
+        if re.fullmatch(r"[1-9][0-9]*", text) is None:
+            what = f"expert index {shown} is not a canonical decimal integer (ASCII digits 0-9 without sign, leading"
+            raise CheckpointError(None, full, what + " zero, whitespace or underscore)")
+        bound = f"[0, {num_experts})" if num_experts is not None else "(at most 9 digits)"
+        raise CheckpointError(None, full, f"expert index {shown} out of range {bound}")
+    e = int(text)
+    if num_experts is not None and e >= num_experts:
+        raise CheckpointError(None, full, f"expert index {e} out of range [0, {num_experts})")
+    return e, m[2], m[3]
+
+
+def expert_count(names: Iterable[str], prefix: str = "", num_experts: int | None = None, count_source: str = "") -> int:
+    """E of one MoE layer from its expert tensor names (relative to ``prefix``), checked before any allocation.
+
+    Every name is parsed (``parse_expert_name``). With ``num_experts`` (the checkpoint config's count, described
+    by ``count_source`` in errors) every index must lie in [0, num_experts); without it the indices present must
+    be 0..E-1 with none left out. Then every expert needs every required tensor (``REQUIRED_KINDS`` of
+    ``PROJECTIONS``). Returns E >= 1.
+
+    Raises:
+        CheckpointError (a ValueError) naming a tensor: a bad name or index, an index out of range, an expert
+        with no tensors, a required tensor missing (the message counts them and names up to 8).
+    """
+    slots: set[tuple[int, str, str]] = set()
+    for rel in names:
+        slots.add(parse_expert_name(rel, prefix + rel, num_experts))
+    ids = sorted({e for e, _, _ in slots})
+    if not ids:
+        raise CheckpointError(None, f"{prefix}<e>.*", "no expert tensors")
+    E = num_experts if num_experts is not None else len(ids)
+    if len(ids) != E or ids[-1] != E - 1:
+        gap = next(e for e in range(max(E, ids[-1] + 1)) if e >= len(ids) or ids[e] != e)
+        why = (f"{count_source}: experts 0..{E - 1}" if num_experts is not None
+               else f"expert {ids[-1]} has: the indices present must be 0..E-1")  # fmt: skip
+        raise CheckpointError(None, f"{prefix}{gap}.*", f"expert {gap} has no tensors ({why})")
+    miss = [f"{prefix}{e}.{p}.{k}" for e in range(E) for p in PROJECTIONS for k in REQUIRED_KINDS
+            if (e, p, k) not in slots]  # fmt: skip
+    if miss:
+        raise CheckpointError(
+            None,
+            miss[0],
+            f"missing ({len(miss)} of {E * len(PROJECTIONS) * len(REQUIRED_KINDS)} required expert "
+            f"tensors missing, e.g. {', '.join(miss[:8])})",
+        )
+    return E
+
+
+def check_stack_fits(num_experts: int, hidden_size: int, intermediate_size: int, available: int, where: str) -> None:
+    """ValueError unless ``num_experts`` experts of H x I fit the ``available`` bytes their tensors come from
+    (``where``: e.g. the checkpoint files): a stack larger than the data it is filled from is never allocated."""
+    need = int(num_experts * hidden_size * intermediate_size * BYTES_PER_HI)
+    if need > available:
+        raise ValueError(
+            f"{num_experts} experts of H = {hidden_size}, I = {intermediate_size} hold {need} bytes of weights and "
+            f"scales, more than the {available} bytes of {where}"
+        )
 
 
 @dataclass
@@ -147,8 +248,9 @@ class ExpertStack:
         self.w2 = torch.empty(E, H, I // 2, dtype=torch.uint8, device=dev)
         self.w2_scale = torch.empty(E, H, I // 16, dtype=torch.uint8, device=dev)
         self.w2_scale_2 = torch.empty(E, dtype=torch.float32, device=dev)
-        self.loaded: set[str] = set()
-        self._required = 3 * len(REQUIRED_KINDS) * E
+        #: (expert, projection, kind) -> the name it was written under
+        self.loaded: dict[tuple[int, str, str], str] = {}
+        self._required = len(PROJECTIONS) * len(REQUIRED_KINDS) * E
         self._have = 0
 
     @property
@@ -162,9 +264,8 @@ class ExpertStack:
         for e in range(self.E):
             for proj in PROJECTIONS:
                 for kind in REQUIRED_KINDS:
-                    n = f"{e}.{proj}.{kind}"
-                    if n not in self.loaded:
-                        out.append(n)
+                    if (e, proj, kind) not in self.loaded:
+                        out.append(f"{e}.{proj}.{kind}")
                         if len(out) >= limit:
                             return out
         return out
@@ -172,23 +273,17 @@ class ExpertStack:
     def add(self, name: str, tensor: object) -> None:
         """Copy one checkpoint tensor into the stack (validation: module docstring)."""
         full = self.prefix + str(name)
-        m = EXPERT_NAME.fullmatch(name) if isinstance(name, str) else None
-        if m is None:
-            raise ValueError(
-                f"{full}: unknown expert tensor name; expected '{{e}}.{{gate,up,down}}_proj."
-                "{weight,weight_scale,weight_scale_2,input_scale}'"
-            )
-        e, proj, kind = int(m[1]), m[2], m[3]
-        if not 0 <= e < self.E:
-            raise ValueError(f"{full}: expert index {e} out of range [0, {self.E})")
-        if name in self.loaded:
-            raise ValueError(f"{full}: loaded twice")
+        slot = parse_expert_name(name, full, self.E)
+        e, proj, kind = slot
+        if slot in self.loaded:
+            raise CheckpointError(None, full, f"loaded twice (expert {e} {proj}.{kind} was loaded as "
+                                  f"{self.prefix}{self.loaded[slot]})")  # fmt: skip
         H, I = self.H, self.I  # noqa: E741
         down = proj == "down_proj"
         n, k = (H, I) if down else (I, H)
         if kind == "input_scale":
             check_tensor(full, tensor)  # a tensor, otherwise ignored
-            self.loaded.add(name)
+            self.loaded[slot] = name
             return
         if kind == "weight":
             src = _as_bytes(full, tensor, (torch.uint8, torch.int8))
@@ -213,7 +308,7 @@ class ExpertStack:
             rows = slice(I, 2 * I) if proj == "up_proj" else slice(0, I)
             dst = (self.w13 if kind == "weight" else self.w13_scale)[e, rows]
         dst.copy_(src)
-        self.loaded.add(name)
+        self.loaded[slot] = name
         self._have += 1
 
     def add_all(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -221,14 +316,12 @@ class ExpertStack:
             self.add(name, t)
 
     def finish(self) -> ModelOptExperts:
-        """The stacked experts (ValueError naming missing tensors unless ``complete``). The buffers are handed
-        over (not copied)."""
+        """The stacked experts (CheckpointError naming missing tensors unless ``complete``). The buffers are
+        handed over (not copied)."""
         if not self.complete:
-            miss = self.missing()
-            raise ValueError(
-                f"{self.prefix}experts: {self._required - self._have} of {self._required} required tensors "
-                f"missing, e.g. {', '.join(self.prefix + n for n in miss)}"
-            )
+            miss = [self.prefix + n for n in self.missing()]
+            raise CheckpointError(None, miss[0], f"missing ({self._required - self._have} of {self._required} "
+                                  f"required expert tensors missing, e.g. {', '.join(miss)})")  # fmt: skip
         return ModelOptExperts(
             self.w13, self.w13_scale.view(FP8), self.w13_scale_2, self.w2, self.w2_scale.view(FP8), self.w2_scale_2
         )

@@ -15,13 +15,17 @@ __all__ = ["CheckpointLayer", "router_to_bf16"]
 def router_to_bf16(name: str, t: object, num_experts: int | None = None, hidden: int | None = None) -> torch.Tensor:
     """The router weight as bf16 [E, H]: bf16 as given; fp32 / fp16 only if every value is a bf16 value
     (converters such as llama.cpp's write the bf16 router as F32; a value that would round is a ValueError,
-    never a silent change). TypeError for other dtypes; ValueError for a wrong shape."""
+    never a silent change). TypeError for other dtypes; ValueError for a wrong shape or a NaN / infinite value
+    (naming its index)."""
     check_tensor(name, t, dtype=(torch.bfloat16, torch.float32, torch.float16), shape=(num_experts, hidden))
+    inf = ~torch.isfinite(t)
+    if bool(inf.any()):
+        idx = tuple(int(i) for i in inf.nonzero()[0].tolist())
+        raise ValueError(f"{name}: non-finite value {float(t[idx])} at index {idx} (router logits must be finite)")
     if t.dtype == torch.bfloat16:
         return t.contiguous()
     b = t.to(torch.bfloat16)
     bad = b.float() != t.float()
-    bad |= torch.isnan(t.float()) != torch.isnan(b.float())
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
         raise ValueError(

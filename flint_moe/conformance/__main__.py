@@ -308,10 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.checkpoint is None or args.layer is None:
             print("--checkpoint and --layer go together", file=sys.stderr)
             return 2
+        from flint_moe.conformance.checkpoint import CHECKPOINT_ERRORS, checkpoint_error_line
+
         try:
             cases, given_inputs = checkpoint_selection(args.checkpoint, args.layer, profile, args.filter, device)
-        except (FileNotFoundError, ValueError, KeyError) as e:
-            print(f"--checkpoint {args.checkpoint} --layer {args.layer}: {e}", file=sys.stderr)
+        except CHECKPOINT_ERRORS as e:
+            print(checkpoint_error_line(args.checkpoint, args.layer, e), file=sys.stderr)
             return 2
     else:
         cases = select(profile, args.filter)

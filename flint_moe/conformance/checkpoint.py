@@ -19,10 +19,26 @@ import torch
 
 from flint_moe.conformance.cases import Case, CaseInputs, ShapeSpec
 
-__all__ = ["CHECKPOINT_PROFILE", "checkpoint_cases", "checkpoint_shape_name"]
+__all__ = [
+    "CHECKPOINT_ERRORS",
+    "CHECKPOINT_PROFILE",
+    "checkpoint_cases",
+    "checkpoint_error_line",
+    "checkpoint_shape_name",
+]
 
 #: Data profile recorded in the cases (weights produced by the ModelOpt recipe, or converted from one).
 CHECKPOINT_PROFILE = "modelopt"
+#: What ``checkpoint_cases`` raises for a checkpoint it cannot use: OSError (no such path, unreadable),
+#: ValueError (``checkpoints.CheckpointError``: the file and tensor named; a bad argument or top_k), KeyError.
+CHECKPOINT_ERRORS = (OSError, ValueError, KeyError)
+
+
+def checkpoint_error_line(path: str | Path, layer: int, exc: BaseException) -> str:
+    """One line for the CLI's stderr: ``--checkpoint PATH --layer N: <message>`` (line breaks of the message,
+    e.g. of a wrapped library error, become '; ')."""
+    msg = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
+    return f"--checkpoint {path} --layer {layer}: {msg}"
 
 
 def checkpoint_shape_name(path: str | Path, layer: int) -> str:
@@ -68,7 +84,8 @@ def checkpoint_cases(
             ``<arch>.expert_used_count``).
 
     Raises:
-        FileNotFoundError: no such checkpoint. ValueError: a bad checkpoint (see ``flint_moe.checkpoints``),
+        FileNotFoundError / OSError: no such or an unreadable checkpoint. ``checkpoints.CheckpointError`` (a
+        ValueError naming the file and tensor): a bad checkpoint (see ``flint_moe.checkpoints``). ValueError:
         top_k unknown or out of range, an empty ``token_counts`` or an M < 1, seed < 0.
     """
     from flint_moe.checkpoints import read_layer

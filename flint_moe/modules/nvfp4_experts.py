@@ -56,11 +56,13 @@ class FlintNvfp4Experts(nn.Module):
     weight_scale_2}`` (ModelOpt NVFP4 per-expert tensors: ``flint_moe.checkpoints.experts``; ``.input_scale``
     accepted and ignored), in any order and over any number of calls. When the last required tensor arrives the
     stack is repacked into ``FlintMoEWeights`` (FlashInfer CuTe-DSL W4A16 layout; in place when unpadded, so the
-    checkpoint-layout w13 storage becomes w1) and the checkpoint buffers are released. Errors (ValueError,
-    naming the tensor): unknown names, expert index out of range, a tensor loaded twice or after loading
-    completed, wrong shapes, E4M3 NaN scale bytes (0x7F / 0xFF), non-finite or negative global scales,
-    gate and up global scales of an expert that differ (raised at repack, naming the experts); TypeError for a
-    wrong dtype.
+    checkpoint-layout w13 storage becomes w1) and the checkpoint buffers are released. ``e`` is canonical decimal
+    (``flint_moe.checkpoints.experts.parse_expert_name``: ``00.down_proj.weight`` is refused, never taken for
+    expert 0), and loading completes only when every (expert, projection, kind) slot was written once. Errors
+    (ValueError, naming the tensor; ``checkpoints.CheckpointError`` for the names): unknown names, an index
+    that is not canonical or out of range, a tensor loaded twice or after loading completed, wrong shapes, E4M3
+    NaN scale bytes (0x7F / 0xFF), non-finite or negative global scales, gate and up global scales of an expert
+    that differ (raised at repack, naming the experts); TypeError for a wrong dtype.
 
     ``forward(hidden_states, router_weight, shared)``: see :meth:`forward`.
     """

@@ -10,6 +10,8 @@
   per 16-value block the code nibbles are re-paired (value j low, j + 8 high), the E4M3 scale bytes keep their
   bits with the sign bit cleared, 4 scales + 32 code bytes per 64-value block, experts stacked per projection,
   ``.scale`` / ``.input_scale`` F32 [E] written unless all within 1e-6 of 1.0.
+- ``random_experts``: ModelOpt-layout per-expert tensors of random bytes (no quantizer: fast), for rejections.
+- ``patch_gguf``: edit a written GGUF file in place through gguf-py's own reader (mode ``r+``).
 """
 
 from __future__ import annotations
@@ -91,6 +93,34 @@ def write_modelopt_dir(
     return d
 
 
+def random_experts(E: int, H: int, I: int, seed: int = 0) -> tuple[dict[str, torch.Tensor], torch.Tensor]:  # noqa: E741
+    """``{e}.{proj}.{kind}`` -> tensor for E experts of H x I (random code bytes, E4M3 scale bytes 0x30..0x3F,
+    fp32 0-d global scales, gate = up), and a bf16 router [E, H]."""
+    g = torch.Generator().manual_seed(seed)
+    named: dict[str, torch.Tensor] = {}
+    for e in range(E):
+        for proj, (n, k) in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+            named[f"{e}.{proj}.weight"] = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+            named[f"{e}.{proj}.weight_scale"] = torch.randint(0x30, 0x40, (n, k // 16), generator=g).to(torch.uint8)
+            named[f"{e}.{proj}.weight_scale"] = named[f"{e}.{proj}.weight_scale"].view(FP8)
+        gs = torch.rand((), generator=g) * 2.0**-5 + 2.0**-7
+        named[f"{e}.gate_proj.weight_scale_2"] = gs
+        named[f"{e}.up_proj.weight_scale_2"] = gs.clone()
+        named[f"{e}.down_proj.weight_scale_2"] = torch.rand((), generator=g) * 2.0**-5 + 2.0**-7
+    return named, (torch.randn(E, H, generator=g) * 0.2).bfloat16()
+
+
+def patch_gguf(path: Path, edit) -> None:
+    """``edit(reader)`` on ``gguf.GGUFReader(path, "r+")`` (its fields' and tensors' ``parts`` are writable views
+    of the file), then flushed to disk."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path), "r+")
+    edit(r)
+    r.data.flush()
+    del r
+
+
 def _writer(path: Path, top_k: int):
     import gguf
 
@@ -99,7 +129,9 @@ def _writer(path: Path, top_k: int):
     return w
 
 
-def _finish(w) -> None:
+def _finish(w, edit_writer=None) -> None:
+    if edit_writer is not None:
+        edit_writer(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -114,10 +146,14 @@ def _bf16_router(w, name: str, router: torch.Tensor) -> None:
 
 
 def write_gguf_modelopt(
-    path: Path, layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]], *, top_k: int
+    path: Path,
+    layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]],
+    *,
+    top_k: int,
+    edit_writer=None,
 ) -> Path:
     """Convention (a): ModelOpt tensors as plain GGUF tensors (codes / scale bytes as I8, scales F32 [1],
-    router BF16)."""
+    router BF16; a float32 router as F32). ``edit_writer(w)`` may add metadata to the ``GGUFWriter``."""
     w = _writer(path, top_k)
     for L, (experts, router) in layers.items():
         for n, t in experts.items():
@@ -126,8 +162,11 @@ def write_gguf_modelopt(
                 w.add_tensor(name, t.contiguous().view(torch.uint8).numpy().view(np.int8))
             else:
                 w.add_tensor(name, t.float().reshape(1).numpy())
-        _bf16_router(w, f"model.layers.{L}.mlp.gate.weight", router)
-    _finish(w)
+        if router.dtype == torch.float32:
+            w.add_tensor(f"model.layers.{L}.mlp.gate.weight", router.numpy())
+        else:
+            _bf16_router(w, f"model.layers.{L}.mlp.gate.weight", router)
+    _finish(w, edit_writer)
     return path
 
 
@@ -145,10 +184,16 @@ def nvfp4_pack(weight: torch.Tensor, scale: torch.Tensor) -> np.ndarray:
 
 
 def write_gguf_nvfp4(
-    path: Path, layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]], *, top_k: int, edit=None
+    path: Path,
+    layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]],
+    *,
+    top_k: int,
+    edit=None,
+    edit_writer=None,
 ) -> Path:
     """Convention (b): llama.cpp NVFP4 merged experts (``blk.{L}.ffn_*_exps.weight`` type 40, ``.scale`` F32
-    [E]), router ``blk.{L}.ffn_gate_inp.weight`` F32. ``edit(name, merged)`` may change the bytes in place."""
+    [E]), router ``blk.{L}.ffn_gate_inp.weight`` F32. ``edit(name, merged)`` may change the bytes in place,
+    ``edit_writer(w)`` add metadata."""
     import gguf
 
     w = _writer(path, top_k)
@@ -166,5 +211,5 @@ def write_gguf_nvfp4(
                 if not np.allclose(vals, 1.0, atol=1e-6):
                     w.add_tensor(f"blk.{L}.{g}.{suffix}", np.array(vals, dtype=np.float32))
         w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", router.float().numpy())
-    _finish(w)
+    _finish(w, edit_writer)
     return path

@@ -8,12 +8,13 @@ Plus the rejections: differing gate/up global scales, NaN scale bytes, a missing
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from flint_moe.checkpoints import read_gguf_layer, read_layer, read_modelopt_layer
+from flint_moe.checkpoints import CheckpointError, read_gguf_layer, read_layer, read_modelopt_layer
 from flint_moe.checkpoints.gguf import gguf_moe_layers
 from flint_moe.checkpoints.modelopt import modelopt_moe_layers
 from flint_moe.layouts import FlintMoEWeights
@@ -99,10 +100,16 @@ def test_layers_listed_and_missing_layer(ckpt) -> None:
     assert modelopt_moe_layers(paths["modelopt"]) == list(LAYERS)
     assert gguf_moe_layers(paths["gguf-modelopt"]) == list(LAYERS)
     assert gguf_moe_layers(paths["gguf-nvfp4"]) == list(LAYERS)
-    with pytest.raises(ValueError, match=r"^layer 2: no tensors named .* \(MoE layers present: \[1, 3\]\)"):
-        read_modelopt_layer(paths["modelopt"], 2)
+    d = paths["modelopt"]
+    with pytest.raises(
+        CheckpointError, match=rf"^{re.escape(str(d))}: layer 2: no tensors named .* \(MoE layers present: \[1, 3\]\)"
+    ):
+        read_modelopt_layer(d, 2)
     for fmt in ("gguf-modelopt", "gguf-nvfp4"):
-        with pytest.raises(ValueError, match=r"^layer 0: neither blk.0.ffn_gate_exps.weight .*present: \[1, 3\]"):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"^{re.escape(str(paths[fmt]))}: layer 0: neither blk.0.ffn_gate_exps.weight .*present: \[1, 3\]",
+        ):
             read_gguf_layer(paths[fmt], 0)
     with pytest.raises(FileNotFoundError, match=r"no such checkpoint"):
         read_layer(paths["modelopt"] / "nope", 1)
@@ -133,13 +140,15 @@ def test_nan_scale_bytes_rejected(tmp_path: Path, ckpt) -> None:
         bad["2.up_proj.weight_scale"] = s
         d = write_modelopt_dir(tmp_path / f"nan{byte:x}", {1: (bad, router)}, top_k=K, shards=1)
         with pytest.raises(
-            ValueError,
-            match=rf"^model.layers.1.mlp.experts.2.up_proj.weight_scale: E4M3 NaN scale byte 0x{byte:02X} at index "
-            r"\(5, 3\)",
+            CheckpointError,
+            match=rf"^model.layers.1.mlp.experts.2.up_proj.weight_scale in {re.escape(str(d))}/model.safetensors: "
+            rf"E4M3 NaN scale byte 0x{byte:02X} at index \(5, 3\)",
         ):
             read_modelopt_layer(d, 1)
         a = write_gguf_modelopt(tmp_path / f"nan{byte:x}.gguf", {1: (bad, router)}, top_k=K)
-        with pytest.raises(ValueError, match=rf"up_proj.weight_scale: E4M3 NaN scale byte 0x{byte:02X}"):
+        with pytest.raises(
+            CheckpointError, match=rf"up_proj.weight_scale in {re.escape(str(a))}: E4M3 NaN scale byte 0x{byte:02X}"
+        ):
             read_gguf_layer(a, 1)
         # llama.cpp's converter clears bit 7: both NaN bytes become 0x7F, which gguf decodes as 0 -> E4M3 0x00
         b = read_gguf_layer(write_gguf_nvfp4(tmp_path / f"nan{byte:x}b.gguf", {1: (bad, router)}, top_k=K), 1)
@@ -150,7 +159,9 @@ def test_bad_directory(tmp_path: Path, ckpt) -> None:
     _, layers, _ = ckpt
     d = write_modelopt_dir(tmp_path / "m", {1: layers[1]}, top_k=K, shards=1)
     (d / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
-    with pytest.raises(ValueError, match=r"quant_algo is 'FP8', expected 'NVFP4'"):
+    with pytest.raises(
+        CheckpointError, match=r"^quantization.quant_algo in .*hf_quant_config.json: quant_algo is 'FP8'"
+    ):
         read_modelopt_layer(d, 1)
     (d / "hf_quant_config.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"not a ModelOpt checkpoint"):
@@ -160,13 +171,17 @@ def test_bad_directory(tmp_path: Path, ckpt) -> None:
     r32 = router.float()
     r32[2, 7] += 2.0**-20
     d2 = write_modelopt_dir(tmp_path / "r", {1: (experts, r32)}, top_k=K, shards=1)
-    with pytest.raises(ValueError, match=r"^model.layers.1.mlp.gate.weight: torch.float32 value .* at index \(2, 7\)"):
+    with pytest.raises(
+        CheckpointError, match=r"^model.layers.1.mlp.gate.weight in .*: torch.float32 value .* at index \(2, 7\)"
+    ):
         read_modelopt_layer(d2, 1)
     # a missing expert tensor
     part = {n: t for n, t in experts.items() if n != "3.down_proj.weight_scale_2"}
     d3 = write_modelopt_dir(tmp_path / "p", {1: (part, router)}, top_k=K, shards=1)
     with pytest.raises(
-        ValueError, match=r"1 of 36 required tensors missing, e.g. .*experts.3.down_proj.weight_scale_2$"
+        CheckpointError,
+        match=rf"^model.layers.1.mlp.experts.3.down_proj.weight_scale_2 in {re.escape(str(d3))}: missing \(1 of 36 "
+        r"required expert tensors missing, e.g. model.layers.1.mlp.experts.3.down_proj.weight_scale_2\)$",
     ):
         read_modelopt_layer(d3, 1)
 
@@ -185,8 +200,8 @@ def test_unindexed_shards_and_bad_gguf_bytes(tmp_path: Path, ckpt) -> None:
             merged[2, 9, 1] = 0xFF
 
     b = write_gguf_nvfp4(tmp_path / "ff.gguf", {3: layers[3]}, top_k=K, edit=poke)
-    with pytest.raises(ValueError, match=r"^blk.3.ffn_down_exps.weight\[2\]: UE4M3 scale byte 0xFF at block index "
-                       r"\(9, 0, 1\)"):  # fmt: skip
+    with pytest.raises(CheckpointError, match=rf"^blk.3.ffn_down_exps.weight\[2\] in {re.escape(str(b))}: UE4M3 "
+                       r"scale byte 0xFF at block index \(9, 0, 1\)"):  # fmt: skip
         read_gguf_layer(b, 3)
 
 

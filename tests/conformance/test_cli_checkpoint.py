@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from flint_moe.conformance.__main__ import checkpoint_selection, main
 from flint_moe.conformance.cases import matrix
 from flint_moe.ops import DECODE_MAX_TOKENS
@@ -41,3 +43,48 @@ def test_cli_runs_a_checkpoint_layer(tmp_path) -> None:
     )  # 3-decimal rounding
     assert rep["env"]["checkpoint"] == f"{d} layer 0"
     assert main(["--profile", "cpu", "--checkpoint", str(d)]) == 2  # --layer missing
+
+
+def _bad_checkpoint(tmp_path, kind: str):
+    """(path, expected stderr line or None) for a checkpoint the loaders refuse."""
+    import gguf
+    import torch
+
+    from tests.checkpoints._writers import random_experts, write_gguf_modelopt
+
+    named, router = random_experts(2, 64, 64)
+    if kind.startswith("gguf"):
+        p = write_gguf_modelopt(tmp_path / "a.gguf", {0: (named, router)}, top_k=1)
+        data = p.read_bytes()
+        if kind == "gguf-header":
+            p.write_bytes(data[:10])
+            return p, None
+        if kind == "gguf-dtype":
+            wrong = {**named, "1.up_proj.weight_scale": torch.tensor(1.0)}  # written as F32: a TypeError inside
+            p = write_gguf_modelopt(tmp_path / "b.gguf", {0: (wrong, router)}, top_k=1)
+            return p, None
+        t = gguf.GGUFReader(str(p)).tensors[3]
+        n = t.data_offset + 1
+        p.write_bytes(data[:n])
+        return p, (
+            f"--checkpoint {p} --layer 0: {t.name} in {p}: data bytes [{t.data_offset}, {t.data_offset + t.n_bytes}) "
+            f"run past the end of the file ({n} bytes): truncated or garbled"
+        )
+    d = write_modelopt_dir(tmp_path / "ck", {0: (named, router)}, top_k=1, shards=1)
+    if kind == "json-list":
+        (d / "config.json").write_text("[]")
+        return d, f"--checkpoint {d} --layer 0: {d / 'config.json'}: expected a JSON object at the top level, got list"
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:64])
+    return d, None
+
+
+@pytest.mark.parametrize("kind", ["gguf-header", "gguf-data", "gguf-dtype", "json-list", "safetensors"])
+def test_cli_refuses_a_bad_checkpoint_in_one_line(tmp_path, capsys, kind: str) -> None:
+    path, want = _bad_checkpoint(tmp_path, kind)
+    assert main(["--profile", "cpu", "--checkpoint", str(path), "--layer", "0"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"--checkpoint {path} --layer 0: "), err
+    assert str(path) in err[0][len(f"--checkpoint {path} --layer 0: ") :], err  # the loader's message names the file
+    if want is not None:
+        assert err == [want]

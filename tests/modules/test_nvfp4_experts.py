@@ -6,6 +6,8 @@ eager and the load-time compile.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -203,6 +205,28 @@ def test_rejections() -> None:
     ):
         with pytest.raises(ValueError, match=pattern):
             FlintNvfp4Experts(*args)
+
+
+def test_expert_indices_are_canonical_and_every_slot_counts() -> None:
+    named, _ = _checkpoint(E, H, I)
+    # expert 5's down weight is absent; expert 0's spelt '00' must not fill in for it (nor count towards completion)
+    items = [(n, t) for n, t in named.items() if n != "5.down_proj.weight"]
+    mod = FlintNvfp4Experts(E, H, I, K)
+    with pytest.raises(ValueError, match=r"^00.down_proj.weight: expert index '00' is not a canonical decimal integer"):
+        mod.load_weights([*items, ("00.down_proj.weight", named["0.down_proj.weight"])])
+    assert not mod.loaded
+    with pytest.raises(RuntimeError, match=r"forward before loading completed .*missing e.g. 5.down_proj.weight\)$"):
+        mod(torch.zeros(1, H, dtype=torch.bfloat16), torch.zeros(E, H, dtype=torch.bfloat16), torch.zeros(1, H))
+    for index in ("+3", " 3", "3 ", "\u0663", "03"):  # U+0663: ARABIC-INDIC DIGIT THREE (int() reads it as 3)
+        mod = FlintNvfp4Experts(E, H, I, K)
+        name = f"{index}.gate_proj.weight"
+        with pytest.raises(ValueError, match=rf"^{re.escape(name)}: expert index {re.escape(repr(index))} is not a"):
+            mod.load_weights([(name, named["3.gate_proj.weight"])])
+    mod = FlintNvfp4Experts(E, H, I, K)
+    with pytest.raises(
+        ValueError, match=r"^99999999999.up_proj.weight: expert index '99999999999' out of range \[0, 6\)"
+    ):
+        mod.load_weights([("99999999999.up_proj.weight", named["0.up_proj.weight"])])
 
 
 def test_warmup_token_counts() -> None:
