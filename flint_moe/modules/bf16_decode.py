@@ -61,6 +61,11 @@ class FlintBf16DecodeMoE(nn.Module):
     ``forward(hidden_states, router_weight, routed_experts, shared)``: ``routed_experts`` is the layer, an
     ``nn.Module`` with ``w13_weight`` / ``w2_weight`` (see :func:`trtllm_bf16_views`), or a (w13, w2) pair.
     Its shapes are checked on every call (host-side only, no device sync).
+
+    ``check_row_maps()``: RuntimeError if the kernels found a value of the row-map buffers (``row_map13``,
+    ``row_map2``) other than the layout's since the last check, e.g. after the buffers were written through
+    ``.data`` (``flint_moe.ops.check_row_map_status`` on the module's device; call it at a safe point, such
+    as after CUDA-graph replays: ``forward`` itself reports faults of earlier eager calls).
     """
 
     def __init__(
@@ -134,6 +139,14 @@ class FlintBf16DecodeMoE(nn.Module):
             hidden_states, router_weight, g1, g2, (self.row_map13, self.row_map2), self.top_k,
             self.route_counter, out, ready, taps=taps,
         )  # fmt: skip
+
+    def check_row_maps(self, *, synchronize: bool = True) -> None:
+        """Report row-map faults the decode kernels recorded on this module's device since the last check
+        (``flint_moe.ops.check_row_map_status``: RuntimeError naming ``row_maps[i]`` and the entry; the
+        status is then cleared). ``synchronize=False`` reads what has landed so far without waiting."""
+        from flint_moe.ops import check_row_map_status
+
+        check_row_map_status(self.row_map13.device, synchronize=synchronize)
 
     def extra_repr(self) -> str:
         return (

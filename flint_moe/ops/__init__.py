@@ -6,11 +6,13 @@
 - ``flint_moe_grouped``: the same NVFP4 MoE by grouped GEMMs for larger batches (``flint_moe`` calls it for
   M > ``DECODE_MAX_TOKENS``; flint_moe/ops/moe_nvfp4_grouped.py).
 - ``flint_moe_bf16_decode``: BF16 experts in the TRT-LLM BlockMajorK layout for M <= ``DECODE_BF16_MAX_TOKENS``
-  (flint_moe/ops/moe_bf16.py).
+  (flint_moe/ops/moe_bf16.py); ``check_row_map_status``: the row-map faults its kernels recorded
+  (flint_moe/ops/_checks.py).
 """
 
 from __future__ import annotations
 
+from ._checks import check_row_map_status
 from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
 from .moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
 from .moe_nvfp4_grouped import GROUPED_MAX_TOKENS, flint_moe_grouped
@@ -21,6 +23,7 @@ __all__ = [
     "DECODE_MAX_TOKENS",
     "GROUPED_MAX_TOKENS",
     "ROUTE_GEMV_MAX_TOKENS",
+    "check_row_map_status",
     "flint_moe",
     "flint_moe_bf16_decode",
     "flint_moe_grouped",

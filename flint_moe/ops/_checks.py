@@ -4,8 +4,12 @@
   ``1 <= top_k <= limit``; the message starts with ``top_k:``.
 - :func:`check_kernel_device`: ``RuntimeError`` for a CPU tensor when the Triton interpreter is off (Triton
   itself would fail with "0 active drivers", which names neither the tensor nor the fix).
-- :func:`checked_row_maps`: the TRT-LLM BF16 row maps' values, checked once per tensor (a map out of range
-  would make the kernels read outside the weights).
+- :func:`check_shared_ready`: ``TypeError`` unless ``shared_ready`` is None or a ``torch.cuda.Event``,
+  ``ValueError`` for an event with CPU tensors; every op calls it before its first launch.
+- :func:`checked_row_maps`: the TRT-LLM BF16 row maps' values, checked once per tensor and again after any
+  in-place change the tensor's version counter sees (the immediate error of the common case).
+- :func:`check_row_map_status`: the check no write can bypass: the BF16 decode kernels compare every map value
+  they load with the layout's closed form (``flint_moe.kernels._bf16_gemv``); this reads what they found.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 
 from flint_moe.kernels._common import INTERPRET
 
-__all__ = ["check_top_k", "check_kernel_device", "checked_row_maps"]
+__all__ = ["check_top_k", "check_kernel_device", "check_shared_ready", "checked_row_maps", "check_row_map_status"]
 
 
 def check_top_k(top_k: object, limit: int, what: str) -> int:
@@ -37,6 +41,17 @@ def check_kernel_device(name: str, t: torch.Tensor) -> None:
             f"{name}: on the CPU, but the Triton kernels need a CUDA device; to run them on the CPU set "
             "TRITON_INTERPRET=1 in the environment before triton is first imported (the Triton interpreter)"
         )
+
+
+def check_shared_ready(shared_ready: object, device: torch.device) -> None:
+    """``TypeError`` unless ``shared_ready`` is None or a ``torch.cuda.Event``; ``ValueError`` for an event when
+    the op's tensors are on ``device`` of type CPU (there is no stream to wait on). Call before any launch."""
+    if shared_ready is None:
+        return
+    if not isinstance(shared_ready, torch.cuda.Event):
+        raise TypeError(f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}")
+    if device.type != "cuda":
+        raise ValueError("shared_ready: a CUDA event only makes sense for CUDA tensors; pass None")
 
 
 #: id(map tensor) -> (weak reference, its ``_version`` when its values were checked).
@@ -77,3 +92,53 @@ def checked_row_maps(maps: tuple[torch.Tensor, torch.Tensor], hidden: int, inter
             )
         key = id(t)
         _CHECKED[key] = (weakref.ref(t, lambda _r, k=key: _CHECKED.pop(k, None)), t._version)
+
+
+_STATUS_MAPS = ("map13", "map2")
+
+
+def check_row_map_status(device: torch.device | str | None = None, *, synchronize: bool = True) -> None:
+    """RuntimeError if a BF16 decode kernel on ``device`` (None: every device used so far) loaded a row-map
+    value other than the TRT-LLM BF16 row map's since the last check; the status is cleared when reported.
+
+    The kernels (``flint_moe.kernels.bf16_gate_up`` / ``bf16_down``) compare every map value they load with
+    the map's closed form, clamp it into the map's range (so no value reads outside the weights) and, on a
+    mismatch, store 1 + the entry's index into the device's status buffer
+    (``flint_moe.kernels._bf16_gemv.row_map_status``; on CUDA pinned host memory written directly by the
+    kernels). Nothing on the decode path waits for it: ``flint_moe_bf16_decode`` reads it at entry without
+    synchronising (it reports what earlier calls found), and this function is the explicit check for a safe
+    point, e.g. once per scheduler step or after CUDA-graph replays. ``synchronize=True`` (default) first
+    synchronises ``device`` (CUDA) so that every kernel launched before is accounted for; False reads what
+    has landed so far (no synchronisation).
+
+    The message names ``row_maps[0]`` (map13) or ``row_maps[1]`` (map2) and the index of a faulty entry (one
+    of them, when several are wrong). Outputs computed since the fault are wrong: a map changed after the op
+    checked it (e.g. through ``.data`` or ``.numpy()``, which leave the version counter as it was).
+    """
+    from flint_moe.kernels._bf16_gemv import status_buffers
+
+    want = None if device is None else torch.device(device)
+    for (dtype, index), st in status_buffers().items():
+        if want is not None and (want.type != dtype or (want.index is not None and want.index != index)):
+            continue
+        dev = torch.device(dtype, index) if index is not None else torch.device(dtype)
+        if synchronize and dtype == "cuda":
+            torch.cuda.synchronize(dev)
+        report_row_map_status(st, dev)
+
+
+def report_row_map_status(status: torch.Tensor, device: torch.device) -> None:
+    """The RuntimeError of :func:`check_row_map_status` if ``status`` (a CPU or pinned host buffer of
+    ``device``) holds a fault, which is then cleared; reads it as it is, with no synchronisation."""
+    words = status.numpy()  # the buffer itself (CPU or pinned host memory): no copy, no synchronisation
+    if not words.any():
+        return
+    i = int(words.nonzero()[0][0])
+    entry = int(words[i]) - 1
+    words[:] = 0
+    raise RuntimeError(
+        f"row_maps[{i}]: entry {entry} of {_STATUS_MAPS[i]} held a value other than the TRT-LLM BF16 row map's "
+        f"(flint_moe.layouts.trtllm_bf16_row_maps) when a BF16 decode kernel on {device} loaded it: the map was "
+        "changed after the op checked it (e.g. through .data or .numpy()). Outputs computed since are wrong "
+        "(values out of range were clamped into it, never read outside the weights); status cleared"
+    )

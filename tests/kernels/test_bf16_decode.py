@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from unittest import mock
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from flint_moe import reference as R
+from flint_moe.kernels._bf16_gemv import trtllm_row
 from flint_moe.kernels.bf16_down import bf16_down_combine
 from flint_moe.kernels.bf16_gate_up import bf16_gate_up
 from flint_moe.layouts import pad_intermediate_bf16, to_trtllm_bf16, trtllm_bf16_row_maps
@@ -336,6 +340,94 @@ def test_down_rejects_bad_inputs(small) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
+# row maps: every loaded value checked against the closed form, clamped into range, recorded
+# --------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _trtllm_row_probe(out_ptr, N: tl.constexpr):
+    j = tl.arange(0, N)
+    tl.store(out_ptr + j, trtllm_row(j))
+
+
+@pytest.mark.parametrize("h,ip", [(2048, 768), (2880, 2880), (2880, 2944), (7168, 2048), (5120, 704), (192, 192)])
+def test_closed_form_is_the_layouts_row_map(h, ip) -> None:
+    """``_bf16_gemv.trtllm_row`` (what the kernels compare with) is ``trtllm_bf16_row_maps`` at every audited
+    shape: map2[h] = row(h), map13[n] = row(2n + 1) (gate), map13[Ip + n] = row(2n) (up)."""
+    n_max = 1 << (max(2 * ip, h) - 1).bit_length()
+    rows = torch.empty(n_max, dtype=torch.int32)
+    _trtllm_row_probe[(1,)](rows, N=n_max)
+    m13, m2 = trtllm_bf16_row_maps(h, ip)
+    n = torch.arange(ip)
+    assert torch.equal(m2, rows[:h])
+    assert torch.equal(m13[:ip], rows[2 * n + 1]) and torch.equal(m13[ip:], rows[2 * n])
+
+
+def _maps_with(c: dict, i13: dict, i2: dict) -> tuple:
+    m13, m2 = (m.clone() for m in c["maps"])
+    for i, v in i13.items():
+        m13[i] = v
+    for i, v in i2.items():
+        m2[i] = v
+    return m13, m2
+
+
+def test_correct_maps_record_nothing(small) -> None:
+    status = torch.zeros(2, dtype=torch.int32)
+    act = bf16_gate_up(small["x"], small["ids"], small["g1"], small["maps"][0], status=status)
+    bf16_down_combine(act, small["ids"], small["tw"], small["g2"], small["maps"][1], small["shared"], status=status)
+    assert status.tolist() == [0, 0]
+
+
+def test_map_values_out_of_range_are_clamped_and_recorded(small) -> None:
+    """1 << 24 and -1 read the map's last row (unsigned minimum with rows - 1): the same bits as a map
+    holding rows - 1 there; status[0] / [1] = 1 + the faulty entry's index."""
+    c = small
+    two_ip, h = c["maps"][0].numel(), c["maps"][1].numel()
+    bad = _maps_with(c, {5: 1 << 24}, {3: -1})
+    status = torch.zeros(2, dtype=torch.int32)
+    act = bf16_gate_up(c["x"], c["ids"], c["g1"], bad[0], status=status)
+    out = bf16_down_combine(act, c["ids"], c["tw"], c["g2"], bad[1], c["shared"], status=status)
+    assert status.tolist() == [6, 4]
+    clamped = _maps_with(c, {5: two_ip - 1}, {3: h - 1})
+    ref = torch.zeros(2, dtype=torch.int32)
+    act_ref = bf16_gate_up(c["x"], c["ids"], c["g1"], clamped[0], status=ref)
+    out_ref = bf16_down_combine(act_ref, c["ids"], c["tw"], c["g2"], clamped[1], c["shared"], status=ref)
+    assert_same(act, act_ref, "act")
+    assert_same(out, out_ref, "out")
+    assert ref.tolist() == [6, 4]  # the clamped values are in range, but still not the layout's
+
+
+def test_in_range_wrong_values_are_read_as_given_and_recorded(small) -> None:
+    c = small
+    m13, m2 = c["maps"]
+    ip = m13.numel() // 2
+    bad = _maps_with(c, {ip + 1: int(m13[1])}, {0: int(m2[1]), 1: int(m2[0])})  # up row 1 reads gate row 1
+    status = torch.zeros(2, dtype=torch.int32)
+    act = bf16_gate_up(c["x"], c["ids"], c["g1"], bad[0], status=status)
+    bf16_down_combine(act, c["ids"], c["tw"], c["g2"], bad[1], c["shared"], status=status)
+    assert status[0] == ip + 2 and int(status[1]) in (1, 2)
+    # up row 1 now holds the gate weights: act[..., 1] = swiglu(g, g) of the gate accumulator
+    taps: dict = {}
+    bf16_gate_up(c["x"], c["ids"], c["g1"], bad[0], taps=taps, status=status)
+    assert_same(taps["up_acc"][..., 1], taps["gate_acc"][..., 1], "up_acc read through the wrong map")
+
+
+def test_launchers_reject_a_bad_status(small) -> None:
+    c = small
+    with pytest.raises(ValueError, match=r"^status: expected a contiguous int32 \[2\] tensor"):
+        bf16_gate_up(c["x"], c["ids"], c["g1"], c["maps"][0], status=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"^status: expected a contiguous int32 \[2\] tensor"):
+        bf16_gate_up(c["x"], c["ids"], c["g1"], c["maps"][0], status=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="^status: expected a torch.Tensor or None, got list"):
+        bf16_gate_up(c["x"], c["ids"], c["g1"], c["maps"][0], status=[0, 0])
+    act = torch.zeros(1, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^status: must be on cpu"):
+        bf16_down_combine(act, c["ids"], c["tw"], c["g2"], c["maps"][1], c["shared"],
+                          status=torch.zeros(2, dtype=torch.int32, device="meta"))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------
 # the op (router from owner E)
 # --------------------------------------------------------------------------------------------------------
 
@@ -423,8 +515,10 @@ def test_op_rejects_bad_inputs() -> None:
         _op(c, router_weight=c["router"][:, :64].contiguous())
     with pytest.raises(ValueError, match="^shared_output: dimension 0"):
         _op(c, shared_output=torch.zeros(2, 128, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="^shared_ready"):
+    with pytest.raises(TypeError, match="^shared_ready: expected a torch.cuda.Event or None, got object"):
         _op(c, shared_ready=object())
+    with pytest.raises(ValueError, match="^shared_ready: a CUDA event only makes sense for CUDA tensors"):
+        _op(c, shared_ready=mock.Mock(spec=torch.cuda.Event))  # an event (isinstance) on the CPU
     with pytest.raises(TypeError, match="^x: dtype"):
         _op(c, x=c["x"].float())
 
