@@ -1,20 +1,24 @@
 """``python -m flint_moe.conformance``: run the conformance matrix and write the report (issue 5).
 
-    python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR] [--list]
+    python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR [--overwrite]] [--list]
                                     [--invariance | --no-invariance] [--mutation | --no-mutation]
                                     [--baseline OTHER] [--no-html] [--gpu-report REPORT] [--black-box]
 
 For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
-(``compare.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``):
+(``compare.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
+into a staging directory beside it and renamed onto it when the run completes, ``outdir.publish``):
 report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md and
 report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
 OTHER`` (a report directory or report.json) the verdict changes and changed output digests
 (``baseline.compare_reports``). Every run ends with the freshness line of the committed GPU report
 (``digest.check_report``, default reports/h200/report.json), also in summary.md. A rich progress bar
 runs during the cases and a rich summary table follows; exit status 1 on any FAIL (or a case that raised),
-2 for a bad baseline or a refused gpu profile, 3 for a run stopped by SIGTERM / SIGINT (the report then
-covers the cases done and says INCOMPLETE), else 0.
+2 for a bad baseline, a refused gpu profile or a refused ``--out`` (an existing file, a non-empty directory
+without ``--overwrite``, the committed GPU evidence from a run that is not a complete gpu-profile GPU run:
+``outdir.evidence_guard``), all before the first case; 3 for a run stopped by SIGTERM / SIGINT (the report then
+covers the cases done, says INCOMPLETE and stays in the staging directory, whose path is printed; ``--out`` is
+left as it was), else 0. Every string printed to the console is printed literally (no rich markup).
 Without CUDA the kernels run under Triton's interpreter: TRITON_INTERPRET=1 is set here before triton is
 imported (bit-exactness is then NOT claimed; the report says so).
 """
@@ -58,7 +62,7 @@ def environment() -> dict:
 
     from flint_moe.conformance.digest import source_digest
 
-    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    cuda = _compiled_cuda()
     env = {
         "backend": f"triton-cuda ({torch.cuda.get_device_name(0)})" if cuda else INTERPRETER_BACKEND,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
@@ -73,6 +77,29 @@ def environment() -> dict:
         "source_digest": source_digest(),
     }
     return env
+
+
+def _compiled_cuda() -> bool:
+    """True when the kernels run compiled on a CUDA GPU (not under the Triton interpreter)."""
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+
+def run_kind(args, profile: str, invariance: bool, mutation: bool):
+    """``outdir.RunKind`` of a run of the parsed ``args``: partial when filtered, a ``--rerun-failed`` merge,
+    ``--black-box``, a ``--checkpoint`` layer, without report.html, or (gpu profile) without the invariances or
+    the mutation self-test the profile runs by default."""
+    from flint_moe.conformance.outdir import RunKind
+
+    partial = []
+    if args.filter:
+        partial.append("filtered (" + ", ".join(args.filter) + ")")
+    for flag, on in (("--rerun-failed", args.rerun_failed), ("--black-box", args.black_box),
+                     ("--checkpoint", args.checkpoint is not None), ("--no-html", not args.html),
+                     ("--no-invariance", profile == "gpu" and not invariance),
+                     ("--no-mutation", profile == "gpu" and not mutation)):  # fmt: skip
+        if on:
+            partial.append(flag)
+    return RunKind(gpu=_compiled_cuda(), profile=profile, partial=tuple(partial))
 
 
 def _driver() -> str | None:
@@ -170,8 +197,10 @@ def _merge_rerun(prev: dict, prev_path: str, results: list, mutation, env: dict)
 
 def summary_table(results: list):
     """rich Table: case (black-box labelled), verdict, exact %, max ulp, end to end, failing stages,
-    warnings, failing invariances, diagnosis (``results``: CaseResults or their JSON dicts)."""
+    warnings, failing invariances, diagnosis (``results``: CaseResults or their JSON dicts). Every cell is a
+    rich Text: what a result holds is shown literally, never read as markup."""
     from rich.table import Table
+    from rich.text import Text
 
     from flint_moe.conformance.report import _e2e_cell, _max_ulp, _warnings, case_dicts, exact_percent
 
@@ -188,10 +217,13 @@ def summary_table(results: list):
         diag = "; ".join(d.split(":")[0] for d in c.get("diagnosis") or []) or "-"
         failing = ", ".join(s["stage"] for s in c.get("stages", []) if s.get("verdict") == "FAIL") or "-"
         pct, mu = exact_percent(c), _max_ulp(c)
-        label = " [magenta](black-box)[/]" if c.get("mode") == "black-box" else ""
+        case = Text(str(c["case_id"]))
+        if c.get("mode") == "black-box":
+            case.append(" (black-box)", style="magenta")
         t.add_row(
-            c["case_id"] + label, f"[{style.get(v, '')}]{v}[/]", "-" if pct is None else f"{pct:.2f}",
-            "-" if mu is None else f"{mu:.3g}", _e2e_cell(c), failing, str(_warnings(c)), inv, diag,
+            case, Text(str(v), style=style.get(v, "")), "-" if pct is None else f"{pct:.2f}",
+            "-" if mu is None else f"{mu:.3g}", *(Text(x) for x in (_e2e_cell(c), failing, str(_warnings(c)), inv,
+                                                                    diag)),
         )  # fmt: skip
     return t
 
@@ -202,7 +234,8 @@ def _mutation(console) -> dict | None:
     try:
         from flint_moe.conformance.mutation import mutation_report, run_mutations
     except ImportError as e:
-        console.print(f"[yellow]mutation testing unavailable ({e}); report without a kill rate[/]")
+        console.print(f"mutation testing unavailable ({e}); report without a kill rate", style="yellow",
+                      markup=False)
         return None
     console.print("mutation testing: injecting each catalogued fault ...")
     return mutation_report(run_mutations())
@@ -210,7 +243,7 @@ def _mutation(console) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status (1 on any FAIL or no case selected, 2 for a refused gpu
-    profile or an unusable baseline, else 0)."""
+    profile, an unusable baseline or --rerun-failed report, or a refused --out, 3 for a stopped run, else 0)."""
     from rich.console import Console
 
     from flint_moe.conformance.digest import DEFAULT_GPU_REPORT, check_report, repo_root
@@ -230,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="keep cases whose id contains S (repeatable: all must match)",
     )
-    ap.add_argument("--out", default=None, help="report directory (default reports/<run-id>/)")
+    ap.add_argument("--out", default=None, help="report directory (default reports/<run-id>/); refused when it is a "
+                    "non-empty directory unless --overwrite, and when it is the committed GPU evidence (reports/h200, "
+                    "reports/gpu/...) unless this is a complete gpu-profile run on a GPU")  # fmt: skip
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the report files of a non-empty --out (its other files are kept) when the run "
+                    "completes")  # fmt: skip
     ap.add_argument("--list", action="store_true", help="print the selected case ids and exit")
     ap.add_argument(
         "--force",
@@ -323,9 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         from flint_moe.conformance.digest import source_digest
 
         try:
-            prev, prev_path = load_report(args.rerun_failed)
+            prev, prev_path = load_report(args.rerun_failed, flag="--rerun-failed")
         except (FileNotFoundError, ValueError) as e:
-            print(str(e).replace("--baseline", "--rerun-failed"), file=sys.stderr)
+            print(e, file=sys.stderr)
             return 2
         prev_sd = (prev.get("env") or {}).get("source_digest") or {}
         if prev_sd.get("digest") != source_digest().get("digest"):
@@ -338,22 +376,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--rerun-failed {args.rerun_failed}: the report has no FAIL case, nothing to rerun")
             return 0
         cases = [c for c in select(profile, args.filter) if c.id in failed]
-    console = Console()
+    console = Console(markup=False, emoji=False)  # paths, filters, report contents: printed as they are
     if not console.is_terminal:  # CI logs, pipes: wide enough for the summary table's case ids
-        console = Console(width=max(console.width, 180))
+        console = Console(width=max(console.width, 180), markup=False, emoji=False)
     if args.list:
         for c in cases:
-            console.print(c.id, highlight=False)
+            console.print(c.id, highlight=False, markup=False)
         return 0
     if not cases:
-        console.print(f"[red]no case of profile {profile!r} matches filters {args.filter}[/]")
+        console.print(f"no case of profile {profile!r} matches filters {args.filter}", style="red", markup=False)
         return 1
     if profile == "gpu" and not torch.cuda.is_available() and not args.force:
         console.print(
-            "[red]the gpu profile runs real layer shapes; without CUDA they would run under the Triton "
+            "the gpu profile runs real layer shapes; without CUDA they would run under the Triton "
             "interpreter (minutes per case, and bit-exactness is not claimed there). Use --profile cpu, "
-            "or --force to run them anyway.[/]"
-        )
+            "or --force to run them anyway.", style="red"
+        )  # fmt: skip
         return 2
     base = None
     if args.baseline:
@@ -362,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             base = load_report(args.baseline)
         except (FileNotFoundError, ValueError) as e:
-            console.print(f"[red]{e}[/]")
+            print(e, file=sys.stderr)  # one line, never wrapped
             return 2
     env = environment()
     env["profile"] = profile
@@ -375,10 +413,24 @@ def main(argv: list[str] | None = None) -> int:
     env["cases_run"] = (
         f"{len(cases)} checkpoint cases" if args.checkpoint else f"{len(cases)} of {len(matrix(profile))}"
     )
-    run_id = now.strftime("%Y%m%dT%H%M%SZ") + f"-{profile}"
+    from flint_moe.conformance.outdir import OutDirError, check_out, evidence_guard, new_run_id, publish, staging_dir
+
+    run_id = new_run_id(now, profile)
     out_dir = Path(args.out) if args.out else Path("reports") / run_id
-    console.print(f"backend: {env['backend']}; {len(cases)} cases ({profile}); report -> {out_dir}")
     invariance = (profile == "gpu") if args.invariance is None else bool(args.invariance)
+    want_mutation = (profile == "gpu") if args.mutation is None else args.mutation
+    staging = staging_dir(out_dir, run_id)
+    try:
+        evidence_guard(out_dir, run_kind(args, profile, invariance, want_mutation))
+        check_out(out_dir, args.overwrite)
+        staging.mkdir(parents=True)
+    except OutDirError as e:
+        print(e, file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"--out {out_dir}: cannot create {staging}: {e}", file=sys.stderr)
+        return 2
+    console.print(f"backend: {env['backend']}; {len(cases)} cases ({profile}); report -> {out_dir}", markup=False)
     env["invariance"] = invariance
     env["black_box"] = bool(args.black_box)
     if args.checkpoint is not None:
@@ -388,7 +440,6 @@ def main(argv: list[str] | None = None) -> int:
     jobs = default_jobs(device.type) if args.jobs == "auto" else int(args.jobs)  # validated above
     if given_inputs is not None:
         jobs = 1  # checkpoint layers are loaded in this process
-    want_mutation = (profile == "gpu") if args.mutation is None else args.mutation
     env["jobs"] = jobs
     # SIGTERM (e.g. a CI time limit) stops the run between or inside cases; the report covers the cases done.
     old_term = signal.signal(signal.SIGTERM, stop_handler())
@@ -444,30 +495,35 @@ def main(argv: list[str] | None = None) -> int:
 
         diff = compare_reports(report_dict(results, env), base[0], base[1])
     paths = write_report(
-        results, env, out_dir, mutation=mutation, baseline=diff, gpu_report=fresh.to_json(), html=args.html
+        results, env, staging, mutation=mutation, baseline=diff, gpu_report=fresh.to_json(), html=args.html
     )
+    if not stopped:  # a complete run replaces --out; an INCOMPLETE one stays in the staging directory
+        final = publish(staging, out_dir, run_id)
+        paths = {k: final / p.name for k, p in paths.items()}
     console.print(summary_table(results))
     n_fail = sum((r["verdict"] if isinstance(r, dict) else r.verdict) == "FAIL" for r in results)
     if mutation:
         from flint_moe.conformance.report import mutation_line
 
-        console.print(mutation_line(mutation))
+        console.print(mutation_line(mutation), markup=False)
     if diff is not None:
         worse = sum(v["direction"] == "worse" for v in diff["verdict_changes"])
         n_cmp = diff.get("cases_compared")
         console.print(
             f"vs baseline {diff['other']}: {n_cmp if n_cmp is not None else '?'} cases compared, "
             f"{len(diff['verdict_changes'])} verdict changes ({worse} worse), "
-            f"{len(diff['digest_changes'])} output digests changed"
-        )
+            f"{len(diff['digest_changes'])} output digests changed", markup=False
+        )  # fmt: skip
         if not n_cmp:
-            console.print(f"[bold yellow]no case of this run is in the baseline {diff['other']} (another profile "
-                          "or filter?): nothing was compared[/]")  # fmt: skip
-    console.print(f"{len(results)} cases, {n_fail} FAIL; report: {', '.join(str(p) for p in paths.values())}")
+            console.print(f"no case of this run is in the baseline {diff['other']} (another profile or filter?): "
+                          "nothing was compared", style="bold yellow", markup=False)  # fmt: skip
+    console.print(f"{len(results)} cases, {n_fail} FAIL; report: {', '.join(str(p) for p in paths.values())}",
+                  markup=False)  # fmt: skip
     style = "bold green" if fresh.current else "bold yellow"
-    console.print(f"[{style}]{fresh.line}[/]", highlight=False, soft_wrap=True)  # one line, never wrapped
+    console.print(fresh.line, style=style, markup=False, highlight=False, soft_wrap=True)  # one line, never wrapped
     if stopped:
-        console.print(f"[bold red]INCOMPLETE RUN: {env['incomplete']}[/]")
+        console.print(f"INCOMPLETE RUN: {env['incomplete']}; its report stays in {staging} ({out_dir} was not "
+                      "replaced)", style="bold red", markup=False)  # fmt: skip
         return 1 if n_fail else 3
     return 1 if n_fail else 0
 

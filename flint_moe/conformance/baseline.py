@@ -26,22 +26,33 @@ __all__ = ["load_report", "compare_reports", "baseline_markdown", "MAX_LISTED"]
 MAX_LISTED = 100
 
 
-def load_report(where) -> tuple[dict, str]:
-    """Load ``where`` (a report directory holding report.json, or a report.json path).
+def load_report(where, flag: str = "--baseline") -> tuple[dict, str]:
+    """Load ``where`` (a report directory holding report.json, or a report.json path) and check its structure
+    (``schema.validate_report``: the types of every field the readers of a loaded report use).
 
     Returns ``(report dict, path string)``. Raises FileNotFoundError (nothing there) or ValueError (not a
-    conformance report: unreadable JSON, or no ``"cases"`` list)."""
+    conformance report: unreadable JSON, no ``"cases"`` list, or a field of the wrong type); the one-line
+    message starts with ``flag`` (the CLI argument that named the report) and ``where`` and names the file and
+    the field."""
+    from .schema import validate_report
+
     p = Path(where)
     if p.is_dir():
         p = p / "report.json"
     if not p.is_file():
-        raise FileNotFoundError(f"--baseline {where}: no report.json there")
+        raise FileNotFoundError(f"{flag} {where}: no report.json there")
     try:
         data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag} {where}: {p} is unreadable ({e})") from e
     except ValueError as e:
-        raise ValueError(f"--baseline {where}: {p} is not valid JSON ({e})") from e
+        raise ValueError(f"{flag} {where}: {p} is not valid JSON ({e})") from e
     if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
-        raise ValueError(f"--baseline {where}: {p} is not a conformance report (no 'cases' list)")
+        raise ValueError(f"{flag} {where}: {p} is not a conformance report (no 'cases' list)")
+    try:
+        validate_report(data)
+    except ValueError as e:
+        raise ValueError(f"{flag} {where}: {p} is not a conformance report: {e}") from e
     return data, str(p)
 
 
@@ -111,36 +122,44 @@ def compare_reports(current: dict, other: dict, other_path: str = "") -> dict:
 
 
 def baseline_markdown(diff: dict, limit: int = MAX_LISTED) -> list[str]:
-    """summary.md lines of a :func:`compare_reports` result (the digest list cut at ``limit`` entries)."""
-    who = f"`{diff.get('other') or 'baseline'}`"
-    meta = [f"commit `{diff.get('other_commit') or 'unknown'}`"]
+    """summary.md lines of a :func:`compare_reports` result (the digest list cut at ``limit`` entries); every
+    string of ``diff`` goes through ``report.md`` (no Markdown markup from a baseline's content)."""
+    from .report import md
+
+    who = md(diff.get("other") or "baseline", code=True)
+    meta = [f"commit {md(diff.get('other_commit') or 'unknown', code=True)}"]
     if diff.get("other_date"):
-        meta.append(f"run {diff['other_date']}")
-    lines = [f"## Changes vs baseline {who}", "", f"Baseline: {', '.join(meta)}; {diff['cases_compared']} cases "
-             f"compared, {diff['unchanged_cases']} with identical verdicts and output digests.", ""]  # fmt: skip
+        meta.append(f"run {md(diff['other_date'])}")
+    lines = [f"## Changes vs baseline {who}", "", f"Baseline: {', '.join(meta)}; {md(diff['cases_compared'])} "
+             f"cases compared, {md(diff['unchanged_cases'])} with identical verdicts and output digests.",
+             ""]  # fmt: skip
     if diff.get("other_backend"):
-        lines[-2] += f" Baseline backend: {diff['other_backend']}."
+        lines[-2] += f" Baseline backend: {md(diff['other_backend'])}."
     src = diff.get("sources_changed")
     if src is not None:
-        lines += [f"Kernel / golden-model sources changed since the baseline: {', '.join(src) or 'none'}.", ""]
+        changed = ", ".join(md(f) for f in src) or "none"
+        lines += [f"Kernel / golden-model sources changed since the baseline: {changed}.", ""]
     vc = diff["verdict_changes"]
     lines += [f"Verdict changes: {len(vc)}" + ("." if not vc else ":"), ""]
     if vc:
         lines += ["| case | before | after | |", "|---|---|---|---|"]
-        lines += [f"| `{v['case_id']}` | {v['before']} | **{v['after']}** | {v['direction']} |" for v in vc]
+        lines += [f"| {md(v['case_id'], code=True)} | {md(v['before'])} | **{md(v['after'])}** | "
+                  f"{md(v['direction'])} |" for v in vc]  # fmt: skip
         lines.append("")
     dc = diff["digest_changes"]
     lines += [f"Outputs whose digest changed: {len(dc)}" + ("." if not dc else ":"), ""]
     for d in dc[:limit]:
-        lines.append(f"- `{d['case_id']}` {d['output']}: `{d['before'][:12]}` -> `{d['after'][:12]}`")
+        lines.append(f"- {md(d['case_id'], code=True)} {md(d['output'])}: {md(str(d['before'])[:12], code=True)} -> "
+                     f"{md(str(d['after'])[:12], code=True)}")  # fmt: skip
     if len(dc) > limit:
         lines.append(f"- ... and {len(dc) - limit} more (report.json `baseline.digest_changes`)")
     for key, what in (("outputs_only_here", "only in this run"), ("outputs_only_there", "only in the baseline")):
         if diff[key]:
-            lines.append(f"- outputs {what}: " + ", ".join(f"`{d['case_id']}` {d['output']}" for d in diff[key][:20]))
+            lines.append(f"- outputs {what}: "
+                         + ", ".join(f"{md(d['case_id'], code=True)} {md(d['output'])}" for d in diff[key][:20]))
     for key, what in (("cases_only_here", "only in this run"), ("cases_only_there", "only in the baseline")):
         if diff[key]:
             ids = diff[key]
             more = f" and {len(ids) - 20} more" if len(ids) > 20 else ""
-            lines.append(f"- cases {what} ({len(ids)}): " + ", ".join(f"`{i}`" for i in ids[:20]) + more)
+            lines.append(f"- cases {what} ({len(ids)}): " + ", ".join(md(i, code=True) for i in ids[:20]) + more)
     return lines + [""]

@@ -16,12 +16,18 @@ matplotlib is optional (extra ``report``): without it the page holds the tables 
 Only matplotlib's object API is used (``Figure`` + Agg canvas): no pyplot, no global backend change. The file
 stays under ``max_bytes`` (default 16 MiB): figures that would not fit are left out, and the page says how
 many. ``python -m flint_moe.conformance.html REPORT_JSON [--out report.html]`` re-renders a saved report.
+
+Every string of the report (case ids, verdicts, paths, notes, env values) is written through ``html.escape``
+(attribute values quoted), and the figures are drawn with mathtext and TeX off (``text.parse_math`` and
+``text.usetex`` False for every text artist, :func:`_literal_text`), so a ``$`` in a title or a label is drawn
+as it is and never parsed.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import html as _h
 import io
 import math
@@ -91,9 +97,19 @@ class _Figs:
         return uri
 
 
+@contextlib.contextmanager
+def _literal_text():
+    """matplotlib settings for every figure of the page, creation to PNG: text drawn literally (no mathtext
+    parsing of ``$...$``, no TeX), restored on exit."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        yield
+
+
 def _img(uri: str | None, alt: str) -> str:
     if uri is None:
-        return f"<p class=note>(figure '{_h.escape(alt)}' left out: size budget)</p>"
+        return f"<p class=\"note\">(figure '{_h.escape(alt)}' left out: size budget)</p>"
     return f'<img src="{uri}" alt="{_h.escape(alt)}">'
 
 
@@ -357,53 +373,21 @@ def _case_table(cases: list[dict]) -> str:
     return "\n".join(out + ["</table>"])
 
 
-def render_html(report: dict, *, max_bytes: int = 16 * 2**20, plots: bool | None = None) -> str:
-    """The report.html text of a report.json dict. ``plots``: None = when matplotlib is importable;
-    False = tables only (the page then says how to get the plots)."""
-    from .report import backend_line, freshness_line, mutation_line, summary_markdown
-
-    env = report.get("env", {})
-    cases = report.get("cases", [])
-    verdicts = _verdicts(report)
-    totals = Counter(c["verdict"] for c in cases)
-    plots = have_matplotlib() if plots is None else plots
-    md = summary_markdown(cases, env, mutation=report.get("mutation"), baseline=report.get("baseline"),
-                          gpu_report=report.get("gpu_report"))  # fmt: skip
-    head = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>flint-moe conformance</title>",
-        f"<style>{_CSS}</style></head><body><h1>flint-moe conformance</h1>",
-        f"<p>{_h.escape(backend_line(env).replace('**', ''))}</p>",
-    ]
-    fl = freshness_line(report.get("gpu_report"))
-    if fl:
-        head.append(f"<p class=loud>{_h.escape(fl.strip('*'))}</p>")
-    head.append(
-        "<p>Totals: " + ", ".join(f"<span class='v-{v}'>{v} {totals.get(v, 0)}</span>" for v in verdicts)
-        + f" (of {len(cases)} cases)</p>"
-    )  # fmt: skip
-    ml = mutation_line(report.get("mutation"))
-    if ml:
-        head.append(f"<p>{_h.escape(ml)}</p>")
-    tail = [
-        "<h2>Cases</h2>", _case_table(cases),
-        "<h2>summary.md</h2><details><summary>full text</summary><pre>", _h.escape(md), "</pre></details>",
-    ]  # fmt: skip
-    text_bytes = sum(len(s.encode()) for s in head + tail) + 4096
-    body: list[str] = []
-    if not plots:
-        body.append(f"<p class=loud>{GET_MATPLOTLIB}</p>")
-    else:
-        figs = _Figs(max(0, max_bytes - text_bytes - min(_TEXT_RESERVE, max_bytes // 8)))
-        by_path = defaultdict(list)
-        for c in cases:
-            by_path[c.get("path", "?")].append(c)
-        body.append("<h2>Per-path overview</h2>")
+def _plot_sections(cases: list[dict], verdicts, budget: int, max_bytes: int) -> list[str]:
+    """The figure sections of the page (overviews, ulp histograms, heatmaps) within ``budget`` bytes of
+    images, all drawn under :func:`_literal_text`."""
+    figs = _Figs(budget)
+    by_path = defaultdict(list)
+    for c in cases:
+        by_path[c.get("path", "?")].append(c)
+    body = ["<h2>Per-path overview</h2>"]
+    with _literal_text():
         for path, cs in by_path.items():
             body.append(
                 f"<h3>{_h.escape(path)}</h3>" + _img(figs.add(_overview_fig(path, cs, verdicts)), f"{path} overview")
             )
         body.append(
-            "<h2>ulp histograms</h2><p class=note>Per-element histograms where the stages carry "
+            '<h2>ulp histograms</h2><p class="note">Per-element histograms where the stages carry '
             "<code>ulp_hist</code>; otherwise the per-case maxima. Bins: 0, 1, [2,4), [4,8), ...</p>"
         )
         for path, cs in by_path.items():
@@ -419,10 +403,51 @@ def render_html(report: dict, *, max_bytes: int = 16 * 2**20, plots: bool | None
             fig = _heat_fig(c)
             if fig is not None:
                 body.append(f"<h3><code>{_h.escape(c['case_id'])}</code></h3>" + _img(figs.add(fig), c["case_id"]))
-        if len(bad) > MAX_HEATMAP_CASES:
-            body.append(f"<p class=note>{len(bad) - MAX_HEATMAP_CASES} more FAIL/EXPLAINED cases not drawn.</p>")
-        if figs.dropped:
-            body.append(f"<p class=note>{figs.dropped} figures left out to keep this file under {max_bytes} bytes.</p>")
+    if len(bad) > MAX_HEATMAP_CASES:
+        body.append(f'<p class="note">{len(bad) - MAX_HEATMAP_CASES} more FAIL/EXPLAINED cases not drawn.</p>')
+    if figs.dropped:
+        body.append(f'<p class="note">{figs.dropped} figures left out to keep this file under {max_bytes} bytes.</p>')
+    return body
+
+
+def render_html(report: dict, *, max_bytes: int = 16 * 2**20, plots: bool | None = None) -> str:
+    """The report.html text of a report.json dict. ``plots``: None = when matplotlib is importable;
+    False = tables only (the page then says how to get the plots)."""
+    from .report import backend_line, mutation_line, summary_markdown
+
+    env = report.get("env", {})
+    cases = report.get("cases", [])
+    verdicts = _verdicts(report)
+    totals = Counter(c["verdict"] for c in cases)
+    plots = have_matplotlib() if plots is None else plots
+    md = summary_markdown(cases, env, mutation=report.get("mutation"), baseline=report.get("baseline"),
+                          gpu_report=report.get("gpu_report"))  # fmt: skip
+    head = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>flint-moe conformance</title>",
+        f"<style>{_CSS}</style></head><body><h1>flint-moe conformance</h1>",
+        f"<p>{_h.escape(backend_line(env, markdown=False))}</p>",
+    ]
+    fresh = report.get("gpu_report") or {}
+    if fresh.get("line"):
+        head.append(f'<p class="loud">{_h.escape(str(fresh["line"]))}</p>')
+    head.append(
+        "<p>Totals: " + ", ".join(f"<span class='v-{_h.escape(v)}'>{_h.escape(v)} {totals.get(v, 0)}</span>"
+                                  for v in verdicts)
+        + f" (of {len(cases)} cases)</p>"
+    )  # fmt: skip
+    ml = mutation_line(report.get("mutation"))
+    if ml:
+        head.append(f"<p>{_h.escape(ml)}</p>")
+    tail = [
+        "<h2>Cases</h2>", _case_table(cases),
+        "<h2>summary.md</h2><details><summary>full text</summary><pre>", _h.escape(md), "</pre></details>",
+    ]  # fmt: skip
+    text_bytes = sum(len(s.encode()) for s in head + tail) + 4096
+    if not plots:
+        body = [f'<p class="loud">{GET_MATPLOTLIB}</p>']
+    else:
+        body = _plot_sections(cases, verdicts, max(0, max_bytes - text_bytes - min(_TEXT_RESERVE, max_bytes // 8)),
+                              max_bytes)  # fmt: skip
     return "\n".join(head + body + tail + ["</body></html>"]) + "\n"
 
 
@@ -440,8 +465,11 @@ def write_html(report: dict, path, *, max_bytes: int = 16 * 2**20, plots: bool |
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flint_moe.conformance.html REPORT_JSON [--out FILE]``: re-render report.html."""
+    """``python -m flint_moe.conformance.html REPORT_JSON [--out FILE]``: re-render report.html (exit 2, one
+    line on stderr, for a file that is not a conformance report: ``schema.validate_report``)."""
     import json
+
+    from .schema import validate_report
 
     ap = argparse.ArgumentParser(prog="python -m flint_moe.conformance.html", description="re-render report.html")
     ap.add_argument("report", help="report.json (or its directory)")
@@ -450,7 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     src = Path(args.report)
     if src.is_dir():
         src = src / "report.json"
-    rep = json.loads(src.read_text())
+    try:
+        rep = json.loads(src.read_text())
+        validate_report(rep)
+    except (OSError, ValueError) as e:
+        print(f"{args.report}: {src} is not a readable conformance report: {e}", file=sys.stderr)
+        return 2
     out = write_html(rep, Path(args.out) if args.out else src.with_name("report.html"))
     how = "yes" if have_matplotlib() else "no: pip install matplotlib"
     print(f"wrote {out} ({out.stat().st_size} bytes; plots: {how})")

@@ -277,7 +277,7 @@ def run_parallel(
     for _ in range(n_workers):
         start_worker()
     deaths = 0
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    cols = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*cols, console=console, transient=False) as prog:
             bar = prog.add_task(f"conformance ({len(workers)} workers)", total=len(cases))

@@ -17,11 +17,15 @@ a baseline. report.html: :mod:`flint_moe.conformance.html`.
 Every function here takes CaseResult objects or their ``to_json()`` dicts (e.g. a loaded report.json), and
 reads the keys added by later slices (``mode``, ``end_to_end``, ``warnings``, stage ``map``) with defaults.
 Each file must stay below :data:`MAX_BYTES`; summary.md details are truncated to fit.
+
+Every string of a result, an env, a baseline or a mutation report reaches summary.md through :func:`md`, so a
+case id, verdict, note or path makes no Markdown (or HTML) markup, whatever it holds.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -36,6 +40,7 @@ __all__ = [
     "backend_line",
     "case_dicts",
     "freshness_line",
+    "md",
 ]
 
 SCHEMA = "flint-moe-conformance/1"
@@ -47,18 +52,38 @@ EXPLAINED = "EXPLAINED"
 BLACK_BOX = "black-box"
 
 
-def backend_line(env: dict) -> str:
-    """One prominent line naming the backend; on a CPU backend it says bit-exactness is not claimed."""
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~])")
+_MD_NOT_IN_CODE = re.compile(r"[`|\\\r\n]")
+
+
+def md(value, *, code: bool = False) -> str:
+    """``value`` (any object; ``str(value)``) as Markdown that renders as exactly that text and makes no markup:
+    CR and LF become spaces (a table row stays one row) and each of ``\\ ` * _ [ ] < > # | ~`` is
+    backslash-escaped. ``code=True``: the text as a code span (`` `text` ``), where nothing is markup, when it
+    holds no backtick, ``|``, backslash or line break (those need the escapes, which a code span would show),
+    else as with ``code=False``."""
+    text = str(value)
+    if code and text and not _MD_NOT_IN_CODE.search(text):
+        return f"`{text}`"
+    return _MD_SPECIAL.sub(r"\\\1", text.replace("\r\n", " ").replace("\r", " ").replace("\n", " "))
+
+
+def backend_line(env: dict, *, markdown: bool = True) -> str:
+    """One prominent line naming the backend; on a CPU backend it says bit-exactness is not claimed.
+    ``markdown``: the summary.md form (bold, escaped by :func:`md`), else plain text."""
     backend = str(env.get("backend", "unknown"))
     gpu = env.get("gpu")
     low = backend.lower()
     if gpu and "cpu" not in low and "interpret" not in low:
         named = backend if str(gpu) in backend else f"{backend} ({gpu})"
-        return f"**Backend: {named}.** Bit-exactness of the rounding instructions is measured on this GPU."
-    return (
-        f"**Backend: {backend}.** CPU run (Triton interpreter): the rounding instructions run the golden "
-        "model's emulations, so bit-exactness is not claimed; run the `gpu` profile on the H200 for that."
-    )
+        rest = "Bit-exactness of the rounding instructions is measured on this GPU."
+    else:
+        named = backend
+        rest = ("CPU run (Triton interpreter): the rounding instructions run the golden model's emulations, so "
+                "bit-exactness is not claimed; run the {gpu} profile on the H200 for that.")  # fmt: skip
+    if not markdown:
+        return f"Backend: {named}. " + rest.format(gpu="gpu")
+    return f"**Backend: {md(named)}.** " + rest.format(gpu="`gpu`")
 
 
 def case_dicts(results) -> list[dict]:
@@ -161,18 +186,19 @@ def _e2e_cell(c: dict) -> str:
 
 
 def _case_failures(c: dict) -> str:
-    out = [f"{s['stage']}:{s.get('mismatches', 0)}" for s in c.get("stages", []) if s.get("verdict") == FAIL]
+    """Markdown: the failing stages with their counts, end to end, and the failed invariances."""
+    out = [f"{md(s['stage'])}:{md(s.get('mismatches', 0))}" for s in c.get("stages", []) if s.get("verdict") == FAIL]
     e = _e2e(c)
     if e is not None and e.get("verdict") == FAIL:
         out.append(f"end-to-end:{int(e.get('unexplained') or 0)}")
-    out += [f"{i['name']}" for i in c.get("invariance") or [] if i.get("outcome") == "FAIL"]
+    out += [md(i["name"]) for i in c.get("invariance") or [] if i.get("outcome") == "FAIL"]
     return ", ".join(out)
 
 
 def _group_key(c: dict) -> tuple[str, str, str]:
     meta = c.get("meta", {})
     label = f" ({BLACK_BOX})" if _mode(c) == BLACK_BOX else ""
-    return f"{c.get('path', '-')}{label}", str(meta.get("shape", "-")), str(meta.get("M", "-"))
+    return f"{md(c.get('path', '-'))}{label}", md(meta.get("shape", "-")), md(meta.get("M", "-"))
 
 
 def _case_tail(c: dict) -> str:
@@ -198,7 +224,8 @@ def _inv_cell(group: list[dict]) -> str:
     if not worst:
         return "-"
     return " ".join(
-        f"{n.split('_')[0]}:{_INV_SHORT.get(o, o)}" + (f"({fails[n]})" if o == "FAIL" else "") for n, o in worst.items()
+        f"{md(n.split('_')[0])}:{md(_INV_SHORT.get(o, o))}" + (f"({fails[n]})" if o == "FAIL" else "")
+        for n, o in worst.items()
     )
 
 
@@ -210,9 +237,9 @@ def _group_row(key: tuple[str, str, str], group: list[dict]) -> str:
     unknown = [v for v in verdicts if v not in VERDICT_ORDER]
     if unknown:
         worst = sorted(unknown)[0]
-    verdict = f"**{worst}**"
+    verdict = f"**{md(worst)}**"
     if len(verdicts) > 1:
-        verdict += " (" + ", ".join(f"{verdicts[v]} {v}" for v in [*VERDICT_ORDER, *unknown] if v in verdicts) + ")"
+        verdict += " (" + ", ".join(f"{verdicts[v]} {md(v)}" for v in [*VERDICT_ORDER, *unknown] if v in verdicts) + ")"
     n = ex = 0
     for c in group:
         pct = exact_percent(c)
@@ -234,17 +261,17 @@ def _group_row(key: tuple[str, str, str], group: list[dict]) -> str:
     acc = "-"
     if accs:
         s, _ = max(accs, key=lambda sc: _num(sc[0]["max_bound_fraction"]))
-        acc = f"{s['stage']} {_fmt(_num(s.get('max_err_ulps')))} ulp ({_fmt(_num(s['max_bound_fraction']))} bound)"
+        acc = f"{md(s['stage'])} {_fmt(_num(s.get('max_err_ulps')))} ulp ({_fmt(_num(s['max_bound_fraction']))} bound)"
     e2e = [e for e in (_e2e(c) for c in group) if e is not None]
     e2e_cell = "-"
     if e2e:
         ev = Counter(str(e.get("verdict")) for e in e2e)
         ew = [v for v in VERDICT_ORDER if v in ev]
-        e2e_cell = ew[-1] if ew else ", ".join(ev)
+        e2e_cell = ew[-1] if ew else ", ".join(md(v) for v in ev)
         diff = sum(int(e.get("differing") or 0) for e in e2e)
         if diff:
             e2e_cell += f" {diff} diff, {sum(int(e.get('unexplained') or 0) for e in e2e)} unexpl."
-    failing = [f"`{_case_tail(c)}` {_case_failures(c)}" for c in group if c["verdict"] == FAIL]
+    failing = [f"{md(_case_tail(c), code=True)} {_case_failures(c)}" for c in group if c["verdict"] == FAIL]
     fail_cell = ", ".join(failing[:4]) + (f" and {len(failing) - 4} more" if len(failing) > 4 else "")
     return (
         f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {verdict} | {f'{100.0 * ex / n:.2f}' if n else '-'} "
@@ -273,9 +300,9 @@ def _invariance_section(cases: list[dict]) -> list[str]:
              "determinism, row independence and CUDA-graph replay are required (a FAIL fails the case); batch "
              "invariance (each token alone vs in the batch) is measured.", ""]  # fmt: skip
     fails = [(c, i) for c in rows for i in c["invariance"] if i.get("outcome") == "FAIL"]
-    lines += [f"- `{c['case_id']}` **{i['name']} FAIL**: {i.get('note', '')}" for c, i in fails] or [
-        "No required invariance failed."
-    ]
+    lines += [
+        f"- {md(c['case_id'], code=True)} **{md(i['name'])} FAIL**: {md(i.get('note', ''))}" for c, i in fails
+    ] or ["No required invariance failed."]
     batch = [
         (c, i)
         for c in rows
@@ -288,73 +315,83 @@ def _invariance_section(cases: list[dict]) -> list[str]:
         lines += ["", f"Batch invariance: {eq} of {tot} token rows bitwise equal alone vs in the batch "
                   f"({len(batch)} cases)."]  # fmt: skip
         lines += [
-            f"- `{c['case_id']}`: {i.get('note', '')}"
+            f"- {md(c['case_id'], code=True)}: {md(i.get('note', ''))}"
             for c, i in batch
             if (i.get("details") or {}).get("rows_differing")
         ]
-    skips = sorted({f"{i['name']}: {i.get('note', '')}" for c in rows for i in c["invariance"]
+    skips = sorted({f"{md(i['name'])}: {md(i.get('note', ''))}" for c in rows for i in c["invariance"]
                     if i.get("outcome") == "SKIP" and i["name"] == "cuda_graph"})  # fmt: skip
     lines += [f"- skipped {s}" for s in skips]
     return lines + [""]
 
 
+_COORDS = re.compile(r"[\[\]0-9, -]*")
+
+
+def _coords(v) -> str:
+    """Markdown of a coordinate list (``[[0, 1], [2, 3]]``: digits, brackets and commas only, as is; anything
+    else through :func:`md`)."""
+    text = str(v)
+    return text if _COORDS.fullmatch(text) else md(text)
+
+
 def _warn_text(worst: list[dict]) -> str:
     return "; ".join(
-        f"{w['index']}: {_fmt(_num(w['err_ulps']))} ulp, {_fmt(_num(w['ratio']))}x estimate" for w in worst
+        f"{_coords(w['index'])}: {_fmt(_num(w['err_ulps']))} ulp, {_fmt(_num(w['ratio']))}x estimate" for w in worst
     )
 
 
 def _e2e_lines(e: dict) -> list[str]:
     out = [
-        f"- **end to end** ({e.get('mode', 'taps')}) {e.get('verdict')}: {int(e.get('differing') or 0)} of "
+        f"- **end to end** ({md(e.get('mode', 'taps'))}) {md(e.get('verdict'))}: {int(e.get('differing') or 0)} of "
         f"{int(e.get('elements') or 0)} output elements differ from the golden model run on its own, "
         f"{int(e.get('explained') or 0)} explained, {int(e.get('unexplained') or 0)} unexplained; "
         f"max ulp {_fmt(_num(e.get('max_ulp')))}"
-        + (f"; NaN position mismatches {e['nan_mismatches']}" if e.get("nan_mismatches") else "")
-        + (f"; signed-zero mismatches {e['signed_zero_mismatches']}" if e.get("signed_zero_mismatches") else "")
+        + (f"; NaN position mismatches {md(e['nan_mismatches'])}" if e.get("nan_mismatches") else "")
+        + (f"; signed-zero mismatches {md(e['signed_zero_mismatches'])}" if e.get("signed_zero_mismatches") else "")
     ]
     if e.get("causes"):
-        out.append("  - explained by: " + ", ".join(f"{k} {v}" for k, v in e["causes"].items()))
+        out.append("  - explained by: " + ", ".join(f"{md(k)} {md(v)}" for k, v in e["causes"].items()))
     if e.get("first_failures"):
-        out.append(f"  - first unexplained: {e['first_failures']}")
+        out.append(f"  - first unexplained: {_coords(e['first_failures'])}")
     elif e.get("first_differences"):
-        out.append(f"  - first differing: {e['first_differences']}")
+        out.append(f"  - first differing: {_coords(e['first_differences'])}")
     for d in (e.get("failure_details") or [])[:5]:
         lo_hi = ""
         if d.get("lo") is not None or d.get("hi") is not None:
             lo_hi = f", interval [{_fmt(_num(d.get('lo')))}, {_fmt(_num(d.get('hi')))}]"
         out.append(
-            f"  - {d.get('index')}: kernel {_fmt(_num(d.get('kernel')), '.6g')}, golden "
-            f"{_fmt(_num(d.get('golden')), '.6g')}{lo_hi}: {d.get('why', '')}"
+            f"  - {_coords(d.get('index'))}: kernel {_fmt(_num(d.get('kernel')), '.6g')}, golden "
+            f"{_fmt(_num(d.get('golden')), '.6g')}{lo_hi}: {md(d.get('why', ''))}"
         )
     if e.get("note"):
-        out.append(f"  - note: {e['note']}")
+        out.append(f"  - note: {md(e['note'])}")
     return out
 
 
 def _details(c: dict) -> list[str]:
     label = f" ({BLACK_BOX})" if _mode(c) == BLACK_BOX else ""
-    lines = [f"### `{c['case_id']}`{label}: {c['verdict']}", ""]
+    lines = [f"### {md(c['case_id'], code=True)}{label}: {md(c['verdict'])}", ""]
     for d in c.get("diagnosis") or []:
-        lines.append(f"- **diagnosis**: {d}")
+        lines.append(f"- **diagnosis**: {md(d)}")
     stage_failed = any(s.get("verdict") == FAIL and s.get("stage") != "run" for s in c.get("stages", []))
     if stage_failed and not c.get("diagnosis") and _mode(c) != BLACK_BOX:
         lines.append("- **diagnosis**: no catalogued fault reproduces the kernel's output")
     for i in c.get("invariance") or []:
         if i.get("outcome") == "FAIL":
-            lines.append(f"- **invariance {i['name']}** FAIL: {i.get('note', '')}")
+            lines.append(f"- **invariance {md(i['name'])}** FAIL: {md(i.get('note', ''))}")
     for s in c.get("stages", []):
         if s.get("verdict") != FAIL and not s.get("warnings"):
             continue
         lines.append(
-            f"- **{s['stage']}** {s['verdict']}: {s.get('mismatches', 0)} of {s.get('elements', 0)} elements; "
-            f"max ulp {_fmt(_num(s.get('max_ulp')))}; first failing {s.get('first_failures', [])}"
-            + (f"; note: {s['note']}" if s.get("note") else "")
+            f"- **{md(s['stage'])}** {md(s['verdict'])}: {md(s.get('mismatches', 0))} of {md(s.get('elements', 0))} "
+            f"elements; max ulp {_fmt(_num(s.get('max_ulp')))}; first failing {_coords(s.get('first_failures', []))}"
+            + (f"; note: {md(s['note'])}" if s.get("note") else "")
         )
         if s.get("kind") == "accumulation" and _num(s.get("max_bound_fraction")) is not None:
             lines.append(
-                f"  - model {s.get('model')}: max |kernel-exact| {_fmt(_num(s.get('max_err_ulps')))} ulp = "
-                f"{_fmt(_num(s.get('max_bound_fraction')))} x bound; WARNING elements {s.get('warnings', 0)}"
+                f"  - model {md(s.get('model'))}: max |kernel-exact| {_fmt(_num(s.get('max_err_ulps')))} ulp = "
+                f"{_fmt(_num(s.get('max_bound_fraction')))} x bound; WARNING elements {md(s.get('warnings', 0))}"
                 + (f", worst {_warn_text(s['worst_warnings'])}" if s.get("worst_warnings") else "")
             )
     e = _e2e(c)
@@ -372,15 +409,15 @@ def _explained_section(cases: list[dict]) -> list[str]:
         causes.update((_e2e(c) or {}).get("causes") or {})
     lines = ["## Explained differences", "",
              f"{len(ex)} case(s) differ from the golden model run on its own only where an upstream accumulation "
-             "(or a tie within bounds) explains it" + (": " + ", ".join(f"{k} {v}" for k, v in causes.most_common())
+             "(or a tie within bounds) explains it" + (": " + ", ".join(f"{md(k)} {v}" for k, v in causes.most_common())
                                                        if causes else "") + ".", ""]  # fmt: skip
     for c in ex[:MAX_DETAILED]:
         e = _e2e(c) or {}
         lines.append(
-            f"- `{c['case_id']}`: {int(e.get('differing') or 0)} of {int(e.get('elements') or 0)} elements, max ulp "
-            f"{_fmt(_num(e.get('max_ulp')))}"
-            + (", " + ", ".join(f"{k} {v}" for k, v in e["causes"].items()) if e.get("causes") else "")
-            + (f"; first {e['first_differences'][:3]}" if e.get("first_differences") else "")
+            f"- {md(c['case_id'], code=True)}: {int(e.get('differing') or 0)} of {int(e.get('elements') or 0)} "
+            f"elements, max ulp {_fmt(_num(e.get('max_ulp')))}"
+            + (", " + ", ".join(f"{md(k)} {md(v)}" for k, v in e["causes"].items()) if e.get("causes") else "")
+            + (f"; first {_coords(e['first_differences'][:3])}" if e.get("first_differences") else "")
         )
     if len(ex) > MAX_DETAILED:
         lines.append(f"- ... and {len(ex) - MAX_DETAILED} more (report.json)")
@@ -388,7 +425,7 @@ def _explained_section(cases: list[dict]) -> list[str]:
 
 
 def mutation_line(mutation: dict | None) -> str | None:
-    """One line with the mutation kill rate (None when the run did not measure it)."""
+    """One line with the mutation kill rate, plain text (None when the run did not measure it)."""
     if not mutation:
         return None
     total = int(mutation.get("total") or 0)
@@ -409,7 +446,7 @@ def mutation_line(mutation: dict | None) -> str | None:
 def _mutation_section(mutation: dict | None) -> list[str]:
     if not mutation:
         return []
-    lines = ["## Mutation testing", "", mutation_line(mutation), ""]
+    lines = ["## Mutation testing", "", md(mutation_line(mutation)), ""]
     res = mutation.get("results") or []
     if res:
         lines += [
@@ -417,37 +454,37 @@ def _mutation_section(mutation: dict | None) -> list[str]:
             "|---|---|---|---|---|---|---|",
         ]
         for r in res:
-            diag = "; ".join(d.split(":")[0] for d in r.get("diagnosis") or []) or "-"
+            diag = "; ".join(md(d.split(":")[0]) for d in r.get("diagnosis") or []) or "-"
             lines.append(
-                f"| {r.get('fault')} | {r.get('injection', '-')} | `{r.get('case_id', '-')}` "
+                f"| {md(r.get('fault'))} | {md(r.get('injection', '-'))} | {md(r.get('case_id', '-'), code=True)} "
                 f"| {'yes' if r.get('killed') else '**no**'} | {'yes' if r.get('named') else '**no**'} "
-                f"| {r.get('verdict', '-')} | {diag} |"
+                f"| {md(r.get('verdict', '-'))} | {diag} |"
             )
     return lines + [""]
 
 
 def freshness_line(gpu_report: dict | None) -> str | None:
-    """The GPU-report freshness line in bold (None when not checked)."""
+    """The GPU-report freshness line in bold, Markdown (None when not checked)."""
     if not gpu_report or not gpu_report.get("line"):
         return None
-    return f"**{gpu_report['line']}**"
+    return f"**{md(gpu_report['line'])}**"
 
 
 def _run_line(env: dict) -> str:
     """Date, coverage, commit and command of the run (what a reviewer needs to reproduce it)."""
     parts = []
     if env.get("date_utc"):
-        parts.append(str(env["date_utc"]))
+        parts.append(md(env["date_utc"]))
     if env.get("cases_run"):
-        parts.append(f"cases {env['cases_run']} of profile `{env.get('profile', '?')}`")
+        parts.append(f"cases {md(env['cases_run'])} of profile {md(env.get('profile', '?'), code=True)}")
     dirty = env.get("git_dirty")
-    parts.append(f"commit `{env.get('git_commit') or 'unknown'}`" + (f" plus local changes to {len(dirty)} files"
-                                                                      if dirty else ""))  # fmt: skip
+    parts.append(f"commit {md(env.get('git_commit') or 'unknown', code=True)}"
+                 + (f" plus local changes to {len(dirty)} files" if dirty else ""))  # fmt: skip
     sd = env.get("source_digest")
     if isinstance(sd, dict) and sd.get("digest"):
-        parts.append(f"sources `{sd['digest'][:12]}`")
+        parts.append(f"sources {md(str(sd['digest'])[:12], code=True)}")
     if env.get("command"):
-        parts.append(f"command `{env['command']}`")
+        parts.append(f"command {md(env['command'], code=True)}")
     return "Run: " + "; ".join(parts) + "."
 
 
@@ -457,7 +494,7 @@ def _env_lines(env: dict) -> list[str]:
         if k == "source_digest" and isinstance(v, dict):
             n, dirs = len(v.get("files") or {}), ", ".join(v.get("dirs") or [])
             v = f"{v.get('digest')} ({v.get('algorithm')}, {n} files under {dirs})"
-        out.append(f"- {k}: {v}")
+        out.append(f"- {md(k)}: {md(v)}")
     return out
 
 
@@ -470,7 +507,7 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
     totals = Counter(c["verdict"] for c in cases)
     lines = ["# flint-moe conformance", "", backend_line(env), "", _run_line(env), ""]
     if env.get("incomplete"):
-        lines += [f"**INCOMPLETE RUN: {env['incomplete']}** (the cases below are the ones that ran)", ""]
+        lines += [f"**INCOMPLETE RUN: {md(env['incomplete'])}** (the cases below are the ones that ran)", ""]
     fl = freshness_line(gpu_report)
     if fl:
         lines += [fl, ""]
@@ -485,21 +522,22 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
     if env.get("run_seconds") is not None:
         jobs = env.get("jobs") or 1
         what = "cases and mutation self-test" if mutation else "cases"
-        line = (f"Wall time: {env['run_seconds']} s ({what}; {jobs} worker process"
+        line = (f"Wall time: {md(env['run_seconds'])} s ({what}; {md(jobs)} worker process"
                 f"{'es' if jobs != 1 else ''} on the device)")  # fmt: skip
         rr = env.get("rerun")
         if isinstance(rr, dict):
             pj = rr.get("previous_jobs") or 1
             again = rr.get("rerun_cases") or []
-            line = (f"Wall time: {rr.get('previous_run_seconds')} s for the run of {rr.get('previous_run')} "
-                    f"({pj} worker process{'es' if pj != 1 else ''}), then {env['run_seconds']} s to rerun its "
-                    f"{len(again)} FAIL cases ({jobs} worker process{'es' if jobs != 1 else ''}): "
-                    + ", ".join(f"`{c}`" for c in again))  # fmt: skip
+            line = (f"Wall time: {md(rr.get('previous_run_seconds'))} s for the run of {md(rr.get('previous_run'))} "
+                    f"({md(pj)} worker process{'es' if pj != 1 else ''}), then {md(env['run_seconds'])} s to rerun "
+                    f"its {len(again)} FAIL cases ({md(jobs)} worker process{'es' if jobs != 1 else ''}): "
+                    + ", ".join(md(c, code=True) for c in again))  # fmt: skip
         lines += ["", line]
     if phases:
-        lines += ["", "Time by phase (s, summed over cases): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())]
+        by = ", ".join(f"{md(k)} {v:.1f}" for k, v in phases.items())
+        lines += ["", f"Time by phase (s, summed over cases): {by}"]
     ml = mutation_line(mutation)
-    lines += ["", ml, ""] if ml else [""]
+    lines += ["", md(ml), ""] if ml else [""]
     lines += _table(cases)
     lines += [
         "",

@@ -57,7 +57,7 @@ def run_cases(
     stopped = [] if stopped is None else stopped  # receives the signal name if SIGTERM / SIGINT stops the run
     counter = make_route_counter(device)
     results = []
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    cols = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*cols, console=console, transient=False) as prog:
         task = prog.add_task("conformance", total=len(cases))
         for case in cases:
@@ -70,7 +70,8 @@ def run_cases(
                 (console or prog.console).print_exception(max_frames=8)
                 results.append(raised_result(case, e))
             except (RunStopped, KeyboardInterrupt) as e:
-                (console or prog.console).print(f"[bold yellow]run stopped ({e or 'SIGINT'}) at {case.id}[/]")
+                (console or prog.console).print(f"run stopped ({e or 'SIGINT'}) at {case.id}", style="bold yellow",
+                                                markup=False, emoji=False)
                 stopped.append(str(e) or "SIGINT")
                 break
             prog.advance(task)

@@ -98,3 +98,38 @@ def test_load_report(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"schema": "x"}))
     with pytest.raises(ValueError, match="no 'cases' list"):
         load_report(tmp_path / "other.json")
+
+
+def test_load_report_checks_the_structure(tmp_path):
+    """A report whose fields have the wrong types is refused on load, naming the argument, the file and the
+    field (what compare_reports and the --rerun-failed merge would otherwise trip over after the run)."""
+    cur, _ = _pair()
+    bad = tmp_path / "r" / "report.json"
+    bad.parent.mkdir()
+    for edit, field in (
+        (lambda r: r.update(cases=[1, 2]), "field cases[0]: expected an object, got the integer 1"),
+        (lambda r: r["cases"][0].update(digests={"out": None}), "field cases[0].digests['out']: expected a string"),
+        (lambda r: r["env"]["source_digest"].update(files=[]), "field env.source_digest.files: expected an object"),
+    ):
+        rep = copy.deepcopy(cur)
+        edit(rep)
+        bad.write_text(json.dumps(rep))
+        with pytest.raises(ValueError) as e:
+            load_report(tmp_path / "r", flag="--rerun-failed")
+        msg = str(e.value)
+        assert msg.startswith(f"--rerun-failed {tmp_path / 'r'}: {bad} is not a conformance report: {field}")
+        assert "\n" not in msg
+
+
+def test_markdown_escapes_the_baseline_strings():
+    cur, old = _pair()
+    old["cases"][1]["verdict"] = "<img src=x onerror=alert(1)>"
+    old["env"].update(git_commit="a|b", backend="*x*")
+    d = compare_reports(cur, old, "base|dir")
+    text = "\n".join(baseline_markdown(d))
+    assert text.startswith("## Changes vs baseline base\\|dir\n")
+    assert "Baseline: commit a\\|b, run 2026-11-28T00:00:00+00:00;" in text and "Baseline backend: \\*x\\*." in text
+    assert (
+        "| `nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0` | \\<img src=x onerror=alert(1)\\> | **FAIL** "
+        "| changed |" in text
+    )

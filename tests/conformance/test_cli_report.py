@@ -5,6 +5,7 @@ status 1 on any FAIL, 2 for an unusable baseline."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -88,7 +89,7 @@ def test_fail_exits_1(tmp_path, fake_run):
 def test_bad_baseline_exits_2_before_running(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
     assert cli.main(_argv(tmp_path, "--baseline", str(tmp_path / "nothing"))) == 2
-    assert "no report.json there" in capsys.readouterr().out
+    assert "no report.json there" in capsys.readouterr().err
 
 
 def test_gpu_run_is_its_own_evidence(tmp_path, fake_run, monkeypatch, capsys):
@@ -110,7 +111,7 @@ def test_mutation_flag_puts_the_kill_rate_in_the_report(tmp_path, fake_run, monk
     assert json.loads((tmp_path / "out" / "report.json").read_text())["mutation"] == MUTATION
     assert "Mutation kill rate: 50.0% (3 of 4" in (tmp_path / "out" / "summary.md").read_text()
     assert "Mutation kill rate: 50.0%" in capsys.readouterr().out
-    assert cli.main(_argv(tmp_path, "--no-html")) == 0  # cpu profile: mutation testing off by default
+    assert cli.main(_argv(tmp_path, "--no-html", "--overwrite")) == 0  # cpu profile: mutation testing off by default
     assert "mutation" not in json.loads((tmp_path / "out" / "report.json").read_text())
 
 
@@ -220,3 +221,58 @@ def test_black_box_flag_runs_cases_without_taps(tmp_path, capsys):
     assert c["verdict"] in ("EXACT", "EXPLAINED") and c["end_to_end"]["mode"] == "black-box"
     data["env"].update(profile="gpu", gpu="NVIDIA H200", filters=[])  # even were it a gpu run
     assert "black-box mode" in check_report(data, current=data["env"]["source_digest"]).line
+
+
+def test_malformed_baseline_or_rerun_report_exits_2_before_running(tmp_path, monkeypatch, capsys):
+    """A report whose fields have the wrong types (here: ``cases`` of ints, a digest that is a number) is
+    refused in one line naming the file and the field, before the first case runs."""
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "report.json").write_text(json.dumps({"env": {}, "cases": [1, 2]}))
+    assert cli.main(_argv(tmp_path, "--baseline", str(base))) == 2
+    assert capsys.readouterr().err == (
+        f"--baseline {base}: {base / 'report.json'} is not a conformance report: field cases[0]: "
+        "expected an object, got the integer 1\n"
+    )
+    bad = {"env": {}, "cases": [{"case_id": CASE, "verdict": "FAIL", "digests": {"out": 3}}]}
+    (base / "report.json").write_text(json.dumps(bad))
+    assert cli.main(["--rerun-failed", str(base), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        f"--rerun-failed {base}: {base / 'report.json'} is not a conformance report: field cases[0].digests['out']: "
+        "expected a string, got the integer 3\n"
+    )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "o").exists()
+
+
+def test_tampered_reports_reach_the_pages_as_text(tmp_path, fake_run, monkeypatch, capsys):
+    """Strings of a --baseline report and of a --rerun-failed report (whose cases the merged report keeps) are
+    escaped in summary.md and report.html and printed literally to the console."""
+    from flint_moe.conformance import digest
+
+    fixed = source_digest()
+    monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)
+    img = "<img src=x onerror=alert(1)>"
+    fake_run[0].add(CASE)
+    first = tmp_path / "first"
+    argv = ["--profile", "cpu", "--filter", "cpu-E6-H96-I64-k3/M", "--no-mutation"]
+    assert cli.main([*argv, "--no-html", "--out", str(first)]) == 1
+    rep = json.loads((first / "report.json").read_text())
+    kept = [c for c in rep["cases"] if c["case_id"] != CASE]
+    kept[0]["verdict"] = img
+    kept[1]["verdict"] = "[bold]odd[/]"
+    kept[2]["diagnosis"] = ["[red]d[/]: why"]
+    (first / "report.json").write_text(json.dumps(rep))
+    fake_run[0].clear()
+    capsys.readouterr()
+    second = tmp_path / "second"
+    assert cli.main(["--rerun-failed", str(first), "--out", str(second), "--baseline", str(first)]) == 0
+    printed = capsys.readouterr().out
+    assert "[bold]odd[/]" in printed and img in printed and "[red]d[/]" in printed  # the summary table, as they are
+    html = (second / "report.html").read_text()
+    assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    md = (second / "summary.md").read_text()
+    assert re.findall(r"(?<!\\)<img", md) == [] and r"\<img src=x onerror=alert(1)\>" in md
+    assert r"\[bold\]odd\[/\]" in md
+    # vs the baseline (the first run): the rerun case got better
+    assert f"| `{CASE}` | FAIL | **WITHIN-BOUND** | better |" in md

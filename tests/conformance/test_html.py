@@ -41,7 +41,7 @@ def test_figures_and_sections(full_html):
     assert text.count("<h3><code>") == 2
     assert "<h3><code>nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0</code></h3>" in text
     assert "<h3><code>bf16_decode/cpu-E6-H192-I192-k3/M2/asymmetric/s0</code></h3>" in text
-    assert f"<p class=loud>{FRESH['line']}</p>" in text
+    assert f'<p class="loud">{FRESH["line"]}</p>' in text
     assert "Mutation kill rate: 50.0%" in text and "left out" not in text
     assert "<td class='v-FAIL'>FAIL</td>" in text and "<td>black-box</td>" in text
     assert 'src="http' not in text and "<script" not in text  # self-contained
@@ -124,3 +124,54 @@ def test_fail_heatmaps_come_before_the_cap(report, monkeypatch):
     fail_id = next(c["case_id"] for c in report["cases"] if c["verdict"] == "FAIL")
     assert text.count("<h3><code>") == 1 and f"<h3><code>{fail_id}</code></h3>" in text
     assert "1 more FAIL/EXPLAINED cases not drawn." in text
+
+
+def test_strings_of_a_tampered_report_appear_as_text():
+    """A verdict, path, backend or freshness line holding HTML is escaped everywhere on the page (the totals
+    line, the case table, the headings), with every attribute value quoted."""
+    img = "<img src=x onerror=alert(1)>"
+    rep = report_dict(results()[:2], dict(ENV, backend="<b>cpu</b>"), gpu_report={"line": "<i>GPU</i>"})
+    rep["cases"][0]["verdict"] = img
+    rep["cases"][1]["path"] = "p'><script>"
+    text = hp.render_html(rep, plots=False)
+    assert "<img" not in text and "<b>" not in text and "<i>" not in text and "<script" not in text
+    assert "<span class='v-&lt;img src=x onerror=alert(1)&gt;'>&lt;img src=x onerror=alert(1)&gt; 1</span>" in text
+    assert "<td class='v-&lt;img src=x onerror=alert(1)&gt;'>&lt;img src=x onerror=alert(1)&gt;</td>" in text
+    assert '<p class="loud">&lt;i&gt;GPU&lt;/i&gt;</p>' in text
+    assert "<p>Backend: &lt;b&gt;cpu&lt;/b&gt;. CPU run" in text
+    assert re.findall(r"<\w+ \w+=(?!['\"])", text) == []  # no unquoted attribute value
+
+
+def test_dollar_signs_in_titles_and_labels_are_drawn_literally():
+    """Case ids, paths and shapes go into figure titles and tick labels: ``$x$``, a lone ``$`` and text that is
+    no valid mathtext (``$a^^b$``) are drawn as they are, never parsed."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.text import Text
+
+    rep = report_dict(results()[:2], ENV)
+    for c in rep["cases"]:
+        c["path"] = "path $x$ $"
+        c["meta"]["shape"] = "$\\alpha^^b$"
+    rep["cases"][1]["case_id"] = "$a^^b$ / $x$ / $"
+    text = hp.render_html(rep)
+    assert len(_imgs(text)) == 3  # overview, ulp histograms, the FAIL case's heatmap
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    with hp._literal_text():
+        fig = hp._heat_fig(rep["cases"][1])
+        FigureCanvasAgg(fig).draw()  # tick labels are made here
+        texts = [t for t in fig.findobj(Text) if t.get_text()]
+        assert any(t.get_text() == "$a^^b$ / $x$ / $: FAIL" for t in texts)
+        assert all(not t.get_parse_math() and not t.get_usetex() for t in texts)
+
+
+def test_rerender_cli_refuses_a_malformed_report(tmp_path, capsys):
+    rep = report_dict(results()[:1], ENV)
+    rep["cases"][0]["stages"][1]["ulp_hist"] = [1, 2, 3]  # the histograms would index past its end
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    assert hp.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"{tmp_path}: {tmp_path / 'report.json'} is not a readable conformance report: field "
+        "cases[0].stages[1].ulp_hist: expected a list of 33, got a list of 3\n"
+    )
+    assert not (tmp_path / "report.html").exists()
