@@ -20,6 +20,8 @@ __all__ = [
     "check_codes",
     "check_scales",
     "check_no_nan_e4m3",
+    "check_global_scales",
+    "has_data",
     "gather_rows",
     "gather_rows_inplace",
     "expert_groups",
@@ -68,6 +70,25 @@ def check_no_nan_e4m3(name: str, t: torch.Tensor) -> None:
             f"{name}: contains E4M3 NaN scale bytes (0x7F/0xFF), first at index {tuple(first)}; "
             "block scales must be finite"
         )
+
+
+def check_global_scales(name: str, t: torch.Tensor) -> None:
+    """Reject fp32 global scales (ModelOpt ``weight_scale_2``, ``FlintMoEWeights`` alphas, [E]) that are NaN,
+    infinite or negative, -0.0 included (sign bit set: ``torch.signbit``); the ValueError names ``name``, the
+    first such expert and its value."""
+    bad = ~torch.isfinite(t) | torch.signbit(t)
+    if bool(bad.any()):
+        idx = int(bad.nonzero()[0][0])
+        raise ValueError(
+            f"{name}: global scales must be finite and >= +0.0 (sign bit clear), expert {idx} has {float(t[idx])!r}"
+        )
+
+
+def has_data(t: torch.Tensor) -> bool:
+    """False for tensors that hold no values (``meta`` tensors, fake tensors of shape propagation)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type != "meta" and not is_fake(t)
 
 
 def expert_groups(num_experts: int, bytes_per_expert: int, scratch_bytes: int) -> list[tuple[int, int]]:

@@ -22,17 +22,19 @@ import torch
 from flint_moe.layouts._core import (
     DEFAULT_SCRATCH_BYTES,
     check_codes,
+    check_global_scales,
     check_no_nan_e4m3,
     check_scales,
     gather_rows,
     gather_rows_inplace,
+    has_data,
 )
 from flint_moe.layouts.padding import pad_columns, padded_intermediate
 from flint_moe.layouts.rows import w13_rows_cutedsl
 from flint_moe.layouts.swizzle import mma_view, swizzle_block_scales, swizzled_scale_shape
 from flint_moe.reference._checks import check_same_device, check_tensor
 
-__all__ = ["FlintMoEWeights", "INTERLEAVE_ROWS", "merge_gate_up_global_scales"]
+__all__ = ["FlintMoEWeights", "INTERLEAVE_ROWS", "TENSOR_FIELDS", "merge_gate_up_global_scales"]
 
 #: Rows per gate/up group of the CuTe-DSL interleave (FlashInfer's default, swap_ab=False).
 INTERLEAVE_ROWS = 64
@@ -42,10 +44,7 @@ GlobalScales = torch.Tensor | Sequence[torch.Tensor]
 
 def _check_global(name: str, t: object, num_experts: int) -> torch.Tensor:
     t = check_tensor(name, t, dtype=torch.float32, shape=(num_experts,))
-    bad = ~torch.isfinite(t) | (t < 0)
-    if bool(bad.any()):
-        idx = int(bad.nonzero()[0])
-        raise ValueError(f"{name}: global scales must be finite and >= 0, expert {idx} has {float(t[idx])}")
+    check_global_scales(name, t)
     return t
 
 
@@ -56,8 +55,8 @@ def merge_gate_up_global_scales(
 
     Accepts fp32 [E] (already shared), fp32 [E, 2] (column 0 = gate, column 1 = up, vLLM's parameter), or a
     pair ``(gate [E], up [E])``. Raises ValueError if gate and up differ for any expert (the Flint rule has a
-    single global scale per expert; the message names the experts), if a scale is NaN/inf/negative, or on a
-    wrong shape; TypeError on a non-fp32 dtype.
+    single global scale per expert; the message names the experts), if a scale is NaN/inf/negative (-0.0
+    included), or on a wrong shape; TypeError on a non-fp32 dtype.
     """
     if isinstance(w13_scale_2, (tuple, list)):
         if len(w13_scale_2) != 2:
@@ -85,13 +84,30 @@ def merge_gate_up_global_scales(
     return gate.clone()
 
 
-@dataclass
+#: FlintMoEWeights' tensor fields, in constructor order.
+TENSOR_FIELDS = ("w1", "w1_sf_swizzled", "w1_alpha", "w2", "w2_sf_swizzled", "w2_alpha")
+
+
+@dataclass(frozen=True, eq=False)
 class FlintMoEWeights:
     """Routed-expert NVFP4 weights in FlashInfer's CuTe-DSL W4A16 layout (see module docstring for shapes).
 
     ``w1_sf`` / ``w2_sf`` are the 6-D MMA views over ``w1_sf_swizzled`` / ``w2_sf_swizzled`` (shared storage:
     updating the swizzled tensors in place is visible through the views). ``valid_intermediate`` is the
     checkpoint's intermediate size before padding.
+
+    Immutable: assigning a field raises ``dataclasses.FrozenInstanceError``; to change a tensor, build a new
+    instance (``dataclasses.replace(w, w2=...)`` runs every check again). Equality is identity.
+
+    The constructor checks (TypeError for a dtype, ValueError otherwise, naming the field): dtypes, shapes
+    consistent with ``w1`` [E, 2Ip, H/2] (2Ip a multiple of 128, H of 16), one device, contiguity,
+    ``0 < valid_intermediate <= Ip``; and the values: ``w1_alpha`` / ``w2_alpha`` finite and >= +0.0 (NaN,
+    infinities and negative values, -0.0 included, rejected), no E4M3 NaN byte (0x7F / 0xFF) in
+    ``w1_sf_swizzled`` / ``w2_sf_swizzled`` (the checks of the checkpoint loaders and ``from_modelopt``). The
+    value checks read the tensors (a device synchronisation); tensors without data (meta / fake tensors)
+    skip them. The tensors themselves stay mutable (in-place writes, ``.data =``, ``resize_``), so every op
+    taking FlintMoEWeights repeats the metadata part at entry (:meth:`check_metadata`: host-side, no
+    synchronisation, nothing cached).
     """
 
     w1: torch.Tensor
@@ -105,30 +121,90 @@ class FlintMoEWeights:
     w2_sf: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        check_codes("w1", self.w1, (None, None, None))
-        E, two_ip, h2 = self.w1.shape
+        self._check_tensors("")
+        object.__setattr__(self, "w1_sf", mma_view(self.w1_sf_swizzled, name="w1_sf_swizzled"))
+        object.__setattr__(self, "w2_sf", mma_view(self.w2_sf_swizzled, name="w2_sf_swizzled"))
+        if has_data(self.w1):
+            check_global_scales("w1_alpha", self.w1_alpha)
+            check_global_scales("w2_alpha", self.w2_alpha)
+            check_no_nan_e4m3("w1_sf_swizzled", self.w1_sf_swizzled)
+            check_no_nan_e4m3("w2_sf_swizzled", self.w2_sf_swizzled)
+
+    def check_metadata(self, name: str = "weights") -> None:
+        """Check every tensor's dtype, shape (against ``w1``'s E, Ip, H), device and contiguity, and that
+        ``w1_sf`` / ``w2_sf`` still view the swizzled tensors: host-side only (no synchronisation, no value
+        read, nothing cached). TypeError (dtype) / ValueError naming ``{name}.<field>``. Every op taking
+        FlintMoEWeights calls it at entry: a tensor changed in place (``.data =``, ``resize_``, ``set_``)
+        after construction is refused before any kernel reads it."""
+        p = f"{name}." if name else ""
+        if not self._metadata_ok():
+            self._check_tensors(p)  # raises, naming the field and the constraint
+        for view in ("w1_sf", "w2_sf"):
+            v, base = getattr(self, view), getattr(self, view + "_swizzled")
+            e, mp, kp = base.shape
+            want = ((32, 4, mp // 128, 4, kp // 4, e), (16, 4, kp // 4 * 512, 1, 512, mp * kp))
+            # plain tensors only: a fake tensor (shape propagation) has no data pointer
+            moved = type(v) is torch.Tensor and v.data_ptr() != base.data_ptr()
+            if moved or (tuple(v.shape), v.stride()) != want:
+                raise ValueError(
+                    f"{p}{view}: no longer the MMA view of {p}{view}_swizzled (a tensor was replaced in place); "
+                    "build a new FlintMoEWeights"
+                )
+
+    def _metadata_ok(self) -> bool:
+        """Fast path of :meth:`check_metadata`: every dtype / shape / device / contiguity as expected."""
+        w1 = self.w1
+        if not isinstance(w1, torch.Tensor) or w1.dim() != 3:
+            return False
+        E, two_ip, h2 = w1.shape
+        ip, hidden, vi = two_ip // 2, 2 * h2, self.valid_intermediate
+        if not (E > 0 and h2 > 0 and two_ip > 0 and two_ip % (2 * INTERLEAVE_ROWS) == 0 and hidden % 16 == 0
+                and type(vi) is int and 0 < vi <= ip):  # fmt: skip
+            return False
+        u8, fp8, f32 = torch.uint8, torch.float8_e4m3fn, torch.float32
+        dev = w1.device
+        for t, dtype, shape in (
+            (self.w1_sf_swizzled, fp8, (E, -(-two_ip // 128) * 128, -(-hidden // 64) * 4)),  # swizzled (2Ip, H/16)
+            (self.w1_alpha, f32, (E,)),
+            (self.w2, u8, (E, hidden, ip // 2)),
+            (self.w2_sf_swizzled, fp8, (E, -(-hidden // 128) * 128, -(-ip // 64) * 4)),  # swizzled (H, Ip/16)
+            (self.w2_alpha, f32, (E,)),
+        ):
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.shape != shape or t.device != dev:
+                return False
+            if not t.is_contiguous():
+                return False
+        return w1.dtype == u8 and w1.is_contiguous()
+
+    def _check_tensors(self, p: str) -> None:
+        w1 = check_codes(p + "w1", self.w1, (None, None, None))
+        E, two_ip, h2 = w1.shape
+        if E <= 0 or h2 <= 0 or two_ip <= 0 or two_ip % (2 * INTERLEAVE_ROWS):
+            raise ValueError(
+                f"{p}w1: expected [E >= 1, 2Ip, H/2] with 2Ip a positive multiple of {2 * INTERLEAVE_ROWS}, got "
+                f"shape {tuple(w1.shape)}"
+            )
         ip, hidden = two_ip // 2, 2 * h2
-        check_codes("w2", self.w2, (E, hidden, ip // 2))
-        check_tensor(
-            "w1_sf_swizzled",
-            self.w1_sf_swizzled,
-            dtype=torch.float8_e4m3fn,
-            shape=(E, *swizzled_scale_shape(two_ip, hidden // 16)),
-        )
-        check_tensor(
-            "w2_sf_swizzled",
-            self.w2_sf_swizzled,
-            dtype=torch.float8_e4m3fn,
-            shape=(E, *swizzled_scale_shape(hidden, ip // 16)),
-        )
-        check_tensor("w1_alpha", self.w1_alpha, dtype=torch.float32, shape=(E,))
-        check_tensor("w2_alpha", self.w2_alpha, dtype=torch.float32, shape=(E,))
-        if two_ip % (2 * INTERLEAVE_ROWS):
-            raise ValueError(f"w1: rows {two_ip} must be a multiple of {2 * INTERLEAVE_ROWS}")
-        if not 0 < self.valid_intermediate <= ip:
-            raise ValueError(f"valid_intermediate: {self.valid_intermediate} must be in (0, {ip}]")
-        self.w1_sf = mma_view(self.w1_sf_swizzled, name="w1_sf_swizzled")
-        self.w2_sf = mma_view(self.w2_sf_swizzled, name="w2_sf_swizzled")
+        if hidden % 16:
+            raise ValueError(f"{p}w1: hidden size H = 2 * {h2} = {hidden} must be a multiple of 16 (NVFP4 block)")
+        fp8 = torch.float8_e4m3fn
+        check_codes(p + "w2", self.w2, (E, hidden, ip // 2))
+        check_tensor(p + "w1_sf_swizzled", self.w1_sf_swizzled, dtype=fp8,
+                     shape=(E, *swizzled_scale_shape(two_ip, hidden // 16)))  # fmt: skip
+        check_tensor(p + "w2_sf_swizzled", self.w2_sf_swizzled, dtype=fp8,
+                     shape=(E, *swizzled_scale_shape(hidden, ip // 16)))  # fmt: skip
+        check_tensor(p + "w1_alpha", self.w1_alpha, dtype=torch.float32, shape=(E,))
+        check_tensor(p + "w2_alpha", self.w2_alpha, dtype=torch.float32, shape=(E,))
+        vi = self.valid_intermediate
+        if isinstance(vi, bool) or not isinstance(vi, int) or not 0 < vi <= ip:
+            raise ValueError(f"{p}valid_intermediate: {vi!r} must be an int in (0, {ip}]")
+        dev = w1.device
+        for n in TENSOR_FIELDS:
+            t = getattr(self, n)
+            if t.device != dev:
+                raise ValueError(f"{p}{n}: on {t.device}, but {p}w1 is on {dev}")
+            if not t.is_contiguous():
+                raise ValueError(f"{p}{n}: must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
 
     @property
     def num_experts(self) -> int:

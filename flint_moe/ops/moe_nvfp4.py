@@ -12,7 +12,7 @@ import torch
 from flint_moe.kernels._common import check_op_tensor
 from flint_moe.kernels.nvfp4_down import nvfp4_down
 from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
-from flint_moe.ops._checks import check_kernel_device, check_top_k
+from flint_moe.ops._checks import check_kernel_device, check_shared_ready, check_top_k
 
 __all__ = ["DECODE_MAX_TOKENS", "flint_moe"]
 
@@ -39,13 +39,16 @@ def flint_moe(
         x: bf16 [M, H] contiguous; never modified. M <= ``DECODE_MAX_TOKENS`` runs the decode kernels below,
             larger M the grouped path (``flint_moe.ops.moe_nvfp4_grouped.flint_moe_grouped``, issue 6).
         router_weight: bf16 [E, H] contiguous.
-        weights: ``flint_moe.layouts.FlintMoEWeights`` (FlashInfer CuTe-DSL W4A16 layout).
+        weights: ``flint_moe.layouts.FlintMoEWeights`` (FlashInfer CuTe-DSL W4A16 layout); its tensors'
+            metadata is checked again here (``FlintMoEWeights.check_metadata``: host-side, no synchronisation),
+            so a tensor changed in place after construction is refused before any kernel reads it.
         top_k: experts per token, 1 <= top_k <= E.
         counter: int32 buffer from ``flint_moe.ops.route.make_route_counter`` (never reset; launches that use
             it must be serialized on one stream).
         shared_output: bf16 [M, H] contiguous, the shared expert's output, read only by the last kernel.
-        shared_ready: optional event the current stream waits on before that kernel (``shared_output`` may be
-            produced on another stream).
+        shared_ready: None or a ``torch.cuda.Event`` the current stream waits on before that kernel
+            (``shared_output`` may be produced on another stream). TypeError for any other type, ValueError
+            for an event with CPU tensors, both before any launch (decode and grouped paths alike).
         taps: optional dict; when given, every kernel is compiled with its tap option and the dict receives
             ``router_acc``, ``logits``, ``ids``, ``weights`` (``route``), ``gate_acc``, ``up_acc``, ``act``
             (fp32 / bf16 [M, k, I]), ``down_acc``, ``y`` ([M, k, H]) and ``out`` ([M, H]) (docs/CONTRACTS.md).
@@ -55,17 +58,20 @@ def flint_moe(
 
     Raises:
         ValueError: M > ``GROUPED_MAX_TOKENS`` (grouped path).
-        TypeError / ValueError: wrong dtype, shape, device or contiguity (the message names the tensor),
-        top_k out of range (TypeError when not an int), H of ``x`` and ``weights`` different.
+        TypeError / ValueError: wrong dtype, shape, device or contiguity (the message names the tensor,
+        ``weights.<field>`` for the weights), top_k out of range (TypeError when not an int), H of ``x`` and
+        ``weights`` different, ``shared_ready`` not None or a CUDA event.
         RuntimeError: CPU tensors without TRITON_INTERPRET=1 (the Triton interpreter).
     """
     from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
 
     if not isinstance(weights, FlintMoEWeights):
         raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
+    weights.check_metadata()
     dev = weights.w1.device
     check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
     check_kernel_device("x", x)
+    check_shared_ready(shared_ready, dev)
     M = x.shape[0]
     if M > DECODE_MAX_TOKENS:
         from flint_moe.ops.moe_nvfp4_grouped import flint_moe_grouped

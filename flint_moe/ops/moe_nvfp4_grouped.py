@@ -17,7 +17,7 @@ from flint_moe.kernels._common import check_op_tensor
 from flint_moe.kernels.moe_permute import moe_permute
 from flint_moe.kernels.nvfp4_grouped_down import nvfp4_grouped_down
 from flint_moe.kernels.nvfp4_grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
-from flint_moe.ops._checks import check_kernel_device, check_top_k
+from flint_moe.ops._checks import check_kernel_device, check_shared_ready, check_top_k
 
 __all__ = ["GROUPED_MAX_TOKENS", "flint_moe_grouped"]
 
@@ -44,11 +44,13 @@ def flint_moe_grouped(
         x: bf16 [M, H] contiguous, M <= GROUPED_MAX_TOKENS (M = 0 returns an empty tensor and fills no
             taps); never modified.
         router_weight: bf16 [E, H] contiguous.
-        weights: ``flint_moe.layouts.FlintMoEWeights``.
+        weights: ``flint_moe.layouts.FlintMoEWeights``; its tensors' metadata is checked again here
+            (``FlintMoEWeights.check_metadata``: host-side, no synchronisation).
         top_k: experts per token, 1 <= top_k <= E (and the router's limit, 16).
         counter: ``make_route_counter(device)`` buffer (used by ``route`` only for M <= ROUTE_GEMV_MAX_TOKENS).
         shared_output: bf16 [M, H] contiguous (rule step 10), read only by the combine kernel.
-        shared_ready: optional CUDA event the current stream waits on before the down GEMM.
+        shared_ready: None or a ``torch.cuda.Event`` the current stream waits on before the down GEMM
+            (TypeError for any other type, ValueError for an event with CPU tensors, before any launch).
         taps: optional dict; receives ``router_acc``, ``logits``, ``ids``, ``weights`` (``route``),
             ``gate_acc``, ``up_acc`` fp32 [M, k, I], ``act`` bf16 [M, k, I], ``down_acc`` fp32 [M, k, H],
             ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/CONTRACTS.md "Taps"); outputs are bitwise those of
@@ -64,9 +66,11 @@ def flint_moe_grouped(
 
     if not isinstance(weights, FlintMoEWeights):
         raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
+    weights.check_metadata()
     dev = weights.w1.device
     check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
     check_kernel_device("x", x)
+    check_shared_ready(shared_ready, dev)
     M = int(x.shape[0])
     if M > GROUPED_MAX_TOKENS:
         raise ValueError(f"x: {M} tokens exceed GROUPED_MAX_TOKENS = {GROUPED_MAX_TOKENS}")
@@ -74,8 +78,6 @@ def flint_moe_grouped(
     check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
     check_top_k(top_k, E, f"E = {E}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
-    if shared_ready is not None and not isinstance(shared_ready, torch.cuda.Event):
-        raise TypeError(f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}")
     if taps is not None and not isinstance(taps, dict):
         raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
     cfg = dict(config or {})

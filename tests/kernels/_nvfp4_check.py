@@ -8,9 +8,11 @@ documented grouping (block model, B = 16).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
+from flint_moe.layouts.flashinfer_w4a16 import TENSOR_FIELDS, FlintMoEWeights
 from flint_moe.reference.combine import add_shared, combine_fp32
 from flint_moe.reference.exact import block_model, check_accumulator
 from flint_moe.reference.experts import (
@@ -62,10 +64,8 @@ def make_weights(E, H, I, *, seed=0, pad_to=None, device="cpu", scale_exp=(100, 
     gs1 = torch.rand(E, generator=g) * 2.0**-6 + 2.0**-8
     gs2 = torch.rand(E, generator=g) * 2.0**-6 + 2.0**-8
     w = FlintMoEWeights.from_modelopt(w13, s13, gs1, w2, s2, gs2, pad_intermediate_to=pad_to)
-    if device != "cpu":
-        for name in ("w1", "w1_sf_swizzled", "w1_alpha", "w2", "w2_sf_swizzled", "w2_alpha"):
-            setattr(w, name, getattr(w, name).to(device))
-        w.__post_init__()
+    if device != "cpu":  # FlintMoEWeights is immutable: a new one over the moved tensors (checked again)
+        w = dataclasses.replace(w, **{n: getattr(w, n).to(device) for n in TENSOR_FIELDS})
     return w
 
 
