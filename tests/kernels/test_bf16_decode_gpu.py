@@ -109,7 +109,7 @@ def _inputs(mdl: dict, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, shared
 
 
-def _op(mdl: dict, x: torch.Tensor, shared: torch.Tensor, taps=None, shared_ready=None) -> torch.Tensor:
+def _op(mdl: dict, x: torch.Tensor, shared: torch.Tensor, taps=None, shared_ready=None, **kw) -> torch.Tensor:
     from flint_moe.ops.moe_bf16 import flint_moe_bf16_decode
 
     return flint_moe_bf16_decode(
@@ -123,6 +123,7 @@ def _op(mdl: dict, x: torch.Tensor, shared: torch.Tensor, taps=None, shared_read
         shared,
         shared_ready,
         taps=taps,
+        **kw,
     )
 
 
@@ -249,3 +250,40 @@ def test_shared_ready_event(model) -> None:
     out = _op(mdl, x, sh2, shared_ready=ev)
     torch.cuda.synchronize()
     assert_same(out, ref, "shared_ready")
+
+
+def test_row_map_status_on_the_gpu(model) -> None:
+    """The layout's own maps record no fault (every shape, every launch configuration above ran already in
+    this module); a wrong in-range value and an out-of-range one are recorded by the kernels in pinned host
+    memory and reported by ``check_row_map_status``; the out-of-range value reads the clamped row."""
+    from flint_moe.kernels._bf16_gemv import row_map_status
+    from flint_moe.ops import check_row_map_status
+
+    mdl = model
+    check_row_map_status("cuda")  # everything the tests above launched on this device: correct maps
+    assert row_map_status("cuda").is_pinned()
+    x, shared = _inputs(mdl, 3)
+    ref = _op(mdl, x, shared)
+    m13, m2 = mdl["maps"]
+    h = m2.numel()
+    ok13, ok2 = m13.clone(), m2.clone()
+    clamped2 = m2.clone()
+    clamped2[0] = h - 1
+    try:  # written behind the version counter: the op's first-use check passes them
+        m2.data[0] = 1 << 30
+        out = _op(mdl, x, shared)
+        with pytest.raises(RuntimeError, match=r"^row_maps\[1\]: entry 0 of map2 .* on cuda:0"):
+            check_row_map_status("cuda")
+        m2.data.copy_(ok2)
+        clamped = _op(dict(mdl, maps=(m13, clamped2)), x, shared, check_row_map_values=False)
+        assert_same(out, clamped, "clamped")
+        assert not torch.equal(out.view(torch.int16), ref.view(torch.int16))
+        m13.data[0], m13.data[1] = ok13[1], ok13[0]
+        _op(mdl, x, shared)
+        with pytest.raises(RuntimeError, match=r"^row_maps\[0\]: entry [01] of map13"):
+            check_row_map_status("cuda")
+    finally:
+        m13.data.copy_(ok13)
+        m2.data.copy_(ok2)
+    assert_same(_op(mdl, x, shared), ref, "repaired")
+    check_row_map_status("cuda")
