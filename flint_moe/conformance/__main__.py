@@ -91,6 +91,8 @@ def run_kind(args, profile: str, invariance: bool, mutation: bool):
     from flint_moe.conformance.outdir import RunKind
 
     partial = []
+    if getattr(args, "shard", None):
+        partial.append(f"shard {args.shard} (merge the shards: python -m flint_moe.conformance.merge)")
     if args.filter:
         partial.append("filtered (" + ", ".join(args.filter) + ")")
     for flag, on in (("--rerun-failed", args.rerun_failed), ("--black-box", args.black_box),
@@ -330,7 +332,15 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         metavar="N|auto",
         help="worker processes sharing the device (conformance/parallel.py; a case is mostly host work, so N "
-        "workers on one GPU run the matrix ~N times faster); auto = half the cores up to 8 with CUDA, 1 without",
+        "workers on one GPU run the matrix ~N times faster; with several visible GPUs the workers are spread "
+        "over all of them); auto = half the cores, up to 8 per GPU, with CUDA, 1 without",
+    )
+    ap.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run shard K of N of the selected cases (conformance/shard.py: deterministic, balanced by estimated "
+        "cost; join the N reports with python -m flint_moe.conformance.merge)",
     )
     args = ap.parse_args(argv)  # fmt: skip
 
@@ -376,6 +386,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--rerun-failed {args.rerun_failed}: the report has no FAIL case, nothing to rerun")
             return 0
         cases = [c for c in select(profile, args.filter) if c.id in failed]
+    shard = None
+    if args.shard is not None:
+        from flint_moe.conformance.shard import parse_shard, plan_shards, shard_record
+
+        try:
+            k, n = parse_shard(args.shard)
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
+        if args.checkpoint is not None or args.rerun_failed:
+            print("--shard splits the case matrix; it does not go with --checkpoint or --rerun-failed", file=sys.stderr)
+            return 2
+        if not cases:
+            print(f"--shard {args.shard}: no case of profile {profile!r} matches filters {args.filter}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        selected = [c.id for c in cases]
+        wants = (profile == "gpu") if args.mutation is None else args.mutation
+        shard = plan_shards(cases, n, mutation=wants)[k - 1]
+        cases, shard_env = shard.cases, shard_record(shard, selected)
     console = Console(markup=False, emoji=False)  # paths, filters, report contents: printed as they are
     if not console.is_terminal:  # CI logs, pipes: wide enough for the summary table's case ids
         console = Console(width=max(console.width, 180), markup=False, emoji=False)
@@ -383,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases:
             console.print(c.id, highlight=False, markup=False)
         return 0
-    if not cases:
+    if not cases and shard is None:  # a shard may be empty (more shards than units of work)
         console.print(f"no case of profile {profile!r} matches filters {args.filter}", style="red", markup=False)
         return 1
     if profile == "gpu" and not torch.cuda.is_available() and not args.force:
@@ -413,15 +443,24 @@ def main(argv: list[str] | None = None) -> int:
     env["cases_run"] = (
         f"{len(cases)} checkpoint cases" if args.checkpoint else f"{len(cases)} of {len(matrix(profile))}"
     )
+    if shard is not None:
+        env["shard"] = shard_env
+        env["cases_run"] = (
+            f"{len(cases)} (shard {shard.index}/{shard.count} of {shard_env['selection_size']} selected) "
+            f"of {len(matrix(profile))}"
+        )
     from flint_moe.conformance.outdir import OutDirError, check_out, evidence_guard, new_run_id, publish, staging_dir
 
     run_id = new_run_id(now, profile)
     out_dir = Path(args.out) if args.out else Path("reports") / run_id
     invariance = (profile == "gpu") if args.invariance is None else bool(args.invariance)
     want_mutation = (profile == "gpu") if args.mutation is None else args.mutation
+    kind = run_kind(args, profile, invariance, want_mutation)
+    if shard is not None:
+        want_mutation = shard.mutation  # one shard runs the self-test
     staging = staging_dir(out_dir, run_id)
     try:
-        evidence_guard(out_dir, run_kind(args, profile, invariance, want_mutation))
+        evidence_guard(out_dir, kind)
         check_out(out_dir, args.overwrite)
         staging.mkdir(parents=True)
     except OutDirError as e:
@@ -435,9 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     env["black_box"] = bool(args.black_box)
     if args.checkpoint is not None:
         env["checkpoint"] = f"{args.checkpoint} layer {args.layer}"
-    from flint_moe.conformance.parallel import default_jobs, run_parallel
+    from flint_moe.conformance.parallel import default_jobs, run_parallel, visible_gpus
 
-    jobs = default_jobs(device.type) if args.jobs == "auto" else int(args.jobs)  # validated above
+    n_gpus = len(visible_gpus()) if device.type == "cuda" else 0
+    jobs = default_jobs(device.type, n_gpus) if args.jobs == "auto" else int(args.jobs)  # validated above
     if given_inputs is not None:
         jobs = 1  # checkpoint layers are loaded in this process
     env["jobs"] = jobs
@@ -448,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     t_run = time.perf_counter()
     try:
         if jobs > 1:
-            console.print(f"{jobs} worker processes on {device}")
+            console.print(f"{jobs} worker processes on {device}" + (f" ({n_gpus} GPUs)" if n_gpus > 1 else ""))
             results, mutation, info = run_parallel(
                 cases,
                 jobs,

@@ -216,6 +216,10 @@ def _not_evidence(env: dict, totals: dict | None) -> list[str]:
         why.append("black-box mode (no stage verdicts)")
     if env.get("incomplete"):
         why.append("incomplete")
+    shard = env.get("shard")
+    if shard:
+        where = f"{shard.get('index')}/{shard.get('count')}" if isinstance(shard, dict) else "?"
+        why.append(f"shard {where} of a run (merge the shards)")
     if isinstance(totals, dict) and totals.get("FAIL"):
         why.append(f"{totals['FAIL']} FAIL")
     return why

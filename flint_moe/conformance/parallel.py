@@ -19,6 +19,8 @@ Scheduling (:func:`plan_units`, :func:`pick_unit`):
   stays within the budget (default 85 % of the free device memory at the start); a unit bigger than the
   budget runs alone. The BF16 Kimi-K2 and Llama-4-Maverick layers hold ~70 GB each: two at once would not fit
   on a 141 GB H200. After each unit a worker drops its weight cache and returns cached blocks to the driver.
+- **Several GPUs.** With CUDA the workers are spread round robin over every visible GPU; each worker process
+  sees only its own (``CUDA_VISIBLE_DEVICES``), and the memory budget above holds per GPU.
 - **Mutation self-test.** ``mutation.run_mutations`` is one more unit, run beside the cases.
 
 A case that raises is a FAIL with the exception (``runner.raised_result``), as in the serial runner, except
@@ -29,6 +31,7 @@ SIGTERM / SIGINT to the parent stops the workers; the cases finished so far are 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -36,7 +39,18 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-__all__ = ["Unit", "default_jobs", "estimate_bytes", "estimate_seconds", "pick_unit", "plan_units", "run_parallel"]
+__all__ = [
+    "Unit",
+    "default_jobs",
+    "estimate_bytes",
+    "estimate_seconds",
+    "gpu_slots",
+    "pick_unit",
+    "plan_units",
+    "run_parallel",
+    "visible_gpus",
+    "visible_to_children",
+]
 
 #: Device memory the golden model and the kernels' scratch may need beside a unit's weights (bytes; the H200
 #: run of adc6a3d saw workers 15-20 GB above their weights' bytes with 6 GB: reports/h200/README.md).
@@ -126,12 +140,50 @@ def pick_unit(pending: list[Unit], running_bytes: list[int], budget: int) -> Uni
     return None
 
 
-def default_jobs(device_type: str) -> int:
+def default_jobs(device_type: str, gpus: int = 1) -> int:
     """Worker processes for ``--jobs auto``: 1 on the CPU (the interpreter already uses the cores), else
-    half the host's cores, at most 8 (each worker also runs Triton's compiler processes)."""
+    half the host's cores, at most 8 per GPU (each worker also runs Triton's compiler processes)."""
     if device_type != "cuda":
         return 1
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    return max(1, min(8 * max(1, gpus), (os.cpu_count() or 2) // 2))
+
+
+def visible_gpus(environ: dict | None = None, device_count: int | None = None) -> list[str]:
+    """The CUDA devices this process may use, as ``CUDA_VISIBLE_DEVICES`` tokens: that variable's entries when it
+    is set (indices or UUIDs, in order), else ``"0" .. str(device_count - 1)`` (default: torch's count)."""
+    env = os.environ if environ is None else environ
+    vis = env.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [t.strip() for t in vis.split(",") if t.strip()]
+    if device_count is None:
+        import torch
+
+        device_count = torch.cuda.device_count()
+    return [str(i) for i in range(device_count)]
+
+
+@contextlib.contextmanager
+def visible_to_children(gpu: str | None):
+    """While open, ``CUDA_VISIBLE_DEVICES`` is ``gpu`` in this process's environment, which a spawned child
+    takes at its start; restored (or removed again) on exit. ``None``: leave the environment alone."""
+    if gpu is None:
+        yield
+        return
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
+def gpu_slots(workers: int, gpus: int) -> list[int]:
+    """GPU (position in :func:`visible_gpus`) of each of ``workers`` workers: round robin, so every GPU gets
+    ``workers // gpus`` or one more."""
+    return [w % max(1, gpus) for w in range(workers)]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -217,11 +269,11 @@ def _run_with_retries(case, dev, counter, invariance, run_case, raised_result, b
 # ------------------------------------------------------------------------------------------------------
 
 
-def _budget(device: str, fraction: float = 0.85) -> int:
+def _budget(device: str, fraction: float = 0.85, index: int = 0) -> int:
     import torch
 
     if device.startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info()
+        free, _ = torch.cuda.mem_get_info(index)
         return int(free * fraction)
     return 1 << 62
 
@@ -241,9 +293,13 @@ def run_parallel(
 ) -> tuple[list[dict], dict | None, dict]:
     """Run ``cases`` in ``jobs`` worker processes on ``device`` ("cuda" or "cpu").
 
+    With CUDA the workers are spread round robin over every visible GPU (:func:`visible_gpus`, :func:`gpu_slots`):
+    each worker process sees only its GPU (``CUDA_VISIBLE_DEVICES`` set for it), and a unit starts on a GPU
+    only while the units running there fit that GPU's memory budget.
+
     Returns (case result dicts of the finished cases in ``cases`` order, the mutation report or None, run
-    info: jobs, budget bytes, units, per-worker busy seconds). ``stopped`` receives the signal name when
-    SIGTERM / SIGINT stops the run (the parent's handlers raise ``__main__.RunStopped``)."""
+    info: jobs, GPUs, per-GPU budget bytes, units, per-worker busy seconds). ``stopped`` receives the signal
+    name when SIGTERM / SIGINT stops the run (the parent's handlers raise ``__main__.RunStopped``)."""
     import multiprocessing as mp
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -253,7 +309,8 @@ def run_parallel(
     stopped = [] if stopped is None else stopped
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # inherited by the workers
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    budget = _budget(device)
+    gpus = visible_gpus() if device.startswith("cuda") else []
+    budgets = [_budget(device, index=i) for i in range(len(gpus))] or [_budget(device)]
     pending = plan_units(cases, max_cases=max_cases, max_seconds=max_seconds, mutation=mutation)
     n_units = len(pending)
     results_q = ctx.Queue()
@@ -264,18 +321,21 @@ def run_parallel(
     done: dict[int, dict] = {}
     mutation_rep = None
     next_wid = 0
+    slot_of: dict[int, int] = {}  # wid -> GPU position
 
-    def start_worker() -> None:
+    def start_worker(slot: int) -> None:
         nonlocal next_wid
         q = ctx.Queue()
         p = ctx.Process(target=_worker, args=(next_wid, q, results_q, invariance, device, black_box), daemon=True)
-        p.start()
+        with visible_to_children(gpus[slot] if gpus else None):
+            p.start()
         workers[next_wid] = (p, q)
+        slot_of[next_wid] = slot
         next_wid += 1
 
     n_workers = max(1, min(jobs, n_units))
-    for _ in range(n_workers):
-        start_worker()
+    for slot in gpu_slots(n_workers, len(gpus)):
+        start_worker(slot)
     deaths = 0
     cols = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
@@ -285,9 +345,11 @@ def run_parallel(
                 for wid in sorted(workers):
                     if wid in running or not pending:
                         continue
-                    unit = pick_unit(pending, [u.nbytes for u in running.values()], budget)
+                    slot = slot_of[wid]
+                    here = [u.nbytes for w, u in running.items() if slot_of[w] == slot]
+                    unit = pick_unit(pending, here, budgets[slot])
                     if unit is None:
-                        break
+                        continue  # nothing fits this GPU now; another GPU may take one
                     running[wid] = unit
                     left[unit.uid] = {pos for pos, _ in unit.cases}
                     workers[wid][1].put(unit)
@@ -299,6 +361,7 @@ def run_parallel(
                             continue
                         unit = running.pop(wid, None)
                         del workers[wid]
+                        slot = slot_of.pop(wid)
                         if unit is not None:  # fail what the dead worker had not reported
                             err = RuntimeError(f"conformance worker died (exit code {p.exitcode}) in this unit")
                             for pos, case in unit.cases:
@@ -311,7 +374,7 @@ def run_parallel(
                         if deaths > n_workers + 3:  # workers keep dying (e.g. at start-up): give up loudly
                             why = f"conformance workers keep dying (last exit code {p.exitcode})"
                             raise RuntimeError(why) from None
-                        start_worker()
+                        start_worker(slot)  # the replacement takes the dead worker's GPU
                     continue
                 kind, wid = msg[0], msg[1]
                 if kind == "case":
@@ -348,7 +411,9 @@ def run_parallel(
                 p.kill()
     info = {
         "jobs": n_workers,
-        "device_memory_budget_bytes": budget if budget < (1 << 62) else None,
+        "gpus": gpus,
+        "device_memory_budget_bytes": budgets[0] if gpus else None,
+        "device_memory_budget_bytes_per_gpu": budgets if gpus else None,
         "units": n_units,
         "worker_busy_seconds": {str(k): round(v, 1) for k, v in sorted(busy.items())},
     }

@@ -82,3 +82,41 @@ def test_units_split_by_estimated_seconds():
     assert sorted([p for p, _ in u.cases] for u in units) == [[0], [1], [2]]  # the long case splits the run
     units = plan_units([small[0], small[1], big], max_cases=8, max_seconds=20.0)
     assert sorted([p for p, _ in u.cases] for u in units) == [[0, 1], [2]]
+
+
+def test_visible_gpus_and_slots(monkeypatch):
+    assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 3,,GPU-ab12"}) == ["2", "3", "GPU-ab12"]
+    assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert parallel.visible_gpus({}, device_count=4) == ["0", "1", "2", "3"]
+    assert parallel.gpu_slots(6, 4) == [0, 1, 2, 3, 0, 1]
+    assert parallel.gpu_slots(3, 1) == [0, 0, 0] == parallel.gpu_slots(3, 0)
+    assert parallel.default_jobs("cpu", 8) == 1
+    monkeypatch.setattr(parallel.os, "cpu_count", lambda: 128)
+    assert parallel.default_jobs("cuda") == 8 and parallel.default_jobs("cuda", 2) == 16
+    assert parallel.default_jobs("cuda", 8) == 64
+    monkeypatch.setattr(parallel.os, "cpu_count", lambda: 16)
+    assert parallel.default_jobs("cuda", 4) == 8
+
+
+def test_visible_to_children_sets_and_restores(monkeypatch, tmp_path):
+    """A worker is spawned while CUDA_VISIBLE_DEVICES names only its GPU (the child sees that value); the
+    parent's value comes back."""
+    import multiprocessing as mp
+    import os
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    seen = tmp_path / "seen.txt"
+    ctx = mp.get_context("spawn")
+    with parallel.visible_to_children("5"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+        p = ctx.Process(target=os.system, args=(f'printf %s "$CUDA_VISIBLE_DEVICES" > {seen}',))
+        p.start()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
+    p.join(60)
+    assert p.exitcode == 0 and seen.read_text() == "5"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with parallel.visible_to_children("1"):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    with parallel.visible_to_children(None):
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
