@@ -272,6 +272,7 @@ def check_report(report: Path | str | dict | None = None, current: dict | None =
         except (OSError, ValueError) as e:
             return Freshness("MISSING", f"GPU REPORT MISSING ({where} unreadable: {e})")
     env = data.get("env", {}) if isinstance(data, dict) else {}
+    env = env if isinstance(env, dict) else {}  # a tampered report: judged as carrying no digest
     totals = data.get("totals") if isinstance(data, dict) else None
     dig = env.get("source_digest")
     cur = source_digest() if current is None else current

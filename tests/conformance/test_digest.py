@@ -230,3 +230,12 @@ def test_current_line_names_gpu_cases_the_report_lacks():
     n = sum(c.path == "bf16_module" for c in cases)
     line = dg.check_report(lacking, current=cur).line
     assert line.endswith(f"; not run on the GPU: bf16_module x{n} (of {len(cases)} gpu cases))")
+
+
+@pytest.mark.parametrize("env", [["not", "an", "object"], "text", 3, None])
+def test_tampered_env_is_stale_not_a_crash(tmp_path, env):
+    """A report whose env is not an object (a tampered --gpu-report) is STALE with a reason, never a crash."""
+    p = tmp_path / "report.json"
+    p.write_text(json.dumps({"env": env, "cases": []}))
+    fresh = dg.check_report(p)
+    assert fresh.status == "STALE" and "carries no source digest" in fresh.line
