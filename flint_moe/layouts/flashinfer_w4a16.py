@@ -97,7 +97,8 @@ class FlintMoEWeights:
     checkpoint's intermediate size before padding.
 
     Immutable: assigning a field raises ``dataclasses.FrozenInstanceError``; to change a tensor, build a new
-    instance (``dataclasses.replace(w, w2=...)`` runs every check again). Equality is identity.
+    instance (``dataclasses.replace(w, w2=...)`` runs every check again) or copy new values into the existing
+    storage with :meth:`refresh_` (checked first, like the constructor). Equality is identity.
 
     The constructor checks (TypeError for a dtype, ValueError otherwise, naming the field): dtypes, shapes
     consistent with ``w1`` [E, 2Ip, H/2] (2Ip a multiple of 128, H of 16), one device, contiguity,
@@ -205,6 +206,37 @@ class FlintMoEWeights:
                 raise ValueError(f"{p}{n}: on {t.device}, but {p}w1 is on {dev}")
             if not t.is_contiguous():
                 raise ValueError(f"{p}{n}: must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+
+    def refresh_(self, **tensors: torch.Tensor) -> FlintMoEWeights:
+        """Copy new values into this instance's own tensors, in place (their storage, and so every CUDA graph
+        captured over them, stays valid), and return ``self``.
+
+        ``tensors``: keyword arguments named after :data:`TENSOR_FIELDS` (any subset), each a tensor of exactly
+        the field's dtype and shape on the field's device (contiguity not required: values are copied). All
+        of them are checked before anything is written, the values as the constructor checks them (alphas
+        finite and >= +0.0, no E4M3 NaN scale byte), so a refused refresh changes nothing. The arguments are
+        only read. Raises TypeError (unknown field, not a tensor, dtype) or ValueError (shape, device, values)
+        naming the field."""
+        unknown = sorted(set(tensors) - set(TENSOR_FIELDS))
+        if unknown:
+            raise TypeError(f"refresh_: unknown field(s) {', '.join(unknown)} (known: {', '.join(TENSOR_FIELDS)})")
+        for n, new in tensors.items():
+            old = getattr(self, n)
+            if not isinstance(new, torch.Tensor):
+                raise TypeError(f"{n}: expected a torch.Tensor, got {type(new).__name__}")
+            if new.dtype != old.dtype:
+                raise TypeError(f"{n}: expected dtype {old.dtype}, got {new.dtype}")
+            if new.shape != old.shape:
+                raise ValueError(f"{n}: expected shape {tuple(old.shape)}, got {tuple(new.shape)}")
+            if new.device != old.device:
+                raise ValueError(f"{n}: on {new.device}, but the weights are on {old.device}")
+            if n.endswith("_alpha"):
+                check_global_scales(n, new)
+            elif n.endswith("_sf_swizzled"):
+                check_no_nan_e4m3(n, new)
+        for n, new in tensors.items():
+            getattr(self, n).copy_(new)
+        return self
 
     @property
     def num_experts(self) -> int:

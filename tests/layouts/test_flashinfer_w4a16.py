@@ -101,3 +101,28 @@ def test_fake_tensors_skip_the_value_checks() -> None:
         w = FlintMoEWeights(**kw, valid_intermediate=I)
         w.check_metadata()
     assert w.num_experts == E and w.hidden_size == H and w.intermediate_size == I
+
+
+def test_refresh_copies_in_place_after_checking_everything() -> None:
+    w = FlintMoEWeights(**_fields())
+    ptrs = {n: getattr(w, n).data_ptr() for n in TENSOR_FIELDS}
+    new_alpha = torch.tensor([1.0, 2.0, 4.0])
+    new_w2 = torch.full_like(w.w2, 0x21)
+    assert w.refresh_(w2=new_w2, w1_alpha=new_alpha) is w
+    assert {n: getattr(w, n).data_ptr() for n in TENSOR_FIELDS} == ptrs  # same storage: graphs stay valid
+    assert torch.equal(w.w2, new_w2) and torch.equal(w.w1_alpha, new_alpha)
+    assert w.w2 is not new_w2 and new_alpha.tolist() == [1.0, 2.0, 4.0]  # arguments only read
+    before = w.w2_alpha.clone()
+    bad_sf = w.w2_sf_swizzled.clone()
+    bad_sf.view(torch.uint8)[0, 0, 0] = 0x7F
+    with pytest.raises(ValueError, match="w2_sf_swizzled"):
+        w.refresh_(w2_alpha=torch.ones(E), w2_sf_swizzled=bad_sf)
+    assert torch.equal(w.w2_alpha, before)  # a refused refresh writes nothing
+    with pytest.raises(ValueError, match="w1_alpha"):
+        w.refresh_(w1_alpha=torch.tensor([1.0, -0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"^w2: expected shape"):
+        w.refresh_(w2=w.w2[:2].clone())
+    with pytest.raises(TypeError, match=r"^w1: expected dtype"):
+        w.refresh_(w1=w.w1.to(torch.int8))
+    with pytest.raises(TypeError, match="unknown field"):
+        w.refresh_(w3=w.w2)
