@@ -23,20 +23,10 @@ is fixed by lane index.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-__all__ = [
-    "LANES",
-    "STATUS_WORDS",
-    "checked_row",
-    "row_map_status",
-    "status_buffers",
-    "status_for",
-    "sum64_pairwise",
-    "trtllm_row",
-]
+__all__ = ["LANES", "checked_row", "sum64_pairwise", "trtllm_row"]
 
 #: Lanes of one reduction = elements of one TRT-LLM BF16 BlockMajorK block (128 bytes).
 LANES = 64
@@ -66,23 +56,17 @@ def sum64_pairwise(acc, R: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Row maps: loads that cannot leave the weights, and the status word a wrong map value sets
+# Row maps: loads that cannot leave the weights
 # ---------------------------------------------------------------------------------------------------------
 #
 # The kernels read the TRT-LLM BF16 weights through the logical -> physical row maps of
-# ``flint_moe.layouts.trtllm_bf16_row_maps``. A map value is data the host cannot keep checked for free
-# (writes through ``.data`` or ``.numpy()`` leave no trace in the tensor's version counter), so every
-# loaded value goes through :func:`checked_row`: it is compared with the map's closed form at its index
-# (:func:`trtllm_row`); a mismatch stores ``index + 1`` into one int32 word of a status buffer (a plain
-# predicated store, no atomics: any one of several faulty indices may win); and the value used as a row is
-# clamped into ``[0, rows)`` (unsigned minimum: negative values become ``rows - 1``). A correct map passes
-# through unchanged, so the weights read, the arithmetic and the bits of every result are the same as
-# without the check. Host side: :func:`row_map_status` (one status buffer per device), read by
-# ``flint_moe.ops.check_row_map_status``.
-
-#: Words of a row-map status buffer: ``[0]`` the gate/up kernel's map13 check, ``[1]`` the down kernel's
-#: map2 check; each 0 (no fault seen) or 1 + the index of a map entry found wrong.
-STATUS_WORDS = 2
+# ``flint_moe.layouts.trtllm_bf16_row_maps``. A map value is data the op cannot keep checked for free (writes
+# through ``.data`` or ``.numpy()`` leave no trace in the tensor's version counter), so every loaded value
+# goes through :func:`checked_row`: a value outside the map's range is replaced by the layout's own row at
+# that index (:func:`trtllm_row`, computed from the index), so no value, however it got there, makes a kernel
+# read outside the weights. An in-range value is used as given (a wrong in-range permutation reads wrong
+# rows; ``flint_moe.ops.check_row_map_status`` reports it). A correct map passes unchanged: the weights read,
+# the arithmetic and every output bit are as without the check.
 
 
 @triton.jit
@@ -98,76 +82,7 @@ def trtllm_row(j):
 
 
 @triton.jit
-def checked_row(map_ptr, idx, expected, status_ptr, ROWS: tl.constexpr):
-    """``map[idx]`` (int32, shape of ``idx``) clamped into ``[0, ROWS)``; where it differs from ``expected``,
-    ``idx + 1`` is stored into ``status_ptr[0]``. Per loaded index: one compare, one predicated store, one
-    unsigned minimum."""
-    v = tl.load(map_ptr + idx)
-    tl.store(status_ptr + tl.zeros_like(idx), idx + 1, mask=v != expected)
-    return tl.minimum(v.to(tl.uint32, bitcast=True), ROWS - 1).to(tl.int32, bitcast=True)
-
-
-#: (device type, index, scratch) -> int32 [STATUS_WORDS] status buffer.
-_STATUS: dict[tuple[str, int | None, bool], torch.Tensor] = {}
-
-
-def _status_key(device: torch.device, scratch: bool) -> tuple[str, int | None, bool]:
-    index = device.index
-    if device.type == "cuda" and index is None:
-        index = torch.cuda.current_device()
-    return device.type, index, scratch
-
-
-def row_map_status(device: torch.device | str, *, scratch: bool = False) -> torch.Tensor:
-    """The row-map status buffer of ``device``: int32 [STATUS_WORDS], zeroed when first made.
-
-    On a CUDA device it lives in pinned host memory, which the kernels write directly (unified virtual
-    addressing) and the host reads with no copy, no event and no synchronisation: no work is added to the
-    stream. On the CPU (Triton interpreter) it is an ordinary tensor. ``scratch=True`` gives a second buffer
-    that nothing reads (the op's ``check_row_map_values=False`` runs, whose maps are wrong on purpose).
-    Both buffers of a device are made together, by the first call: make it outside CUDA-graph capture
-    (RuntimeError otherwise)."""
-    device = torch.device(device)
-    key = _status_key(device, scratch)
-    st = _STATUS.get(key)
-    if st is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"row map status of {device}: not made yet and a CUDA graph is being captured; call the op once "
-                "eagerly before capturing"
-            )
-        for s in (False, True):
-            if device.type == "cuda":
-                _STATUS[_status_key(device, s)] = torch.zeros(STATUS_WORDS, dtype=torch.int32, pin_memory=True)
-            else:
-                _STATUS[_status_key(device, s)] = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=device)
-        st = _STATUS[key]
-    return st
-
-
-def status_buffers() -> dict[tuple[str, int | None], torch.Tensor]:
-    """Every device's (non-scratch) status buffer made so far: (device type, index) -> int32 [STATUS_WORDS]."""
-    return {k[:2]: v for k, v in _STATUS.items() if not k[2]}
-
-
-def status_for(t: torch.Tensor, status: torch.Tensor | None, *, scratch: bool = False) -> torch.Tensor:
-    """``status`` checked (int32 [STATUS_WORDS], contiguous, on ``t``'s device or, for a CUDA ``t``, in pinned
-    host memory), or the default buffer of ``t``'s device when None. A tensor without data (a fake tensor:
-    shape propagation, the conformance launch recorder) gets a fresh buffer of its kind. Raises TypeError /
-    ValueError naming ``status``."""
-    if status is None:
-        from torch._subclasses.fake_tensor import is_fake
-
-        if is_fake(t):
-            return torch.zeros(STATUS_WORDS, dtype=torch.int32, device=t.device)
-        return row_map_status(t.device, scratch=scratch)
-    if not isinstance(status, torch.Tensor):
-        raise TypeError(f"status: expected a torch.Tensor or None, got {type(status).__name__}")
-    if status.dtype != torch.int32 or tuple(status.shape) != (STATUS_WORDS,) or not status.is_contiguous():
-        raise ValueError(
-            f"status: expected a contiguous int32 [{STATUS_WORDS}] tensor, got {status.dtype} {tuple(status.shape)}"
-        )
-    pinned = t.device.type == "cuda" and status.device.type == "cpu" and status.is_pinned()
-    if status.device != t.device and not pinned:
-        raise ValueError(f"status: must be on {t.device} (or pinned host memory for CUDA tensors), got {status.device}")
-    return status
+def checked_row(v, expected, ROWS: tl.constexpr):
+    """Row of a loaded map value ``v`` (int32): ``v`` where it lies in ``[0, ROWS)``, else ``expected`` (the
+    layout's own row, always in range). One unsigned compare and one select per loaded index."""
+    return tl.where(v.to(tl.uint32, bitcast=True) < ROWS, v, expected)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._bf16_gemv import LANES, checked_row, status_for, sum64_pairwise, trtllm_row
+from flint_moe.kernels._bf16_gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 from flint_moe.kernels._common import (
     BF16_CVT,
     bf16_rn,
@@ -39,7 +39,6 @@ def _bf16_down_combine_kernel(
     tw_ptr,  # fp32 [M * TOPK]: routing weights (bf16 values, rule step 4)
     w_ptr,  # bf16 g2 [E, INTER / 64, H, 64] (TRT-LLM BlockMajorK, rows shuffled)
     map_ptr,  # int32 [H]: output row h -> physical row m of g2[e, :, m, :]
-    status_ptr,  # int32 [2]: word 1 <- 1 + index of a map entry found wrong (flint_moe.kernels._bf16_gemv)
     shared_ptr,  # bf16 [M, H]
     out_ptr,  # bf16 [M, H] (out)
     dacc_ptr,  # fp32 [M * TOPK, H] (out, TAP only): y_acc
@@ -65,9 +64,8 @@ def _bf16_down_combine_kernel(
     (``tl.fma`` -> ``fma.rn.f32``, one rounding; sequential, bit-exact); ``routed = bf16(acc)``.
     Rule step 10: ``out = bf16(RN(fp32(routed) + fp32(shared)))`` (``add.rn.f32``, not fed by a multiply).
 
-    Row map: every loaded ``map[h]`` is compared with the layout's closed form ``trtllm_row(h)``; a mismatch
-    stores ``1 + h`` into ``status[1]``, and the row used is clamped into [0, H) (``_bf16_gemv.checked_row``),
-    so no map value reads outside g2.
+    Row map: a loaded ``map[h]`` outside [0, H) is replaced by the layout's own row ``trtllm_row(h)``
+    (``_bf16_gemv.checked_row``), so no map value reads outside g2; an in-range value is used as given.
 
     With ``TAP`` the raw accumulators ``y_acc`` and the per-expert ``y`` are stored too. Offsets: the expert
     base and token rows are 64-bit, offsets inside one expert 32-bit (< 2^31 elements, checked by the
@@ -79,7 +77,8 @@ def _bf16_down_combine_kernel(
     q = tl.program_id(1)
     NB: tl.constexpr = INTER // 64
     rows = q * BH + tl.arange(0, BH)
-    prow = checked_row(map_ptr, rows, trtllm_row(rows), status_ptr + 1, H)
+    # a map value outside [0, H) reads the layout's own row instead (never outside g2)
+    prow = checked_row(tl.load(map_ptr + rows), trtllm_row(rows), H)
     lane = tl.arange(0, 64)
     w_off = prow[:, None] * 64 + lane[None, :]  # inside one expert (int32)
     a_off = tl.full([BH, 1], 0, tl.int32) + lane[None, :]  # [BH, 64]: lane index in every row
@@ -148,7 +147,6 @@ def bf16_down_combine(
     *,
     taps: dict | None = None,
     config: dict | None = None,
-    status: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rule steps 8-10 (BF16 experts): ``out`` bf16 [M, H] from the SwiGLU outputs of the k selected experts.
 
@@ -157,17 +155,15 @@ def bf16_down_combine(
         ids: int32 [M, k] selected experts in selection order (values in [0, E), not checked on the device).
         weights: fp32 [M, k] routing weights holding bf16 values (rule step 4).
         w2: bf16 g2 [E, Ip/64, H, 64] (``flint_moe.layouts.to_trtllm_bf16``).
-        map2: int32 [H] from ``trtllm_bf16_row_maps(H, Ip)`` (output row -> physical row). The kernel
-            compares every value it loads with the layout's closed form: a wrong value sets ``status[1]`` to
-            1 + its index and is clamped into [0, H) (never read outside ``w2``).
+        map2: int32 [H] from ``trtllm_bf16_row_maps(H, Ip)`` (output row -> physical row). A value outside
+            [0, H) reads the layout's own row instead (never outside ``w2``); in-range values are used as
+            given (``flint_moe_bf16_decode`` checks them).
         shared_output: bf16 [M, H] shared-expert output (rule step 10), ready on the current stream.
         taps: if a dict, the tapped build runs and stores ``down_acc`` fp32 [M, k, H] (raw y_acc), ``y`` bf16
             [M, k, H] and ``out`` bf16 [M, H] into it.
         config: launch overrides (``DOWN_CONFIG`` keys); never change the result.
-        status: int32 [2] row-map status buffer (``flint_moe.kernels._bf16_gemv.row_map_status``); None = the
-            device's own, read by ``flint_moe.ops.check_row_map_status``.
 
-    Returns: new bf16 tensor [M, H]. Inputs are never modified (``status`` is written on a wrong map).
+    Returns: new bf16 tensor [M, H]. Inputs are never modified.
     Raises: TypeError (dtype) / ValueError (shape, contiguity, device, config) naming the argument.
     PTX: ``fma.rn.f32``, ``cvt.rn.bf16.f32``, ``add.rn.f32``; PDL on the GPU.
     """
@@ -189,7 +185,6 @@ def bf16_down_combine(
     check_g2(w2, hidden, inter, None, dev)
     check_op_tensor("map2", map2, dtype=torch.int32, shape=(hidden,), device=dev)
     cfg = _config(config)
-    status = status_for(act, status)
     out = torch.empty((m_tok, hidden), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
     if tap:
@@ -206,7 +201,6 @@ def bf16_down_combine(
             weights,
             w2,
             map2,
-            status,
             shared_output,
             out,
             d_acc,
@@ -247,7 +241,6 @@ def audit_specs() -> list[str]:
         "tw_ptr": "*fp32",
         "w_ptr": "*bf16",
         "map_ptr": "*i32",
-        "status_ptr": "*i32",
         "shared_ptr": "*bf16",
         "out_ptr": "*bf16",
         "dacc_ptr": "*fp32",

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._bf16_gemv import LANES, checked_row, status_for, sum64_pairwise, trtllm_row
+from flint_moe.kernels._bf16_gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 from flint_moe.kernels._common import (
     BF16_CVT,
     bf16_rn,
@@ -45,7 +45,6 @@ def _bf16_gate_up_kernel(
     ids_ptr,  # int32 [M * TOPK]: selected expert of pair p = t * TOPK + j
     w_ptr,  # bf16 g1 [E, H / 64, 2 * INTER, 64] (TRT-LLM BlockMajorK, rows permuted)
     map_ptr,  # int32 [2 * INTER]: logical [gate; up] row -> physical row m of g1[e, :, m, :]
-    status_ptr,  # int32 [2]: word 0 <- 1 + index of a map entry found wrong (flint_moe.kernels._bf16_gemv)
     act_ptr,  # bf16 [M * TOPK, INTER] (out)
     gacc_ptr,  # fp32 [M * TOPK, INTER] (out, TAP only): g_acc
     uacc_ptr,  # fp32 [M * TOPK, INTER] (out, TAP only): u_acc
@@ -73,9 +72,9 @@ def _bf16_gate_up_kernel(
     (``cvt.rn.bf16.f32``); the instructions come from ``flint_moe.kernels._common`` (interpreter shims call
     the golden model's emulations). No add is fed by a multiply here, so FP fusion cannot merge roundings.
 
-    Row map: every loaded ``map[n]`` / ``map[INTER + n]`` is compared with the layout's closed form
-    (``trtllm_row(2n + 1)`` / ``trtllm_row(2n)``); a mismatch stores ``1 + index`` into ``status[0]``, and the
-    row used is clamped into [0, 2 * INTER) (``_bf16_gemv.checked_row``), so no map value reads outside g1.
+    Row map: a loaded ``map[n]`` / ``map[INTER + n]`` outside [0, 2 * INTER) is replaced by the layout's
+    own row (``trtllm_row(2n + 1)`` / ``trtllm_row(2n)``, ``_bf16_gemv.checked_row``), so no map value
+    reads outside g1; an in-range value is used as given.
 
     With ``TAP`` the raw accumulators ``g_acc`` / ``u_acc`` (the last order-dependent values) are stored too.
     Offsets: the expert base and token rows are 64-bit; offsets inside one expert are 32-bit (one expert
@@ -91,8 +90,9 @@ def _bf16_gate_up_kernel(
     NB: tl.constexpr = H // 64
     ROWS: tl.constexpr = 2 * INTER
     cols = q * BN + tl.arange(0, BN)
-    row_g = checked_row(map_ptr, cols, trtllm_row(2 * cols + 1), status_ptr, ROWS).to(tl.int64)
-    row_u = checked_row(map_ptr, INTER + cols, trtllm_row(2 * cols), status_ptr, ROWS).to(tl.int64)
+    # a map value outside [0, 2 * INTER) reads the layout's own row instead (never outside g1)
+    row_g = checked_row(tl.load(map_ptr + cols), trtllm_row(2 * cols + 1), ROWS).to(tl.int64)
+    row_u = checked_row(tl.load(map_ptr + INTER + cols), trtllm_row(2 * cols), ROWS).to(tl.int64)
     lane = tl.arange(0, 64)
     off_g = row_g[:, None] * 64 + lane[None, :]
     off_u = row_u[:, None] * 64 + lane[None, :]
@@ -163,7 +163,6 @@ def bf16_gate_up(
     *,
     taps: dict | None = None,
     config: dict | None = None,
-    status: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rule steps 6-7 (BF16 experts) for every (token, selected expert): ``act`` bf16 [M, k, Ip].
 
@@ -174,15 +173,13 @@ def bf16_gate_up(
         w13: bf16 g1 [E, H/64, 2Ip, 64] (``flint_moe.layouts.to_trtllm_bf16``), Ip a multiple of 64
             (a padded intermediate size works: padded rows are zero and give act = 0).
         map13: int32 [2Ip] from ``trtllm_bf16_row_maps(H, Ip)`` (logical [gate; up] row -> physical row).
-            The kernel compares every value it loads with the layout's closed form: a wrong value sets
-            ``status[0]`` to 1 + its index and is clamped into [0, 2Ip) (never read outside ``w13``).
+            A value outside [0, 2Ip) reads the layout's own row instead (never outside ``w13``); in-range
+            values are used as given (``flint_moe_bf16_decode`` checks them).
         taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, Ip] (raw
             accumulators, before any rounding) and ``act`` bf16 [M, k, Ip] into it.
         config: launch overrides (``GATE_UP_CONFIG`` keys); never change the result.
-        status: int32 [2] row-map status buffer (``flint_moe.kernels._bf16_gemv.row_map_status``); None = the
-            device's own, read by ``flint_moe.ops.check_row_map_status``.
 
-    Returns: new bf16 tensor [M, k, Ip]. Inputs are never modified (``status`` is written on a wrong map).
+    Returns: new bf16 tensor [M, k, Ip]. Inputs are never modified.
     Raises: TypeError (dtype) / ValueError (shape, contiguity, device, config) naming the argument.
     PTX: ``fma.rn.f32``, ``ex2.approx.ftz.f32``, ``rcp.approx.ftz.f32``, ``cvt.rn.bf16.f32``; PDL on the GPU.
     """
@@ -200,7 +197,6 @@ def bf16_gate_up(
     _, inter = check_g1(w13, hidden, dev)
     check_op_tensor("map13", map13, dtype=torch.int32, shape=(2 * inter,), device=dev)
     cfg = _config(config)
-    status = status_for(x, status)
     act = torch.empty((m_tok, top_k, inter), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
     if tap:
@@ -218,7 +214,6 @@ def bf16_gate_up(
         ids,
         w13,
         map13,
-        status,
         act,
         g_acc,
         u_acc,
@@ -258,7 +253,6 @@ def audit_specs() -> list[str]:
         "ids_ptr": "*i32",
         "w_ptr": "*bf16",
         "map_ptr": "*i32",
-        "status_ptr": "*i32",
         "act_ptr": "*bf16",
         "gacc_ptr": "*fp32",
         "uacc_ptr": "*fp32",

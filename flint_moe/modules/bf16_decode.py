@@ -62,10 +62,8 @@ class FlintBf16DecodeMoE(nn.Module):
     ``nn.Module`` with ``w13_weight`` / ``w2_weight`` (see :func:`trtllm_bf16_views`), or a (w13, w2) pair.
     Its shapes are checked on every call (host-side only, no device sync).
 
-    ``check_row_maps()``: RuntimeError if the kernels found a value of the row-map buffers (``row_map13``,
-    ``row_map2``) other than the layout's since the last check, e.g. after the buffers were written through
-    ``.data`` (``flint_moe.ops.check_row_map_status`` on the module's device; call it at a safe point, such
-    as after CUDA-graph replays: ``forward`` itself reports faults of earlier eager calls).
+    ``check_row_maps()``: RuntimeError if the row-map buffers (``row_map13``, ``row_map2``) no longer hold the
+    layout's values, e.g. after a write through ``.data`` (``flint_moe.ops.check_row_map_status``).
     """
 
     def __init__(
@@ -140,13 +138,14 @@ class FlintBf16DecodeMoE(nn.Module):
             self.route_counter, out, ready, taps=taps,
         )  # fmt: skip
 
-    def check_row_maps(self, *, synchronize: bool = True) -> None:
-        """Report row-map faults the decode kernels recorded on this module's device since the last check
-        (``flint_moe.ops.check_row_map_status``: RuntimeError naming ``row_maps[i]`` and the entry; the
-        status is then cleared). ``synchronize=False`` reads what has landed so far without waiting."""
+    def check_row_maps(self) -> None:
+        """RuntimeError if the row-map buffers (``row_map13``, ``row_map2``) no longer hold the layout's values
+        after forward checked them (e.g. written through ``.data``): ``flint_moe.ops.check_row_map_status``
+        on the module's device (one synchronisation; call it at a safe point, e.g. after CUDA-graph
+        replays). The kernels never read outside the layer whatever the values."""
         from flint_moe.ops import check_row_map_status
 
-        check_row_map_status(self.row_map13.device, synchronize=synchronize)
+        check_row_map_status(self.row_map13.device)
 
     def extra_repr(self) -> str:
         return (

@@ -6,8 +6,8 @@
 - ``flint_moe_grouped``: the same NVFP4 MoE by grouped GEMMs for larger batches (``flint_moe`` calls it for
   M > ``DECODE_MAX_TOKENS``; flint_moe/ops/moe_nvfp4_grouped.py).
 - ``flint_moe_bf16_decode``: BF16 experts in the TRT-LLM BlockMajorK layout for M <= ``DECODE_BF16_MAX_TOKENS``
-  (flint_moe/ops/moe_bf16.py); ``check_row_map_status``: the row-map faults its kernels recorded
-  (flint_moe/ops/_checks.py).
+  (flint_moe/ops/moe_bf16.py); ``check_row_map_status``: every row map it has checked compared again (writes
+  through ``.data`` / ``.numpy()`` included; flint_moe/ops/_checks.py).
 """
 
 from __future__ import annotations

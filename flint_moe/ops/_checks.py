@@ -8,8 +8,9 @@
   ``ValueError`` for an event with CPU tensors; every op calls it before its first launch.
 - :func:`checked_row_maps`: the TRT-LLM BF16 row maps' values, checked once per tensor and again after any
   in-place change the tensor's version counter sees (the immediate error of the common case).
-- :func:`check_row_map_status`: the check no write can bypass: the BF16 decode kernels compare every map value
-  they load with the layout's closed form (``flint_moe.kernels._bf16_gemv``); this reads what they found.
+- :func:`check_row_map_status`: the check no write can bypass: every map tensor the op has checked is compared
+  with the expected map again, on demand (the BF16 decode kernels themselves only keep every loaded value in
+  range: ``flint_moe.kernels._bf16_gemv.checked_row``).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def check_shared_ready(shared_ready: object, device: torch.device) -> None:
         raise ValueError("shared_ready: a CUDA event only makes sense for CUDA tensors; pass None")
 
 
-#: id(map tensor) -> (weak reference, its ``_version`` when its values were checked).
-_CHECKED: dict[int, tuple[weakref.ref, int]] = {}
+#: id(map tensor) -> (weak reference, its ``_version`` when its values were checked, (H, Ip, which map)).
+_CHECKED: dict[int, tuple[weakref.ref, int, tuple[int, int, int]]] = {}
 #: (H, Ip, device) -> the expected maps on that device.
 _EXPECTED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -65,11 +66,22 @@ def _is_checked(t: torch.Tensor) -> bool:
     return entry is not None and entry[0]() is t and entry[1] == t._version
 
 
+def _expected(hidden: int, inter: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (hidden, inter, device)
+    want = _EXPECTED.get(key)
+    if want is None:
+        from flint_moe.layouts import trtllm_bf16_row_maps
+
+        want = _EXPECTED[key] = trtllm_bf16_row_maps(hidden, inter, device)
+    return want
+
+
 def checked_row_maps(maps: tuple[torch.Tensor, torch.Tensor], hidden: int, inter: int) -> None:
     """ValueError unless ``maps`` (shapes, dtypes and device already checked) hold the values of
     ``trtllm_bf16_row_maps(hidden, inter)``. The values are compared on the device once per tensor and again
     after any in-place change (its version counter); that comparison reads one flag back to the host, so a
-    first call inside a CUDA-graph capture raises RuntimeError (run the op once eagerly before capturing)."""
+    first call inside a CUDA-graph capture raises RuntimeError (run the op once eagerly before capturing).
+    Every map tensor that passed is remembered (weakly) for :func:`check_row_map_status`."""
     todo = [(i, t) for i, t in enumerate(maps) if not _is_checked(t)]
     if not todo:
         return
@@ -78,12 +90,7 @@ def checked_row_maps(maps: tuple[torch.Tensor, torch.Tensor], hidden: int, inter
             "row_maps: values not checked yet and a CUDA graph is being captured; call the op once eagerly "
             "with these row_maps before capturing"
         )
-    key = (hidden, inter, maps[0].device)
-    want = _EXPECTED.get(key)
-    if want is None:
-        from flint_moe.layouts import trtllm_bf16_row_maps
-
-        want = _EXPECTED[key] = trtllm_bf16_row_maps(hidden, inter, maps[0].device)
+    want = _expected(hidden, inter, maps[0].device)
     for i, t in todo:
         if not torch.equal(t, want[i]):
             raise ValueError(
@@ -91,54 +98,44 @@ def checked_row_maps(maps: tuple[torch.Tensor, torch.Tensor], hidden: int, inter
                 "(use flint_moe.layouts.trtllm_bf16_row_maps)"
             )
         key = id(t)
-        _CHECKED[key] = (weakref.ref(t, lambda _r, k=key: _CHECKED.pop(k, None)), t._version)
+        _CHECKED[key] = (weakref.ref(t, lambda _r, k=key: _CHECKED.pop(k, None)), t._version, (hidden, inter, i))
 
 
-_STATUS_MAPS = ("map13", "map2")
+def check_row_map_status(device: torch.device | str | None = None) -> None:
+    """RuntimeError if a row-map tensor ``flint_moe_bf16_decode`` has checked (and that is still alive) on
+    ``device`` (None: every device) no longer holds the TRT-LLM BF16 row map's values, however it was changed.
 
-
-def check_row_map_status(device: torch.device | str | None = None, *, synchronize: bool = True) -> None:
-    """RuntimeError if a BF16 decode kernel on ``device`` (None: every device used so far) loaded a row-map
-    value other than the TRT-LLM BF16 row map's since the last check; the status is cleared when reported.
-
-    The kernels (``flint_moe.kernels.bf16_gate_up`` / ``bf16_down``) compare every map value they load with
-    the map's closed form, clamp it into the map's range (so no value reads outside the weights) and, on a
-    mismatch, store 1 + the entry's index into the device's status buffer
-    (``flint_moe.kernels._bf16_gemv.row_map_status``; on CUDA pinned host memory written directly by the
-    kernels). Nothing on the decode path waits for it: ``flint_moe_bf16_decode`` reads it at entry without
-    synchronising (it reports what earlier calls found), and this function is the explicit check for a safe
-    point, e.g. once per scheduler step or after CUDA-graph replays. ``synchronize=True`` (default) first
-    synchronises ``device`` (CUDA) so that every kernel launched before is accounted for; False reads what
-    has landed so far (no synchronisation).
-
-    The message names ``row_maps[0]`` (map13) or ``row_maps[1]`` (map2) and the index of a faulty entry (one
-    of them, when several are wrong). Outputs computed since the fault are wrong: a map changed after the op
-    checked it (e.g. through ``.data`` or ``.numpy()``, which leave the version counter as it was).
+    The op compares a map tensor's values once and again only after an in-place change its version counter
+    sees; writes through ``.data``, ``.numpy()`` or DLPack leave the counter as it was, so the op keeps using
+    the changed map. Its kernels never read outside the weights whatever the values (a value out of range
+    reads the layout's own row), but a wrong in-range value reads a wrong row. This function compares every
+    remembered map with the expected one on its device (reading one flag per map back to the host: a
+    synchronisation, so call it at a safe point, e.g. once per scheduler step, after CUDA-graph replays, or
+    after loading weights); nothing on the decode path waits for it. The message names ``row_maps[0]``
+    (map13) or ``row_maps[1]`` (map2), H and I, the first wrong entry, its value and the expected one. The
+    tensor is forgotten, so the op checks it again at its next call (ValueError while it stays wrong).
     """
-    from flint_moe.kernels._bf16_gemv import status_buffers
-
-    want = None if device is None else torch.device(device)
-    for (dtype, index), st in status_buffers().items():
-        if want is not None and (want.type != dtype or (want.index is not None and want.index != index)):
+    want_dev = None if device is None else torch.device(device)
+    for key, (ref, _version, (hidden, inter, i)) in list(_CHECKED.items()):
+        t = ref()
+        if t is None:
             continue
-        dev = torch.device(dtype, index) if index is not None else torch.device(dtype)
-        if synchronize and dtype == "cuda":
-            torch.cuda.synchronize(dev)
-        report_row_map_status(st, dev)
-
-
-def report_row_map_status(status: torch.Tensor, device: torch.device) -> None:
-    """The RuntimeError of :func:`check_row_map_status` if ``status`` (a CPU or pinned host buffer of
-    ``device``) holds a fault, which is then cleared; reads it as it is, with no synchronisation."""
-    words = status.numpy()  # the buffer itself (CPU or pinned host memory): no copy, no synchronisation
-    if not words.any():
-        return
-    i = int(words.nonzero()[0][0])
-    entry = int(words[i]) - 1
-    words[:] = 0
-    raise RuntimeError(
-        f"row_maps[{i}]: entry {entry} of {_STATUS_MAPS[i]} held a value other than the TRT-LLM BF16 row map's "
-        f"(flint_moe.layouts.trtllm_bf16_row_maps) when a BF16 decode kernel on {device} loaded it: the map was "
-        "changed after the op checked it (e.g. through .data or .numpy()). Outputs computed since are wrong "
-        "(values out of range were clamped into it, never read outside the weights); status cleared"
-    )
+        dev = t.device
+        other_index = want_dev is not None and want_dev.index is not None and dev.index != want_dev.index
+        if want_dev is not None and (dev.type != want_dev.type or other_index):
+            continue
+        want = _expected(hidden, inter, dev)[i]
+        if tuple(t.shape) == tuple(want.shape) and t.dtype == want.dtype and torch.equal(t, want):
+            continue
+        _CHECKED.pop(key, None)
+        name = ("map13", "map2")[i]
+        if tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype:
+            detail = f"now {t.dtype} of shape {tuple(t.shape)}"
+        else:
+            row = int((t != want).nonzero()[0, 0])
+            detail = f"entry {row} holds {int(t[row])}, the layout's value is {int(want[row])}"
+        raise RuntimeError(
+            f"row_maps[{i}]: the {name} tensor on {dev} (H = {hidden}, I = {inter}) changed after "
+            f"flint_moe_bf16_decode checked it (e.g. through .data or .numpy()): {detail}. Outputs computed with "
+            "it since are wrong (values out of range read the layout's own row, never outside the weights)"
+        )
