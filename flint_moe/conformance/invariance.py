@@ -5,6 +5,9 @@
 ============================  ====================================================================  =========
 name                          what                                                                  required
 ============================  ====================================================================  =========
+production_build              the production build (no taps) on the same inputs and launch           yes
+                              configuration returns the tapped build's output bitwise (a fault of
+                              the build a server runs, absent once taps are compiled in, fails)
 determinism                   ``repeats`` runs (the given one plus ``repeats - 1`` more): the        yes
                               output and every tap bitwise equal
 row_independence              two reruns, each keeping the rows of one parity and replacing the     yes
@@ -28,7 +31,16 @@ import torch
 
 from .compare import _bits_equal, _json_safe, ulp_distance
 
-__all__ = ["PASS", "FAIL", "SKIP", "MEASURED", "InvarianceResult", "check_invariances", "required_failed"]
+__all__ = [
+    "PASS",
+    "FAIL",
+    "SKIP",
+    "MEASURED",
+    "InvarianceResult",
+    "check_invariances",
+    "production_build",
+    "required_failed",
+]
 
 PASS = "PASS"
 FAIL = "FAIL"
@@ -111,6 +123,23 @@ def _run(path, inputs, counter) -> tuple[torch.Tensor, dict]:
     taps: dict = {}
     out = path.run(inputs, counter, taps)
     return out, taps
+
+
+def production_build(case, inputs, path, counter, out, taps) -> InvarianceResult:
+    """One run of the production build (``taps`` None): its output must equal the tapped build's ``out``
+    bitwise, so what the taps show is what the build without taps computes."""
+    prod = path.run(inputs, counter, None)
+    if prod.shape != out.shape:
+        why = f"output shape {tuple(prod.shape)} vs the tapped build's {tuple(out.shape)}"
+        return InvarianceResult("production_build", True, FAIL, 1, why)
+    same = _bits_equal(prod, out)
+    if not bool(same.all()):
+        bad = (~same).nonzero()
+        n, first = int(bad.shape[0]), [int(v) for v in bad[0].tolist()]
+        return InvarianceResult("production_build", True, FAIL, 1,
+                                f"production build (no taps) differs from the tapped build in {n} output elements, "
+                                f"first at {first}", {"differing_elements": n, "first": first})  # fmt: skip
+    return InvarianceResult("production_build", True, PASS, 1, "production build bitwise equal to the tapped build")
 
 
 def determinism(case, inputs, path, counter, out, taps, repeats: int = 3) -> InvarianceResult:
@@ -225,6 +254,7 @@ def check_invariances(case, inputs, path, counter, out, taps, *, repeats: int = 
     """All invariances of one case, given the first run's ``out`` and ``taps`` (``path``: a
     ``paths.KernelPath`` or anything with ``run(inputs, counter, taps)``)."""
     return [
+        production_build(case, inputs, path, counter, out, taps),
         determinism(case, inputs, path, counter, out, taps, repeats),
         row_independence(case, inputs, path, counter, out, taps),
         cuda_graph(case, inputs, path, counter, out, taps),

@@ -297,7 +297,8 @@ def _invariance_section(cases: list[dict]) -> list[str]:
     if not rows:
         return []
     lines = ["## Invariances", "",
-             "determinism, row independence and CUDA-graph replay are required (a FAIL fails the case); batch "
+             "the production build (no taps) equal to the tapped build, determinism, row independence and "
+             "CUDA-graph replay are required (a FAIL fails the case); batch "
              "invariance (each token alone vs in the batch) is measured.", ""]  # fmt: skip
     fails = [(c, i) for c in rows for i in c["invariance"] if i.get("outcome") == "FAIL"]
     lines += [

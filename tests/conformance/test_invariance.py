@@ -23,6 +23,7 @@ from flint_moe.conformance.invariance import (
     SKIP,
     check_invariances,
     determinism,
+    production_build,
     required_failed,
     row_independence,
 )
@@ -86,6 +87,7 @@ def test_real_kernels_pass(built) -> None:
     case, inputs, taps, out = built
     res = check_invariances(case, inputs, _Path(case), _counter(), out, taps)
     by = {r.name: r for r in res}
+    assert by["production_build"].outcome == PASS and by["production_build"].required
     assert by["determinism"].outcome == PASS and by["determinism"].runs == 2
     assert by["row_independence"].outcome == PASS, by["row_independence"].note
     assert by["cuda_graph"].outcome == SKIP and "CUDA" in by["cuda_graph"].note
@@ -96,6 +98,25 @@ def test_real_kernels_pass(built) -> None:
     cr = compare_case(case, inputs, taps, out)
     cr.invariance = res
     assert [i["name"] for i in cr.to_json()["invariance"]] == [r.name for r in res]
+
+
+def test_production_only_fault_fails_production_build(built) -> None:
+    """A fault in the build without taps (the one a server runs) fails, naming the first differing element;
+    the clean path passes."""
+    case, inputs, taps, out = built
+
+    class _ProdFault(_Path):
+        def run(self, inputs, counter, taps=None):
+            o = super().run(inputs, counter, taps)
+            if taps is None:
+                o = o.clone()
+                o.view(torch.int16)[1, 2] ^= 1
+            return o
+
+    r = production_build(case, inputs, _ProdFault(case), _counter(), out, taps)
+    assert r.outcome == FAIL and r.failed and r.details == {"differing_elements": 1, "first": [1, 2]}
+    assert "no taps" in r.note
+    assert production_build(case, inputs, _Path(case), _counter(), out, taps).outcome == PASS
 
 
 def test_noise_on_second_call_fails_determinism(built) -> None:
@@ -140,6 +161,7 @@ def test_report_lists_invariances(tmp_path, built) -> None:
     assert "## Invariances" in md and "No required invariance failed." in md and "Batch invariance:" in md
     data = json.loads(paths["json"].read_text())
     assert {i["name"] for i in data["cases"][0]["invariance"]} == {
+        "production_build",
         "determinism",
         "row_independence",
         "cuda_graph",
@@ -154,7 +176,8 @@ def test_cli_invariance_flag(tmp_path) -> None:
     assert main([*argv, "--invariance"]) == 0
     case = json.loads((tmp_path / "report.json").read_text())["cases"][0]
     by = {i["name"]: i["outcome"] for i in case["invariance"]}
-    assert by == {"determinism": PASS, "row_independence": SKIP, "cuda_graph": SKIP, "batch_invariance": SKIP}
+    assert by == {"production_build": PASS, "determinism": PASS, "row_independence": SKIP, "cuda_graph": SKIP,
+                  "batch_invariance": SKIP}  # fmt: skip
     assert case["diagnosis"] == []
     assert "## Invariances" in (tmp_path / "summary.md").read_text()
 
