@@ -21,7 +21,7 @@ where the reverse-order sum flips a bf16 rounding of a routing weight; ``renorm_
 ``tiny_sigmoids`` profile; the top-k faults on ``tied_logits``.
 
 ``run_mutations(mutations=None) -> list[MutationResult]``; ``mutation_report(results) -> dict`` is the
-report.json block (docs/CONTRACTS.md "Issue 5, second slice: B1").
+report.json block (docs/ARCHITECTURE.md, section 2).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class MutationResult:
     note: str = ""
 
     def to_json(self) -> dict:
-        """JSON-ready dict (docs/CONTRACTS.md, issue 5 second slice: B1)."""
+        """JSON-ready dict: every field, plus ``name`` (= ``fault``)."""
         d = asdict(self)
         d["name"] = self.fault
         return d
