@@ -26,6 +26,7 @@ and complete) and ``check_stack_fits`` before anything is allocated.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -297,8 +298,8 @@ class ExpertStack:
             if tensor.numel() != 1:
                 raise ValueError(f"{full}: expected one fp32 global scale, got shape {tuple(tensor.shape)}")
             v = float(tensor.reshape(()))
-            if not (v >= 0 and v < float("inf")):
-                raise ValueError(f"{full}: global scale must be finite and >= 0, got {v}")
+            if not (v >= 0 and v < float("inf")) or math.copysign(1.0, v) < 0:  # -0.0 too, as the layouts
+                raise ValueError(f"{full}: global scale must be finite and >= +0.0, got {v}")
             src = tensor.reshape(())
         if down:
             dst = {"weight": self.w2, "weight_scale": self.w2_scale, "weight_scale_2": self.w2_scale_2}[kind][e]

@@ -163,7 +163,14 @@ def test_rejections() -> None:
         "2.down_proj.weight_scale_2",
         torch.tensor(float("nan")),
         ValueError,
-        r"^2.down_proj.weight_scale_2: global scale must be finite and >= 0, got nan",
+        r"^2.down_proj.weight_scale_2: global scale must be finite and >= \+0\.0, got nan",
+    )
+    _expect(
+        named,
+        "2.down_proj.weight_scale_2",
+        torch.tensor(-0.0),
+        ValueError,
+        r"^2.down_proj.weight_scale_2: global scale must be finite and >= \+0\.0, got -0\.0",
     )
     _expect(
         named,
