@@ -121,8 +121,8 @@ DOWN_GRID = [
 
 def sweep(shapes=tuple(SHAPES), tokens=(1, 8)) -> list[dict]:
     """Time each kernel alone for every configuration of the grids; returns rows (also printed)."""
-    from flint_moe.kernels.bf16_down import bf16_down_combine
-    from flint_moe.kernels.bf16_gate_up import bf16_gate_up
+    from flint_moe.kernels.bf16.down_combine import bf16_down_combine
+    from flint_moe.kernels.bf16.gate_up import bf16_gate_up
     from flint_moe.ops.route import route
 
     bw = copy_bandwidth()

@@ -68,8 +68,8 @@ def prepare(name=None, model="deepseek-v3", M=1, rotations=CALLS):
 def _prepare(name=None, model="deepseek-v3", M=1, rotations=CALLS, gu=None, dn=None, weights=None, seed=0):
     """(Prepared, weights, input sets): fn(i) runs gate/up + down on id set i % rotations."""
     from benchmarks.runner import Prepared
-    from flint_moe.kernels.nvfp4_down import nvfp4_down
-    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+    from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
 
     cfg = MODELS[model]
     E, H, I, k = cfg["E"], cfg["H"], cfg["I"], cfg["k"]
@@ -129,8 +129,8 @@ SWEEP = {
 def sweep(out_dir: str) -> int:
     """Tuning sweep (one device call): bit checks of every variant against ``OLD``, one golden check of the
     default at DeepSeek-V3 size, then CUDA-graph timings of gate/up alone, down alone and both."""
-    from flint_moe.kernels.nvfp4_down import nvfp4_down
-    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+    from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
     from _nvfp4_check import check_taps, make_inputs, same
@@ -240,8 +240,8 @@ def sweep_words(out_dir: str) -> int:
     DeepSeek-V3 M = 1, 8 and at H 2880 x I 704 (partial K steps), CUDA-graph timings (gate/up alone, down
     alone, both) at DeepSeek-V3 M = 1 and 8, then the fastest gate/up variant vs the default on the other models
     at M = 1."""
-    from flint_moe.kernels.nvfp4_down import nvfp4_down
-    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+    from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
     from _nvfp4_check import make_inputs, same
@@ -370,8 +370,8 @@ def sweep_mma(out_dir: str) -> int:
     golden ``check_taps`` with ``FP32_TRUNCATE`` on the MMA path. Timings (gate/up alone, down alone, both) at
     DeepSeek-V3 M = 1, then the best gate/up + best down against the default at DeepSeek M = 1, 2, 4, 8 and
     Qwen / gpt-oss M = 1, 8."""
-    from flint_moe.kernels.nvfp4_down import nvfp4_down
-    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+    from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
     from flint_moe.reference.exact import FP32_TRUNCATE
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
@@ -548,7 +548,7 @@ TUNE_DN = {
 
 def _eff_sk(cfg: dict, kbytes: int, rows: int) -> int:
     """The K-split the launcher runs ``cfg`` with at a row of ``kbytes`` code bytes (1 on the CUDA cores)."""
-    from flint_moe.kernels.nvfp4_gate_up import _check_mma
+    from flint_moe.kernels.nvfp4.gate_up import _check_mma
 
     if not cfg["MMA"]:
         return 0
@@ -568,8 +568,8 @@ def tune(out_dir: str, write_tuned: str | None, models=("deepseek-v3", "qwen3-30
     another model's becomes a per-shape override when it differs (the best pair on the default's paths, so that
     ``accumulation_model`` does not depend on the shape). Written to ``write_tuned`` if every check passed, and
     to DIR/tuned.py always."""
-    from flint_moe.kernels.nvfp4_down import nvfp4_down
-    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+    from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
     from flint_moe.reference.exact import FP32_TRUNCATE, block_model
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
@@ -772,7 +772,7 @@ PROBE_GU = {
 def probe(out_dir: str) -> int:
     """``PROBE_GU`` at DeepSeek-V3 M=1: bits equal to the default gate/up's where the K-split is the same, then
     gate/up alone, the default pair and each probe with the default down (CUDA graphs); DIR/probe.md."""
-    from flint_moe.kernels.nvfp4_gate_up import GATE_UP_CONFIG, nvfp4_gate_up
+    from flint_moe.kernels.nvfp4.gate_up import GATE_UP_CONFIG, nvfp4_gate_up
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
     from _nvfp4_check import make_inputs, same
@@ -834,7 +834,7 @@ PIN7 = {"RB": 1, "EARLY": 0, "MAXNREG": 0}
 
 
 def tuned_text(doc_extra: str, measured: str, values: list, gu_by_shape: str, dn_by_shape: str) -> str:
-    """Text of nvfp4_tuned.py: the module docstring (the round-6 tune's paragraph, then ``doc_extra`` and the
+    """Text of nvfp4/tuned.py: the module docstring (the round-6 tune's paragraph, then ``doc_extra`` and the
     ``measured`` line), ``values`` as ``(name, config, comment)`` assignments (comment "" for none) and the two
     per-shape override dicts as source text. Shared by the tune step (round 6) and ``round7``."""
     body = "".join(f"{name} = {cfg!r}" + (f"  # {note}" if note else "") + "\n" for name, cfg, note in values)
@@ -855,9 +855,9 @@ def tuned_text(doc_extra: str, measured: str, values: list, gu_by_shape: str, dn
 
 
 def tuned7_text(best: str, best_us: float, base_us: float, bw: float) -> str:
-    """Text of nvfp4_tuned.py with ``DOWN`` / ``DOWN_MMA`` = ``TUNE7_DN[best]``, everything else as now and the
+    """Text of nvfp4/tuned.py with ``DOWN`` / ``DOWN_MMA`` = ``TUNE7_DN[best]``, everything else as now and the
     per-shape down overrides pinned with ``PIN7`` (``round7``)."""
-    from flint_moe.kernels import nvfp4_tuned as T
+    from flint_moe.kernels.nvfp4 import tuned as T
 
     dn_shape = {shape: {**over, **PIN7} for shape, over in T.DOWN_BY_SHAPE.items()}
     return tuned_text(
@@ -888,8 +888,8 @@ def round7(out_dir: str, write_tuned: str | None) -> int:
     with their own down, with and without EARLY 1. Choice: the least median pair time; written as ``DOWN`` /
     ``DOWN_MMA`` (per-shape down overrides pinned with ``PIN7``) to ``write_tuned`` only if every check passed
     and it beats the round-6 default in every round; DIR/tuned7.py always."""
-    from flint_moe.kernels.nvfp4_down import default_config as dn_default, nvfp4_down
-    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.kernels.nvfp4.down_combine import default_config as dn_default, nvfp4_down
+    from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "kernels"))
     from _nvfp4_check import make_inputs, same
@@ -994,7 +994,7 @@ def ab7(out_dir: str) -> int:
     """Round 7 confirmation (diagnostic, nothing written but DIR/ab7.md): gate/up + down at M = 1, 2, 4, 8 with the
     committed default down against the round-6 down (DeepSeek-V3), and gpt-oss-120b's own down with and without
     EARLY 1; 3 interleaved rounds (order reversed every other round), CUDA graphs, median."""
-    from flint_moe.kernels.nvfp4_down import default_config as dn_default
+    from flint_moe.kernels.nvfp4.down_combine import default_config as dn_default
 
     bw = copy_bw()
     lines = [f"copy {bw / 1e12:.3f} TB/s", "", "| model | M | down | us (3 rounds) | median |", "|---|---|---|---|---|"]
@@ -1033,7 +1033,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mma", action="store_true", help="round 4 sweep: tensor-core path (MMA)")
     ap.add_argument("--tune", action="store_true", help="round 6: checks, timings and the choice of the defaults")
     ap.add_argument("--probe", action="store_true", help="round 6 follow-up: untuned gate/up variants (no write)")
-    ap.add_argument("--write-tuned", default=None, help="with --tune: path of nvfp4_tuned.py to (over)write")
+    ap.add_argument("--write-tuned", default=None, help="with --tune: path of nvfp4/tuned.py to (over)write")
     ap.add_argument("--round7", action="store_true", help="round 7: down candidates (RB, EARLY, MAXNREG)")
     ap.add_argument("--ab7", action="store_true", help="round 7 confirmation: new vs round-6 down, M = 1..8")
     args = ap.parse_args(argv)

@@ -148,8 +148,8 @@ def prepare(name=None, model="deepseek-v3", M=128, impl="grouped", layer=None, c
 
         wbytes_per_expert = 3 * layer.H * layer.I * 2
     elif impl == "decode":
-        from flint_moe.kernels.nvfp4_down import nvfp4_down
-        from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+        from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+        from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
         from flint_moe.ops import route
 
         def fn(i):
@@ -214,8 +214,8 @@ def _bf16(layer, x, router, shared, counter):
 
 
 def _decode(layer, x, router, shared, counter):
-    from flint_moe.kernels.nvfp4_down import nvfp4_down
-    from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+    from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+    from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
     from flint_moe.ops import route
 
     def fn(i):

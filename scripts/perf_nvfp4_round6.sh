@@ -3,7 +3,7 @@
 #  1. benchmarks/bench_decode_nvfp4.py --tune: golden / bit checks of the CUDA-core and tensor-core candidates
 #     (load fence FENCE, L2 prefetch L2PF, register prefetch PF, K-splits incl. uneven ones) at DeepSeek-V3,
 #     Qwen3-30B-A3B and gpt-oss-120b M=1, timings, the choice per shape written into
-#     flint_moe/kernels/nvfp4_tuned.py (copied to $OUT);
+#     flint_moe/kernels/nvfp4/tuned.py (copied to $OUT);
 #  2. the runner on the chosen defaults (bench.md, every model, M = 1, 2, 4, 8);
 #  3. the GPU tests of the NVFP4 kernels on those defaults (both paths on every matrix shape).
 set -u
@@ -12,9 +12,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temper
   > "$OUT/env.txt" 2>&1
 export PYTHONPATH=$PWD
 timeout "${TUNE_S:-200}" python3 benchmarks/bench_decode_nvfp4.py --tune \
-  --write-tuned flint_moe/kernels/nvfp4_tuned.py --out "$OUT" > "$OUT/tune.log" 2>&1
+  --write-tuned flint_moe/kernels/nvfp4/tuned.py --out "$OUT" > "$OUT/tune.log" 2>&1
 echo "tune rc $?"
-cp flint_moe/kernels/nvfp4_tuned.py "$OUT/nvfp4_tuned.py"
+cp flint_moe/kernels/nvfp4/tuned.py "$OUT/nvfp4_tuned.py"
 timeout 90 python3 -m benchmarks.runner --filter decode_nvfp4 --out "$OUT/bench" > "$OUT/bench.log" 2>&1
 echo "runner rc $?"
 timeout "${PYTEST_S:-200}" python3 -m pytest -p no:cacheprovider -m gpu -q tests/kernels -k nvfp4 \

@@ -2,7 +2,7 @@
 # Round 6 confirmation on the H200, one device call on a clean snapshot of a commit (repository root, $OUT set):
 #  1. benchmarks/bench_decode_nvfp4.py --probe: a few gate/up variants the round-6 tune did not try (diagnostic,
 #     nothing written);
-#  2. the runner on the committed defaults (flint_moe/kernels/nvfp4_tuned.py as written by the round-6 tune);
+#  2. the runner on the committed defaults (flint_moe/kernels/nvfp4/tuned.py as written by the round-6 tune);
 #  3. the GPU tests of the NVFP4 kernels on those defaults.
 set -u
 mkdir -p "$OUT/bench"

@@ -4,7 +4,7 @@
 #  1. benchmarks/bench_decode_nvfp4.py --round7: bit checks of the down candidates (row blocks per program RB,
 #     weights before the grid-dependency wait EARLY, register cap MAXNREG, FENCE) against the round-6 default
 #     down at DeepSeek-V3 M = 1, 3; down alone and gate/up + down timings (3 rounds); the choice written into
-#     flint_moe/kernels/nvfp4_tuned.py only if it beats the round-6 down in every round (copied to $OUT);
+#     flint_moe/kernels/nvfp4/tuned.py only if it beats the round-6 down in every round (copied to $OUT);
 #  2. the runner on the resulting defaults (every model, M = 1, 2, 4, 8);
 #  3. the GPU tests of the NVFP4 decode kernels on those defaults.
 set -u
@@ -14,9 +14,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temper
 cp COMMIT.txt "$OUT/commit.txt" 2>/dev/null
 export PYTHONPATH=$PWD
 timeout "${TUNE_S:-150}" python3 benchmarks/bench_decode_nvfp4.py --round7 \
-  --write-tuned flint_moe/kernels/nvfp4_tuned.py --out "$OUT" > "$OUT/round7.log" 2>&1
+  --write-tuned flint_moe/kernels/nvfp4/tuned.py --out "$OUT" > "$OUT/round7.log" 2>&1
 echo "round7 rc $?"
-cp flint_moe/kernels/nvfp4_tuned.py "$OUT/nvfp4_tuned.py"
+cp flint_moe/kernels/nvfp4/tuned.py "$OUT/nvfp4_tuned.py"
 timeout "${RUNNER_S:-90}" python3 -m benchmarks.runner --filter decode_nvfp4 --out "$OUT/bench" > "$OUT/bench.log" 2>&1
 echo "runner rc $?"
 cp "$OUT/bench/bench.md" "$OUT/bench_runner.md" 2>/dev/null

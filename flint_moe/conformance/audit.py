@@ -1,6 +1,6 @@
 """sm_90 PTX audit of every kernel specialisation the conformance matrix launches (issue 4, "CPU (CI)").
 
-The kernel modules register hand-picked specialisations (``flint_moe.kernels._common.AUDIT_REGISTRY``, each
+The kernel modules register hand-picked specialisations (``flint_moe.kernels.audit.registry.AUDIT_REGISTRY``, each
 module's ``audit_specs()``). This module derives the specialisations from the matrix itself, so that a new
 shape, top_k, expert count or launch configuration in ``cases.matrix`` cannot slip past the audit:
 
@@ -19,13 +19,13 @@ shape, top_k, expert count or launch configuration in ``cases.matrix`` cannot sl
   its runtime arguments (dead tap pointers included: Triton caches one binary per signature), its constexpr
   arguments, and the compile options (``num_warps``, ``num_stages``, ``maxnreg``, ``enable_fp_fusion``, ...).
   ``launch_pdl`` (a launch attribute, not in the PTX) is left out of the key.
-- ``register_matrix_audit()`` registers, through ``_common.register_audit``, every distinct launch no
+- ``register_matrix_audit()`` registers, through ``audit.registry.register_audit``, every distinct launch no
   kernel-module spec already covers, as ``matrix.<kernel>.<digest>`` with the ``require`` / ``forbid`` lists
   of that kernel's own registered specs (a kernel's rule instructions do not depend on its sizes; where the
   module's specs differ by path (MMA vs CUDA cores), the list of the specs with the same ``MMA`` constexpr,
   or the other path's list with the path instructions swapped as the module swaps them, ``_rule_lists``).
 - ``python -m flint_moe.conformance.audit specs | report | list | uncovered | audit [--specs FILE] NAME...``
-  mirrors ``python -m flint_moe.kernels._common`` with the matrix specs registered too (``audit`` compiles
+  mirrors ``python -m flint_moe.kernels.audit`` with the matrix specs registered too (``audit`` compiles
   with the same ``compile_ptx_sm90`` / ``audit_ptx``, prints JSON and exits 1 on problems; ``uncovered``
   prints the launches no registered spec covers, exit 1 if any; ``report``: ``coverage_report()``).
 
@@ -61,9 +61,16 @@ __all__ = [
 #: reads it only in the NVIDIA driver's launcher).
 IGNORED_OPTIONS = frozenset({"launch_pdl"})
 #: Compile options' values when a launch does not pass them (Triton 3.6 CUDAOptions defaults that matter).
-#: ``enable_fp_fusion`` stays in the key: ``_common.compile_ptx_sm90`` always compiles with True, so a launch
+#: ``enable_fp_fusion`` stays in the key: ``audit.ptx.compile_ptx_sm90`` always compiles with True, so a launch
 #: with False would match no spec and fail the coverage test.
 _OPTION_DEFAULTS = {"num_warps": 4, "num_stages": 3, "enable_fp_fusion": True}
+
+
+def _kernel_name(kernel: Any) -> str:
+    """``<module path under flint_moe.kernels>.<function>``, e.g. ``nvfp4.gate_up._nvfp4_gate_up_kernel`` (the
+    nvfp4/ and bf16/ packages both have a ``gate_up``)."""
+    fn = getattr(kernel, "fn", kernel)
+    return f"{fn.__module__.removeprefix('flint_moe.kernels.')}.{fn.__name__}"
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,7 @@ class Launch:
 
     @property
     def kernel_name(self) -> str:
-        fn = getattr(self.kernel, "fn", self.kernel)
-        return f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
+        return _kernel_name(self.kernel)
 
     @property
     def key(self) -> tuple:
@@ -105,7 +111,7 @@ def launch_key(kernel: Any, signature: dict, constexprs: dict, options: dict) ->
 
 
 def spec_key(spec) -> tuple:
-    """``launch_key`` of a registered ``_common.AuditSpec`` (compiled with ``enable_fp_fusion=True`` always)."""
+    """``launch_key`` of a registered ``audit.registry.AuditSpec`` (compiled with ``enable_fp_fusion=True`` always)."""
     return launch_key(spec.kernel, spec.signature, spec.constexprs, {**spec.options, "enable_fp_fusion": True})
 
 
@@ -115,7 +121,7 @@ def spec_key(spec) -> tuple:
 
 
 def _check_not_interpreted() -> None:
-    from flint_moe.kernels._common import INTERPRET
+    from flint_moe.kernels._launch import INTERPRET
 
     if INTERPRET:
         raise RuntimeError(
@@ -219,7 +225,7 @@ _MODULE_OP_PATH = {"nvfp4_module": "nvfp4_decode", "bf16_module": "bf16_decode"}
 def _shape_only_permute(ids, num_experts, block_m):
     """``moe_permute`` (pure torch, no Triton kernel) reduced to its outputs' shapes: its index arithmetic
     needs a real device, and the grouped launchers read only the sizes and ``block_m`` on the host."""
-    from flint_moe.kernels.moe_permute import MoEPermutation, num_blocks_bound
+    from flint_moe.kernels.nvfp4.permute import MoEPermutation, num_blocks_bound
 
     m, k = ids.shape
     nb = num_blocks_bound(m * k, num_experts, block_m)
@@ -304,12 +310,12 @@ def _spec_name(ln: Launch) -> str:
 
 
 #: The instructions that tell the NVFP4 decode kernels' two paths apart, as their ``audit_specs()`` pick them:
-#: ``*(MMA_PTX if cfg["MMA"] else ["mul.rn.f16x2"])`` (flint_moe/kernels/nvfp4_gate_up.py, nvfp4_down.py).
+#: ``*(MMA_PTX if cfg["MMA"] else ["mul.rn.f16x2"])`` (flint_moe/kernels/nvfp4/gate_up.py, down_combine.py).
 _CUDA_CORE_PTX = ("mul.rn.f16x2",)
 
 
 def _swap_path(require: tuple, mma: bool) -> tuple:
-    from flint_moe.kernels.nvfp4_gate_up import MMA_PTX
+    from flint_moe.kernels.nvfp4.gate_up import MMA_PTX
 
     drop = set(MMA_PTX) | set(_CUDA_CORE_PTX)
     return tuple(r for r in require if r not in drop) + tuple(MMA_PTX if mma else _CUDA_CORE_PTX)
@@ -342,7 +348,7 @@ def matrix_spec_records(profiles: Sequence[str] = ("gpu", "cpu")) -> list[dict]:
     """JSON-able records of every distinct matrix launch no kernel-module spec covers: ``name``, ``kernel``
     ("module:function"), ``signature``, ``constexprs``, ``options``, ``require``, ``forbid``, ``cases`` (how many
     matrix cases launch it) and ``example`` (the first such case id). Sorted by name."""
-    from flint_moe.kernels._common import collect_audit_specs
+    from flint_moe.kernels.audit.registry import collect_audit_specs
 
     specs = {n: s for n, s in collect_audit_specs().items() if not n.startswith("matrix.")}
     out = []
@@ -366,8 +372,8 @@ def matrix_spec_records(profiles: Sequence[str] = ("gpu", "cpu")) -> list[dict]:
 
 
 def register_records(records: Iterable[dict]) -> list[str]:
-    """Register ``matrix_spec_records`` entries through ``_common.register_audit``; returns their names."""
-    from flint_moe.kernels._common import register_audit
+    """Register ``matrix_spec_records`` entries through ``audit.registry.register_audit``; returns their names."""
+    from flint_moe.kernels.audit.registry import register_audit
 
     names = []
     for r in records:
@@ -390,8 +396,9 @@ def register_matrix_audit(profiles: Sequence[str] = ("gpu", "cpu")) -> list[str]
 
 
 def collect_all_specs() -> dict:
-    """The kernel modules' registry (``_common.collect_audit_specs``) plus ``register_matrix_audit()``'s specs."""
-    from flint_moe.kernels._common import collect_audit_specs
+    """The kernel modules' registry (``audit.registry.collect_audit_specs``) plus ``register_matrix_audit()``'s
+    specs."""
+    from flint_moe.kernels.audit.registry import collect_audit_specs
 
     collect_audit_specs()
     register_matrix_audit()
@@ -405,7 +412,7 @@ def uncovered_launches(launches: dict, specs: dict) -> dict[tuple, tuple[Launch,
 
 
 def _audit_names(specs: dict, names: Sequence[str]) -> dict[str, list[str]]:
-    from flint_moe.kernels._common import audit_ptx, compile_ptx_sm90
+    from flint_moe.kernels.audit.ptx import audit_ptx, compile_ptx_sm90
 
     out = {}
     for n in names:
@@ -423,7 +430,7 @@ def coverage_report(profiles: Sequence[str] = ("gpu", "cpu")) -> dict:
     ``silent_cases`` (ids of cases that launched no kernel), ``kernels_by_path`` (path -> kernel names its cases
     launch), ``per_kernel`` (kernel -> [distinct launches, covered by kernel-module specs, module specs])."""
     from flint_moe.conformance.cases import matrix
-    from flint_moe.kernels._common import collect_audit_specs
+    from flint_moe.kernels.audit.registry import collect_audit_specs
 
     module_specs = {n: s for n, s in collect_audit_specs().items() if not n.startswith("matrix.")}
     launches = matrix_launches(profiles)
@@ -444,8 +451,7 @@ def coverage_report(profiles: Sequence[str] = ("gpu", "cpu")) -> dict:
         row[0] += 1
         row[1] += key in module_keys
     for s in module_specs.values():
-        fn = getattr(s.kernel, "fn", s.kernel)
-        row = per_kernel.setdefault(f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", [0, 0, 0])
+        row = per_kernel.setdefault(_kernel_name(s.kernel), [0, 0, 0])
         row[2] += 1
     return {
         "records": records,
@@ -471,7 +477,7 @@ _USAGE = (
 
 
 def _main(argv: Sequence[str]) -> int:
-    from flint_moe.kernels._common import collect_audit_specs
+    from flint_moe.kernels.audit.registry import collect_audit_specs
 
     if not argv or argv[0] not in ("specs", "report", "list", "uncovered", "audit"):
         print(_USAGE, file=sys.stderr)

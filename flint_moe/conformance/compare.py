@@ -127,7 +127,7 @@ ACCUMULATION_STAGES = ("router_acc", "gate_acc", "up_acc", "down_acc")
 #: Summation model of each path's expert reductions (the router is always FP32_RN); for nvfp4_decode the
 #: CUDA-core default, the kernels' own declaration wins (:func:`expert_models`).
 #: ``nvfp4_grouped`` (issue 6): tensor-core dots of the dequantised weights, plain any-order truncating model
-#: (flint_moe/kernels/nvfp4_grouped_gate_up.py, docs/kernels/nvfp4-grouped.md).
+#: (flint_moe/kernels/nvfp4/grouped_gate_up.py, docs/kernels/nvfp4-grouped.md).
 PATH_MODELS: dict[str, SummationModel] = {
     "nvfp4_decode": block_model(16),
     "bf16_decode": FP32_RN,
@@ -142,7 +142,7 @@ def expert_models(path: str, config: str = "default", M: int | None = None) -> t
 
     ``nvfp4_decode``: what the kernels declare for the launch configuration ``config`` (a
     ``cases.PATH_CONFIGS`` name; ``paths.kernel_configs`` gives its overrides),
-    ``flint_moe.kernels.nvfp4_gate_up.accumulation_model()`` / ``nvfp4_down.accumulation_model()``
+    ``flint_moe.kernels.nvfp4.gate_up.accumulation_model()`` / ``nvfp4_down.accumulation_model()``
     (``block_model(16)`` on CUDA cores, ``FP32_TRUNCATE`` on the tensor-core (MMA) path; imported lazily, so
     TRITON_INTERPRET must be settled first, as for any kernel import). Other paths, or kernels without
     the declaration: :data:`PATH_MODELS` for both. Raises KeyError for an unknown path."""
@@ -154,7 +154,7 @@ def expert_models(path: str, config: str = "default", M: int | None = None) -> t
     if path == "nvfp4_decode":
         try:
             from flint_moe.conformance.paths import kernel_configs
-            from flint_moe.kernels import nvfp4_down, nvfp4_gate_up
+            from flint_moe.kernels.nvfp4 import down_combine as nvfp4_down, gate_up as nvfp4_gate_up
 
             cfg = kernel_configs(path, config)
             return nvfp4_gate_up.accumulation_model(cfg.get("gate_up")), nvfp4_down.accumulation_model(cfg.get("down"))

@@ -140,14 +140,14 @@ PATHS: dict[str, KernelPath] = _build()
 
 def kernel_configs(path: str, config: str = "default") -> dict:
     """Launcher overrides of ``config`` for ``path`` (``cases.PATH_CONFIGS``), names of
-    flint_moe/kernels/nvfp4_tuned.py resolved to their dicts: ``{"gate_up": dict, "down": dict, "BM": int}``
+    flint_moe/kernels/nvfp4/tuned.py resolved to their dicts: ``{"gate_up": dict, "down": dict, "BM": int}``
     (keys present only where overridden). Raises KeyError for an unknown path or configuration."""
     from flint_moe.conformance.cases import PATH_CONFIGS
 
     out = {}
     for key, v in PATH_CONFIGS[path][config].items():
         if isinstance(v, str):
-            from flint_moe.kernels import nvfp4_tuned
+            from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
             v = getattr(nvfp4_tuned, v)
         out[key] = dict(v) if isinstance(v, dict) else v
@@ -156,8 +156,8 @@ def kernel_configs(path: str, config: str = "default") -> dict:
 
 def _nvfp4_with(cfg: dict) -> Callable:
     def fn(inputs, counter, taps):
-        from flint_moe.kernels.nvfp4_down import nvfp4_down
-        from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+        from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+        from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
         from flint_moe.ops.route import route
 
         k = _top_k(inputs)
@@ -170,8 +170,8 @@ def _nvfp4_with(cfg: dict) -> Callable:
 
 def _bf16_with(cfg: dict) -> Callable:
     def fn(inputs, counter, taps):
-        from flint_moe.kernels.bf16_down import bf16_down_combine
-        from flint_moe.kernels.bf16_gate_up import bf16_gate_up
+        from flint_moe.kernels.bf16.down_combine import bf16_down_combine
+        from flint_moe.kernels.bf16.gate_up import bf16_gate_up
         from flint_moe.ops.route import route
 
         g1, g2, maps = inputs.stored

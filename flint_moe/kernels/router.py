@@ -57,8 +57,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _common as C
-from ._common import BF16_CVT, EXPF_LIBDEVICE, register_audit
+from flint_moe.kernels._launch import INTERPRET, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._rule import bf16_rn, div_rn, expf_libdevice
+from flint_moe.kernels.audit.registry import BF16_CVT, EXPF_LIBDEVICE, register_audit
 
 __all__ = [
     "ROUTE_GEMV_MAX_TOKENS",
@@ -114,13 +115,13 @@ def _topk_row(
         sel_bits = tl.where(koffs == j, bits, sel_bits)
     logit = sel_bits.to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)  # exact widening
     one = tl.full([TOPK_P2], 1.0, tl.float32)
-    s = C.div_rn(one, 1.0 + C.expf_libdevice(-logit))  # step 3 (lanes >= TOPK: unused)
+    s = div_rn(one, 1.0 + expf_libdevice(-logit))  # step 3 (lanes >= TOPK: unused)
     # step 4: S = RN(...RN(s_0 + s_1)... + s_{k-1}); s_j is extracted exactly (s_j + zeros, s_j >= +0 or NaN)
     total = tl.sum(tl.where(koffs == 0, s, 0.0), axis=0)
     for j in tl.static_range(1, TOPK):
         total = total + tl.sum(tl.where(koffs == j, s, 0.0), axis=0)
     denom = tl.full([TOPK_P2], 0.0, tl.float32) + (total + 1e-20)  # broadcast: 0 + d = d for d > 0 or NaN
-    tw = C.bf16_rn(C.div_rn(s, denom)).to(tl.float32)
+    tw = bf16_rn(div_rn(s, denom)).to(tl.float32)
     kmask = koffs < TOPK
     tl.store(ids_ptr + koffs, sel_ids, mask=kmask)
     tl.store(tw_ptr + koffs, tw, mask=kmask)
@@ -151,7 +152,7 @@ def _router_gemv_topk_kernel(
     t = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     NP = tl.num_programs(1)
-    C.gdc_wait()
+    gdc_wait()
     offs_e = p * EB + tl.arange(0, EB)
     emask = offs_e < E
     offs_h = tl.arange(0, BLOCK_H)
@@ -172,10 +173,10 @@ def _router_gemv_topk_kernel(
     sums = tl.reshape(red, [EB])
     if TAP:
         tl.store(acc_ptr + t * E + offs_e, sums, mask=emask)
-    tl.store(logits_ptr + t * E + offs_e, C.bf16_rn(sums), mask=emask)
+    tl.store(logits_ptr + t * E + offs_e, bf16_rn(sums), mask=emask)
     tl.debug_barrier()  # every thread's stores precede the release below
     old = tl.atomic_add(counter_ptr + t, 1, sem="acq_rel")
-    C.gdc_launch_dependents()
+    gdc_launch_dependents()
     if (old & 0xFFFF) == NP - 1:
         tl.atomic_add(counter_ptr + t, 0x10000 - NP, sem="relaxed")
         offs = tl.arange(0, EP2)
@@ -198,14 +199,14 @@ def _topk_kernel(
 ):
     """Rule step 1's bf16 cast (``cvt.rn.bf16.f32``) + steps 2-4 for token t = program_id(0)."""
     t = tl.program_id(0).to(tl.int64)
-    C.gdc_wait()
+    gdc_wait()
     offs = tl.arange(0, EP2)
     m = offs < E
     acc = tl.load(acc_ptr + t * E + offs, mask=m, other=0.0)
-    vals = C.bf16_rn(acc)
+    vals = bf16_rn(acc)
     if TAP:
         tl.store(logits_ptr + t * E + offs, vals, mask=m)
-    C.gdc_launch_dependents()
+    gdc_launch_dependents()
     _topk_row(vals, offs, E, ids_ptr + t * TOPK, tw_ptr + t * TOPK, EP2, IDXB, TOPK, TOPK_P2)
 
 
@@ -222,7 +223,7 @@ def router_config(num_experts: int, hidden: int, top_k: int) -> dict[str, int]:
     block_h = min(1024, max(16, triton.next_power_of_2(hidden)))
     # GPU: 2 experts per program (E / 2 programs per token keep the SMs busy at M = 1). The interpreter's cost
     # is per program, so it takes up to 32 programs per token (same code, another constexpr).
-    eb = max(2, ep2 // 32) if C.INTERPRET else 2
+    eb = max(2, ep2 // 32) if INTERPRET else 2
     return {
         "EB": eb,
         "BLOCK_H": block_h,
@@ -261,7 +262,7 @@ def launch_router_gemv_topk(
         grid = (m, triton.cdiv(e, cfg["EB"]))
         _router_gemv_topk_kernel[grid](
             x, router_weight, logits, ids, tw, counter, acc, e,
-            H=h, TOPK=top_k, TAP=tap, num_warps=_NUM_WARPS, **cfg, **C.launch_options(),
+            H=h, TOPK=top_k, TAP=tap, num_warps=_NUM_WARPS, **cfg, **launch_options(),
         )  # fmt: skip
     if tap:
         taps.update(router_acc=acc, logits=logits, ids=ids, weights=tw)
@@ -282,7 +283,7 @@ def launch_topk(
         _topk_kernel[(m,)](
             acc, logits, ids, tw, e,
             EP2=cfg["EP2"], IDXB=cfg["IDXB"], TOPK=top_k, TOPK_P2=cfg["TOPK_P2"], TAP=tap,
-            num_warps=_NUM_WARPS, **C.launch_options(),
+            num_warps=_NUM_WARPS, **launch_options(),
         )  # fmt: skip
     if tap:
         taps.update(router_acc=acc, logits=logits, ids=ids, weights=tw)

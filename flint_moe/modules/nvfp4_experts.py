@@ -29,7 +29,7 @@ def warmup_token_counts(max_num_tokens: int, decode_max: int, top_k: int = 1, nu
         return []
     out = set(range(1, min(max_num_tokens, decode_max) + 1))
     if max_num_tokens > decode_max:
-        from flint_moe.kernels.nvfp4_grouped_gate_up import grouped_config
+        from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 
         buckets: dict = {}
         for m in range(decode_max + 1, max_num_tokens + 1):
@@ -138,7 +138,7 @@ class FlintNvfp4Experts(nn.Module):
         self._warmup()
 
     def _warmup(self) -> None:
-        from flint_moe.kernels._common import INTERPRET
+        from flint_moe.kernels._launch import INTERPRET
         from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe
 
         if self.device.type != "cuda" or INTERPRET or self.max_num_tokens == 0:

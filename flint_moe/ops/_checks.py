@@ -10,7 +10,7 @@
   in-place change the tensor's version counter sees (the immediate error of the common case).
 - :func:`check_row_map_status`: the check no write can bypass: every map tensor the op has checked is compared
   with the expected map again, on demand (the BF16 decode kernels themselves only keep every loaded value in
-  range: ``flint_moe.kernels._bf16_gemv.checked_row``).
+  range: ``flint_moe.kernels.bf16.gemv.checked_row``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import weakref
 
 import torch
 
-from flint_moe.kernels._common import INTERPRET
+from flint_moe.kernels._launch import INTERPRET
 
 __all__ = ["check_top_k", "check_kernel_device", "check_shared_ready", "checked_row_maps", "check_row_map_status"]
 

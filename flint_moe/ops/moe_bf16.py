@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._common import check_op_tensor
-from flint_moe.kernels.bf16_down import bf16_down_combine, check_g2
-from flint_moe.kernels.bf16_gate_up import bf16_gate_up, check_g1
+from flint_moe.kernels._launch import check_op_tensor
+from flint_moe.kernels.bf16.down_combine import bf16_down_combine, check_g2
+from flint_moe.kernels.bf16.gate_up import bf16_gate_up, check_g1
 from flint_moe.ops._checks import (
     check_kernel_device,
     check_shared_ready,
@@ -92,7 +92,7 @@ def flint_moe_bf16_decode(
             counter sees (ValueError): the first call with a new map tensor reads one flag back to the host,
             so make it before a CUDA-graph capture. Writes the version counter does not see (``.data``,
             ``.numpy()``, DLPack) cannot make the kernels read outside ``w13`` / ``w2``: a loaded value out
-            of range reads the layout's own row instead (``flint_moe.kernels._bf16_gemv.checked_row``, free
+            of range reads the layout's own row instead (``flint_moe.kernels.bf16.gemv.checked_row``, free
             on the H200); a wrong in-range value reads a wrong row until
             ``flint_moe.ops.check_row_map_status(device)`` (a safe-point check, one synchronisation) reports
             it. The kernels record nothing themselves: every in-kernel record measured (predicated stores,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._common import check_op_tensor
-from flint_moe.kernels.nvfp4_down import nvfp4_down
-from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+from flint_moe.kernels._launch import check_op_tensor
+from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
 from flint_moe.ops._checks import check_kernel_device, check_shared_ready, check_top_k
 
 __all__ = ["DECODE_MAX_TOKENS", "flint_moe"]

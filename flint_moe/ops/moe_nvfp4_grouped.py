@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._common import check_op_tensor
-from flint_moe.kernels.moe_permute import moe_permute
-from flint_moe.kernels.nvfp4_grouped_down import nvfp4_grouped_down
-from flint_moe.kernels.nvfp4_grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+from flint_moe.kernels._launch import check_op_tensor
+from flint_moe.kernels.nvfp4.grouped_down import nvfp4_grouped_down
+from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.ops._checks import check_kernel_device, check_shared_ready, check_top_k
 
 __all__ = ["GROUPED_MAX_TOKENS", "flint_moe_grouped"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._common import check_op_tensor
+from flint_moe.kernels._launch import check_op_tensor
 from flint_moe.kernels.router import (
     MAX_EXPERTS,
     MAX_TOP_K,

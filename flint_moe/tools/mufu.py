@@ -1,7 +1,7 @@
 """Capture and verify the bit-exact special-function emulation (flint_moe.reference.mufu) on the GPU.
 
 ``python -m flint_moe.tools.mufu capture --out DIR``
-    Runs the hardware instructions (flint_moe.kernels.mufu_probe) on each table's canonical domain, builds the
+    Runs the hardware instructions (flint_moe.kernels.audit.probes) on each table's canonical domain, builds the
     correctly rounded bases (RN32 of f64 on CPU and on CUDA + exact override list, see reference/mufu.py), and
     writes ``DIR/mufu_tables.npz`` (2-bit packed deltas, override lists, expf exception list) and
     ``DIR/mufu_tables.json`` (provenance: GPU, driver, CUDA, torch, triton, date, command, shapes, counts,
@@ -93,7 +93,7 @@ def environment(device: str) -> dict:
 def _hardware(simulate: bool):
     """name -> function(fp32 tensor) -> fp32 tensor: the probes, or a CPU stand-in when simulating."""
     if not simulate:
-        from flint_moe.kernels.mufu_probe import PROBES
+        from flint_moe.kernels.audit.probes import PROBES
 
         return PROBES
     return {

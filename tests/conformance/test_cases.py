@@ -188,7 +188,7 @@ def test_subnormal_tokens_profile():
 
 def test_subnormal_tokens_judged_on_the_interpreter():
     """Subnormal bf16 activations pass on the CPU as on the H200: the interpreter's bf16 -> fp32 widening is
-    exact (kernels._common), so router_acc and gate_acc hold their bounds."""
+    exact (kernels._rule), so router_acc and gate_acc hold their bounds."""
     from flint_moe.conformance.runner import run_case
     from flint_moe.ops import make_route_counter
 
@@ -282,8 +282,9 @@ def test_launch_configurations_are_cases():
 def test_launch_configurations_are_audited():
     """Every non-default launch configuration of the matrix is compiled by the sm_90 PTX audit."""
     from flint_moe.conformance.cases import PATH_CONFIGS
-    from flint_moe.kernels import bf16_down, bf16_gate_up, nvfp4_down, nvfp4_gate_up, nvfp4_tuned
-    from flint_moe.kernels._common import collect_audit_specs
+    from flint_moe.kernels.audit.registry import collect_audit_specs
+    from flint_moe.kernels.bf16 import down_combine as bf16_down, gate_up as bf16_gate_up
+    from flint_moe.kernels.nvfp4 import down_combine as nvfp4_down, gate_up as nvfp4_gate_up, tuned as nvfp4_tuned
 
     specs = collect_audit_specs()
     bf = [v for n, v in PATH_CONFIGS["bf16_decode"].items() if n != "default"]

@@ -91,7 +91,7 @@ def check_taps(
 
     Returns a dict of counts (pairs checked, accumulator elements checked)."""
     if gu_model is None or dn_model is None:
-        from flint_moe.kernels import nvfp4_down, nvfp4_gate_up
+        from flint_moe.kernels.nvfp4 import down_combine as nvfp4_down, gate_up as nvfp4_gate_up
 
         gu_model = gu_model or nvfp4_gate_up.accumulation_model()
         dn_model = dn_model or nvfp4_down.accumulation_model()

@@ -25,16 +25,14 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:  # pr
     os.environ["TRITON_INTERPRET"] = "1"
 
 _WANT_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_common = sys.modules.get("flint_moe.kernels._common")
-if _common is not None and _common.INTERPRET != _WANT_INTERPRET:
+_launch = sys.modules.get("flint_moe.kernels._launch")
+if _launch is not None and _launch.INTERPRET != _WANT_INTERPRET:
     raise pytest.UsageError(
-        "flint_moe.kernels._common was imported before tests/kernels/conftest.py set the Triton backend "
-        f"(INTERPRET={_common.INTERPRET}, wanted {_WANT_INTERPRET}); run tests/kernels in its own process"
+        "flint_moe.kernels._launch was imported before tests/kernels/conftest.py set the Triton backend "
+        f"(INTERPRET={_launch.INTERPRET}, wanted {_WANT_INTERPRET}); run tests/kernels in its own process"
     )
 
-from flint_moe.kernels import _common as common  # noqa: E402
-
-INTERPRET = common.INTERPRET
+from flint_moe.kernels._launch import INTERPRET  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

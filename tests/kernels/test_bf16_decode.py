@@ -8,7 +8,7 @@ gate/up swap cannot pass.
 What is checked (docs/CONTRACTS.md "Taps"): every accumulator tap within the golden model's certified bound
 (``flint_moe.reference.check_accumulator``; weights read back through
 ``reference.layouts.decode_trtllm_bf16``) and bit-equal to a replay of the order the kernel documents
-(``flint_moe.kernels._bf16_gemv``); every order-free step (SwiGLU, y, combine, shared add) bit-equal to the
+(``flint_moe.kernels.bf16.gemv``); every order-free step (SwiGLU, y, combine, shared add) bit-equal to the
 golden model fed the kernel's own taps; tapped build == production build; launch configuration never
 changes a bit; inputs never modified; bad inputs raise clear errors. Bit-exactness of the rounding
 instructions themselves is a GPU claim
@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 
 from flint_moe import reference as R
-from flint_moe.kernels._bf16_gemv import trtllm_row
-from flint_moe.kernels.bf16_down import bf16_down_combine
-from flint_moe.kernels.bf16_gate_up import bf16_gate_up
+from flint_moe.kernels.bf16.down_combine import bf16_down_combine
+from flint_moe.kernels.bf16.gate_up import bf16_gate_up
+from flint_moe.kernels.bf16.gemv import trtllm_row
 from flint_moe.layouts import pad_intermediate_bf16, to_trtllm_bf16, trtllm_bf16_row_maps
 from flint_moe.reference.layouts import decode_trtllm_bf16
 
@@ -61,7 +61,7 @@ def assert_same(kernel: torch.Tensor, golden: torch.Tensor, what: str) -> None:
 
 
 def replay_order(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The kernels' documented summation order (flint_moe/kernels/_bf16_gemv.py), replayed in fp32.
+    """The kernels' documented summation order (flint_moe/kernels/bf16/gemv.py), replayed in fp32.
 
     ``w`` fp32 [R, K] (bf16 values), ``v`` fp32 [K] (bf16 values) -> fp32 [R]. Lane l = h % 64 adds its
     terms in increasing h from +0 with fma; products of two bf16 values are exact in fp32 (asserted below for
@@ -352,7 +352,7 @@ def _trtllm_row_probe(out_ptr, N: tl.constexpr):
 
 @pytest.mark.parametrize("h,ip", [(2048, 768), (2880, 2880), (2880, 2944), (7168, 2048), (5120, 704), (192, 192)])
 def test_closed_form_is_the_layouts_row_map(h, ip) -> None:
-    """``_bf16_gemv.trtllm_row`` (what the kernels compare with) is ``trtllm_bf16_row_maps`` at every audited
+    """``bf16.gemv.trtllm_row`` (what the kernels compare with) is ``trtllm_bf16_row_maps`` at every audited
     shape: map2[h] = row(h), map13[n] = row(2n + 1) (gate), map13[Ip + n] = row(2n) (up)."""
     n_max = 1 << (max(2 * ip, h) - 1).bit_length()
     rows = torch.empty(n_max, dtype=torch.int32)

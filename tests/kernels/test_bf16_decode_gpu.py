@@ -6,7 +6,7 @@ Run: ``PYTHONPATH=$PWD python -m pytest -q -m gpu tests/kernels/test_bf16_decode
 the golden model fast) plus an I = 704 shape:
 
 - every accumulator tap (gate_acc, up_acc, down_acc) within the golden model's certified bound, and bit-equal
-  to a replay of the summation order the kernels document (flint_moe/kernels/_bf16_gemv.py);
+  to a replay of the summation order the kernels document (flint_moe/kernels/bf16/gemv.py);
 - every order-free step bit-exact from the taps: routing weights (steps 2-4 from the router's logits),
   SwiGLU with the hardware ex2/rcp against the golden emulation (step 7), y (step 8), combine and shared add
   (steps 9-10);
@@ -212,8 +212,8 @@ def test_cuda_graph_replays_are_bitwise_identical(model, m: int) -> None:
 
 def test_launch_config_never_changes_a_bit(model) -> None:
     """The summation order is fixed per row: rows per program, warps and unrolling change no bit."""
-    from flint_moe.kernels.bf16_down import bf16_down_combine
-    from flint_moe.kernels.bf16_gate_up import bf16_gate_up
+    from flint_moe.kernels.bf16.down_combine import bf16_down_combine
+    from flint_moe.kernels.bf16.gate_up import bf16_gate_up
 
     mdl = model
     m = 4

@@ -1,6 +1,6 @@
-"""flint_moe.kernels._common under the interpreter: each helper equals the golden emulation bit for bit,
-bf16_rn rounds to nearest even (ties, carries, subnormals, overflow, NaN), launch options, input checks,
-the PTX audit matcher and registry."""
+"""flint_moe.kernels._launch, _shims, _rule and audit/ under the interpreter: each helper equals the golden
+emulation bit for bit, bf16_rn rounds to nearest even (ties, carries, subnormals, overflow, NaN), launch
+options, input checks, the PTX audit matcher and registry."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels import _common as C
+from flint_moe.kernels import _launch as L, _rule as R, _shims
+from flint_moe.kernels.audit import probes, ptx as audit_ptx_mod, registry
 from flint_moe.reference import formats, mufu
 
 BACKEND = "interpreter"
@@ -33,7 +34,7 @@ def _run_probe(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b16 = torch.zeros(n, dtype=torch.bfloat16)
     block = 8192  # few programs: the interpreter's cost is per program and per op
     grid = (triton_cdiv(n, block),)
-    C._helpers_probe_kernel[grid](x, f32, b16, n, BLOCK=block, **C.launch_options())
+    probes._helpers_probe_kernel[grid](x, f32, b16, n, BLOCK=block, **L.launch_options())
     return f32, b16
 
 
@@ -89,7 +90,7 @@ def _random_f32(n: int, seed: int) -> torch.Tensor:
 
 
 def test_interpreter_mode_is_on() -> None:
-    assert C.INTERPRET is True
+    assert L.INTERPRET is True
 
 
 def test_helpers_equal_golden_bitwise() -> None:
@@ -111,7 +112,7 @@ def test_helpers_equal_golden_bitwise() -> None:
 def test_expf_shim_rejects_non_bf16_values() -> None:
     @triton.jit
     def _k(x_ptr, y_ptr):
-        tl.store(y_ptr, C.expf_libdevice(tl.load(x_ptr)))
+        tl.store(y_ptr, R.expf_libdevice(tl.load(x_ptr)))
 
     with pytest.raises(Exception, match="bf16"):
         _k[(1,)](torch.tensor([1.0 + 2.0**-20]), torch.empty(1))
@@ -121,13 +122,13 @@ def test_expf_shim_rejects_non_bf16_values() -> None:
 def _bf16_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     o = tl.arange(0, BLOCK)
     m = o < n
-    tl.store(y_ptr + o, C.bf16_rn(tl.load(x_ptr + o, mask=m, other=0.0)), mask=m)
+    tl.store(y_ptr + o, R.bf16_rn(tl.load(x_ptr + o, mask=m, other=0.0)), mask=m)
 
 
 def _bf16_only(x: torch.Tensor) -> torch.Tensor:
     """bf16_rn alone (the probe kernel would load every emulation table)."""
     y = torch.zeros(x.numel(), dtype=torch.bfloat16)
-    _bf16_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()), **C.launch_options())
+    _bf16_kernel[(1,)](x, y, x.numel(), BLOCK=triton.next_power_of_2(x.numel()), **L.launch_options())
     return y
 
 
@@ -209,38 +210,38 @@ def test_interpreter_widens_bf16_exactly() -> None:
 
 def test_shim_constexpr_reprs_name_the_function() -> None:
     """The shims' constexpr reprs carry no memory address, so Triton's cache key is the same in every process."""
-    shims = {k: v for k, v in vars(C).items() if k.startswith("_SHIM_")}
+    shims = {k: v for k, v in vars(_shims).items() if k.startswith("_SHIM_")}
     assert sorted(shims) == sorted(
         f"_SHIM_{n}" for n in ("rcp_approx_ftz", "ex2_approx_ftz", "rsqrt_approx_ftz", "expf_libdevice", "div_rn",
                                "bf16_rn")
     )
     for name, v in shims.items():
         text = repr(v.value)
-        assert text == f"<shim flint_moe.kernels._common._shim_{name[6:]}>", text
+        assert text == f"<shim flint_moe.kernels._shims._shim_{name[6:]}>", text
         assert "0x" not in str(v)
 
 
 def test_launch_options() -> None:
-    assert C.launch_options() == {"enable_fp_fusion": True}  # no PDL under the interpreter
-    assert C.launch_options(pdl=False) == {"enable_fp_fusion": True}
+    assert L.launch_options() == {"enable_fp_fusion": True}  # no PDL under the interpreter
+    assert L.launch_options(pdl=False) == {"enable_fp_fusion": True}
 
 
 def test_check_op_tensor() -> None:
     t = torch.zeros(2, 3, dtype=torch.bfloat16)
-    assert C.check_op_tensor("x", t, dtype=torch.bfloat16, shape=(2, None), device="cpu") is t
+    assert L.check_op_tensor("x", t, dtype=torch.bfloat16, shape=(2, None), device="cpu") is t
     with pytest.raises(TypeError, match=r"^x: expected a torch.Tensor"):
-        C.check_op_tensor("x", [1, 2])
+        L.check_op_tensor("x", [1, 2])
     with pytest.raises(TypeError, match=r"^x: dtype must be torch.float32"):
-        C.check_op_tensor("x", t, dtype=torch.float32)
+        L.check_op_tensor("x", t, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"^x: expected 3 dimensions"):
-        C.check_op_tensor("x", t, shape=(2, 3, 1))
+        L.check_op_tensor("x", t, shape=(2, 3, 1))
     with pytest.raises(ValueError, match=r"^x: dimension 1 must be 4"):
-        C.check_op_tensor("x", t, shape=(2, 4))
+        L.check_op_tensor("x", t, shape=(2, 4))
     with pytest.raises(ValueError, match=r"^x: must be on cuda"):
-        C.check_op_tensor("x", t, device="cuda")
+        L.check_op_tensor("x", t, device="cuda")
     with pytest.raises(ValueError, match=r"^x: must be contiguous"):
-        C.check_op_tensor("x", t.t())
-    assert C.check_op_tensor("x", t.t(), contiguous=False) is not None
+        L.check_op_tensor("x", t.t())
+    assert L.check_op_tensor("x", t.t(), contiguous=False) is not None
 
 
 def test_audit_ptx_matcher() -> None:
@@ -252,8 +253,8 @@ def test_audit_ptx_matcher() -> None:
             "// div.full.f32 in a comment",
         ]
     )
-    assert C.audit_ptx(ptx, [C.BF16_CVT, "div.rn.f32"]) == []
-    assert C.audit_ptx(ptx, ["rcp.approx.ftz.f32"]) == ["required instruction missing: rcp.approx.ftz.f32"]
+    assert audit_ptx_mod.audit_ptx(ptx, [registry.BF16_CVT, "div.rn.f32"]) == []
+    assert audit_ptx_mod.audit_ptx(ptx, ["rcp.approx.ftz.f32"]) == ["required instruction missing: rcp.approx.ftz.f32"]
     for bad in (
         "\tdiv.full.f32 %f1, %f2, %f3;",
         "\tadd.rn.f64 %fd1, %fd2, %fd3;",
@@ -261,21 +262,21 @@ def test_audit_ptx_matcher() -> None:
         "\tfma.rn.f64 %fd1, %fd2, %fd3, %fd1;",
         "\tmul.f64 %fd1, %fd2, %fd3;",
     ):
-        assert len(C.audit_ptx(ptx + "\n" + bad, [])) == 1, bad
+        assert len(audit_ptx_mod.audit_ptx(ptx + "\n" + bad, [])) == 1, bad
 
 
 def test_register_audit_conflict() -> None:
     name = "test_common.scratch"
     try:
         sig = {"x_ptr": "*fp32", "f32_ptr": "*fp32", "bf16_ptr": "*bf16", "n": "i64"}
-        C.register_audit(name, C._helpers_probe_kernel, sig, {"BLOCK": 64}, ["div.rn.f32"])
-        C.register_audit(name, C._helpers_probe_kernel, sig, {"BLOCK": 64}, ["div.rn.f32"])  # idempotent
+        registry.register_audit(name, probes._helpers_probe_kernel, sig, {"BLOCK": 64}, ["div.rn.f32"])
+        registry.register_audit(name, probes._helpers_probe_kernel, sig, {"BLOCK": 64}, ["div.rn.f32"])  # idempotent
         with pytest.raises(ValueError, match="already registered"):
-            C.register_audit(name, C._helpers_probe_kernel, sig, {"BLOCK": 128}, ["div.rn.f32"])
+            registry.register_audit(name, probes._helpers_probe_kernel, sig, {"BLOCK": 128}, ["div.rn.f32"])
     finally:
-        C.AUDIT_REGISTRY.pop(name, None)
+        registry.AUDIT_REGISTRY.pop(name, None)
 
 
 def test_compile_refuses_interpreter_objects() -> None:
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        C.compile_ptx_sm90(C._helpers_probe_kernel, {}, {})
+        audit_ptx_mod.compile_ptx_sm90(probes._helpers_probe_kernel, {}, {})

@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from flint_moe.kernels.cute_backend import (
+from flint_moe.kernels.cute.backend import (
     CuteBackendUnavailable,
     cute_backend_status,
     prepare_cute_args,

@@ -46,7 +46,7 @@ def _run_and_check(E, H, I, k, M, *, device, seed, pad_to=None, acc_pairs=None):
 
 @pytest.mark.parametrize("E,H,I,k,M,pad_to", [(6, 96, 64, 2, 2, None), (5, 160, 176, 3, 1, 192)])
 def test_op_end_to_end_interpreter(E, H, I, k, M, pad_to):
-    from flint_moe.kernels._common import INTERPRET
+    from flint_moe.kernels._launch import INTERPRET
 
     if not INTERPRET:
         pytest.skip("interpreter variant (the gpu variant below covers CUDA)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.kernels.moe_permute import moe_permute, num_blocks_bound
+from flint_moe.kernels.nvfp4.permute import moe_permute, num_blocks_bound
 
 BACKEND = "any"
 

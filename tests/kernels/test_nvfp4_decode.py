@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.kernels._nvfp4_gemv import decode_probe
-from flint_moe.kernels.nvfp4_down import nvfp4_down
-from flint_moe.kernels.nvfp4_gate_up import nvfp4_gate_up
+from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
+from flint_moe.kernels.nvfp4.gemv import decode_probe
 from flint_moe.reference.exact import FP32_TRUNCATE, block_model
 from flint_moe.reference.formats import E2M1_VALUES
 from flint_moe.reference.layouts import cutedsl_w13_phys_rows, swizzle_offsets
@@ -254,7 +254,7 @@ def test_mma_down_row_blocks_and_early_loads():
     """Down, tensor-core path: RB row blocks per program (one arrival counter per group; the last group partly
     past H) and EARLY weight loads before the grid-dependency wait change no bit (the same per-row MMA sequence
     and combine; y_acc, y and out); the counters are left at 0 (the production build after them: same bits)."""
-    from flint_moe.kernels.nvfp4_down import _counters
+    from flint_moe.kernels.nvfp4.down_combine import _counters
 
     E, H, I, M, k = 3, 96, 256, 1, 2  # NQ = 6 row blocks of 16: RB 2, 3 -> 3, 2 groups; RB 4 -> 2 (96..127 masked)
     w = make_weights(E, H, I, seed=9)
@@ -280,7 +280,7 @@ def test_mma_uneven_k_split():
     """K not a multiple of 64 SK: the first SK - 1 parts take ``mma_part_bytes`` (a multiple of 64) bytes, the last
     the rest; within the FP32_TRUNCATE bound, independent of the warps per part; a split whose last part would be
     empty runs with half the parts on half the warps (same bits as that configuration)."""
-    from flint_moe.kernels._nvfp4_gemv import mma_part_bytes
+    from flint_moe.kernels.nvfp4.gemv import mma_part_bytes
 
     assert [mma_part_bytes(k, sk) for k, sk in ((1024, 4), (1440, 2), (1440, 4), (80, 2), (96, 2), (352, 4))] == [
         256, 768, 384, 64, 64, 128,
@@ -305,7 +305,7 @@ def test_prefetch_and_fence_ptx():
     """The L2 prefetch asm touches each 128-byte line of a call's 64 S code bytes once per thread; the load fence
     folds every code and scale word of the call into the scale multiplier through the opaque zero operand, after
     the last load and before the first decode; the other asm bodies are unchanged by it."""
-    from flint_moe.kernels._nvfp4_gemv import l2_prefetch_ptx, mma_ptx
+    from flint_moe.kernels.nvfp4.gemv import l2_prefetch_ptx, mma_ptx
 
     assert l2_prefetch_ptx(1) == "prefetch.global.L2 [$1+0]; mov.b32 $0, 0;"
     assert l2_prefetch_ptx(4) == "prefetch.global.L2 [$1+0]; prefetch.global.L2 [$1+128]; mov.b32 $0, 0;"
@@ -325,7 +325,7 @@ def test_prefetch_and_fence_ptx():
 def test_early_wait_ptx():
     """EARLY 1: the grid-dependency wait runs under a predicate computed from every carried code / scale word and
     the opaque zero operand (always true), so the weight loads precede it."""
-    from flint_moe.kernels._nvfp4_gemv import early_wait_ptx
+    from flint_moe.kernels.nvfp4.gemv import early_wait_ptx
 
     lines = early_wait_ptx(20).splitlines()
     # 20 carried tensors x 2 registers ($2..$41), zero at $42
@@ -335,7 +335,7 @@ def test_early_wait_ptx():
 
 
 def test_accumulation_models():
-    from flint_moe.kernels import nvfp4_down, nvfp4_gate_up
+    from flint_moe.kernels.nvfp4 import down_combine as nvfp4_down, gate_up as nvfp4_gate_up
 
     assert nvfp4_gate_up.accumulation_model({"MMA": True}) == FP32_TRUNCATE
     assert nvfp4_down.accumulation_model({"MMA": True}) == FP32_TRUNCATE
@@ -346,9 +346,9 @@ def test_accumulation_models():
 def test_per_shape_defaults():
     """``default_config(H, I)``: the module default updated with ``nvfp4_tuned.*_BY_SHAPE[(H, I)]`` (a pure function
     of the shape, never another accumulation path), and every such shape in the sm_90 audit registry."""
-    from flint_moe.kernels import nvfp4_down, nvfp4_gate_up, nvfp4_tuned
-    from flint_moe.kernels._common import AUDIT_REGISTRY
-    from flint_moe.kernels.nvfp4_gate_up import _check_shape_overrides
+    from flint_moe.kernels.audit.registry import AUDIT_REGISTRY
+    from flint_moe.kernels.nvfp4 import down_combine as nvfp4_down, gate_up as nvfp4_gate_up, tuned as nvfp4_tuned
+    from flint_moe.kernels.nvfp4.gate_up import _check_shape_overrides
 
     for mod, table, name in (
         (nvfp4_gate_up, nvfp4_tuned.GATE_UP_BY_SHAPE, "nvfp4_gate_up"),

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.kernels import nvfp4_tuned
-from flint_moe.kernels._nvfp4_gemv import decode_probe
-from flint_moe.kernels.nvfp4_down import accumulation_model as dn_model, nvfp4_down
-from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES, accumulation_model as gu_model, nvfp4_gate_up
+from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
+from flint_moe.kernels.nvfp4.down_combine import accumulation_model as dn_model, nvfp4_down
+from flint_moe.kernels.nvfp4.gate_up import AUDIT_SHAPES, accumulation_model as gu_model, nvfp4_gate_up
+from flint_moe.kernels.nvfp4.gemv import decode_probe
 from flint_moe.reference.formats import E2M1_VALUES
 
 from ._nvfp4_check import check_taps, make_inputs, make_weights, same
@@ -39,7 +39,7 @@ def _run(w, x, ids, tw, sh, taps=None, variant=None, dn_variant=None):
     return nvfp4_down(act, ids, tw, w, sh, taps=taps, config=variant if dn_variant is None else dn_variant)
 
 
-#: The two accumulation paths, each with its best measured configuration (flint_moe/kernels/nvfp4_tuned.py).
+#: The two accumulation paths, each with its best measured configuration (flint_moe/kernels/nvfp4/tuned.py).
 PATHS = {
     "cuda-core": (nvfp4_tuned.GATE_UP_CUDA_CORE, nvfp4_tuned.DOWN_CUDA_CORE),
     "tensor-core": (nvfp4_tuned.GATE_UP_MMA, nvfp4_tuned.DOWN_MMA),

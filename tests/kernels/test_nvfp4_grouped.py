@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.kernels.moe_permute import moe_permute
-from flint_moe.kernels.nvfp4_grouped_down import nvfp4_grouped_down
-from flint_moe.kernels.nvfp4_grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+from flint_moe.kernels.nvfp4.grouped_down import nvfp4_grouped_down
+from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_grouped, make_route_counter
 
 from ._grouped_check import check_grouped_taps

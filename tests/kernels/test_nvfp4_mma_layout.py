@@ -1,6 +1,6 @@
 """The tensor-core path's thread mapping, checked on the sm_90 TTGIR (CPU, no GPU needed).
 
-``_nvfp4_gemv.mma_rows`` hands each thread's (row, chunk) pointers to an inline-PTX ``mma.sync`` that assumes
+``nvfp4.gemv.mma_rows`` hands each thread's (row, chunk) pointers to an inline-PTX ``mma.sync`` that assumes
 the default blocked layout of a [R, 4] tile: 8 x 4 threads per warp (lane = 4 * row group + chunk), warps along
 the rows, one element per thread and repetition. Triton chooses that layout itself; this test compiles the
 MMA specialisations the benchmarks and defaults use (in a subprocess without TRITON_INTERPRET, as
@@ -28,7 +28,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from flint_moe.kernels import nvfp4_down as D, nvfp4_gate_up as G
+from flint_moe.kernels.nvfp4 import down_combine as D, gate_up as G
 
 GSIG = {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32",
         "act_ptr": "*bf16", "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}

@@ -3,7 +3,7 @@
 Each specialisation is compiled for ``GPUTarget("cuda", 90, 32)`` on the CPU (Triton bundles ptxas) and its
 PTX checked: the rule's instructions present (``require``), ``div.full.f32`` and fp64 absent (``forbid``).
 
-The compile runs in a subprocess (``python -m flint_moe.kernels._common audit NAME``) whose environment has
+The compile runs in a subprocess (``python -m flint_moe.kernels.audit audit NAME``) whose environment has
 no ``TRITON_INTERPRET``: in this pytest process tests/kernels/conftest.py may have set it, and then every
 ``@triton.jit`` is an interpreter object that cannot be compiled (and the helpers would take their shim
 branch). One subprocess per chunk of at most ``CHUNK`` specialisations of one module (process start-up
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from flint_moe.kernels._common import collect_audit_specs
+from flint_moe.kernels.audit.registry import collect_audit_specs
 
 BACKEND = "any"
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def _chunks() -> dict[str, list[str]]:
     by_module: dict[str, list[str]] = {}
     for name in SPECS:
         kernel = _REGISTRY[name].kernel
-        module = getattr(getattr(kernel, "fn", kernel), "__module__", "?").rsplit(".", 1)[-1]
+        module = getattr(getattr(kernel, "fn", kernel), "__module__", "?").removeprefix("flint_moe.kernels.")
         by_module.setdefault(module, []).append(name)
     out = {}
     for module, names in sorted(by_module.items()):
@@ -49,7 +49,7 @@ def _audit(names: list[str]) -> dict[str, list[str]]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run(
-        [sys.executable, "-m", "flint_moe.kernels._common", "audit", *names],
+        [sys.executable, "-m", "flint_moe.kernels.audit", "audit", *names],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -79,10 +79,12 @@ def test_ptx_audit(chunk: str) -> None:
 def test_audit_catches_a_bad_kernel(tmp_path: Path) -> None:
     """The subprocess path really compiles PTX: a spec that requires an absent instruction fails."""
     code = (
-        "import json, flint_moe.kernels._common as C\n"
-        "s = C.AUDIT_REGISTRY['common.helpers']\n"
-        "ptx = C.compile_ptx_sm90(s.kernel, s.signature, s.constexprs)\n"
-        "print(json.dumps([C.audit_ptx(ptx, ['sin.approx.f32']), 'rcp.approx.ftz.f32' in ptx]))\n"
+        "import json\n"
+        "from flint_moe.kernels.audit.ptx import audit_ptx, compile_ptx_sm90\n"
+        "from flint_moe.kernels.audit.registry import collect_audit_specs\n"
+        "s = collect_audit_specs()['common.helpers']\n"
+        "ptx = compile_ptx_sm90(s.kernel, s.signature, s.constexprs)\n"
+        "print(json.dumps([audit_ptx(ptx, ['sin.approx.f32']), 'rcp.approx.ftz.f32' in ptx]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)

@@ -70,14 +70,14 @@ def matrix_report(tmp_path_factory) -> dict:
 #: Kernels each path's op launches (flint_moe/ops: route -> GEMV+top-k for M <= ROUTE_GEMV_MAX_TOKENS, torch.mm
 #: + top-k above; decode gate/up + split-K down; grouped gate/up + down + combine above DECODE_MAX_TOKENS).
 _ROUTER = {"router._router_gemv_topk_kernel"}
-_NVFP4_DECODE = _ROUTER | {"nvfp4_gate_up._nvfp4_gate_up_kernel", "nvfp4_down._nvfp4_down_split_kernel"}
+_NVFP4_DECODE = _ROUTER | {"nvfp4.gate_up._nvfp4_gate_up_kernel", "nvfp4.down_combine._nvfp4_down_split_kernel"}
 _GROUPED = _ROUTER | {
     "router._topk_kernel",
-    "nvfp4_grouped_gate_up._grouped_gate_up_kernel",
-    "nvfp4_grouped_down._grouped_down_kernel",
-    "nvfp4_grouped_down._grouped_combine_kernel",
+    "nvfp4.grouped_gate_up._grouped_gate_up_kernel",
+    "nvfp4.grouped_down._grouped_down_kernel",
+    "nvfp4.grouped_down._grouped_combine_kernel",
 }
-_BF16 = _ROUTER | {"bf16_gate_up._bf16_gate_up_kernel", "bf16_down._bf16_down_combine_kernel"}
+_BF16 = _ROUTER | {"bf16.gate_up._bf16_gate_up_kernel", "bf16.down_combine._bf16_down_combine_kernel"}
 EXPECTED_KERNELS = {
     "nvfp4_decode": _NVFP4_DECODE,
     "nvfp4_grouped": _GROUPED,
@@ -119,7 +119,7 @@ def test_matrix_ptx_audit(chunk: int, matrix_report: dict) -> None:
 _NEW_SHAPE = """
 import json
 from flint_moe.conformance import audit as A, cases as C
-from flint_moe.kernels._common import collect_audit_specs
+from flint_moe.kernels.audit.registry import collect_audit_specs
 s = C.ShapeSpec("audit-probe", 48, 3584, 1792, 6)
 C.SHAPES[s.name] = s
 C.matrix = lambda profile: [C.Case.make("nvfp4_decode", s, 1, "gaussian"), C.Case.make("bf16_decode", s, 2, "gaussian")]
@@ -139,10 +139,10 @@ def test_new_matrix_shape_is_caught() -> None:
     assert n_launches == 10  # the router GEMV+top-k for E48/k6 at H 3584 is shared by both paths
     assert sorted(before) == sorted(
         ["router._router_gemv_topk_kernel"] * 2
-        + ["nvfp4_gate_up._nvfp4_gate_up_kernel"] * 2
-        + ["nvfp4_down._nvfp4_down_split_kernel"] * 2
-        + ["bf16_gate_up._bf16_gate_up_kernel"] * 2
-        + ["bf16_down._bf16_down_combine_kernel"] * 2
+        + ["nvfp4.gate_up._nvfp4_gate_up_kernel"] * 2
+        + ["nvfp4.down_combine._nvfp4_down_split_kernel"] * 2
+        + ["bf16.gate_up._bf16_gate_up_kernel"] * 2
+        + ["bf16.down_combine._bf16_down_combine_kernel"] * 2
     )
     assert (n_names, n_after) == (10, 0)
 
@@ -161,18 +161,19 @@ def test_matrix_audit_reports_problems(matrix_report: dict, tmp_path: Path) -> N
 
 _KEYS = """
 import hashlib, json, sys
-import flint_moe.kernels._common as C
-S = C.collect_audit_specs()
+from flint_moe.kernels.audit.ptx import compile_ptx_sm90
+from flint_moe.kernels.audit.registry import collect_audit_specs
+S = collect_audit_specs()
 keys = {n: S[n].kernel.cache_key for n in ("common.helpers", "router.topk.E256_k8", "bf16_gate_up.H2048_I768_k8")}
 s = S["common.helpers"]
-ptx = C.compile_ptx_sm90(s.kernel, s.signature, s.constexprs, s.options)
+ptx = compile_ptx_sm90(s.kernel, s.signature, s.constexprs, s.options)
 print(json.dumps([keys, hashlib.sha256(ptx.encode()).hexdigest()]))
 """
 
 
 def test_stable_cache_keys(tmp_path: Path) -> None:
     """Triton 3.6 hashes ``str()`` of every constexpr global a kernel names into its cache key; the
-    ``_common._SHIM_*`` shims print their function's name, not its address, so two processes compute the same
+    ``_shims._SHIM_*`` shims print their function's name, not its address, so two processes compute the same
     keys (the on-disk cache serves the second) and the same PTX."""
     out = {}
     for i in range(2):

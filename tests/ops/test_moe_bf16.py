@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.kernels._common import INTERPRET
+from flint_moe.kernels._launch import INTERPRET
 from flint_moe.layouts import to_trtllm_bf16, trtllm_bf16_row_maps
 from flint_moe.ops import check_row_map_status, flint_moe_bf16_decode, make_route_counter
 

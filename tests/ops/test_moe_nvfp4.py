@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 import torch
 
-from flint_moe.kernels._common import INTERPRET
+from flint_moe.kernels._launch import INTERPRET
 from flint_moe.layouts import FlintMoEWeights
 from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_grouped, make_route_counter
 from tests.layouts._gen import nvfp4

@@ -449,12 +449,12 @@ def test_probe_ptx_has_the_instruction(name: str) -> None:
     import subprocess
     import sys
 
-    from flint_moe.kernels.mufu_probe import PROBE_INSTRUCTIONS
+    from flint_moe.kernels.audit.probes import PROBE_INSTRUCTIONS
 
     # Compiled in a fresh process without TRITON_INTERPRET: the CPU test run sets it before triton is imported
     # (tests/conftest.py), and interpreter-mode kernels cannot be compiled to PTX.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = f"import sys; from flint_moe.kernels.mufu_probe import probe_ptx; sys.stdout.write(probe_ptx({name!r}))"
+    code = f"import sys; from flint_moe.kernels.audit.probes import probe_ptx; sys.stdout.write(probe_ptx({name!r}))"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ptx = proc.stdout
@@ -466,7 +466,7 @@ def test_probe_ptx_has_the_instruction(name: str) -> None:
 
 @pytest.mark.gpu
 def test_probes_match_emulation_on_gpu() -> None:
-    from flint_moe.kernels.mufu_probe import PROBES
+    from flint_moe.kernels.audit.probes import PROBES
 
     x = torch.cat([random_f32(1 << 22, 11), f32(0.0, -0.0, INF, -INF, float("nan"), 1e-40, -1e-40)]).cuda()
     for name, emu in (

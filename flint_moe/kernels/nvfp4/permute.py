@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flint_moe.kernels._common import check_op_tensor
+from flint_moe.kernels._launch import check_op_tensor
 
 __all__ = ["MoEPermutation", "moe_permute", "num_blocks_bound"]
 

@@ -17,17 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._common import (
-    BF16_CVT,
-    bf16_rn,
-    check_op_tensor,
-    gdc_launch_dependents,
-    gdc_wait,
-    launch_options,
-    register_audit,
-)
-from flint_moe.kernels._nvfp4_gemv import swizzled_scale_offsets
-from flint_moe.kernels.nvfp4_grouped_gate_up import _cfg, _check_perm, default_warps, dequant_tile, mma
+from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._rule import bf16_rn
+from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.nvfp4.gemv import swizzled_scale_offsets
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, _check_perm, default_warps, dequant_tile, mma
 
 __all__ = [
     "accumulation_model",
@@ -194,7 +188,7 @@ def nvfp4_grouped_down(
     Returns: a new bf16 [M, H] tensor (inputs never modified).
     Raises: TypeError / ValueError naming the bad argument.
     """
-    from flint_moe.kernels.nvfp4_gate_up import _weights_common
+    from flint_moe.kernels.nvfp4.gate_up import _weights_common
 
     E, H, IP, INTER = _weights_common(weights)
     dev = weights.w2.device
@@ -261,7 +255,7 @@ def accumulation_model(config: dict | None = None):
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the grouped down kernel (the real shapes' specialisations, the tapped
     DeepSeek-V3 build) and of the combine kernel (k = 8 and 4)."""
-    from flint_moe.kernels.nvfp4_grouped_gate_up import AUDIT_CASES
+    from flint_moe.kernels.nvfp4.grouped_gate_up import AUDIT_CASES
 
     sig = {
         "act_ptr": "*bf16",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._common import check_op_tensor
+from flint_moe.kernels._launch import check_op_tensor
 
 __all__ = [
     "CUTE_CAPABILITIES",
@@ -84,7 +84,7 @@ def prepare_cute_args(x: torch.Tensor, ids: torch.Tensor, weights) -> dict:
     Raises:
         TypeError / ValueError naming the bad argument.
     """
-    from flint_moe.kernels.nvfp4_gate_up import _weights_common
+    from flint_moe.kernels.nvfp4.gate_up import _weights_common
 
     E, H, _ip, _inter = _weights_common(weights)
     dev = weights.w1.device
@@ -137,8 +137,8 @@ def run_cute_grouped(
     import triton
     from flashinfer.fused_moe import cute_dsl_fused_moe
 
-    from flint_moe.kernels._common import launch_options
-    from flint_moe.kernels.nvfp4_grouped_down import COMBINE_BLOCK, _grouped_combine_kernel
+    from flint_moe.kernels._launch import launch_options
+    from flint_moe.kernels.nvfp4.grouped_down import COMBINE_BLOCK, _grouped_combine_kernel
 
     args = prepare_cute_args(x, ids, weights)
     M, k = ids.shape

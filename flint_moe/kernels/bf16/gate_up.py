@@ -13,24 +13,16 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._bf16_gemv import LANES, checked_row, sum64_pairwise, trtllm_row
-from flint_moe.kernels._common import (
-    BF16_CVT,
-    bf16_rn,
-    check_op_tensor,
-    ex2_approx_ftz,
-    gdc_launch_dependents,
-    gdc_wait,
-    launch_options,
-    rcp_approx_ftz,
-    register_audit,
-)
+from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._rule import bf16_rn, ex2_approx_ftz, rcp_approx_ftz
+from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
 __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "audit_specs"]
 
 #: Default launch configuration: ``BN`` intermediate columns per program (a divisor of 64), ``num_warps``,
 #: ``UNROLL`` (unroll factor of the K loop). None of them changes a bit of the result (the summation order is
-#: fixed per row, see ``flint_moe.kernels._bf16_gemv``); they only trade parallelism for memory-level
+#: fixed per row, see ``flint_moe.kernels.bf16.gemv``); they only trade parallelism for memory-level
 #: parallelism. Chosen for the H200 by ``benchmarks/bench_decode_bf16.py``.
 GATE_UP_CONFIG = {"BN": 8, "num_warps": 2, "UNROLL": 4}
 
@@ -64,16 +56,16 @@ def _bf16_gate_up_kernel(
     INTER + n of [gate; up], physical rows ``map[n]``, ``map[INTER + n]``), fp32; ``g = g_acc``,
     ``u = u_acc`` (no global scale). Summation order (both sums, every n): lane ``l = h % 64`` accumulates
     ``h = l, l + 64, ...`` in increasing h with ``fma.rn.f32`` from +0, then a neighbour-first pairwise tree
-    over the 64 lanes (``flint_moe.kernels._bf16_gemv``). Lane l of block b is ``g1[e, b, m, l]`` (the
+    over the 64 lanes (``flint_moe.kernels.bf16.gemv``). Lane l of block b is ``g1[e, b, m, l]`` (the
     128-byte block row), which is why the lane split is the layout's own.
 
     Rule step 7: ``a = RN(g * c)`` (``mul.f32``, c = 0xBFB8AA3B), ``p = ex2.approx.ftz.f32(a)``,
     ``d = RN(p + 1)``, ``r = rcp.approx.ftz.f32(d)``, ``act = bf16(RN(u * RN(g * r)))``
-    (``cvt.rn.bf16.f32``); the instructions come from ``flint_moe.kernels._common`` (interpreter shims call
+    (``cvt.rn.bf16.f32``); the instructions come from ``flint_moe.kernels._rule`` (interpreter shims call
     the golden model's emulations). No add is fed by a multiply here, so FP fusion cannot merge roundings.
 
     Row map: a loaded ``map[n]`` / ``map[INTER + n]`` outside [0, 2 * INTER) is replaced by the layout's
-    own row (``trtllm_row(2n + 1)`` / ``trtllm_row(2n)``, ``_bf16_gemv.checked_row``), so no map value
+    own row (``trtllm_row(2n + 1)`` / ``trtllm_row(2n)``, ``bf16.gemv.checked_row``), so no map value
     reads outside g1; an in-range value is used as given.
 
     With ``TAP`` the raw accumulators ``g_acc`` / ``u_acc`` (the last order-dependent values) are stored too.

@@ -15,18 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._common import (
-    BF16_CVT,
-    bf16_rn,
-    check_op_tensor,
-    ex2_approx_ftz,
-    gdc_launch_dependents,
-    gdc_wait,
-    launch_options,
-    rcp_approx_ftz,
-    register_audit,
-)
-from flint_moe.kernels._nvfp4_gemv import (
+from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._rule import bf16_rn, ex2_approx_ftz, rcp_approx_ftz
+from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.nvfp4.gemv import (
     code_partials as _partials,
     e4m3_to_f32,
     load_bytes,
@@ -37,7 +29,7 @@ from flint_moe.kernels._nvfp4_gemv import (
     mma_tile_rows,
     swizzled_scale_offsets,
 )
-from flint_moe.kernels.nvfp4_tuned import GATE_UP as _TUNED_GATE_UP, GATE_UP_BY_SHAPE as _TUNED_GATE_UP_BY_SHAPE
+from flint_moe.kernels.nvfp4.tuned import GATE_UP as _TUNED_GATE_UP, GATE_UP_BY_SHAPE as _TUNED_GATE_UP_BY_SHAPE
 
 __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "default_config", "accumulation_model", "audit_specs"]
 
@@ -61,7 +53,7 @@ def _check_shape_overrides(base: dict, by_shape: dict, name: str) -> None:
 #: WORDS variant beat the default at both M = 1 and M = 8: docs/kernels/nvfp4-decode.md, round 3).
 #: ``BKB`` fixes the summation order (see the kernel docstring); ``BN``, ``num_warps``, ``PREFETCH`` and
 #: ``WORDS`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
-#: ``MMA`` selects the tensor-core path (``_nvfp4_gemv.mma_rows``: no block regrouping, FP32_TRUNCATE bound) with
+#: ``MMA`` selects the tensor-core path (``nvfp4.gemv.mma_rows``: no block regrouping, FP32_TRUNCATE bound) with
 #: ``RT`` rows per thread, ``S`` 64-byte sub-steps per asm call, ``SK`` K-parts (2 * BN * SK = 8 * num_warps *
 #: RT), ``LATE`` (launch the dependent grid after the K loop), ``PF`` (register prefetch of the next call's
 #: codes and scales), ``L2PF`` (D > 0: ``prefetch.global.L2`` of the codes D calls ahead) and ``FENCE`` (all
@@ -129,7 +121,7 @@ def _nvfp4_gate_up_kernel(
     as many as the lanes span; every lane ends with the same bits). Bound: block model (B = 16) of
     ``flint_moe.reference.exact`` (the fma makes the scale multiply and the outer add one rounding).
 
-    ``MMA`` (tensor cores; ``_nvfp4_gemv.mma_rows``): no block regrouping. Each weight is dequantised exactly
+    ``MMA`` (tensor cores; ``nvfp4.gemv.mma_rows``): no block regrouping. Each weight is dequantised exactly
     to bf16 as ``E2M1 * E4M3 * 2^-8`` (rule step 5 up to the exact power of two) and the row's products with
     x are accumulated by chained ``mma.sync.m16n8k16`` (bf16 inputs, fp32 accumulator, from +0): per K step of
     64 bytes the thread's 16-byte chunk c (lane % 4) of its rows, 8 MMAs per chunk in a fixed sequence, each
@@ -317,7 +309,7 @@ def _check_mma(
     is not (the choice depends on the shape only, never on the token count, so a token's bits do not depend on
     the batch).
     """
-    from flint_moe.kernels._nvfp4_gemv import MMA_SHAPES, mma_part_bytes
+    from flint_moe.kernels.nvfp4.gemv import MMA_SHAPES, mma_part_bytes
 
     if (rt, sub) not in MMA_SHAPES:
         raise ValueError(f"config (RT, S) = ({rt}, {sub}): must be one of {MMA_SHAPES} with MMA")
@@ -467,7 +459,7 @@ def audit_specs() -> list[str]:
         "gacc_ptr": "*fp32",
         "uacc_ptr": "*fp32",
     }
-    from flint_moe.kernels import nvfp4_tuned
+    from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
     # the default at every shape; the other measured path (a conformance launch configuration,
     # cases.PATH_CONFIGS) at DeepSeek-V3

@@ -20,17 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._common import (
-    BF16_CVT,
-    INTERPRET,
-    bf16_rn,
-    check_op_tensor,
-    gdc_launch_dependents,
-    gdc_wait,
-    launch_options,
-    register_audit,
-)
-from flint_moe.kernels._nvfp4_gemv import (
+from flint_moe.kernels._launch import INTERPRET, check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._rule import bf16_rn
+from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.nvfp4.gemv import (
     block_partials,
     code_partials,
     e4m3_to_f32,
@@ -42,7 +35,7 @@ from flint_moe.kernels._nvfp4_gemv import (
     mma_tile_rows,
     swizzled_scale_offsets,
 )
-from flint_moe.kernels.nvfp4_tuned import DOWN as _TUNED_DOWN, DOWN_BY_SHAPE as _TUNED_DOWN_BY_SHAPE
+from flint_moe.kernels.nvfp4.tuned import DOWN as _TUNED_DOWN, DOWN_BY_SHAPE as _TUNED_DOWN_BY_SHAPE
 
 __all__ = ["DOWN_CONFIG", "nvfp4_down", "default_config", "accumulation_model", "audit_specs"]
 
@@ -68,7 +61,7 @@ DOWN_CONFIG.update(_TUNED_DOWN)
 
 
 def _check_down_overrides() -> None:
-    from flint_moe.kernels.nvfp4_gate_up import _check_shape_overrides
+    from flint_moe.kernels.nvfp4.gate_up import _check_shape_overrides
 
     _check_shape_overrides(DOWN_CONFIG, _TUNED_DOWN_BY_SHAPE, "nvfp4_tuned.DOWN_BY_SHAPE")
 
@@ -267,7 +260,7 @@ def _nvfp4_down_split_kernel(
     barrier) changes no bit. The counter is reset to 0 by that program. ``COMBINE == 0``: y only; the
     launcher runs ``_nvfp4_combine_kernel`` next.
 
-    ``MMA`` (tensor cores, ``_nvfp4_gemv.mma_rows``): y_acc without block regrouping, as the gate/up kernel's
+    ``MMA`` (tensor cores, ``nvfp4.gemv.mma_rows``): y_acc without block regrouping, as the gate/up kernel's
     ``MMA`` path: weights dequantised exactly to bf16 ``E2M1 * E4M3 * 2^-8``, products with act accumulated by
     chained ``mma.sync.m16n8k16`` (fp32, from +0; per 64-byte K step 8 MMAs per 16-byte chunk, the hardware's
     order and truncating alignment inside each), K steps in increasing order, ``y_acc = acc * 2^8`` (exact).
@@ -499,7 +492,7 @@ def nvfp4_down(
     in ``nvfp4_gate_up`` -> ``nvfp4_down`` (gate/up triggers its dependents only after its own wait, i.e. after
     the router, or whatever wrote ``ids``, completed); ``act``, ``tw`` and ``shared_output`` are read after it.
     """
-    from flint_moe.kernels.nvfp4_gate_up import _config, _decode_defaults, _weights_common
+    from flint_moe.kernels.nvfp4.gate_up import _config, _decode_defaults, _weights_common
 
     E, H, IP, INTER = _weights_common(weights)
     dev = weights.w2.device
@@ -526,7 +519,7 @@ def nvfp4_down(
     mma, rt, sub, sk = bool(cfg["MMA"]), int(cfg["RT"]), int(cfg["S"]), int(cfg["SK"])
     nw = int(cfg["num_warps"])
     if mma:
-        from flint_moe.kernels.nvfp4_gate_up import _check_mma, _check_pf
+        from flint_moe.kernels.nvfp4.gate_up import _check_mma, _check_pf
 
         if not split:
             raise ValueError("config MMA: needs SPLIT (the tensor-core path is in the split kernel)")
@@ -623,7 +616,7 @@ def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
     tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
     there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
-    from flint_moe.kernels.nvfp4_gate_up import AUDIT_SHAPES, MMA_PTX, _check_mma
+    from flint_moe.kernels.nvfp4.gate_up import AUDIT_SHAPES, MMA_PTX, _check_mma
 
     names = []
     sig = {
@@ -639,7 +632,7 @@ def audit_specs() -> list[str]:
         "y_ptr": "*bf16",
         "cnt_ptr": "*i32",
     }
-    from flint_moe.kernels import nvfp4_tuned
+    from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
     # the default at every shape; the other measured path (a conformance launch configuration,
     # cases.PATH_CONFIGS) at DeepSeek-V3

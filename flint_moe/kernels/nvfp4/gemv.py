@@ -58,7 +58,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._common import INTERPRET, gdc_launch_dependents, gdc_wait
+from flint_moe.kernels._launch import INTERPRET, gdc_launch_dependents, gdc_wait
 
 __all__ = [
     "decode_e2m1",

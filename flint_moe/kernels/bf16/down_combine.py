@@ -14,16 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._bf16_gemv import LANES, checked_row, sum64_pairwise, trtllm_row
-from flint_moe.kernels._common import (
-    BF16_CVT,
-    bf16_rn,
-    check_op_tensor,
-    gdc_launch_dependents,
-    gdc_wait,
-    launch_options,
-    register_audit,
-)
+from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._rule import bf16_rn
+from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
 __all__ = ["DOWN_CONFIG", "bf16_down_combine", "check_g2", "audit_specs"]
 
@@ -58,14 +52,14 @@ def _bf16_down_combine_kernel(
     Rule step 8 (BF16), for j = 0 .. TOPK - 1, ``e = ids[t, j]``: ``y_acc[h] = sum_i W2[h, i] * act[t, j, i]``
     (physical row ``map[h]``), fp32; ``y = bf16(y_acc)`` (``cvt.rn.bf16.f32``). Summation order (every h, j):
     lane ``l = i % 64`` accumulates ``i = l, l + 64, ...`` in increasing i with ``fma.rn.f32`` from +0, then a
-    neighbour-first pairwise tree over the 64 lanes (``flint_moe.kernels._bf16_gemv``).
+    neighbour-first pairwise tree over the 64 lanes (``flint_moe.kernels.bf16.gemv``).
 
     Rule step 9: ``acc = +0``; for j = 0 .. TOPK - 1 in selection order: ``acc = fma(tw_j, y_j, acc)``
     (``tl.fma`` -> ``fma.rn.f32``, one rounding; sequential, bit-exact); ``routed = bf16(acc)``.
     Rule step 10: ``out = bf16(RN(fp32(routed) + fp32(shared)))`` (``add.rn.f32``, not fed by a multiply).
 
     Row map: a loaded ``map[h]`` outside [0, H) is replaced by the layout's own row ``trtllm_row(h)``
-    (``_bf16_gemv.checked_row``), so no map value reads outside g2; an in-range value is used as given.
+    (``bf16.gemv.checked_row``), so no map value reads outside g2; an in-range value is used as given.
 
     With ``TAP`` the raw accumulators ``y_acc`` and the per-expert ``y`` are stored too. Offsets: the expert
     base and token rows are 64-bit, offsets inside one expert 32-bit (< 2^31 elements, checked by the

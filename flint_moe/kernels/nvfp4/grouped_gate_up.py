@@ -19,19 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._common import (
-    BF16_CVT,
-    INTERPRET,
-    bf16_rn,
-    check_op_tensor,
-    ex2_approx_ftz,
-    gdc_launch_dependents,
-    gdc_wait,
-    launch_options,
-    rcp_approx_ftz,
-    register_audit,
-)
-from flint_moe.kernels._nvfp4_gemv import _join4, decode_e2m1_words, e4m3_to_f32, swizzled_scale_offsets
+from flint_moe.kernels._launch import INTERPRET, check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._rule import bf16_rn, ex2_approx_ftz, rcp_approx_ftz
+from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.nvfp4.gemv import _join4, decode_e2m1_words, e4m3_to_f32, swizzled_scale_offsets
 
 __all__ = [
     "accumulation_model",
@@ -80,7 +71,7 @@ def grouped_config(pairs: int, num_experts: int) -> dict:
 
 # DECODE = 3 (GPU): one asm call per code word (8 codes) -> 8 bf16 weights ``E2M1 * scale`` in element order.
 # $8 = code word, $9 = the block's E4M3 scale as a bf16x2 pair (both halves equal). The pairs p_i = (n_i,
-# n_{i+4}) are built as in ``_nvfp4_gemv._DECODE_PTX`` (shift, mask, carry the sign with ``mad``, one exact
+# n_{i+4}) are built as in ``nvfp4.gemv._DECODE_PTX`` (shift, mask, carry the sign with ``mad``, one exact
 # ``mul.rn.bf16x2`` by 2^126), multiplied by the scale (``mul.rn.bf16x2``: the product has <= 6 significant
 # bits and lies in [2^-10, 2688], exact), then regrouped into (n_{2j}, n_{2j+1}) with ``prmt`` and returned
 # as 16-bit halves $0..$7 = elements 0..7.
@@ -279,7 +270,7 @@ def _grouped_gate_up_kernel(
 
 
 def _check_perm(perm, pairs: int, num_experts: int, dev: torch.device) -> None:
-    from flint_moe.kernels.moe_permute import MoEPermutation
+    from flint_moe.kernels.nvfp4.permute import MoEPermutation
 
     if not isinstance(perm, MoEPermutation):
         raise TypeError(f"perm: expected a MoEPermutation (moe_permute), got {type(perm).__name__}")
@@ -333,7 +324,7 @@ def nvfp4_grouped_gate_up(
     Raises:
         TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, config).
     """
-    from flint_moe.kernels.nvfp4_gate_up import _weights_common
+    from flint_moe.kernels.nvfp4.gate_up import _weights_common
 
     E, H, IP, INTER = _weights_common(weights)
     dev = weights.w1.device

@@ -1,7 +1,7 @@
 """Shared pieces of the BF16 TRT-LLM-layout decode GEMVs (owner G, issue 4).
 
 The summation order of every length-H / length-I reduction of the BF16 decode kernels
-(``bf16_gate_up.py``, ``bf16_down.py``) is the one order below, the same for every tile configuration
+(``bf16/gate_up.py``, ``bf16/down_combine.py``) is the one order below, the same for every tile configuration
 (rows per program, warps, loop unrolling), so tuning a launch never changes a bit:
 
 **Lane chains, then a pairwise tree over the 64 lanes.** A reduction ``sum_h w[h] * v[h]`` of length

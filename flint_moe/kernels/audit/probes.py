@@ -9,6 +9,9 @@ Each takes a CUDA fp32 tensor of any shape and returns a new fp32 tensor of that
 TypeError for a non-fp32 tensor, ValueError for a non-CUDA one. Every launch pins ``enable_fp_fusion=True``
 (gpu-numerics.md: Triton 3.10 flips the default). ``probe_ptx(name)`` compiles a probe for sm_90 without a GPU
 (``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``) so CI can audit the instructions.
+
+``_helpers_probe_kernel`` runs every rule helper of ``flint_moe.kernels._rule`` and the PDL waits once,
+elementwise; it is registered for the sm_90 PTX audit as ``common.helpers``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait
+from flint_moe.kernels._rule import bf16_rn, div_rn, ex2_approx_ftz, expf_libdevice, rcp_approx_ftz, rsqrt_approx_ftz
+from flint_moe.kernels.audit.registry import BF16_CVT, EXPF_LIBDEVICE, register_audit
 
 __all__ = [
     "rcp_approx_ftz_hw",
@@ -141,3 +148,48 @@ def probe_ptx(name: str, arch: int = 90) -> str:
         src, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": True, "num_warps": 4}
     )
     return compiled.asm["ptx"]
+
+
+@triton.jit
+def _helpers_probe_kernel(x_ptr, f32_ptr, bf16_ptr, n, BLOCK: tl.constexpr):
+    """Every helper once, elementwise (audited as ``common.helpers``; tested under the interpreter).
+
+    f32_ptr[0:6, i] = rcp, ex2, rsqrt, expf(fp32(bf16_rn(x))), div_rn(x, x + 1), x (fp32 [6, n]);
+    bf16_ptr[i] = bf16_rn(x).
+    """
+    gdc_wait()
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    tl.store(f32_ptr + offs, rcp_approx_ftz(x), mask=m)
+    tl.store(f32_ptr + n + offs, ex2_approx_ftz(x), mask=m)
+    tl.store(f32_ptr + 2 * n + offs, rsqrt_approx_ftz(x), mask=m)
+    xb = bf16_rn(x)
+    tl.store(f32_ptr + 3 * n + offs, expf_libdevice(xb.to(tl.float32)), mask=m)
+    tl.store(f32_ptr + 4 * n + offs, div_rn(x, x + 1.0), mask=m)
+    tl.store(f32_ptr + 5 * n + offs, x, mask=m)
+    tl.store(bf16_ptr + offs, xb, mask=m)
+    gdc_launch_dependents()
+
+
+def audit_specs() -> None:
+    """Register this module's audit specialisation: ``common.helpers`` (every helper's GPU lowering)."""
+    register_audit(
+        "common.helpers",
+        _helpers_probe_kernel,
+        {"x_ptr": "*fp32", "f32_ptr": "*fp32", "bf16_ptr": "*bf16", "n": "i64"},
+        {"BLOCK": 256},
+        [
+            "rcp.approx.ftz.f32",
+            "ex2.approx.ftz.f32",
+            "rsqrt.approx.ftz.f32",
+            *EXPF_LIBDEVICE,
+            "div.rn.f32",
+            BF16_CVT,
+            "griddepcontrol.wait",
+            "griddepcontrol.launch_dependents",
+        ],
+    )
+
+
+audit_specs()

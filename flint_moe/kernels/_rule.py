@@ -1,0 +1,103 @@
+"""The rule's instructions as device helpers (``@triton.jit``; call them from kernels), each pinned to the
+rule's PTX instruction on the GPU:
+
+=====================  =======================================  ==========================  ============
+helper                 GPU (sm_90) lowering                     interpreter (CPU) path       rule step
+=====================  =======================================  ==========================  ============
+``rcp_approx_ftz(x)``  inline PTX ``rcp.approx.ftz.f32``        SHIM: ``mufu.rcp_approx_ftz``   7
+``ex2_approx_ftz(x)``  inline PTX ``ex2.approx.ftz.f32``        SHIM: ``mufu.ex2_approx_ftz``   7
+``rsqrt_approx_ftz``   inline PTX ``rsqrt.approx.ftz.f32``      SHIM: ``mufu.rsqrt_approx_ftz`` 11
+``expf_libdevice(x)``  ``libdevice.exp`` (``__nv_expf``, ftz)   SHIM: ``mufu.expf_libdevice``   3
+``div_rn(a, b)``       ``div.rn.f32`` (``tl.math.div_rn``)      SHIM: numpy fp32 divide (IEEE)  3, 4, 11
+``bf16_rn(x)``         inline PTX ``cvt.rn.bf16.f32``           SHIM: ``formats.round_bf16``    1, 4, 7-10
+=====================  =======================================  ==========================  ============
+
+All take and return fp32 tensors (``bf16_rn`` returns bf16) of any block shape. ``expf_libdevice`` is only
+defined for inputs that are bf16 values widened to fp32 (rule step 3); under the interpreter the shim raises
+``ValueError`` for any other value, so masked-out lanes must hold a bf16 value too (e.g. ``other=0.0``).
+The shims live in ``flint_moe.kernels._shims``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from flint_moe.kernels._launch import _INTERPRET
+from flint_moe.kernels._shims import (
+    _SHIM_bf16_rn,
+    _SHIM_div_rn,
+    _SHIM_ex2_approx_ftz,
+    _SHIM_expf_libdevice,
+    _SHIM_rcp_approx_ftz,
+    _SHIM_rsqrt_approx_ftz,
+)
+
+__all__ = ["rcp_approx_ftz", "ex2_approx_ftz", "rsqrt_approx_ftz", "expf_libdevice", "div_rn", "bf16_rn"]
+
+
+@triton.jit
+def rcp_approx_ftz(x):
+    """fp32 -> fp32 ``rcp.approx.ftz.f32`` (rule step 7). Interpreter: SHIM to mufu.rcp_approx_ftz."""
+    if _INTERPRET:
+        return _SHIM_rcp_approx_ftz(x)
+    else:
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+
+
+@triton.jit
+def ex2_approx_ftz(x):
+    """fp32 -> fp32 ``ex2.approx.ftz.f32`` (rule step 7). Interpreter: SHIM to mufu.ex2_approx_ftz."""
+    if _INTERPRET:
+        return _SHIM_ex2_approx_ftz(x)
+    else:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+
+
+@triton.jit
+def rsqrt_approx_ftz(x):
+    """fp32 -> fp32 ``rsqrt.approx.ftz.f32`` (rule step 11). Interpreter: SHIM to mufu.rsqrt_approx_ftz."""
+    if _INTERPRET:
+        return _SHIM_rsqrt_approx_ftz(x)
+    else:
+        return tl.inline_asm_elementwise(
+            "rsqrt.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+
+
+@triton.jit
+def expf_libdevice(x):
+    """fp32 -> fp32 libdevice ``__nv_expf`` as Triton 3.6 links it (rule step 3; PTX ends in
+    ``ex2.approx.ftz.f32``). Inputs must be bf16 values. Interpreter: SHIM to mufu.expf_libdevice."""
+    if _INTERPRET:
+        return _SHIM_expf_libdevice(x)
+    else:
+        return libdevice.exp(x)
+
+
+@triton.jit
+def div_rn(a, b):
+    """fp32 / fp32 correctly rounded, ``div.rn.f32`` (never ``div.full.f32``, which ``a / b`` gives).
+    ``a`` and ``b``: fp32 tensors of the same shape (``tl.math.div_rn`` does not broadcast).
+    Interpreter: SHIM, numpy fp32 division (IEEE)."""
+    if _INTERPRET:
+        return _SHIM_div_rn(a, b)
+    else:
+        return tl.math.div_rn(a, b)
+
+
+@triton.jit
+def bf16_rn(x):
+    """fp32 -> bf16 round-to-nearest-even, subnormals kept: inline PTX ``cvt.rn.bf16.f32`` (rule ``bf16(.)``).
+    Interpreter: SHIM to formats.round_bf16 (the interpreter's own cast truncates)."""
+    if _INTERPRET:
+        return _SHIM_bf16_rn(x)
+    else:
+        return tl.inline_asm_elementwise(
+            "cvt.rn.bf16.f32 $0, $1;", "=h,f", [x], dtype=tl.bfloat16, is_pure=True, pack=1
+        )
