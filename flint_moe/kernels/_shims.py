@@ -101,7 +101,11 @@ class _NamedShim:
     Triton 3.6 hashes ``str(value)`` of every ``tl.constexpr`` global a kernel body names
     (``JITFunction.cache_key``), dead branches included; a plain function prints its memory address, which
     made every process's cache key differ and every process compile anew. The compiled code does not depend
-    on it: the shims sit in ``if _INTERPRET:`` branches that the GPU compiler folds away unvisited."""
+    on it: the shims sit in ``if _INTERPRET:`` branches that the GPU compiler folds away unvisited.
+
+    At every launch Triton compares each global a kernel used with a ``copy.deepcopy`` it took at compile time
+    (``JITFunction.run``: "Global variable ... has changed since we compiled this kernel"), so a shim is its
+    own deep copy and equal to any shim of the same function."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -111,6 +115,15 @@ class _NamedShim:
 
     def __repr__(self) -> str:
         return f"<shim {self.fn.__module__}.{self.fn.__qualname__}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _NamedShim) and other.fn is self.fn
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+    def __deepcopy__(self, memo: dict) -> _NamedShim:
+        return self
 
 
 # The helpers reference the shims through ``tl.constexpr`` wrappers: Triton's cache-key pass visits every name

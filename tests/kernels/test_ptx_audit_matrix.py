@@ -18,7 +18,7 @@ require / forbid lists. This module:
 - ``test_matrix_audit_reports_problems``: the ``--specs`` audit path really compiles and reports a missing
   instruction;
 - ``test_stable_cache_keys``: two processes compute the same kernel cache keys (Triton's on-disk cache serves
-  reruns) and the same PTX.
+  reruns) and the same PTX, and Triton's launch-time check of the kernels' globals passes.
 """
 
 from __future__ import annotations
@@ -167,7 +167,11 @@ S = collect_audit_specs()
 keys = {n: S[n].kernel.cache_key for n in ("common.helpers", "router.topk.E256_k8", "bf16_gate_up.H2048_I768_k8")}
 s = S["common.helpers"]
 ptx = compile_ptx_sm90(s.kernel, s.signature, s.constexprs, s.options)
-print(json.dumps([keys, hashlib.sha256(ptx.encode()).hexdigest()]))
+# Triton's launch-time check (JITFunction.run): every global a kernel used still equals the deep copy taken
+# when its cache key was computed; a differing one makes every launch raise "has changed since we compiled"
+changed = sorted(name for n in keys for (name, _), (val, g) in S[n].kernel.used_global_vals.items()
+                 if g.get(name) != val)
+print(json.dumps([keys, hashlib.sha256(ptx.encode()).hexdigest(), changed]))
 """
 
 
@@ -187,6 +191,7 @@ def test_stable_cache_keys(tmp_path: Path) -> None:
             timeout=600,
         )
         out[i] = _json_tail(proc)
-    (k0, ptx0), (k1, ptx1) = out[0], out[1]
+    (k0, ptx0, ch0), (k1, ptx1, ch1) = out[0], out[1]
     assert k0 == k1
     assert ptx0 == ptx1
+    assert ch0 == ch1 == []  # the launch-time global check passes (shims compare equal to their deep copies)
