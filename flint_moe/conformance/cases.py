@@ -1,5 +1,5 @@
 """The conformance case matrix: path x shape x token count x data profile x seed, each case reproducible from
-its id (issue 5; docs/CONTRACTS.md "Issue 5").
+its id (docs/ARCHITECTURE.md section 2).
 
 - ``Case``: frozen dataclass; ``Case.id`` is ``<path>/<shape>/M<m>/<profile>/s<seed>`` (e.g.
   ``nvfp4_decode/deepseek-v3/M1/gaussian/s0``) and ``Case.from_id(id)`` rebuilds it (sizes from ``SHAPES``).
@@ -40,7 +40,7 @@ __all__ = [
 #: place), forward with the shared output.
 PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module")
 
-#: Data profiles each path supports (docs/CONTRACTS.md "Issue 5"; generators in ``profiles.py``).
+#: Data profiles each path supports (generators in ``profiles.py``).
 #: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
 #: 2^-20..2^4 and ``zero_blocks`` zeroes 64-element (BlockMajorK) blocks.
 PATH_PROFILES: dict[str, tuple[str, ...]] = {

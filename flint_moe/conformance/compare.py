@@ -41,7 +41,7 @@ order EXACT < WITHIN-BOUND < EXPLAINED < FAIL; the case verdict is the worst of 
 check. Everything is per element; nothing is averaged. ``blackbox.py`` is the same end-to-end check for a
 kernel without taps (intervals instead of tracing).
 
-Interface with the case objects (duck-typed, docs/CONTRACTS.md "Issue 5"): ``case.id``, ``case.path``
+Interface with the case objects (duck-typed, docs/ARCHITECTURE.md section 2): ``case.id``, ``case.path``
 (``"nvfp4_decode"`` | ``"bf16_decode"``), ``case.k`` (optional ``shape``, ``M``, ``E``, ``H``, ``I``,
 ``profile``, ``seed`` are copied into the result when present); ``inputs.x``, ``inputs.router_weight``,
 ``inputs.shared``, ``inputs.weights_logical`` (or ``inputs.logical``; ``NVFP4Experts`` / ``BF16Experts``).
@@ -120,7 +120,7 @@ FAIL = "FAIL"
 #: Verdicts from best to worst.
 VERDICT_ORDER = (EXACT, WITHIN_BOUND, EXPLAINED, FAIL)
 
-#: Stages in rule order (docs/CONTRACTS.md "Issue 5").
+#: Stages in rule order (docs/ARCHITECTURE.md section 2).
 STAGES = ("router_acc", "logits", "ids", "weights", "gate_acc", "up_acc", "act", "down_acc", "y", "out")
 ACCUMULATION_STAGES = ("router_acc", "gate_acc", "up_acc", "down_acc")
 
@@ -318,7 +318,7 @@ class CaseResult:
 
     def to_json(self) -> dict:
         """JSON-ready dict: case_id, path, mode, verdict, warnings, meta, digests, stages (list of dicts),
-        end_to_end (dict or None), invariance, diagnosis (docs/CONTRACTS.md, issue 5 second slice)."""
+        end_to_end (dict or None), invariance, diagnosis (docs/ARCHITECTURE.md section 2)."""
         return {
             "case_id": self.case_id,
             "path": self.path,
@@ -579,7 +579,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
         case: object with ``id``, ``path`` ("nvfp4_decode" | "bf16_decode"), ``k``.
         inputs: object with ``x`` bf16 [M, H], ``router_weight`` bf16 [E, H], ``shared`` bf16 [M, H],
             ``weights_logical`` (``NVFP4Experts`` for nvfp4_decode, ``BF16Experts`` for bf16_decode).
-        taps: the dict the path's launcher filled (docs/CONTRACTS.md "Taps").
+        taps: the dict the path's launcher filled (docs/ARCHITECTURE.md section 2).
         out: the kernel's returned output bf16 [M, H].
     Returns:
         :class:`CaseResult` with one :class:`StageResult` per stage of :data:`STAGES`.

@@ -1,5 +1,5 @@
 """Kernel paths under conformance test: thin wrappers over the public ops that run them with taps
-(issue 5; docs/CONTRACTS.md "Issue 5" and "Taps").
+(docs/ARCHITECTURE.md, section 2).
 
 ``PATHS[name].run(inputs, counter, taps) -> out`` runs one case's inputs (``cases.CaseInputs``) through the
 op; ``taps`` (a dict or None) receives the kernels' stage tensors. ``max_tokens`` is the largest M the path

@@ -106,7 +106,7 @@ def flint_moe_bf16_decode(
             tensors, both before any launch.
         taps: if a dict, every kernel runs its tapped build and fills it with ``router_acc``, ``logits``,
             ``ids``, ``weights`` (router), ``gate_acc``, ``up_acc`` fp32 [M, k, Ip], ``act`` bf16 [M, k, Ip],
-            ``down_acc`` fp32 [M, k, H], ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/CONTRACTS.md "Taps").
+            ``down_acc`` fp32 [M, k, H], ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/ARCHITECTURE.md, section 2).
             The outputs are bitwise those of the production build.
         check_row_map_values: False skips the value check of ``row_maps`` and does not remember them for
             ``check_row_map_status`` (the conformance harness's fault injection passes deliberately wrong

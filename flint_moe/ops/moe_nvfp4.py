@@ -51,7 +51,8 @@ def flint_moe(
             for an event with CPU tensors, both before any launch (decode and grouped paths alike).
         taps: optional dict; when given, every kernel is compiled with its tap option and the dict receives
             ``router_acc``, ``logits``, ``ids``, ``weights`` (``route``), ``gate_acc``, ``up_acc``, ``act``
-            (fp32 / bf16 [M, k, I]), ``down_acc``, ``y`` ([M, k, H]) and ``out`` ([M, H]) (docs/CONTRACTS.md).
+            (fp32 / bf16 [M, k, I]), ``down_acc``, ``y`` ([M, k, H]) and ``out`` ([M, H]) (docs/ARCHITECTURE.md,
+            section 2).
 
     Returns:
         bf16 [M, H] (a new tensor).

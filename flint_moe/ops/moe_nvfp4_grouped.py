@@ -53,7 +53,7 @@ def flint_moe_grouped(
             (TypeError for any other type, ValueError for an event with CPU tensors, before any launch).
         taps: optional dict; receives ``router_acc``, ``logits``, ``ids``, ``weights`` (``route``),
             ``gate_acc``, ``up_acc`` fp32 [M, k, I], ``act`` bf16 [M, k, I], ``down_acc`` fp32 [M, k, H],
-            ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/CONTRACTS.md "Taps"); outputs are bitwise those of
+            ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/ARCHITECTURE.md, section 2); outputs are bitwise those of
             the production build.
         config: optional ``{"gate_up": {...}, "down": {...}, "BM": int}`` launch overrides (benchmarks).
     Returns:

@@ -5,7 +5,7 @@ I = 704 = 11 * 64, read as is) and an intermediate size padded by ``pad_intermed
 2944 for FlashInfer's launcher); E not a power of two; gate and up drawn from different distributions so a
 gate/up swap cannot pass.
 
-What is checked (docs/CONTRACTS.md "Taps"): every accumulator tap within the golden model's certified bound
+What is checked (docs/ARCHITECTURE.md section 2, taps): every accumulator tap within the golden model's certified bound
 (``flint_moe.reference.check_accumulator``; weights read back through
 ``reference.layouts.decode_trtllm_bf16``) and bit-equal to a replay of the order the kernel documents
 (``flint_moe.kernels.bf16.gemv``); every order-free step (SwiGLU, y, combine, shared add) bit-equal to the
