@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
-# Usage on the GPU machine, from the repository root:  bash scripts/h200.sh [verify] [tests] [conformance] [bench] [sweep]
-# (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request).
+# Usage on the GPU machine, from the repository root:
+#   bash scripts/h200.sh [verify] [tests] [conformance] [shards] [modules] [bench] [sweep]
+# (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request; shards = the gpu
+# profile as FLINT_SHARDS shards one after another, merged).
 # FLINT_GIT_COMMIT names the commit the tree was sent from (the device copy has no .git).
 # The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
 # FLINT_TAR=1: write everything to a scratch folder and pack it as $OUT/h200-run.tgz (one file to fetch).
@@ -30,6 +32,16 @@ for step in $steps; do
               --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1 || rc=1
             echo "conformance wall: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/conformance.log"
             tail -5 "$OUT/conformance.log" ;;
+    shards) # the gpu profile as FLINT_SHARDS (default 2) shards run one after another, then merged: the merged
+            # report must carry the same output digests as a single run (compare with --baseline on the next run)
+            n=${FLINT_SHARDS:-2}; t0=$(date +%s); dirs=""
+            for k in $(seq 1 "$n"); do
+              python3 -m flint_moe.conformance --profile gpu --shard "$k/$n" --out "$OUT/shard-$k" \
+                > "$OUT/shard-$k.log" 2>&1; dirs="$dirs $OUT/shard-$k"
+            done
+            python3 -m flint_moe.conformance.merge $dirs --out "$OUT/merged" > "$OUT/merge.log" 2>&1 || rc=1
+            echo "shards wall: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/merge.log"
+            tail -3 "$OUT/merge.log" ;;
     modules) python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/modules > "$OUT/pytest-modules.txt" 2>&1 || rc=1
             tail -5 "$OUT/pytest-modules.txt" ;;
     sweep)  python3 -m benchmarks.bench_decode_bf16 --sweep > "$OUT/sweep-bf16.txt" 2>&1 || rc=1
