@@ -223,7 +223,7 @@ def sweep(out_dir: str) -> int:
     return 1 if n_bad else 0
 
 
-#: Round 3 (codes as int32 words, WORDS): variant -> (gate/up config, down config); "new" = the defaults.
+#: WORDS sweep (``--words``; codes as int32 words): variant -> (gate/up config, down config); "new" = the defaults.
 WORDS_SWEEP = {
     "new": (None, None),
     "gu-Wpf": ({"WORDS": True, "PREFETCH": True}, None),
@@ -236,7 +236,7 @@ WORDS_SWEEP = {
 
 
 def sweep_words(out_dir: str) -> int:
-    """Round 3 (one device call): bit checks of every ``WORDS_SWEEP`` variant against the defaults at
+    """``--words`` (one device call): bit checks of every ``WORDS_SWEEP`` variant against the defaults at
     DeepSeek-V3 M = 1, 8 and at H 2880 x I 704 (partial K steps), CUDA-graph timings (gate/up alone, down
     alone, both) at DeepSeek-V3 M = 1 and 8, then the fastest gate/up variant vs the default on the other models
     at M = 1."""
@@ -341,7 +341,7 @@ def sweep_words(out_dir: str) -> int:
     return 1 if n_bad else 0
 
 
-#: Round 4 (tensor cores, ``MMA``): variant -> (gate/up config, down config); "new" = the defaults.
+#: MMA sweep (``--mma``; tensor cores): variant -> (gate/up config, down config); "new" = the defaults.
 #: Gate/up rows per program 2 * BN = 8 * num_warps * RT; down BH = 8 * num_warps * RT.
 def _gu(bn, nw, rt, s):
     return {"MMA": True, "BN": bn, "num_warps": nw, "RT": rt, "S": s}
@@ -365,7 +365,7 @@ MMA_SWEEP = {
 
 
 def sweep_mma(out_dir: str) -> int:
-    """Round 4 (one device call): tensor-core variants. Checks: every MMA variant bit-identical to the first
+    """``--mma`` (one device call): tensor-core variants. Checks: every MMA variant bit-identical to the first
     (same MMA sequence per row) on DeepSeek-V3 M = 1 and on H 2880 x I 704 / Qwen shapes (partial K steps);
     golden ``check_taps`` with ``FP32_TRUNCATE`` on the MMA path. Timings (gate/up alone, down alone, both) at
     DeepSeek-V3 M = 1, then the best gate/up + best down against the default at DeepSeek M = 1, 2, 4, 8 and
@@ -501,7 +501,7 @@ def sweep_mma(out_dir: str) -> int:
     return 1 if n_bad else 0
 
 
-#: Round 6 candidates (``--tune``): complete configurations (every key of the path given, so that no value is
+#: Tune candidates (``--tune``): complete configurations (every key of the path given, so that no value is
 #: inherited from whichever defaults are current). CUDA-core ("cc") and tensor-core ("mma") paths; k = K-parts
 #: (SK), f = FENCE (all code / scale loads of an asm call before its first decode), l2 = L2PF distance, pf = PF
 #: (register prefetch), late = LATE.
@@ -556,8 +556,8 @@ def _eff_sk(cfg: dict, kbytes: int, rows: int) -> int:
 
 
 def tune(out_dir: str, write_tuned: str | None, models=("deepseek-v3", "qwen3-30b-a3b", "gpt-oss-120b")) -> int:
-    """Round 6 (one device call, before the GPU tests and the runner): checks, timings, choice of the defaults
-    per shape (docs/kernels/nvfp4-decode.md, round 6).
+    """``--tune`` (one device call, before the GPU tests and the runner): checks, timings, choice of the defaults
+    per shape (docs/kernels/nvfp4-decode.md).
 
     Per model at M = 1: every candidate with the same path and the same K-split the launcher runs at that shape
     gives the same bits as the first (gate/up act; down y_acc); the first of each such group is checked against
@@ -759,7 +759,7 @@ def tune(out_dir: str, write_tuned: str | None, models=("deepseek-v3", "qwen3-30
     return 1 if n_bad else 0
 
 
-#: Round 6 follow-up probe (``--probe``): gate/up variants not in the round-6 tune, each timed alone and with the
+#: Follow-up probe (``--probe``): gate/up variants not among the ``--tune`` candidates, each timed alone and with the
 #: default down at DeepSeek-V3 M=1 (diagnostic only: nothing is written).
 PROBE_GU = {
     "mma-BN8w4r2s2k4": _gu6(8, 4, 2, 2, 4),
@@ -808,16 +808,17 @@ def probe(out_dir: str) -> int:
     return 1 if bad else 0
 
 
-#: Round 7 down candidates (``--round7``), DeepSeek-V3 shape, all tensor-core BH 16 / 1 warp / RT 2 (complete
-#: configurations). e1 / e2 = EARLY 1 / 2 (first call's weights into registers / L2 before griddepcontrol.wait),
-#: r72 = MAXNREG 72 (28 one-warp programs per SM: one wave of the 3584 programs at M=1), rbN = RB N (N row blocks
-#: per program), f = FENCE. Every candidate has the default down's per-row MMA sequence: the same bits.
+#: Down candidates of ``--round7`` (RB, EARLY, MAXNREG), DeepSeek-V3 shape, all tensor-core BH 16 / 1 warp / RT 2
+#: (complete configurations). e1 / e2 = EARLY 1 / 2 (first call's weights into registers / L2 before
+#: griddepcontrol.wait), r72 = MAXNREG 72 (28 one-warp programs per SM: one wave of the 3584 programs at M=1),
+#: rbN = RB N (N row blocks per program), f = FENCE. Every candidate has the default down's per-row MMA sequence:
+#: the same bits.
 def _dn7(s=4, rb=1, early=0, maxnreg=0, fence=False):
     return {**_dn6(16, 1, 2, s, fence=fence), "RB": rb, "EARLY": early, "MAXNREG": maxnreg}
 
 
 TUNE7_DN = {
-    "mma-BH16w1r2s4": _dn7(),  # the round-6 default
+    "mma-BH16w1r2s4": _dn7(),  # the base down (the ``--tune`` default)
     "mma-BH16w1r2s4-e1-r72": _dn7(early=1, maxnreg=72),
     "mma-BH16w1r2s4-e1": _dn7(early=1),
     "mma-BH16w1r2s4-e2": _dn7(early=2),
@@ -829,19 +830,19 @@ TUNE7_DN = {
     "mma-BH16w1r2s4-rb2-f": _dn7(rb=2, fence=True),
     "mma-BH16w1r2s4-rb2-f-e1": _dn7(rb=2, fence=True, early=1),
 }
-#: Keys that pin a per-shape down override to the round-6 behaviour when DOWN changes.
+#: Keys that pin a per-shape down override to the base down's behaviour when DOWN changes.
 PIN7 = {"RB": 1, "EARLY": 0, "MAXNREG": 0}
 
 
 def tuned_text(doc_extra: str, measured: str, values: list, gu_by_shape: str, dn_by_shape: str) -> str:
-    """Text of nvfp4/tuned.py: the module docstring (the round-6 tune's paragraph, then ``doc_extra`` and the
+    """Text of nvfp4/tuned.py: the module docstring (the ``--tune`` paragraph, then ``doc_extra`` and the
     ``measured`` line), ``values`` as ``(name, config, comment)`` assignments (comment "" for none) and the two
-    per-shape override dicts as source text. Shared by the tune step (round 6) and ``round7``."""
+    per-shape override dicts as source text. Shared by ``tune`` and ``round7``."""
     body = "".join(f"{name} = {cfg!r}" + (f"  # {note}" if note else "") + "\n" for name, cfg, note in values)
     return (
-        '"""Launch configurations of the NVFP4 decode kernels chosen on the H200 (issue 4).\n\n'
-        "Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md, round\n"
-        "6): ``GATE_UP`` / ``DOWN`` are the pair with the least gate/up + down time at DeepSeek-V3 M=1 among the\n"
+        '"""Launch configurations of the NVFP4 decode kernels chosen on the H200.\n\n'
+        "Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md):\n"
+        "``GATE_UP`` / ``DOWN`` are the pair with the least gate/up + down time at DeepSeek-V3 M=1 among the\n"
         "CUDA-core and tensor-core (``MMA``) candidates, each checked against the golden model first;\n"
         "``*_BY_SHAPE[(H, I)]`` the pair of another measured model where it differs (same paths: a shape never\n"
         "changes ``MMA``); ``*_CUDA_CORE`` / ``*_MMA`` the best of each path at DeepSeek-V3 (tests run both).\n"
@@ -861,10 +862,11 @@ def tuned7_text(best: str, best_us: float, base_us: float, bw: float) -> str:
 
     dn_shape = {shape: {**over, **PIN7} for shape, over in T.DOWN_BY_SHAPE.items()}
     return tuned_text(
-        "Round 7 (``--round7``): ``DOWN`` / ``DOWN_MMA`` the fastest pair of the round-7 down candidates (row blocks\n"
-        "per program, weights loaded before the grid-dependency wait, register cap; same bits as round 6);\n"
-        "the per-shape down overrides pinned to the round-6 behaviour (RB 1, EARLY 0, MAXNREG 0).\n",
-        f"DeepSeek-V3 M=1 gate/up + down {best_us:.1f} us\n(copy {bw / 1e12:.3f} TB/s; round-6 down "
+        "Then ``--round7 --write-tuned``: ``DOWN`` / ``DOWN_MMA`` the fastest pair of the down candidates (row blocks\n"
+        "per program, weights loaded before the grid-dependency wait, register cap; same bits as the base down\n"
+        "``mma-BH16w1r2s4``, the ``--tune`` choice); the per-shape down overrides pinned to the base down's behaviour\n"
+        "(RB 1, EARLY 0, MAXNREG 0).\n",
+        f"DeepSeek-V3 M=1 gate/up + down {best_us:.1f} us\n(copy {bw / 1e12:.3f} TB/s; base down "
         f"{base_us:.1f} us in the same run).",
         [
             ("GATE_UP", T.GATE_UP, ""),
@@ -880,14 +882,14 @@ def tuned7_text(best: str, best_us: float, base_us: float, bw: float) -> str:
 
 
 def round7(out_dir: str, write_tuned: str | None) -> int:
-    """Round 7 (docs/kernels/nvfp4-decode.md): the ``TUNE7_DN`` downs at DeepSeek-V3 with the default gate/up.
+    """``--round7`` (docs/kernels/nvfp4-decode.md): the ``TUNE7_DN`` downs at DeepSeek-V3 with the default gate/up.
 
-    Checks: every candidate's y_acc, y and out bit-identical to the round-6 default down's at M = 1 and 3 (same
-    act). Timings (CUDA graphs, rotating expert sets, M=1): down alone, then gate/up + down for every candidate
-    in 3 rounds (candidate order rotated each round; median of the rounds). Diagnostic: Qwen3 / gpt-oss M=1 pair
-    with their own down, with and without EARLY 1. Choice: the least median pair time; written as ``DOWN`` /
-    ``DOWN_MMA`` (per-shape down overrides pinned with ``PIN7``) to ``write_tuned`` only if every check passed
-    and it beats the round-6 default in every round; DIR/tuned7.py always."""
+    Checks: every candidate's y_acc, y and out bit-identical to the base down's (``mma-BH16w1r2s4``) at M = 1 and 3
+    (same act). Timings (CUDA graphs, rotating expert sets, M=1): down alone, then gate/up + down for every candidate in
+    3 rounds (candidate order rotated each round; median of the rounds). Diagnostic: Qwen3 / gpt-oss M=1 pair with their
+    own down, with and without EARLY 1. Choice: the least median pair time; written as ``DOWN`` / ``DOWN_MMA``
+    (per-shape down overrides pinned with ``PIN7``) to ``write_tuned`` only if every check passed and it beats the base
+    down in every round; DIR/tuned7.py always."""
     from flint_moe.kernels.nvfp4.down_combine import default_config as dn_default, nvfp4_down
     from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
 
@@ -991,15 +993,16 @@ def round7(out_dir: str, write_tuned: str | None) -> int:
 
 
 def ab7(out_dir: str) -> int:
-    """Round 7 confirmation (diagnostic, nothing written but DIR/ab7.md): gate/up + down at M = 1, 2, 4, 8 with the
-    committed default down against the round-6 down (DeepSeek-V3), and gpt-oss-120b's own down with and without
-    EARLY 1; 3 interleaved rounds (order reversed every other round), CUDA graphs, median."""
+    """``--ab7``: confirmation of ``--round7`` (diagnostic, nothing written but DIR/ab7.md): gate/up + down at
+    M = 1, 2, 4, 8 with the committed default down against the base down ``mma-BH16w1r2s4`` (DeepSeek-V3), and
+    gpt-oss-120b's own down with and without EARLY 1; 3 interleaved rounds (order reversed every other round),
+    CUDA graphs, median."""
     from flint_moe.kernels.nvfp4.down_combine import default_config as dn_default
 
     bw = copy_bw()
     lines = [f"copy {bw / 1e12:.3f} TB/s", "", "| model | M | down | us (3 rounds) | median |", "|---|---|---|---|---|"]
     variants = {
-        "deepseek-v3": {"default (round 7)": None, "round-6 down": TUNE7_DN["mma-BH16w1r2s4"]},
+        "deepseek-v3": {"default (tuned down)": None, "base down": TUNE7_DN["mma-BH16w1r2s4"]},
         "gpt-oss-120b": {"default (own down)": None, "own down + EARLY 1": {**dn_default(2880, 2880), "EARLY": 1}},
     }
     for mname, vs in variants.items():
@@ -1029,13 +1032,13 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default="default")
     ap.add_argument("--sweep", action="store_true", help="tuning sweep (bit checks + split timings)")
-    ap.add_argument("--words", action="store_true", help="round 3 sweep: int32-word code tiles (WORDS)")
-    ap.add_argument("--mma", action="store_true", help="round 4 sweep: tensor-core path (MMA)")
-    ap.add_argument("--tune", action="store_true", help="round 6: checks, timings and the choice of the defaults")
-    ap.add_argument("--probe", action="store_true", help="round 6 follow-up: untuned gate/up variants (no write)")
+    ap.add_argument("--words", action="store_true", help="sweep of int32-word code tiles (WORDS)")
+    ap.add_argument("--mma", action="store_true", help="sweep of the tensor-core path (MMA)")
+    ap.add_argument("--tune", action="store_true", help="checks, timings and the choice of the defaults")
+    ap.add_argument("--probe", action="store_true", help="follow-up to --tune: untuned gate/up variants (no write)")
     ap.add_argument("--write-tuned", default=None, help="with --tune: path of nvfp4/tuned.py to (over)write")
-    ap.add_argument("--round7", action="store_true", help="round 7: down candidates (RB, EARLY, MAXNREG)")
-    ap.add_argument("--ab7", action="store_true", help="round 7 confirmation: new vs round-6 down, M = 1..8")
+    ap.add_argument("--round7", action="store_true", help="down candidates (RB, EARLY, MAXNREG)")
+    ap.add_argument("--ab7", action="store_true", help="confirmation of --round7: tuned vs base down, M = 1..8")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.round7:

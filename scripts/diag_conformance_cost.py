@@ -1,4 +1,4 @@
-"""Where the gpu conformance profile's time goes (issue 5): one device call.
+"""Where the gpu conformance profile's time goes: one device call.
 
 Times the mutation self-test, then runs a stride sample of the gpu matrix (every --stride-th case, all paths
 and shapes) with invariances, under cProfile; writes per-case phase seconds and the profile's top functions

@@ -1,4 +1,4 @@
-"""Which GPU kernels the conformance harness spends its device time in (issue 5): torch.profiler over whole
+"""Which GPU kernels the conformance harness spends its device time in: torch.profiler over whole
 cases (kernel run + golden model + comparison + invariances). Not a test; a measurement script (METHOD.md).
 
 Usage on the GPU machine: PYTHONPATH=$PWD python3 scripts/diag_kernel_profile.py --out DIR --ids CASE_ID ...

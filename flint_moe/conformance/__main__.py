@@ -1,4 +1,4 @@
-"""``python -m flint_moe.conformance``: run the conformance matrix and write the report (issue 5).
+"""``python -m flint_moe.conformance``: run the conformance matrix and write the report.
 
     python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR [--overwrite]] [--list]
                                     [--invariance | --no-invariance] [--mutation | --no-mutation]
@@ -231,7 +231,7 @@ def summary_table(results: list):
 
 
 def _mutation(console) -> dict | None:
-    """``mutation.mutation_report(mutation.run_mutations())`` (issue 5 self-test), or None with a note when
+    """``mutation.mutation_report(mutation.run_mutations())`` (the harness's self-test), or None with a note when
     the module is not there yet."""
     try:
         from flint_moe.conformance.mutation import mutation_report, run_mutations

@@ -1,4 +1,4 @@
-"""sm_90 PTX audit of every kernel specialisation the conformance matrix launches (issue 4, "CPU (CI)").
+"""sm_90 PTX audit of every kernel specialisation the conformance matrix launches (on the CPU, in CI).
 
 The kernel modules register hand-picked specialisations (``flint_moe.kernels.audit.registry.AUDIT_REGISTRY``, each
 module's ``audit_specs()``). This module derives the specialisations from the matrix itself, so that a new

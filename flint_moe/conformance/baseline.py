@@ -1,4 +1,4 @@
-"""``--baseline OTHER``: what changed between two conformance reports (issue 5 "Reports and interface").
+"""``--baseline OTHER``: what changed between two conformance reports.
 
 :func:`compare_reports` ``(current, other) -> dict`` lists, case by case (matched by case id):
 

@@ -1,4 +1,4 @@
-"""Black-box mode: end-to-end conformance of a kernel WITHOUT taps (e.g. a third-party kernel), issue 5.
+"""Black-box mode: end-to-end conformance of a kernel WITHOUT taps (e.g. a third-party kernel).
 
 ``compare_blackbox(fn, x, router_weight, weights, top_k, logical, *, shared=None, ...) -> CaseResult`` calls
 ``fn(x, router_weight, weights, top_k) -> out bf16 [M, H]`` once and compares ``out`` with the golden model
@@ -19,8 +19,8 @@ can reach, through every rule step after each accumulation (``docs`` of the Flin
   step-4 sum and the step-9 fma chain are bounded for any slot order (``gamma_k`` relative);
 * top-k: every selection a conforming kernel could make: experts whose logit intervals overlap the k-th
   place compete, and a selection is possible only if no selected expert's interval lies entirely below an
-  unselected competitor's (issue 5: "a top-k difference counts as explained only when the competing logits'
-  intervals overlap"). The output interval is the hull over the possible selections (at most
+  unselected competitor's (a top-k difference counts as explained only when the competing logits'
+  intervals overlap). The output interval is the hull over the possible selections (at most
   :data:`MAX_SELECTIONS` per token; more makes the token's differing elements unexplained).
 
 An element is EXPLAINED when the kernel's value lies inside its interval (compared on the bf16 totalOrder,

@@ -33,10 +33,10 @@ __all__ = [
     "matrix",
 ]
 
-#: Kernel paths of this slice (``flint_moe.conformance.paths.PATHS`` keys). A path's name starts with the
+#: Kernel paths of the matrix (``flint_moe.conformance.paths.PATHS`` keys). A path's name starts with the
 #: stored weight format it reads (``nvfp4_`` -> ``FlintMoEWeights``, ``bf16_`` -> the TRT-LLM BF16 layout).
-#: ``nvfp4_grouped`` (issue 6): ``flint_moe.ops.flint_moe_grouped`` on both sides of DECODE_MAX_TOKENS.
-#: ``bf16_module`` (issue 6): ``modules.FlintBf16DecodeMoE`` over the case's TRT-LLM-layout BF16 layer (read in
+#: ``nvfp4_grouped``: ``flint_moe.ops.flint_moe_grouped`` on both sides of DECODE_MAX_TOKENS.
+#: ``bf16_module``: ``modules.FlintBf16DecodeMoE`` over the case's TRT-LLM-layout BF16 layer (read in
 #: place), forward with the shared output.
 PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module")
 
@@ -53,7 +53,7 @@ PATH_PROFILES: dict[str, tuple[str, ...]] = {
         "asymmetric", "tiny_sigmoids", "subnormal_tokens",
     ),
 }  # fmt: skip
-#: Profiles whose inputs come from the field's own tools (issue 5 "Real inputs beside our own"), present only
+#: Profiles whose inputs come from the field's own tools, present only
 #: where the tool is importable (the ``oracle`` extra; not on the H200, so only in the ``cpu`` profile):
 #: ``modelopt_quantizer`` = bf16 experts quantized by nvidia-modelopt's ``NVFP4QTensor`` (gate and up of an
 #: expert under one global scale, as fused exports have), then our ``FlintMoEWeights.from_modelopt``;
@@ -72,13 +72,13 @@ def oracle_available(profile: str) -> bool:
 
     mod = ORACLE_PROFILES.get(profile)
     return mod is None or importlib.util.find_spec(mod) is not None
-#: ``nvfp4_module`` (issue 6): ``modules.FlintNvfp4Experts`` loaded from the case's checkpoint-layout tensors
+#: ``nvfp4_module``: ``modules.FlintNvfp4Experts`` loaded from the case's checkpoint-layout tensors
 #: (its loader repacks them), forward with the shared output on both sides of DECODE_MAX_TOKENS.
 PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
 PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
 
-#: Launch configurations a path can pick besides its default (issue 5: "every kernel configuration a path can
-#: pick, not only the default"): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
+#: Launch configurations a path can pick besides its default (every kernel configuration a path can
+#: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
 #: or the name of one in flint_moe/kernels/nvfp4/tuned.py; ``BM`` for the grouped path).
 #: ``flint_moe.conformance.paths.path_for`` runs them and ``compare.expert_models`` bounds their accumulations
 #: with the model each kernel declares for that configuration. NVFP4 decode: the other measured path of each

@@ -1,4 +1,4 @@
-"""Conformance cases on a real checkpoint's MoE layer (issue 6: ``python -m flint_moe.conformance --checkpoint
+"""Conformance cases on a real checkpoint's MoE layer (``python -m flint_moe.conformance --checkpoint
 PATH --layer N``).
 
 The weights come from the checkpoint (``flint_moe.checkpoints.read_layer``: a ModelOpt NVFP4 directory or a

@@ -1,4 +1,4 @@
-"""Stage-by-stage comparison of one kernel run against the golden model, with teacher forcing (issue 5).
+"""Stage-by-stage comparison of one kernel run against the golden model, with teacher forcing.
 
 ``compare_case(case, inputs, taps, out) -> CaseResult``. Each order-free rule step is recomputed by the golden
 model (``flint_moe.reference``) from the kernel's OWN inputs to that step (its taps) and must match bit for
@@ -126,7 +126,7 @@ ACCUMULATION_STAGES = ("router_acc", "gate_acc", "up_acc", "down_acc")
 
 #: Summation model of each path's expert reductions (the router is always FP32_RN); for nvfp4_decode the
 #: CUDA-core default, the kernels' own declaration wins (:func:`expert_models`).
-#: ``nvfp4_grouped`` (issue 6): tensor-core dots of the dequantised weights, plain any-order truncating model
+#: ``nvfp4_grouped``: tensor-core dots of the dequantised weights, plain any-order truncating model
 #: (flint_moe/kernels/nvfp4/grouped_gate_up.py, docs/kernels/nvfp4-grouped.md).
 PATH_MODELS: dict[str, SummationModel] = {
     "nvfp4_decode": block_model(16),
@@ -232,7 +232,7 @@ CAUSES = ("routing", "router_acc", "gate_up_acc", "down_acc", "interval")
 @dataclass
 class EndToEndResult:
     """The returned output against the golden model run on its own (not teacher-forced), every differing
-    element traced to an accumulation difference upstream (issue 5 "Comparison").
+    element traced to an accumulation difference upstream.
 
     Fields:
         mode: ``"taps"`` (traced through the kernel's taps) or ``"black-box"`` (intervals, ``blackbox.py``).
@@ -887,8 +887,8 @@ def logit_intervals(racc: Accumulation) -> tuple[torch.Tensor, torch.Tensor]:
 
 def routing_explained(kernel_ids: torch.Tensor, golden_logits: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
     """Whether one token's top-k ``kernel_ids`` int [k] differs from the golden selection only between experts
-    whose logit intervals overlap (rule step 2; issue 5: "a routing difference only when the competing logits
-    tie or differ within their bounds").
+    whose logit intervals overlap (rule step 2: a routing difference is explained only when the competing logits
+    tie or differ within their bounds).
 
     ``golden_logits``, ``lo``, ``hi``: bf16 [E] (golden logits and the :func:`logit_intervals` row). Every
     pair ordered one way by the kernel (``a`` selected before ``b``, or ``a`` selected and ``b`` not) and the

@@ -1,5 +1,4 @@
-"""Source digest of the kernels and the golden model, and the freshness check of a committed GPU report
-(issue 5 "Committed GPU evidence").
+"""Source digest of the kernels and the golden model, and the freshness check of a committed GPU report.
 
 :func:`source_digest` hashes every file under :data:`DIGEST_DIRS` (``flint_moe/kernels``, ``flint_moe/ops``,
 ``flint_moe/reference``, and the code the harness's paths also run: ``flint_moe/layouts`` (the stored

@@ -1,4 +1,4 @@
-"""Diagnosis of failing cases: a catalogue of known faults tried on the GOLDEN side (issue 5 "Diagnosis").
+"""Diagnosis of failing cases: a catalogue of known faults tried on the GOLDEN side.
 
 ``diagnose(case, inputs, taps, out, result)`` tries every catalogued fault that applies to the case's path
 and whose first stage FAILed in ``result``, and names those that reproduce the kernel, e.g.

@@ -1,4 +1,4 @@
-"""report.html: one self-contained page of plots for a conformance run (issue 5 "Reports and interface").
+"""report.html: one self-contained page of plots for a conformance run.
 
 ``write_html(report, path)`` renders a report.json dict (``report.report_dict``) into one HTML file with the
 figures embedded as base64 PNGs (no external file, no script):

@@ -1,4 +1,4 @@
-"""Invariance checks of one kernel path on one case (issue 5 "Comparison": invariances).
+"""Invariance checks of one kernel path on one case.
 
 ``check_invariances(case, inputs, path, counter, out, taps, *, repeats=3) -> list[InvarianceResult]``:
 

@@ -1,4 +1,4 @@
-"""Compact, JSON-ready pictures of where a stage differs, kept in report.json for report.html (issue 5).
+"""Compact, JSON-ready pictures of where a stage differs, kept in report.json for report.html.
 
 - :func:`mismatch_map` ``(bad) -> dict``: a boolean mask of one stage (``[M, H]``, ``[M, k, H]``, ...; the
   leading dimensions are flattened into rows: token, or token x slot) downsampled to at most

@@ -1,4 +1,4 @@
-"""Mutation testing of the harness itself (issue 5 "Diagnosis and self-test").
+"""Mutation testing of the harness itself.
 
 Every catalogued fault (``faults.FAULTS``) is injected into a kernel path on a small case (cpu-sized, one M,
 the Triton interpreter without a GPU); the harness (``compare.compare_case`` + ``faults.diagnose``) must FAIL

@@ -1,4 +1,4 @@
-"""Several worker processes sharing one device for a conformance run (issue 5: the gpu profile in minutes).
+"""Several worker processes sharing one device for a conformance run (the gpu profile in minutes).
 
 A case is mostly host work: Python-driven golden-model reductions, Triton compiles, kernel launches and
 synchronisations; the GPU itself is idle most of the time (``meta.phase_seconds`` of an H200 run). ``jobs``

@@ -1,5 +1,5 @@
 """Data profiles of the conformance matrix: deterministic generators of tokens, router weights, shared output
-and expert weights for a ``Case`` (issue 5; shared/notes/field-cases.md).
+and expert weights for a ``Case`` (shared/notes/field-cases.md).
 
 Token / router profiles (both paths): ``gaussian``; ``heavy_tailed`` (log-normal-scaled tokens plus outlier
 hidden channels x64); ``tied_logits`` (router rows that are power-of-two multiples of one vector, so equal

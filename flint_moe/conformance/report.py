@@ -1,5 +1,4 @@
-"""Conformance reports: ``write_report(results, env, out_dir, ...)`` -> report.json, summary.md, report.html
-(issue 5 "Reports and interface").
+"""Conformance reports: ``write_report(results, env, out_dir, ...)`` -> report.json, summary.md, report.html.
 
 report.json (schema :data:`SCHEMA`): ``{"schema", "env", "totals", "cases": [CaseResult.to_json(), ...]}``,
 each case with its per-stage metrics and verdicts and the SHA-256 of every output tensor (``digests``); the
@@ -15,7 +14,7 @@ EXPLAINED differences, the invariance and batch-invariance findings, the mutatio
 a baseline. report.html: :mod:`flint_moe.conformance.html`.
 
 Every function here takes CaseResult objects or their ``to_json()`` dicts (e.g. a loaded report.json), and
-reads the keys added by later slices (``mode``, ``end_to_end``, ``warnings``, stage ``map``) with defaults.
+reads the optional keys (``mode``, ``end_to_end``, ``warnings``, stage ``map``) with defaults.
 Each file must stay below :data:`MAX_BYTES`; summary.md details are truncated to fit.
 
 Every string of a result, an env, a baseline or a mutation report reaches summary.md through :func:`md`, so a

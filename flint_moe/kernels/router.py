@@ -1,4 +1,4 @@
-"""Router kernels (rule steps 1-4; issue 4, owner E): a fused router GEMV + top-k for few tokens, and a top-k
+"""Router kernels (rule steps 1-4): a fused router GEMV + top-k for few tokens, and a top-k
 kernel that follows a cuBLAS fp32 router GEMM for more tokens. Public op: ``flint_moe.ops.route``.
 
 Kernels (seed: ``vllm.models.flint.ops.moe`` ``_router_kernel``, ``_topk_kernel``, ``_topk_row``, semantics

@@ -1,4 +1,4 @@
-"""torch.nn modules a serving engine calls (issue 6 "Modules").
+"""torch.nn modules a serving engine calls.
 
 - ``FlintNvfp4Experts``: routed NVFP4 experts of one layer, loaded from per-expert ModelOpt tensors and
   repacked into ``FlintMoEWeights``; forward = ``flint_moe.ops.flint_moe`` + the shared expert on an auxiliary

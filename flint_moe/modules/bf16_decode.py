@@ -1,6 +1,6 @@
 """``FlintBf16DecodeMoE``: the BF16 decode path over an existing TRT-LLM-layout BF16 expert layer (no copy).
 
-Seed: ``FlintBf16DecodeMoE`` of ``vllm.models.flint.ops.moe`` (semantics only; issue 6 "Modules").
+Seed: ``FlintBf16DecodeMoE`` of ``vllm.models.flint.ops.moe`` (semantics only).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``FlintNvfp4Experts``: the routed experts of one Flint NVFP4 (W4A16) MoE layer as a ``torch.nn.Module``.
 
-Seed: ``FlintNvfp4Experts`` of ``vllm.models.flint.ops.moe`` (semantics only; issue 6 "Modules").
+Seed: ``FlintNvfp4Experts`` of ``vllm.models.flint.ops.moe`` (semantics only).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Public ops of the decode path (issue 4): routing, the NVFP4 MoE and the BF16 TRT-LLM-layout MoE.
+"""Public ops of the decode path: routing, the NVFP4 MoE and the BF16 TRT-LLM-layout MoE.
 
 - ``make_route_counter`` / ``route``: rule steps 1-4 (flint_moe/ops/route.py).
 - ``flint_moe``: NVFP4 W4A16 routed experts on ``FlintMoEWeights`` for M <= ``DECODE_MAX_TOKENS``

@@ -1,6 +1,6 @@
-"""Decode MoE on BF16 experts held in the TRT-LLM BlockMajorK layout (issue 4, owner G).
+"""Decode MoE on BF16 experts held in the TRT-LLM BlockMajorK layout.
 
-``flint_moe_bf16_decode`` = ``route`` (rule steps 1-4, owner E) + ``bf16_gate_up`` (steps 6-7) +
+``flint_moe_bf16_decode`` = ``route`` (rule steps 1-4) + ``bf16_gate_up`` (steps 6-7) +
 ``bf16_down_combine`` (steps 8-10): three kernels, chained with programmatic dependent launch on the GPU.
 The expert weights are read in place, in the layout FlashInfer's ``trtllm_bf16_moe`` uses (so a model that
 already holds that layout for its large-batch path needs no second copy). Seed: ``flint_moe_bf16_decode`` /
@@ -20,7 +20,7 @@ from flint_moe.ops._checks import (
     check_top_k,
     checked_row_maps,
 )
-from flint_moe.ops.route import route  # owner E
+from flint_moe.ops.route import route
 
 __all__ = [
     "DECODE_BF16_MAX_TOKENS",

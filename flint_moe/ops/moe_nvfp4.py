@@ -1,4 +1,4 @@
-"""``flint_moe``: routed NVFP4 experts + shared output for decode (issue 4, owner F).
+"""``flint_moe``: routed NVFP4 experts + shared output for decode.
 
 Three launches on the current stream, chained by programmatic dependent launch: ``route`` (router GEMV +
 top-k, ``flint_moe.ops.route``; rule steps 1-4), ``nvfp4_gate_up`` (steps 5-7), ``nvfp4_down`` (steps 8-10).
@@ -37,7 +37,7 @@ def flint_moe(
 
     Args:
         x: bf16 [M, H] contiguous; never modified. M <= ``DECODE_MAX_TOKENS`` runs the decode kernels below,
-            larger M the grouped path (``flint_moe.ops.moe_nvfp4_grouped.flint_moe_grouped``, issue 6).
+            larger M the grouped path (``flint_moe.ops.moe_nvfp4_grouped.flint_moe_grouped``).
         router_weight: bf16 [E, H] contiguous.
         weights: ``flint_moe.layouts.FlintMoEWeights`` (FlashInfer CuTe-DSL W4A16 layout); its tensors'
             metadata is checked again here (``FlintMoEWeights.check_metadata``: host-side, no synchronisation),

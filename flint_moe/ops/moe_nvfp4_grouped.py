@@ -1,4 +1,4 @@
-"""``flint_moe_grouped``: routed NVFP4 experts + shared output for larger batches (issue 6, owner C).
+"""``flint_moe_grouped``: routed NVFP4 experts + shared output for larger batches.
 
 Launches on the current stream: ``route`` (for M > ROUTE_GEMV_MAX_TOKENS the fp32 cuBLAS router GEMM, the
 explicit bf16 cast and the Triton top-k; rule steps 1-4), ``moe_permute`` (pairs sorted by expert, row-block

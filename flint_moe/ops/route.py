@@ -1,4 +1,4 @@
-"""``route``: router logits + top-k + renormalised routing weights (rule steps 1-4; issue 4, owner E).
+"""``route``: router logits + top-k + renormalised routing weights (rule steps 1-4).
 
 - M <= ROUTE_GEMV_MAX_TOKENS: one Triton kernel (``flint_moe.kernels.router._router_gemv_topk_kernel``):
   router GEMV with bf16 logits, the top-k in each token's last program (per-token atomic counter, never

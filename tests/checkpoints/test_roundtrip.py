@@ -1,4 +1,4 @@
-"""Real input round trip (issue 6 "Checkpoints"): a bf16 expert stack quantized by nvidia-modelopt 0.47.0,
+"""Real input round trip: a bf16 expert stack quantized by nvidia-modelopt 0.47.0,
 written as a sharded ModelOpt safetensors directory and as GGUF in both conventions with the libraries' writers
 (tests/checkpoints/_writers.py), read back by ``flint_moe.checkpoints`` -> bitwise identical ModelOpt tensors,
 router and FlintMoEWeights, equal to the golden model's own quantizer + ``FlintMoEWeights.from_modelopt``.

@@ -522,7 +522,7 @@ def test_report_roundtrip(tmp_path, nvfp4, bf16) -> None:
 
 
 def test_accumulation_warning_within_bound() -> None:
-    """WARNING (rule "Accumulation", issue 5): an error inside the certified bound n*u*S but 40x the
+    """WARNING (rule "Accumulation"): an error inside the certified bound n*u*S but 40x the
     probabilistic estimate sqrt(n)*u*S (n = 4096, what a partly bf16 accumulation would leave) is flagged
     with its index, the verdict staying WITHIN-BOUND; an RN32-exact element is not flagged."""
     from flint_moe.conformance.compare import WARN_FACTOR, compare_accumulation

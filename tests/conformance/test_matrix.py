@@ -1,4 +1,4 @@
-"""The conformance case matrix as pytest tests (issue 5): one test per case id, FAIL = test failure.
+"""The conformance case matrix as pytest tests: one test per case id, FAIL = test failure.
 
     pytest --run-slow tests/conformance/test_matrix.py                  # cpu profile (no CUDA): ~2 min
     pytest --run-slow -n 8 -p xdist tests/conformance/test_matrix.py    # gpu profile on an 8-GPU host

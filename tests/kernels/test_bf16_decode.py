@@ -400,11 +400,11 @@ def test_in_range_wrong_values_are_read_as_given(small) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# the op (router from owner E)
+# the op (router: flint_moe.ops.route)
 # --------------------------------------------------------------------------------------------------------
 
 _HAVE_ROUTE = importlib.util.find_spec("flint_moe.ops.route") is not None
-needs_route = pytest.mark.skipif(not _HAVE_ROUTE, reason="flint_moe.ops.route (owner E) not present yet")
+needs_route = pytest.mark.skipif(not _HAVE_ROUTE, reason="flint_moe.ops.route not present")
 
 
 def _op_case(m: int = 2):

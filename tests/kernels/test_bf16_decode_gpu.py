@@ -1,4 +1,4 @@
-"""BF16 TRT-LLM-layout decode on the H200 (compiled kernels, sm_90): the GPU half of issue 4's BF16 part.
+"""BF16 TRT-LLM-layout decode on the H200 (compiled kernels, sm_90): the GPU half of the BF16 decode tests.
 
 Run: ``PYTHONPATH=$PWD python -m pytest -q -m gpu tests/kernels/test_bf16_decode_gpu.py`` on a CUDA machine
 (TRITON_INTERPRET unset). For M = 1..8 at Qwen3-30B-A3B (E=128, H=2048, I=768, k=8) and gpt-oss-like shapes

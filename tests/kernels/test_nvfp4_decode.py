@@ -189,7 +189,7 @@ def test_bad_inputs_raise():
         nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "MAXNREG": 8})
     with pytest.raises(ValueError, match="SPLIT"):
         nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "SPLIT": False})
-    # M > DECODE_MAX_TOKENS goes to the grouped path (issue 6), which checks its own arguments
+    # M > DECODE_MAX_TOKENS goes to the grouped path, which checks its own arguments
     big = torch.zeros(DECODE_MAX_TOKENS + 1, H, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^shared_output"):
         flint_moe(big, torch.zeros(E, H, dtype=torch.bfloat16), w, k, None, big[:, :32])

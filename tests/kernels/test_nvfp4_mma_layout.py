@@ -5,7 +5,7 @@ the default blocked layout of a [R, 4] tile: 8 x 4 threads per warp (lane = 4 * 
 the rows, one element per thread and repetition. Triton chooses that layout itself; this test compiles the
 MMA specialisations the benchmarks and defaults use (in a subprocess without TRITON_INTERPRET, as
 tests/kernels/test_ptx_audit.py does; one with the cross-step prefetch ``PF``, two with the L2 prefetch
-``L2PF`` and the load fence ``FENCE``, the round-7 down default with ``EARLY`` loads and ``maxnreg`` 72) and
+``L2PF`` and the load fence ``FENCE``, the tuned down default with ``EARLY`` loads and ``maxnreg`` 72) and
 asserts the layout of every
 tensor entering the MMA asm, so a Triton upgrade that changed it fails here instead of producing wrong sums on
 the GPU.
@@ -55,7 +55,7 @@ for nw, rt, s, sk, pf, l2, fe in ((2, 2, 4, 1, False, 0, 0), (1, 4, 2, 1, False,
               WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=pf, L2PF=l2, FENCE=bool(fe),
               TAP=False)
     out.append(dict(kernel="gate_up", nw=nw, rt=rt, sk=sk, ttgir=ttgir(G._nvfp4_gate_up_kernel, GSIG, ce, nw)))
-# the last one: the round-7 default (early weight loads before griddepcontrol.wait, 72 registers)
+# the last one: the tuned down default (early weight loads before griddepcontrol.wait, 72 registers)
 for nw, rt, s, sk, l2, fe, early, mr in ((1, 2, 4, 1, 0, 0, 0, 0), (4, 2, 2, 4, 0, 0, 0, 0), (1, 2, 4, 1, 1, 1, 0, 0),
                                          (1, 2, 4, 1, 0, 0, 1, 72)):
     ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BH=8 * nw * rt // sk, BKB=512, ASM=True, DECODE=2,

@@ -1,4 +1,4 @@
-"""sm_90 PTX audit of every kernel specialisation the conformance matrix launches (issue 4, "CPU (CI)").
+"""sm_90 PTX audit of every kernel specialisation the conformance matrix launches (on the CPU, in CI).
 
 ``flint_moe.conformance.audit`` records the launches of every case of ``cases.matrix("gpu")`` and
 ``matrix("cpu")`` (every path and PATH_CONFIGS entry, tapped and production builds) on fake CUDA tensors,

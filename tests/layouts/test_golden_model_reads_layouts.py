@@ -1,4 +1,4 @@
-"""The golden model accepts weights held in FlashInfer's CuTe-DSL W4A16 layout (issue 3): every stage of
+"""The golden model accepts weights held in FlashInfer's CuTe-DSL W4A16 layout: every stage of
 ``moe_nvfp4`` on ``FlintMoEWeights`` is bit-identical to the run on the logical checkpoint tensors."""
 
 from __future__ import annotations

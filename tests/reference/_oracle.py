@@ -85,7 +85,7 @@ def tbf(values) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Stand-ins for the MUFU emulation (owner B's tables are captured on the GPU). They are simple, documented
+# Stand-ins for the MUFU emulation (its tables are captured on the GPU). They are simple, documented
 # models (correctly rounded base + the .ftz behaviour), so tests of the rule's composition around the
 # instructions can compare against a plain-Python evaluation that calls the same stand-ins.
 # ---------------------------------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def test_swiglu_against_plain_loop(monkeypatch):
         assert (math.isnan(want) and math.isnan(got)) or f32_bits(got) == f32_bits(want), (g, u)
 
 
-@pytest.mark.skipif(not mufu_tables_present(), reason="mufu tables are captured on the GPU (owner B)")
+@pytest.mark.skipif(not mufu_tables_present(), reason="mufu tables are captured on the GPU")
 def test_swiglu_with_real_mufu_saturating_cases():
     # cases whose value does not depend on the approximations' ulps (see the hand-case test)
     out = swiglu(t32([0.0, 100.0, -100.0]), t32([1.0, 1.0, 1.0])).float().tolist()

@@ -1,4 +1,4 @@
-"""The golden model on CUDA tensors gives the same bits as on the CPU (issue 2: "runs on CPU and on CUDA").
+"""The golden model on CUDA tensors gives the same bits as on the CPU.
 
 Every stage must agree bit for bit, the exact accumulations included: ``exact`` is computed by exact,
 order-independent binned summation (flint_moe/reference/exact.py), so neither the BLAS nor the device may change

@@ -175,7 +175,7 @@ def test_scores_against_plain_loop(monkeypatch):
         assert f32_bits(got) == f32_bits(want), v
 
 
-@pytest.mark.skipif(not mufu_tables_present(), reason="mufu tables are captured on the GPU (owner B)")
+@pytest.mark.skipif(not mufu_tables_present(), reason="mufu tables are captured on the GPU")
 def test_scores_with_real_expf():
     # l = +-inf and 0 do not depend on the approximation:
     # expf(-inf)=0 -> 1, expf(inf)=inf -> 0, expf(-0)=1 -> 0.5

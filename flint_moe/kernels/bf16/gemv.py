@@ -1,4 +1,4 @@
-"""Shared pieces of the BF16 TRT-LLM-layout decode GEMVs (owner G, issue 4).
+"""Shared pieces of the BF16 TRT-LLM-layout decode GEMVs.
 
 The summation order of every length-H / length-I reduction of the BF16 decode kernels
 (``bf16/gate_up.py``, ``bf16/down_combine.py``) is the one order below, the same for every tile configuration

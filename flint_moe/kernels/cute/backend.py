@@ -1,4 +1,4 @@
-"""FlashInfer CuTe-DSL W4A16 backend for the grouped GEMMs on SM100 / SM103 (issue 6; owner C).
+"""FlashInfer CuTe-DSL W4A16 backend for the grouped GEMMs on SM100 / SM103.
 
 On Blackwell (compute capability 10.0 or 10.3) with ``flashinfer`` installed, the grouped path's two GEMMs
 can run on FlashInfer's CuTe-DSL block-scaled W4A16 kernels (``flashinfer.fused_moe.cute_dsl_fused_moe``

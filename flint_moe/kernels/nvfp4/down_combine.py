@@ -1,4 +1,4 @@
-"""NVFP4 decode down GEMV over a token's k experts + combine + shared add (rule steps 5, 8, 9, 10; owner F).
+"""NVFP4 decode down GEMV over a token's k experts + combine + shared add (rule steps 5, 8, 9, 10).
 
 Production path (``SPLIT``, default): ``_nvfp4_down_split_kernel``, one program per (token, selected expert,
 BH-row block) computing ``y_j``; the last of a row block's k programs to finish (arrival counter) does the
@@ -278,7 +278,7 @@ def _nvfp4_down_split_kernel(
     ``griddepcontrol.wait``, everything else after it. Same bits. Valid only when the ids were written by a
     grid that completed before this launch could start: the case when the preceding kernel (the gate/up GEMV,
     whose ids come from the router) triggers its dependents only after its own ``griddepcontrol.wait``
-    (docs/kernels/nvfp4-decode.md, round 7).
+    (docs/kernels/nvfp4-decode.md, the down tuning with ``EARLY``).
     """
     EARLY_ON: tl.constexpr = MMA and EARLY > 0
     if not EARLY_ON:  # else in the first mma_gemv, after the early loads (and the trigger right after it)

@@ -1,4 +1,4 @@
-"""NVFP4 decode gate/up GEMV + SwiGLU on FlashInfer's CuTe-DSL W4A16 layout (rule steps 5-7; owner F).
+"""NVFP4 decode gate/up GEMV + SwiGLU on FlashInfer's CuTe-DSL W4A16 layout (rule steps 5-7).
 
 One program computes ``BN`` intermediate columns of one (token, selected expert) pair: the ``BN`` up rows and
 the ``BN`` gate rows of those columns, read in place from ``FlintMoEWeights.w1`` (uint8 [E, 2Ip, H/2], [up;
@@ -50,7 +50,7 @@ def _check_shape_overrides(base: dict, by_shape: dict, name: str) -> None:
 #: slower on the H200: 91 vs 61 us at DeepSeek-V3 M=1), ``WORDS`` (codes loaded and carried as int32 words
 #: [R, BKB / 4], decoded 8 codes per asm call with no byte unpack / ``prmt`` re-pack; same values and order;
 #: with PREFETCH it cuts the prefetch build from 253 to 182 registers (BN 8 / 2 warps) and 91 to 73 us, but no
-#: WORDS variant beat the default at both M = 1 and M = 8: docs/kernels/nvfp4-decode.md, round 3).
+#: WORDS variant beat the default at both M = 1 and M = 8: docs/kernels/nvfp4-decode.md, the WORDS sweep).
 #: ``BKB`` fixes the summation order (see the kernel docstring); ``BN``, ``num_warps``, ``PREFETCH`` and
 #: ``WORDS`` do not change a bit. Chosen on the H200 by ``benchmarks/bench_decode_nvfp4.py``.
 #: ``MMA`` selects the tensor-core path (``nvfp4.gemv.mma_rows``: no block regrouping, FP32_TRUNCATE bound) with

@@ -1,4 +1,4 @@
-"""Device helpers shared by the NVFP4 decode GEMVs (``nvfp4_gate_up``, ``nvfp4_down``; owner F, issue 4).
+"""Device helpers shared by the NVFP4 decode GEMVs (``nvfp4_gate_up``, ``nvfp4_down``).
 
 E2M1 decode on sm_90 (no FP4 conversion instruction before sm_100)
 -------------------------------------------------------------------

@@ -1,5 +1,4 @@
-"""NVFP4 grouped down GEMM (rule steps 5, 8) + combine and shared add (steps 9-10) for larger batches
-(issue 6, owner C).
+"""NVFP4 grouped down GEMM (rule steps 5, 8) + combine and shared add (steps 9-10) for larger batches.
 
 ``_grouped_down_kernel``: one program computes ``BH`` hidden rows of ``y`` for one row block of one expert's
 (token, slot) pairs (``moe_permute``'s schedule): ``FlintMoEWeights.w2`` codes and E4M3 block scales

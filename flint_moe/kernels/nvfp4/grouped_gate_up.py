@@ -1,4 +1,4 @@
-"""NVFP4 grouped gate/up GEMM + SwiGLU for larger batches on Hopper (rule steps 5-7; issue 6, owner C).
+"""NVFP4 grouped gate/up GEMM + SwiGLU for larger batches on Hopper (rule steps 5-7).
 
 One program computes a ``BC``-column slice of the intermediate (its up and its gate rows) for one row block of
 one expert's (token, slot) pairs (``moe_permute``'s schedule): the NVFP4 codes and E4M3 block scales of

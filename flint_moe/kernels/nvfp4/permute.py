@@ -1,4 +1,4 @@
-"""Token/expert permutation of the grouped NVFP4 path (issue 6, "Grouped path"; owner C).
+"""Token/expert permutation of the grouped NVFP4 path.
 
 ``moe_permute(ids, num_experts, block_m) -> MoEPermutation``: the M * k (token, slot) pairs sorted by
 expert, and the tile schedule of the grouped GEMMs (``nvfp4_grouped_gate_up`` / ``nvfp4_grouped_down``).

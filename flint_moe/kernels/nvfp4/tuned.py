@@ -1,15 +1,16 @@
-"""Launch configurations of the NVFP4 decode kernels chosen on the H200 (issue 4).
+"""Launch configurations of the NVFP4 decode kernels chosen on the H200.
 
-Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md, round
-6): ``GATE_UP`` / ``DOWN`` are the pair with the least gate/up + down time at DeepSeek-V3 M=1 among the
+Written by ``benchmarks/bench_decode_nvfp4.py --tune --write-tuned`` (docs/kernels/nvfp4-decode.md):
+``GATE_UP`` / ``DOWN`` are the pair with the least gate/up + down time at DeepSeek-V3 M=1 among the
 CUDA-core and tensor-core (``MMA``) candidates, each checked against the golden model first;
 ``*_BY_SHAPE[(H, I)]`` the pair of another measured model where it differs (same paths: a shape never
 changes ``MMA``); ``*_CUDA_CORE`` / ``*_MMA`` the best of each path at DeepSeek-V3 (tests run both).
-Round 7 (``--round7``): ``DOWN`` / ``DOWN_MMA`` the fastest pair of the round-7 down candidates (row blocks
-per program, weights loaded before the grid-dependency wait, register cap; same bits as round 6);
-the per-shape down overrides pinned to the round-6 behaviour (RB 1, EARLY 0, MAXNREG 0).
+Then ``--round7 --write-tuned``: ``DOWN`` / ``DOWN_MMA`` the fastest pair of the down candidates (row blocks
+per program, weights loaded before the grid-dependency wait, register cap; same bits as the base down
+``mma-BH16w1r2s4``, the ``--tune`` choice); the per-shape down overrides pinned to the base down's behaviour
+(RB 1, EARLY 0, MAXNREG 0).
 Measured 2026-11-30 01:43 UTC: DeepSeek-V3 M=1 gate/up + down 69.1 us
-(copy 4.158 TB/s; round-6 down 72.6 us in the same run).
+(copy 4.158 TB/s; base down 72.6 us in the same run).
 """
 
 GATE_UP = {
