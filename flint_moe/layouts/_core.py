@@ -60,10 +60,13 @@ def check_scales(name: str, t: object, shape: tuple[int | None, ...]) -> torch.T
     return check_tensor(name, t, dtype=SCALE_DTYPES, shape=shape)
 
 
-def check_no_nan_e4m3(name: str, t: torch.Tensor) -> None:
-    """Reject E4M3 NaN bytes (0x7F / 0xFF) in block scales."""
+def check_no_nan_e4m3(name: str, t: torch.Tensor, where: torch.Tensor | None = None) -> None:
+    """Reject E4M3 NaN bytes (0x7F / 0xFF) in block scales; ``where`` (bool, broadcastable to ``t``): only
+    those positions count (e.g. the data bytes of a swizzled layout, not its padding)."""
     u = t.view(torch.uint8) if t.dtype != torch.uint8 else t
     bad = (u & 0x7F) == 0x7F
+    if where is not None:
+        bad = bad & where
     if bool(bad.any()):
         first = [int(i) for i in bad.nonzero()[0]]
         raise ValueError(

@@ -128,8 +128,26 @@ class FlintMoEWeights:
         if has_data(self.w1):
             check_global_scales("w1_alpha", self.w1_alpha)
             check_global_scales("w2_alpha", self.w2_alpha)
-            check_no_nan_e4m3("w1_sf_swizzled", self.w1_sf_swizzled)
-            check_no_nan_e4m3("w2_sf_swizzled", self.w2_sf_swizzled)
+            for n in ("w1_sf_swizzled", "w2_sf_swizzled"):
+                check_no_nan_e4m3(n, getattr(self, n), self.scale_data_mask(n))
+
+    def scale_data_mask(self, name: str) -> torch.Tensor:
+        """bool [1, rows, cols] of ``name`` (``"w1_sf_swizzled"`` / ``"w2_sf_swizzled"``): True at the bytes
+        that hold a block scale of the checkpoint, False at padding (rows to 128, scale columns to 4, the
+        padded intermediate rows / columns), which the kernels never use and which may hold any byte. Built by
+        swizzling a one-expert probe with the layout's own functions. ValueError for another name."""
+        H, Ip, I = self.hidden_size, self.intermediate_size, self.valid_intermediate  # noqa: E741
+        dev = self.w1.device
+        if name == "w1_sf_swizzled":
+            probe = torch.ones((1, 2 * I, H // 16), dtype=torch.uint8, device=dev)
+            rows = w13_rows_cutedsl(I, Ip, INTERLEAVE_ROWS, device=dev)
+            out = swizzle_block_scales(probe, rows=rows, name=name)
+        elif name == "w2_sf_swizzled":
+            probe = torch.ones((1, H, I // 16), dtype=torch.uint8, device=dev)
+            out = swizzle_block_scales(probe, cols=Ip // 16, name=name)
+        else:
+            raise ValueError(f"scale_data_mask: name must be w1_sf_swizzled or w2_sf_swizzled, got {name!r}")
+        return out.view(torch.uint8) != 0
 
     def check_metadata(self, name: str = "weights") -> None:
         """Check every tensor's dtype, shape (against ``w1``'s E, Ip, H), device and contiguity, and that
@@ -233,7 +251,7 @@ class FlintMoEWeights:
             if n.endswith("_alpha"):
                 check_global_scales(n, new)
             elif n.endswith("_sf_swizzled"):
-                check_no_nan_e4m3(n, new)
+                check_no_nan_e4m3(n, new, self.scale_data_mask(n))
         for n, new in tensors.items():
             getattr(self, n).copy_(new)
         return self

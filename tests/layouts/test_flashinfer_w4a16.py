@@ -126,3 +126,24 @@ def test_refresh_copies_in_place_after_checking_everything() -> None:
         w.refresh_(w1=w.w1.to(torch.int8))
     with pytest.raises(TypeError, match="unknown field"):
         w.refresh_(w3=w.w2)
+
+
+def test_nan_bytes_in_scale_padding_are_accepted() -> None:
+    """Padding of the swizzled scales (here: the padded intermediate rows / columns, I = 64 stored as 128) is never
+    read by the kernels and may hold any byte; a NaN byte in a data position is refused."""
+    w13, s13, w2, s2 = nvfp4(E, H, I, 1)
+    gs = torch.tensor([0.5, 1.0, 2.0])
+    w = FlintMoEWeights.from_modelopt(w13, s13, gs, w2, s2, gs, pad_intermediate_to=128)
+    for n in ("w1_sf_swizzled", "w2_sf_swizzled"):
+        mask = w.scale_data_mask(n).expand_as(getattr(w, n))
+        assert 0 < int(mask.sum()) < mask.numel()  # data and padding both present
+        poisoned = getattr(w, n).clone()
+        poisoned.view(torch.uint8)[~mask] = 0x7F
+        dataclasses.replace(w, **{n: poisoned})  # accepted
+        bad = poisoned.clone()
+        first = mask.nonzero()[0].tolist()
+        bad.view(torch.uint8)[tuple(first)] = 0xFF
+        with pytest.raises(ValueError, match=rf"^{n}: contains E4M3 NaN scale bytes"):
+            dataclasses.replace(w, **{n: bad})
+    with pytest.raises(ValueError, match="scale_data_mask"):
+        w.scale_data_mask("w1")
