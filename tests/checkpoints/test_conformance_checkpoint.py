@@ -11,25 +11,13 @@ import torch
 
 from flint_moe.conformance.checkpoint import CHECKPOINT_PROFILE, checkpoint_cases, checkpoint_shape_name
 from flint_moe.layouts import FlintMoEWeights
-from tests.checkpoints._writers import write_gguf_nvfp4, write_modelopt_dir
+from tests.checkpoints._writers import random_experts, write_gguf_nvfp4, write_modelopt_dir
 
-FP8 = torch.float8_e4m3fn
 E, H, I, K = 6, 64, 64, 3  # noqa: E741
 
 
 def _experts(seed: int) -> tuple[dict, torch.Tensor, tuple]:
-    g = torch.Generator().manual_seed(seed)
-    named = {}
-    for e in range(E):
-        for proj, (n, k) in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
-            named[f"{e}.{proj}.weight"] = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
-            named[f"{e}.{proj}.weight_scale"] = torch.randint(0x30, 0x40, (n, k // 16), generator=g).to(torch.uint8)
-            named[f"{e}.{proj}.weight_scale"] = named[f"{e}.{proj}.weight_scale"].view(FP8)
-        gs = torch.rand((), generator=g) * 2.0**-5 + 2.0**-7
-        named[f"{e}.gate_proj.weight_scale_2"] = gs
-        named[f"{e}.up_proj.weight_scale_2"] = gs.clone()
-        named[f"{e}.down_proj.weight_scale_2"] = torch.rand((), generator=g) * 2.0**-5 + 2.0**-7
-    router = (torch.randn(E, H, generator=g) * 0.2).bfloat16()
+    named, router = random_experts(E, H, I, seed)
     st = lambda p, k: torch.stack([named[f"{e}.{p}.{k}"] for e in range(E)])  # noqa: E731
     stacked = (
         torch.cat([st("gate_proj", "weight"), st("up_proj", "weight")], 1),
