@@ -3,11 +3,13 @@
 - M <= ROUTE_GEMV_MAX_TOKENS: one Triton kernel (``flint_moe.kernels.router._router_gemv_topk_kernel``):
   router GEMV with bf16 logits, the top-k in each token's last program (per-token atomic counter, never
   reset; CUDA-graph safe).
-- larger M: an fp32 router GEMM (``torch.mm`` of x and router_weight upcast to fp32: every bf16 x bf16 product
-  is exact in fp32, and the sum is an fp32 GEMM with TF32 disabled (``torch.backends.cuda.matmul.allow_tf32 =
-  False``, and ``allow_bf16_reduced_precision_reduction = False`` for good measure), set for the call and
-  restored afterwards), then the Triton top-k kernel, which does rule step 1's bf16 cast with
-  ``cvt.rn.bf16.f32`` and steps 2-4.
+- larger M: the router GEMM on the tensor cores (``flint_moe.kernels.router_gemm``: bf16 x bf16 products, exact,
+  summed into fp32 in one declared order of k16 tensor-core steps), then the Triton top-k kernel, which does
+  rule step 1's bf16 cast with ``cvt.rn.bf16.f32`` and steps 2-4.
+
+``router_accumulation_model(M)`` names the summation model that bounds ``router_acc`` on each path (the GEMV's
+fp32 round-to-nearest adds, or the tensor cores' truncating accumulation). ``router_logits_fp32`` is an
+independent fp32 GEMM (cuBLAS, TF32 off) kept for tests that compare the two routes.
 
 Seed: ``vllm.models.flint.ops.moe`` ``route`` / ``make_route_counter`` (semantics only).
 """
@@ -24,9 +26,11 @@ from flint_moe.kernels.router import (
     launch_router_gemv_topk,
     launch_topk,
 )
+from flint_moe.kernels.router_gemm import launch_router_gemm
 from flint_moe.ops._checks import check_kernel_device, check_top_k
+from flint_moe.reference.exact import FP32_RN, FP32_TRUNCATE, SummationModel
 
-__all__ = ["ROUTE_GEMV_MAX_TOKENS", "make_route_counter", "route", "router_logits_fp32"]
+__all__ = ["ROUTE_GEMV_MAX_TOKENS", "make_route_counter", "route", "router_accumulation_model", "router_logits_fp32"]
 
 
 def make_route_counter(device: torch.device | str | None = None) -> torch.Tensor:
@@ -40,7 +44,7 @@ def make_route_counter(device: torch.device | str | None = None) -> torch.Tensor
 
 def router_logits_fp32(x: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
     """fp32 router sums x @ router_weight.T (fp32 [M, E]) by an fp32 GEMM, TF32 and reduced-precision
-    reductions disabled for the call (flags restored afterwards). The large-M half of ``route``."""
+    reductions disabled for the call (flags restored afterwards): an order-free second route to the sums, for tests."""
     flags = torch.backends.cuda.matmul
     saved = (flags.allow_tf32, flags.allow_bf16_reduced_precision_reduction)
     try:
@@ -95,5 +99,12 @@ def route(
         if counter.numel() < m:
             raise ValueError(f"counter: needs >= {m} entries (one per token), got {counter.numel()}")
         return launch_router_gemv_topk(x, router_weight, top_k, counter, taps=taps)
-    acc = router_logits_fp32(x, router_weight)
+    acc = launch_router_gemm(x, router_weight)
     return launch_topk(acc, top_k, taps=taps)
+
+
+def router_accumulation_model(m: int) -> SummationModel:
+    """Summation model bounding ``router_acc`` of ``route`` for M = ``m`` tokens: ``FP32_RN`` (the GEMV kernel's
+    fp32 round-to-nearest FMAs and adds) for m <= ROUTE_GEMV_MAX_TOKENS, else ``FP32_TRUNCATE`` (the router
+    GEMM's tensor-core accumulation, u = 2^-23)."""
+    return FP32_RN if m <= ROUTE_GEMV_MAX_TOKENS else FP32_TRUNCATE

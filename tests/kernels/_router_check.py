@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flint_moe.kernels.router import router_config
+from flint_moe.ops.route import router_accumulation_model
 from flint_moe.reference import routing
 from flint_moe.reference.exact import check_accumulator
 
@@ -39,7 +40,8 @@ def check_route(x, w, k, ids, weights, taps) -> None:
     gold_w = routing.renormalize(routing.routing_scores(sel))  # steps 3-4
     assert same_bits(weights.cpu(), gold_w), "weights differ from the golden steps 3-4"
     assert taps["ids"] is ids and taps["weights"] is weights
-    bound = routing.router_accumulate(x, w)  # on x's device (the golden model runs on CPU or CUDA)
+    # on x's device (the golden model runs on CPU or CUDA), with the summation model of route's path for M
+    bound = routing.router_accumulate(x, w, model=router_accumulation_model(m))
     ok = check_accumulator(acc, bound, name="router_acc").cpu()
     assert bool(ok.all()), f"router_acc outside the certified bound at {torch.nonzero(~ok)[:5].tolist()}"
 

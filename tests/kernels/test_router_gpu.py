@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from flint_moe.kernels.router import COUNTER_ALIGN, ROUTE_GEMV_MAX_TOKENS, launch_topk
+from flint_moe.kernels.router_gemm import launch_router_gemm
 from flint_moe.ops import make_route_counter, route
-from flint_moe.ops.route import router_logits_fp32
 
 from ._router_check import check_route, same_bits
 
@@ -122,7 +122,7 @@ def test_gemv_and_gemm_paths_agree_where_logits_agree(name: str, e: int, h: int,
     taps_v: dict = {}
     ids_v, tw_v = route(x[:m].contiguous(), w, k, make_route_counter("cuda"), taps=taps_v)
     taps_g: dict = {}
-    ids_g, tw_g = launch_topk(router_logits_fp32(x[:m].contiguous(), w), k, taps=taps_g)
+    ids_g, tw_g = launch_topk(launch_router_gemm(x[:m].contiguous(), w), k, taps=taps_g)
     ids_64, tw_64 = route(x, w, k, make_route_counter("cuda"))  # the GEMM path of route itself
     torch.cuda.synchronize()
     assert torch.equal(ids_64[:m], ids_g) and same_bits(tw_64[:m], tw_g)
