@@ -1,11 +1,12 @@
 """``flint_moe_grouped``: routed NVFP4 experts + shared output for larger batches.
 
 Launches on the current stream: ``route`` (for M > ROUTE_GEMV_MAX_TOKENS the tensor-core router GEMM of
-``kernels/router_gemm.py``, the explicit bf16 cast and the Triton top-k; rule steps 1-4), ``moe_permute`` (pairs sorted by expert, row-block
-schedule; torch ops, deterministic, no host synchronisation), ``nvfp4_grouped_gate_up`` (steps 5-7),
-``nvfp4_grouped_down`` (steps 5, 8) and its combine kernel (steps 9-10). Reads the same ``FlintMoEWeights``
-as the decode path. ``flint_moe`` (flint_moe/ops/moe_nvfp4.py) calls it for M > DECODE_MAX_TOKENS; it serves
-any M >= 1 itself (the conformance path ``nvfp4_grouped`` runs it on both sides of the threshold).
+``kernels/router_gemm.py``, the explicit bf16 cast and the Triton top-k; rule steps 1-4), ``moe_permute``
+(pairs sorted by expert, row-block schedule; torch ops, deterministic, no host synchronisation),
+``nvfp4_grouped_gate_up`` (steps 5-7), ``nvfp4_grouped_down`` (steps 5, 8) and its combine kernel (steps
+9-10). Reads the same ``FlintMoEWeights`` as the decode path. ``flint_moe`` (flint_moe/ops/moe_nvfp4.py) calls
+it for M > DECODE_MAX_TOKENS; it serves any M >= 1 itself (the conformance path ``nvfp4_grouped`` runs it on
+both sides of the threshold).
 Seed: the grouped (``moe_cute``) branch of ``vllm.models.flint.ops.moe`` (semantics only).
 """
 
