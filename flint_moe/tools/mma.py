@@ -554,8 +554,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
             data["a"].append(a.view(torch.int16).cpu().numpy().view(np.uint16))
             data["b"].append(b.view(torch.int16).cpu().numpy().view(np.uint16))
             data["d"].append(hw.view(torch.int32).cpu().numpy().view(np.uint32))
-            data["instruction"].append(np.full(n, MMA_INSTRUCTIONS.index(iname), np.int8))
-            data["klass"].append(np.full(n, CLASSES.index(cname), np.int8))
+            data["instruction"].append(np.full(acc.shape[0], MMA_INSTRUCTIONS.index(iname), np.int8))
+            data["klass"].append(np.full(acc.shape[0], CLASSES.index(cname), np.int8))
     arrays = {k: np.concatenate(v) for k, v in data.items()}
     np.savez_compressed(
         args.out,
