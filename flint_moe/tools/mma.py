@@ -14,7 +14,8 @@
     ``acc`` uint32 [V], ``a``, ``b`` uint16 [V, 16], ``d`` uint32 [V], ``instruction`` and ``klass`` int8 [V],
     ``instructions`` and ``classes`` (names), and a JSON ``meta`` string (device, versions, date, command).
 
-Both need a CUDA device.
+Both need a CUDA device. ``--simulate`` (both commands) runs the plumbing on the CPU with the model standing
+in for the hardware: it proves nothing about the GPU.
 """
 
 from __future__ import annotations

@@ -60,7 +60,23 @@ def test_probe_vectors_bit_exact() -> None:
     names = [str(x) for x in z["instructions"]]
     assert set(names) == set(MMA_INSTRUCTIONS)
     classes = [str(x) for x in z["classes"]]
-    for need in ("subnormal", "underflow", "near_max", "zeros", "special", "align_shift", "ties", "carry", "kperm"):
+    for need in (
+        "uniform_bits",
+        "gaussian",
+        "mixed_exp",
+        "cancel",
+        "subnormal",
+        "underflow",
+        "near_max",
+        "zeros",
+        "special",
+        "align_shift",
+        "ties",
+        "carry",
+        "kperm",
+        "zero_exponent",
+        "tiny",
+    ):
         assert need in classes
         assert (z["klass"] == classes.index(need)).sum() >= 100
     assert acc.numel() >= 3000
