@@ -6,7 +6,7 @@
 
 For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
-(``compare.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
+(``stages.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
 into a staging directory beside it and renamed onto it when the run completes, ``outdir.publish``):
 report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md and
 report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
@@ -449,7 +449,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(cases)} (shard {shard.index}/{shard.count} of {shard_env['selection_size']} selected) "
             f"of {len(matrix(profile))}"
         )
-    from flint_moe.conformance.run.outdir import OutDirError, check_out, evidence_guard, new_run_id, publish, staging_dir
+    from flint_moe.conformance.run.outdir import (
+        OutDirError,
+        check_out,
+        evidence_guard,
+        new_run_id,
+        publish,
+        staging_dir,
+    )
 
     run_id = new_run_id(now, profile)
     out_dir = Path(args.out) if args.out else Path("reports") / run_id

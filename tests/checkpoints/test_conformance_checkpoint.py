@@ -70,7 +70,7 @@ def test_checkpoint_cases(tmp_path) -> None:
 
 
 def test_case_runs_through_the_harness(tmp_path) -> None:
-    from flint_moe.conformance.judge import stages as compare
+    from flint_moe.conformance.judge.stages import compare_case
     from flint_moe.conformance.run.paths import PATHS
     from flint_moe.ops import make_route_counter
 
@@ -79,6 +79,6 @@ def test_case_runs_through_the_harness(tmp_path) -> None:
     case, inp = checkpoint_cases(d, 0, token_counts=[2], seed=0)[0]
     taps: dict = {}
     out = PATHS[case.path].run(inp, make_route_counter(), taps)
-    res = compare.compare_case(case, inp, taps, out)
+    res = compare_case(case, inp, taps, out)
     assert res.verdict != "FAIL", [(s.name, s.verdict) for s in res.stages]
     assert res.meta["shape"] == "ckpt-c-L0" and res.meta["M"] == 2

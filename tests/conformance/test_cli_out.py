@@ -11,7 +11,6 @@ import types
 import pytest
 
 from flint_moe.conformance import __main__ as cli
-
 from flint_moe.conformance.run import outdir, runner
 from flint_moe.conformance.run.outdir import RunKind, evidence_guard
 from tests.conformance._report_data import ok_case

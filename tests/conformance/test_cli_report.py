@@ -10,9 +10,8 @@ import re
 import pytest
 
 from flint_moe.conformance import __main__ as cli
-
-from flint_moe.conformance.run import runner
 from flint_moe.conformance.report.digest import source_digest
+from flint_moe.conformance.run import runner
 from tests.conformance._report_data import ok_case
 
 CASE = "nvfp4_decode/cpu-E6-H96-I64-k3/M1/gaussian/s0"

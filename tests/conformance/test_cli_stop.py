@@ -14,7 +14,7 @@ import flint_moe.conformance.run.runner as runner
 
 def _stop_at(monkeypatch, n: int | None) -> list:
     """run_case returns EXACT; the n-th call sends SIGTERM to this process (None: never). Returns the calls."""
-    from flint_moe.conformance.judge.stages import CaseResult, StageResult
+    from flint_moe.conformance.judge.results import CaseResult, StageResult
 
     calls = []
 

@@ -83,7 +83,7 @@ PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
 #: Launch configurations a path can pick besides its default (every kernel configuration a path can
 #: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
 #: or the name of one in flint_moe/kernels/nvfp4/tuned.py; ``BM`` for the grouped path).
-#: ``flint_moe.conformance.run.paths.path_for`` runs them and ``compare.expert_models`` bounds their accumulations
+#: ``flint_moe.conformance.run.paths.path_for`` runs them and ``stages.expert_models`` bounds their accumulations
 #: with the model each kernel declares for that configuration. NVFP4 decode: the other measured path of each
 #: kernel (CUDA cores / tensor cores; docs/kernels/nvfp4-decode.md); BF16: the faster Qwen M=1 gate/up of the
 #: launch sweep and a deeper down unroll; grouped: the smallest and a larger row block.

@@ -5,7 +5,7 @@ The weights come from the checkpoint (``flint_moe.checkpoints.read_layer``: a Mo
 GGUF file in either convention, docs/checkpoints.md); tokens and the shared output are generated from the
 seed. Each case is an ``nvfp4_decode`` ``Case`` on a ``ShapeSpec`` named after the checkpoint, so it runs
 through the same paths, comparison and report as the matrix (``paths.PATHS["nvfp4_decode"]``,
-``compare.compare_case``).
+``stages.compare_case``).
 """
 
 from __future__ import annotations

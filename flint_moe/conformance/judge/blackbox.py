@@ -25,7 +25,7 @@ can reach, through every rule step after each accumulation (``docs`` of the Flin
 
 An element is EXPLAINED when the kernel's value lies inside its interval (compared on the bf16 totalOrder,
 so -0 < +0: a zero's sign must be reachable), FAIL otherwise; NaN positions must match the golden output, and
-where the golden output is not finite the kernel must equal it. The result is a ``compare.CaseResult`` with
+where the golden output is not finite the kernel must equal it. The result is a ``results.CaseResult`` with
 ``mode = "black-box"``, no stages, and ``end_to_end`` (mode "black-box", causes ``interval`` / ``routing``:
 inside the golden selection's interval, or only inside another possible selection's).
 
@@ -47,6 +47,9 @@ import math
 
 import torch
 
+from flint_moe.conformance.judge.explain import _bf16_key, _e2e_result, logit_intervals
+from flint_moe.conformance.judge.metrics import _bits_equal, tensor_digest
+from flint_moe.conformance.judge.results import CAUSES, FAIL, CaseResult
 from flint_moe.reference._checks import check_tensor
 from flint_moe.reference.exact import FP32_RN, FP32_TRUNCATE, Accumulation, SummationModel, gamma
 from flint_moe.reference.experts import (
@@ -60,17 +63,6 @@ from flint_moe.reference.model import moe_bf16, moe_nvfp4
 from flint_moe.reference.mufu import ex2_approx_ftz, rcp_approx_ftz
 from flint_moe.reference.routing import RENORM_EPS, router_accumulate, routing_scores
 from flint_moe.reference.weights import BF16Experts, NVFP4Experts
-
-from flint_moe.conformance.judge.stages import (
-    CAUSES,
-    FAIL,
-    CaseResult,
-    _bf16_key,
-    _bits_equal,
-    _e2e_result,
-    logit_intervals,
-    tensor_digest,
-)
 
 __all__ = ["MAX_SELECTIONS", "SILU_MIN_G", "compare_blackbox", "output_intervals"]
 

@@ -6,7 +6,7 @@ and whose first stage FAILed in ``result``, and names those that reproduce the k
 Two kinds of fault:
 
 * ``kind="stage"``: ``fn(case, inputs, taps) -> tensor`` recomputes ONE stage the way a kernel with the
-  fault would, teacher-forced from the kernel's own taps (the inputs ``compare.compare_case`` gives the
+  fault would, teacher-forced from the kernel's own taps (the inputs ``stages.compare_case`` gives the
   golden model); it reproduces when every element equals the kernel's tap (``out``: the returned output)
   bit for bit (NaN as NaN-ness).
 * ``kind="weights"`` (layout faults): ``fn(case, inputs) -> logical weights`` decodes the STORED weights
@@ -56,14 +56,14 @@ from types import SimpleNamespace
 
 import torch
 
+from flint_moe.conformance.judge.metrics import _bits_equal
+from flint_moe.conformance.judge.results import ACCUMULATION_STAGES, FAIL
 from flint_moe.reference.combine import fma_f32
 from flint_moe.reference.experts import SWIGLU_C
 from flint_moe.reference.formats import round_bf16, to_bf16
 from flint_moe.reference.layouts import shuffle_dst_of_src
 from flint_moe.reference.routing import RENORM_EPS, routing_scores, topk_total_order, total_order_key
 from flint_moe.reference.weights import BF16Experts, NVFP4Experts
-
-from flint_moe.conformance.judge.stages import ACCUMULATION_STAGES, FAIL, _bits_equal
 
 __all__ = ["Fault", "FAULTS", "FAULTS_BY_NAME", "NotApplicable", "diagnose", "faulty_stage", "faulty_weights"]
 
@@ -76,7 +76,7 @@ class NotApplicable(ValueError):
 class Fault:
     """One catalogued fault.
 
-    Fields: ``name``; ``stage`` (the first ``compare.STAGES`` entry it shows up in); ``what`` (completes
+    Fields: ``name``; ``stage`` (the first ``results.STAGES`` entry it shows up in); ``what`` (completes
     "matches the reference with ..."); ``fn`` (kind "stage": ``fn(case, inputs, taps) -> tensor``, the
     stage's golden value under the fault from the kernel's taps; kind "weights": ``fn(case, inputs) ->
     NVFP4Experts | BF16Experts`` decoded from ``inputs.stored`` the faulty way, raising

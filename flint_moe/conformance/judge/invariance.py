@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from flint_moe.conformance.judge.stages import _bits_equal, _json_safe, ulp_distance
+from flint_moe.conformance.judge.metrics import _bits_equal, ulp_distance
+from flint_moe.conformance.judge.results import _json_safe
 
 __all__ = [
     "PASS",

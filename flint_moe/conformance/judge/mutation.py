@@ -1,7 +1,7 @@
 """Mutation testing of the harness itself.
 
 Every catalogued fault (``faults.FAULTS``) is injected into a kernel path on a small case (cpu-sized, one M,
-the Triton interpreter without a GPU); the harness (``compare.compare_case`` + ``faults.diagnose``) must FAIL
+the Triton interpreter without a GPU); the harness (``stages.compare_case`` + ``faults.diagnose``) must FAIL
 the case (the fault is *killed*) and name the fault (*named*). Three ways of injecting, chosen per fault:
 
 * ``weights``: the kernel reads tampered stored weights, equal to what a kernel with the layout fault reads
@@ -31,6 +31,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from flint_moe.conformance.inputs.cases import Case, ShapeSpec
+from flint_moe.conformance.judge.faults import FAULTS, FAULTS_BY_NAME, diagnose
+from flint_moe.conformance.judge.results import FAIL
+from flint_moe.conformance.judge.stages import compare_case
 from flint_moe.reference.combine import add_shared, fma_f32
 from flint_moe.reference.experts import (
     SWIGLU_C,
@@ -46,10 +50,6 @@ from flint_moe.reference.experts import (
 from flint_moe.reference.formats import round_bf16, to_bf16
 from flint_moe.reference.mufu import ex2_approx_ftz, rcp_approx_ftz
 from flint_moe.reference.routing import renormalize, routing_scores, topk_total_order
-
-from flint_moe.conformance.inputs.cases import Case, ShapeSpec
-from flint_moe.conformance.judge.stages import FAIL, compare_case
-from flint_moe.conformance.judge.faults import FAULTS, FAULTS_BY_NAME, diagnose
 
 __all__ = [
     "MUTATION_SHAPES",

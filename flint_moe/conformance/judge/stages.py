@@ -33,7 +33,7 @@ Accumulations also report WARNING elements: error above ``WARN_FACTOR`` (10) tim
 estimate ``sqrt(d) * u * sum|terms|`` (d = the summation model's rounding depth), the worst 5 listed; inside
 the bound they do not fail the stage (possible only for d > 100: real layers, not the tiny cpu shapes).
 
-End to end (:func:`end_to_end_taps`, ``CaseResult.end_to_end``): the RETURNED output against the golden model
+End to end (``explain.end_to_end_taps``, ``CaseResult.end_to_end``): the RETURNED output against the golden model
 run on its own (every accumulation RN32 of its exact sum, its own top-k), per element: ``EXACT`` (all bits
 equal), ``EXPLAINED`` (every differing element traced through the taps to an accumulation difference
 upstream, or to a top-k difference between experts whose logit intervals overlap), else ``FAIL``. Verdict
@@ -51,13 +51,34 @@ on ``inputs.x``'s device.
 
 from __future__ import annotations
 
-import hashlib
 import math
-from dataclasses import asdict, dataclass, field
 
 import torch
 
-from flint_moe.reference.combine import add_shared, combine, fma_f32
+from flint_moe.conformance.judge.explain import end_to_end_taps
+from flint_moe.conformance.judge.metrics import (
+    MAX_COORDS,
+    _bits_equal,
+    _coords,
+    _hist,
+    _map,
+    _tap,
+    _usable,
+    tensor_digest,
+    ulp_distance,
+)
+from flint_moe.conformance.judge.pairs import _gate_up_rows, _Pairs, _split_models
+from flint_moe.conformance.judge.results import (
+    ACCUMULATION_STAGES,
+    EXACT,
+    FAIL,
+    STAGES,
+    WITHIN_BOUND,
+    CaseResult,
+    StageResult,
+    worst_verdict,
+)
+from flint_moe.reference.combine import add_shared, fma_f32
 from flint_moe.reference.exact import (
     FP32_RN,
     FP32_TRUNCATE,
@@ -89,40 +110,13 @@ from flint_moe.reference.routing import (
 from flint_moe.reference.weights import BF16Experts, NVFP4Experts
 
 __all__ = [
-    "EXACT",
-    "WITHIN_BOUND",
-    "EXPLAINED",
-    "FAIL",
-    "VERDICT_ORDER",
-    "STAGES",
-    "ACCUMULATION_STAGES",
     "PATH_MODELS",
     "expert_models",
     "WARN_FACTOR",
-    "StageResult",
-    "EndToEndResult",
-    "CaseResult",
     "compare_case",
     "compare_bits",
     "compare_accumulation",
-    "end_to_end_taps",
-    "logit_intervals",
-    "routing_explained",
-    "ulp_distance",
-    "worst_verdict",
-    "tensor_digest",
 ]
-
-EXACT = "EXACT"
-WITHIN_BOUND = "WITHIN-BOUND"
-EXPLAINED = "EXPLAINED"
-FAIL = "FAIL"
-#: Verdicts from best to worst.
-VERDICT_ORDER = (EXACT, WITHIN_BOUND, EXPLAINED, FAIL)
-
-#: Stages in rule order (docs/ARCHITECTURE.md section 2).
-STAGES = ("router_acc", "logits", "ids", "weights", "gate_acc", "up_acc", "act", "down_acc", "y", "out")
-ACCUMULATION_STAGES = ("router_acc", "gate_acc", "up_acc", "down_acc")
 
 #: Summation model of each path's expert reductions (the router is always FP32_RN); for nvfp4_decode the
 #: CUDA-core default, the kernels' own declaration wins (:func:`expert_models`).
@@ -163,248 +157,8 @@ def expert_models(path: str, config: str = "default", M: int | None = None) -> t
     return default, default
 
 
-def _split_models(model) -> tuple[SummationModel, SummationModel]:
-    return tuple(model) if isinstance(model, tuple) else (model, model)
-
-
 #: WARNING when an accumulation error exceeds this many times the probabilistic estimate sqrt(d) * u * S.
 WARN_FACTOR = 10.0
-
-#: Coordinates listed per stage (first failures, worst warnings).
-MAX_COORDS = 5
-
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Results
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StageResult:
-    """Outcome of one stage of one case.
-
-    Fields:
-        stage: stage name (:data:`STAGES`). kind: ``"bits"`` (order-free step) or ``"accumulation"``.
-        verdict: EXACT / WITHIN-BOUND / FAIL.
-        elements: elements compared. mismatches: elements failing the stage's criterion (bits differ, or
-            outside the bound for accumulations). exact: elements bitwise equal to the golden value (for
-            accumulations: to RN32 of the exact sum).
-        max_ulp: largest ulp distance kernel vs golden over all elements (ordered-integer keys of the
-            kernel's dtype; inf where exactly one is NaN; None for integer stages such as ``ids``).
-        first_failures: up to 5 coordinates (index lists) of failing elements, in row-major order.
-        note: free text (why a stage could not be checked, what was compared).
-        Accumulations only: model (summation model name); max_err_ulps (largest ``|kernel - exact|`` in
-        binary32 ulps of the exact value); max_bound_fraction (largest ``|kernel - exact| / bound``);
-        warnings (elements whose error exceeds WARN_FACTOR * sqrt(d) * u * sum|terms|, see module docs) and
-        worst_warnings (up to 5 of them, worst first: {"index", "err_ulps", "ratio", "bound_fraction"}).
-        map: ``maps.mismatch_map`` of the failing elements when the verdict is FAIL, else None.
-        ulp_hist: ``maps.ulp_histogram`` of the ulp distances kernel vs golden (float stages), else None.
-    """
-
-    stage: str
-    kind: str
-    verdict: str
-    elements: int = 0
-    mismatches: int = 0
-    exact: int = 0
-    max_ulp: float | None = None
-    first_failures: list[list[int]] = field(default_factory=list)
-    note: str = ""
-    model: str | None = None
-    max_err_ulps: float | None = None
-    max_bound_fraction: float | None = None
-    warnings: int = 0
-    worst_warnings: list[dict] = field(default_factory=list)
-    map: dict | None = None
-    ulp_hist: list[int] | None = None
-
-    def to_json(self) -> dict:
-        """JSON-ready dict (non-finite floats written as the strings "inf" / "nan")."""
-        return _json_safe(asdict(self))
-
-
-#: Causes an end-to-end difference can be traced to (``EndToEndResult.causes`` keys).
-CAUSES = ("routing", "router_acc", "gate_up_acc", "down_acc", "interval")
-
-
-@dataclass
-class EndToEndResult:
-    """The returned output against the golden model run on its own (not teacher-forced), every differing
-    element traced to an accumulation difference upstream.
-
-    Fields:
-        mode: ``"taps"`` (traced through the kernel's taps) or ``"black-box"`` (intervals, ``blackbox.py``).
-        verdict: EXACT (all bits equal), EXPLAINED (every differing element explained), FAIL.
-        elements: output elements (M * H). differing: elements whose bits differ from the golden output
-            (NaN as NaN-ness, signed zeros compared). explained / unexplained: split of ``differing``.
-        nan_mismatches: elements where exactly one side is NaN. signed_zero_mismatches: +0 vs -0.
-        max_ulp: largest bf16 ulp distance (inf where a NaN position differs).
-        first_differences / first_failures: up to 5 coordinates [m, h] of differing / unexplained elements.
-        causes: explained elements per cause (:data:`CAUSES`; the first cause found for each element).
-        rows: per token row with differences: {"row", "differing", "unexplained", "causes"} (<= 64 rows).
-        failure_details: up to 5 {"index", "kernel", "golden", "lo", "hi", "why"} for unexplained elements
-            (lo / hi: the black-box interval of reachable outputs, None in taps mode).
-        map: ``maps.mismatch_map`` of the differing elements (None when none differ).
-        ulp_hist: ``maps.ulp_histogram`` of the bf16 ulp distances. note: free text.
-    """
-
-    mode: str
-    verdict: str
-    elements: int = 0
-    differing: int = 0
-    explained: int = 0
-    unexplained: int = 0
-    nan_mismatches: int = 0
-    signed_zero_mismatches: int = 0
-    max_ulp: float | None = None
-    first_differences: list[list[int]] = field(default_factory=list)
-    first_failures: list[list[int]] = field(default_factory=list)
-    causes: dict[str, int] = field(default_factory=dict)
-    rows: list[dict] = field(default_factory=list)
-    failure_details: list[dict] = field(default_factory=list)
-    map: dict | None = None
-    ulp_hist: list[int] | None = None
-    note: str = ""
-
-    def to_json(self) -> dict:
-        """JSON-ready dict (non-finite floats written as the strings "inf" / "nan")."""
-        return _json_safe(asdict(self))
-
-
-@dataclass
-class CaseResult:
-    """Outcome of one case: the worst stage's verdict, every stage, output digests.
-
-    Fields:
-        case_id: ``case.id``. path: ``case.path``. verdict: worst stage verdict.
-        stages: one :class:`StageResult` per entry of :data:`STAGES` (in that order).
-        meta: case parameters (shape, M, k, E, H, I, profile, seed where the case has them; device).
-        digests: SHA-256 (hex) of the bytes of the returned output ``out`` and of every tap tensor.
-        invariance: ``invariance.InvarianceResult`` list (empty unless the runner checked them).
-        diagnosis: catalogued faults reproducing a failing stage (``faults.diagnose``).
-        end_to_end: :class:`EndToEndResult` (returned output vs the golden model's own run) or None.
-        mode: ``"taps"`` (stage by stage) or ``"black-box"`` (``blackbox.compare_blackbox``: no stages).
-    """
-
-    case_id: str
-    path: str
-    verdict: str
-    stages: list[StageResult]
-    meta: dict = field(default_factory=dict)
-    digests: dict[str, str] = field(default_factory=dict)
-    invariance: list = field(default_factory=list)  # invariance.InvarianceResult, filled by the runner
-    diagnosis: list[str] = field(default_factory=list)  # faults.diagnose() names, for FAIL cases
-    end_to_end: EndToEndResult | None = None
-    mode: str = "taps"
-
-    def stage(self, name: str) -> StageResult:
-        """The result of stage ``name`` (KeyError if absent)."""
-        for s in self.stages:
-            if s.stage == name:
-                return s
-        raise KeyError(f"no stage {name!r} in case {self.case_id}")
-
-    @property
-    def failed_stages(self) -> list[str]:
-        """Names of the stages whose verdict is FAIL."""
-        return [s.stage for s in self.stages if s.verdict == FAIL]
-
-    @property
-    def warnings(self) -> int:
-        """Total accumulation WARNING elements."""
-        return sum(s.warnings for s in self.stages)
-
-    def to_json(self) -> dict:
-        """JSON-ready dict: case_id, path, mode, verdict, warnings, meta, digests, stages (list of dicts),
-        end_to_end (dict or None), invariance, diagnosis (docs/ARCHITECTURE.md section 2)."""
-        return {
-            "case_id": self.case_id,
-            "path": self.path,
-            "mode": self.mode,
-            "verdict": self.verdict,
-            "warnings": self.warnings,
-            "end_to_end": None if self.end_to_end is None else self.end_to_end.to_json(),
-            "meta": _json_safe(dict(self.meta)),
-            "digests": dict(self.digests),
-            "stages": [s.to_json() for s in self.stages],
-            "invariance": [i.to_json() for i in self.invariance],
-            "diagnosis": list(self.diagnosis),
-        }
-
-
-def worst_verdict(verdicts) -> str:
-    """The worst of ``verdicts`` in :data:`VERDICT_ORDER` (EXACT for an empty sequence)."""
-    worst = 0
-    for v in verdicts:
-        if v not in VERDICT_ORDER:
-            raise ValueError(f"unknown verdict {v!r}; expected one of {VERDICT_ORDER}")
-        worst = max(worst, VERDICT_ORDER.index(v))
-    return VERDICT_ORDER[worst]
-
-
-def _json_safe(obj):
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
-def tensor_digest(t: torch.Tensor) -> str:
-    """SHA-256 (hex) of a tensor's bytes in row-major order (dtype and shape are not part of the digest)."""
-    b = t.detach().contiguous().cpu().reshape(-1)
-    return hashlib.sha256(b.view(torch.uint8).numpy().tobytes()).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Element-wise metrics
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _ordered_key(t: torch.Tensor) -> torch.Tensor:
-    """int64 key monotone in the value of a float tensor (+0 and -0 share key 0); NaN keys are meaningless."""
-    iv = _INT_VIEW[t.element_size()]
-    b = t.contiguous().view(iv).to(torch.int64)
-    mag_mask = (1 << (8 * t.element_size() - 1)) - 1
-    return torch.where(b < 0, -(b & mag_mask), b)
-
-
-def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """float64 ulp distance of two float tensors of one dtype/shape: |key(a) - key(b)| on the ordered
-    integer keys of the dtype (fp32: binary32 ulps, bf16: bf16 ulps); 0 where both are NaN, inf where exactly
-    one is NaN. +0 and -0 are at distance 0 (compare bits to see the sign)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        raise ValueError(f"ulp_distance: {a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}")
-    na, nb = torch.isnan(a), torch.isnan(b)
-    d = (_ordered_key(a) - _ordered_key(b)).abs().to(torch.float64)
-    d = torch.where(na & nb, 0.0, d)
-    return torch.where(na ^ nb, math.inf, d)
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """bool mask: bitwise equal, NaN == NaN (payload ignored), +0 != -0."""
-    if not a.is_floating_point():
-        return a == b
-    na, nb = torch.isnan(a), torch.isnan(b)
-    iv = _INT_VIEW[a.element_size()]
-    eq = a.contiguous().view(iv) == b.contiguous().view(iv)
-    return torch.where(na | nb, na & nb, eq)
-
-
-def _coords(mask: torch.Tensor, limit: int = MAX_COORDS) -> list[list[int]]:
-    return (
-        [[int(i) for i in row] for row in torch.nonzero(mask)[:limit].tolist()]
-        if mask.dim()
-        else ([[]] if bool(mask) else [])
-    )
 
 
 def _shape_error(stage: str, kind: str, kernel, golden_shape, golden_dtype) -> StageResult | None:
@@ -448,18 +202,6 @@ def compare_bits(stage: str, kernel: torch.Tensor | None, golden: torch.Tensor, 
         map=_map(~ok) if bad else None,
         ulp_hist=hist,
     )
-
-
-def _map(mask: torch.Tensor) -> dict | None:
-    from flint_moe.conformance.report.maps import mismatch_map
-
-    return mismatch_map(mask.reshape(1, -1) if mask.dim() == 0 else mask)
-
-
-def _hist(dist: torch.Tensor) -> list[int]:
-    from flint_moe.conformance.report.maps import ulp_histogram
-
-    return ulp_histogram(dist)
 
 
 def compare_accumulation(stage: str, kernel: torch.Tensor | None, acc: Accumulation, *, note: str = "") -> StageResult:
@@ -527,16 +269,6 @@ def compare_accumulation(stage: str, kernel: torch.Tensor | None, acc: Accumulat
         warnings=int(warn.sum()),
         worst_warnings=worst,
     )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Golden side helpers
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _tap(taps: dict, name: str, dev: torch.device):
-    t = taps.get(name)
-    return t.detach().to(dev) if isinstance(t, torch.Tensor) else t
 
 
 def _meta(case, inputs, dev) -> dict:
@@ -705,63 +437,6 @@ def _pad_cols(acc: Accumulation, width: int) -> Accumulation:
     )  # fmt: skip
 
 
-class _Pairs:
-    """A routing ``ids`` [M, k] grouped by expert on the host, from one device read (a per-expert
-    ``nonzero`` / ``unique`` / ``tolist`` on the device would synchronise several times per expert).
-
-    ``experts``: the distinct ids, ascending. Per expert e: ``tokens[e]``, ``slots[e]`` (device int64, the
-    pairs in row-major order, as ``torch.nonzero(ids == e, as_tuple=True)``), ``uniq[e]`` (device, ascending
-    distinct tokens), ``inv[e]`` (device, each pair's index into ``uniq[e]``), ``pairs[e]`` (host list of
-    (token, slot)), ``uniq_host[e]`` (host tuple). The device tensors are views of one host-to-device copy."""
-
-    def __init__(self, ids: torch.Tensor, dev: torch.device):
-        import numpy as np
-
-        h = ids.detach().to("cpu", torch.int64).numpy()
-        k = h.shape[1]
-        flat = h.reshape(-1)
-        order = np.argsort(flat, kind="stable")  # within one expert: ascending flat index = row-major
-        vals, starts = np.unique(flat[order], return_index=True)
-        ends = [*starts[1:].tolist(), flat.size]
-        parts, spans, off = [], {}, 0
-        self.pairs: dict[int, list] = {}
-        self.uniq_host: dict[int, tuple] = {}
-        for e, a, b in zip(vals.tolist(), starts.tolist(), ends, strict=True):
-            idx = order[a:b]
-            tok, slot = idx // k, idx % k
-            uq, inv = np.unique(tok, return_inverse=True)
-            spans[e] = (off, len(idx), len(uq))
-            parts += [tok, slot, inv.reshape(-1), uq]
-            off += 3 * len(idx) + len(uq)
-            self.pairs[e] = list(zip(tok.tolist(), slot.tolist(), strict=True))
-            self.uniq_host[e] = tuple(uq.tolist())
-        big = torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(dev) if parts else None
-        self.experts: list[int] = vals.tolist()
-        self.tokens, self.slots, self.inv, self.uniq = {}, {}, {}, {}
-        for e, (o, n, u) in spans.items():
-            self.tokens[e], self.slots[e] = big[o : o + n], big[o + n : o + 2 * n]
-            self.inv[e], self.uniq[e] = big[o + 2 * n : o + 3 * n], big[o + 3 * n : o + 3 * n + u]
-
-
-def _gate_up_rows(cache: dict, e: int, tokens: torch.Tensor, compute, host: tuple) -> Accumulation:
-    """Golden gate/up Accumulation [len(tokens), 2I] of expert ``e`` for the (sorted, unique) ``tokens``
-    (device; ``host``: the same tokens as a host tuple): from ``cache["gu"][e] = (host tokens, Accumulation)``
-    when it covers them, else computed (``compute(tokens)``) and cached. Rows are independent, so a subset
-    gives the same values as all M tokens."""
-    gu = cache.setdefault("gu", {})
-    hit = gu.get(e)
-    if hit is not None:
-        have, acc = hit
-        if have == host:
-            return acc
-        at = {t: i for i, t in enumerate(have)}
-        if all(t in at for t in host):
-            return acc[torch.tensor([at[t] for t in host], dtype=torch.int64).to(tokens.device)]
-    acc = compute(tokens)
-    gu[e] = (host, acc)
-    return acc
-
-
 def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str, StageResult]:
     """gate_acc, up_acc, act, down_acc, y for every (token, slot) pair, teacher-forced, one golden call per
     distinct expert over the tokens the kernel routed to it. ``cache`` (a dict) receives the golden
@@ -854,271 +529,3 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
     else:
         res["y"] = StageResult("y", "bits", FAIL, note="down_acc tap unusable: y not checked")
     return res
-
-
-def _usable(t, shape, dtype) -> bool:
-    return isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(shape) and t.dtype == dtype
-
-
-# ---------------------------------------------------------------------------------------------------------
-# End to end: the returned output against the golden model's own run, every difference traced upstream
-# ---------------------------------------------------------------------------------------------------------
-
-MAX_ROWS = 64
-
-
-def _bf16_key(t: torch.Tensor) -> torch.Tensor:
-    """int64 totalOrder key of bf16 values (-0 < +0); monotone in the value."""
-    b = t.contiguous().view(torch.int16).to(torch.int64)
-    return torch.where(b < 0, -(b & 0x7FFF) - 1, b)
-
-
-def logit_intervals(racc: Accumulation) -> tuple[torch.Tensor, torch.Tensor]:
-    """bf16 [M, E] (lo, hi): every logit ``bf16(RN32(v))`` a conforming router accumulation ``v`` (within
-    ``racc``'s bound of the exact sum, rule steps 1) can produce. RN32 and bf16 rounding are monotone, so the
-    ends are the roundings of ``exact -+ bound`` (computed in float64 and widened by one float64 ulp).
-    NaN / inf exact sums give that value at both ends."""
-    e, b = racc.exact, racc.bound
-    fin = torch.isfinite(e)
-    lo = torch.where(fin, torch.nextafter(e - b, torch.full_like(e, -math.inf)), e)
-    hi = torch.where(fin, torch.nextafter(e + b, torch.full_like(e, math.inf)), e)
-    return logits_from_accumulator(lo.to(torch.float32)), logits_from_accumulator(hi.to(torch.float32))
-
-
-def routing_explained(kernel_ids: torch.Tensor, golden_logits: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """Whether one token's top-k ``kernel_ids`` int [k] differs from the golden selection only between experts
-    whose logit intervals overlap (rule step 2: a routing difference is explained only when the competing logits
-    tie or differ within their bounds).
-
-    ``golden_logits``, ``lo``, ``hi``: bf16 [E] (golden logits and the :func:`logit_intervals` row). Every
-    pair ordered one way by the kernel (``a`` selected before ``b``, or ``a`` selected and ``b`` not) and the
-    other way by the golden totalOrder ranking (value descending, lower index first) must have overlapping
-    intervals. Returns (ok: bool, offending pair (a, b) or None)."""
-    E = golden_logits.shape[0]
-    gkey = _bf16_key(golden_logits) * (E + 1) + (E - torch.arange(E, device=golden_logits.device))
-    grank = torch.argsort(gkey, descending=True)
-    pos = torch.empty(E, dtype=torch.long, device=grank.device)
-    pos[grank] = torch.arange(E, device=grank.device)
-    klo, khi = _bf16_key(lo), _bf16_key(hi)
-    ids = [int(i) for i in kernel_ids.tolist()]
-    above: set[int] = set()
-    for a in ids:
-        for b in grank[: int(pos[a])].tolist():  # experts golden ranks above a
-            if b in above:
-                continue  # the kernel ranks b above a too
-            if not (klo[a] <= khi[b] and klo[b] <= khi[a]):
-                return False, (a, b)
-        above.add(a)
-    return True, None
-
-
-def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
-    """The golden model on its own (rule steps 1-10, every accumulation RN32 of its exact sum): dict of
-    logits, ids, weights, gate/up (rounded accumulators, logical I), act, down (rounded), y, out."""
-    gu_model, d_model = _split_models(model)
-    nv = path.startswith("nvfp4_")
-    dev = x.device
-    M, H = x.shape
-    I = wl.w13.shape[1] // 2  # noqa: E741
-    logits = logits_from_accumulator(racc.exact.to(torch.float32))
-    ids = topk_total_order(logits, k)
-    tw = renormalize(routing_scores(torch.gather(logits, 1, ids.long())))
-    gacc = torch.zeros((M, k, I), dtype=torch.float32, device=dev)
-    uacc, act = torch.zeros_like(gacc), torch.zeros((M, k, I), dtype=torch.bfloat16, device=dev)
-    dacc = torch.zeros((M, k, H), dtype=torch.float32, device=dev)
-    y = torch.zeros((M, k, H), dtype=torch.bfloat16, device=dev)
-    downs = cache.get("down", {})
-    routing = _Pairs(ids, dev)
-    for e in routing.experts:
-        tokens, slots = routing.tokens[e], routing.slots[e]
-
-        def run(rows, e=e):
-            w13 = wl.w13[e].to(dev)
-            xs = x[rows].contiguous()
-            if nv:
-                return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model)
-            return gate_up_accumulate_bf16(xs, w13, model=gu_model)
-
-        uniq, inv = routing.uniq[e], routing.inv[e]
-        r = _gate_up_rows(cache, e, uniq, run, routing.uniq_host[e]).exact.to(torch.float32)[inv]
-        g_e, u_e = r[:, :I].contiguous(), r[:, I:].contiguous()
-        if nv:
-            gs1 = wl.w13_gs[e : e + 1].to(dev)
-            a_e = swiglu(apply_global_scale(g_e, gs1), apply_global_scale(u_e, gs1))
-        else:
-            a_e = swiglu(g_e, u_e)
-        pairs = routing.pairs[e]
-        prev = downs.get(e)  # the teacher-forced down sums: reuse the rows whose act agrees
-        redo = torch.ones(len(pairs), dtype=torch.bool, device=dev)
-        dr = torch.empty((len(pairs), H), dtype=torch.float32, device=dev)
-        if prev is not None and prev[0] == pairs:
-            redo = ~_bits_equal(prev[1], a_e).all(dim=1)
-            dr[~redo] = prev[2].exact.to(torch.float32)[~redo]
-        if bool(redo.any()):
-            a_r = a_e[redo].contiguous()
-            if nv:
-                d = down_accumulate(a_r, wl.w2[e].to(dev), wl.w2_scale[e].to(dev), model=d_model)
-            else:
-                d = down_accumulate_bf16(a_r, wl.w2[e].to(dev), model=d_model)
-            dr[redo] = d.exact.to(torch.float32)
-        y_e = down_output(dr, wl.w2_gs[e : e + 1].to(dev)) if nv else down_output_bf16(dr)
-        gacc[tokens, slots], uacc[tokens, slots], act[tokens, slots] = g_e, u_e, a_e
-        dacc[tokens, slots], y[tokens, slots] = dr, y_e
-    out = add_shared(combine(tw, y), shared)
-    return {"logits": logits, "ids": ids, "weights": tw, "gate_acc": gacc, "up_acc": uacc, "act": act,
-            "down_acc": dacc, "y": y, "out": out}  # fmt: skip
-
-
-def _w2_nonzero(path, wl, e: int, dev) -> torch.Tensor:
-    """bool [H, I]: where expert e's down weight is non-zero (how an act element reaches an output)."""
-    if path.startswith("nvfp4_"):
-        from flint_moe.reference.experts import dequant_nvfp4
-
-        return dequant_nvfp4(wl.w2[e].to(dev), wl.w2_scale[e].to(dev)) != 0
-    return wl.w2[e].to(dev) != 0
-
-
-def end_to_end_taps(
-    path, model, wl, x, router_w, shared, k, taps: dict, out, *, racc=None, cache=None
-) -> EndToEndResult:
-    """Returned output vs the golden model's own run, every differing element traced through the taps.
-
-    A differing ``out[m, h]`` is EXPLAINED when (in this order): the token's top-k differs from the golden
-    one only between experts whose logit intervals overlap (:func:`routing_explained`, cause ``routing``);
-    or the ids agree and the routing weights differ because the selected logits differ (``router_acc``);
-    or the weights agree and for some slot j ``y[m, j, h]`` differs, with the down accumulator
-    ``down_acc[m, j, h]`` differing from the golden one (``down_acc``), or an ``act[m, j, i]`` difference
-    caused by a ``gate_acc`` / ``up_acc`` difference at (m, j, i) and reaching h through a non-zero
-    ``W2[h, i]`` (``gate_up_acc``), and no slot's ``y[m, j, h]`` differs without such a cause. Everything
-    else is unexplained (FAIL). Whether each upstream difference is itself within its bound is the stage
-    comparison's job (:func:`compare_case`). ``model``: a SummationModel or a (gate/up, down) pair (the
-    bounds do not change the golden values; they only matter for the reused ``cache``). Returns
-    :class:`EndToEndResult` (mode ``"taps"``).
-    """
-    dev = x.device
-    M, H = x.shape
-    I = wl.w13.shape[1] // 2  # noqa: E741
-    racc = router_accumulate(x, router_w) if racc is None else racc
-    gold = _golden_own(path, model, wl, x, router_w, shared, k, racc, {} if cache is None else cache)
-    t = {n: _tap(taps, n, dev) for n in STAGES}
-    if not _usable(out, (M, H), torch.bfloat16):
-        return EndToEndResult("taps", FAIL, note="returned output unusable (missing, wrong shape or dtype)")
-    out = out.detach().to(dev)
-    diff = ~_bits_equal(out, gold["out"])
-    expl = torch.zeros_like(diff)
-    cause = torch.full((M, H), -1, dtype=torch.long, device=dev)
-    why: dict[int, str] = {}
-    need = {"ids": ((M, k), torch.int32), "logits": ((M, router_w.shape[0]), torch.bfloat16),
-            "weights": ((M, k), torch.float32), "y": ((M, k, H), torch.bfloat16),
-            "down_acc": ((M, k, H), torch.float32)}  # fmt: skip
-    missing = [n for n, (shp, dt) in need.items() if not _usable(t[n], shp, dt)]
-    if "ids" not in missing and bool(((t["ids"] < 0) | (t["ids"] >= router_w.shape[0])).any()):
-        missing.append("ids")
-    lo, hi = logit_intervals(racc)
-    rows_d = diff.any(dim=1)
-    if missing:
-        for m in torch.nonzero(rows_d).flatten().tolist():
-            why[m] = f"taps {missing} unusable: not traced"
-        return _e2e_result("taps", out, gold["out"], diff, expl, cause, why)
-    kids = t["ids"].long()
-    ids_eq = (kids == gold["ids"].long()).all(dim=1)
-    w_eq = _bits_equal(t["weights"], gold["weights"]).all(dim=1)
-    # rows whose routing differs (few): traced one by one
-    for m in torch.nonzero(rows_d & ~(ids_eq & w_eq)).flatten().tolist():
-        kid = t["ids"][m]
-        if not bool(ids_eq[m]):
-            ok, pair = routing_explained(kid, gold["logits"][m], lo[m], hi[m])
-            if ok:
-                expl[m], cause[m] = diff[m], CAUSES.index("routing")
-            else:
-                why[m] = f"top-k differs between experts {pair} whose logit intervals do not overlap"
-            continue
-        sel = kid.long()
-        if not bool(_bits_equal(t["logits"][m, sel], gold["logits"][m, sel]).all()):
-            expl[m], cause[m] = diff[m], CAUSES.index("router_acc")
-        else:
-            why[m] = "routing weights differ although the selected logits agree"
-    # rows with the same routing: every (token, slot, h) at once (a loop over rows would synchronise the
-    # device several times per row: thousands of times for a large batch)
-    same = rows_d & ids_eq & w_eq
-    y_diff = ~_bits_equal(t["y"], gold["y"]) & same[:, None, None]  # [M, k, H]
-    d_diff = ~_bits_equal(t["down_acc"], gold["down_acc"])
-    reach_ok, reach_bad = _act_reach(path, wl, t, gold, kids, y_diff.any(dim=2), M, k, H, I, dev)
-    ok = y_diff & d_diff & ~reach_bad  # a differing y explained by its own down_acc difference
-    y_ok, y_bad = ok.any(dim=1), (y_diff & ~ok).any(dim=1)
-    c_row = torch.full((M, H), -1, dtype=torch.long, device=dev)
-    gu_c, dn_c = CAUSES.index("gate_up_acc"), CAUSES.index("down_acc")
-    for j in range(k):  # the first slot that explains an element names its cause
-        c_j = torch.where(reach_ok[:, j], gu_c, dn_c)
-        c_row = torch.where((c_row < 0) & ok[:, j], c_j, c_row)
-    row_ok = diff & y_ok & ~y_bad
-    expl = torch.where(same[:, None], row_ok, expl)
-    cause = torch.where(same[:, None], torch.where(row_ok, c_row, -1), cause)
-    for m in torch.nonzero(same & (diff & ~row_ok).any(dim=1)).flatten().tolist():
-        why[m] = "output differs where no upstream accumulation difference reaches it"
-    return _e2e_result("taps", out, gold["out"], diff, expl, cause, why)
-
-
-def _act_reach(path, wl, t, gold, kids, slots, M, k, H, I, dev):  # noqa: E741
-    """(reach_ok, reach_bad) bool [M, k, H] for the (token, slot) pairs ``slots`` [M, k]: whether an ``act``
-    difference at (m, j, i) reaches output h through a non-zero ``W2[h, i]`` of the pair's expert, with the
-    gate/up accumulators differing there too (ok: explained upstream) or not (bad). One product per expert
-    over its pairs; all False where the act / gate / up taps are unusable."""
-    reach_ok = torch.zeros((M, k, H), dtype=torch.bool, device=dev)
-    reach_bad = torch.zeros_like(reach_ok)
-    a_tap, g_tap, u_tap = t["act"], t["gate_acc"], t["up_acc"]
-    if not (isinstance(a_tap, torch.Tensor) and a_tap.dtype == torch.bfloat16 and a_tap.dim() == 3
-            and tuple(a_tap.shape[:2]) == (M, k) and a_tap.shape[-1] >= I):  # fmt: skip
-        return reach_ok, reach_bad
-    a_diff = ~_bits_equal(a_tap[:, :, :I], gold["act"]) & slots[:, :, None]
-    acc_diff = torch.ones_like(a_diff)
-    if all(isinstance(g, torch.Tensor) and g.dim() == 3 and tuple(g.shape[:2]) == (M, k) and g.shape[-1] >= I
-           for g in (g_tap, u_tap)):  # fmt: skip
-        acc_diff = ~_bits_equal(g_tap[:, :, :I], gold["gate_acc"]) | ~_bits_equal(u_tap[:, :, :I], gold["up_acc"])
-    pm, pj = torch.nonzero(a_diff.any(dim=2), as_tuple=True)
-    if pm.numel() == 0:
-        return reach_ok, reach_bad
-    pe = kids[pm, pj]
-    for e in torch.unique(pe).tolist():
-        sel = pe == e
-        m_e, j_e = pm[sel], pj[sel]
-        w = _w2_nonzero(path, wl, e, dev).to(torch.float32)  # [H, I]; counts below 2^24 are exact
-        a_e, c_e = a_diff[m_e, j_e].to(torch.float32), acc_diff[m_e, j_e].to(torch.float32)
-        reach_ok[m_e, j_e] = (a_e * c_e) @ w.T > 0
-        reach_bad[m_e, j_e] = (a_e * (1.0 - c_e)) @ w.T > 0
-    return reach_ok, reach_bad
-
-
-def _e2e_result(mode, out, gold_out, diff, expl, cause, why: dict, lo=None, hi=None, note="") -> EndToEndResult:
-    """Assemble an :class:`EndToEndResult` from per-element masks (shared with ``blackbox.py``)."""
-    n = diff.numel()
-    bad = diff & ~expl
-    n_diff, n_bad = int(diff.sum()), int(bad.sum())
-    dist = ulp_distance(out, gold_out)
-    nan_mm = torch.isnan(out) ^ torch.isnan(gold_out)
-    zero_mm = (out == 0) & (gold_out == 0) & diff
-    causes = {}
-    for i, c in enumerate(CAUSES):
-        cnt = int((expl & (cause == i)).sum())
-        if cnt:
-            causes[c] = cnt
-    rows = []
-    for m in torch.nonzero(diff.any(dim=1)).flatten().tolist()[:MAX_ROWS]:
-        cs = sorted({CAUSES[int(c)] for c in cause[m][expl[m]].unique().tolist() if c >= 0})
-        rows.append({"row": m, "differing": int(diff[m].sum()), "unexplained": int(bad[m].sum()), "causes": cs})
-    details = []
-    for idx in _coords(bad):
-        m, h = idx
-        details.append({
-            "index": idx, "kernel": float(out[m, h]), "golden": float(gold_out[m, h]),
-            "lo": None if lo is None else float(lo[m, h]), "hi": None if hi is None else float(hi[m, h]),
-            "why": why.get(m, ""),
-        })  # fmt: skip
-    verdict = EXACT if n_diff == 0 else (EXPLAINED if n_bad == 0 else FAIL)
-    return EndToEndResult(
-        mode, verdict, elements=n, differing=n_diff, explained=n_diff - n_bad, unexplained=n_bad,
-        nan_mismatches=int(nan_mm.sum()), signed_zero_mismatches=int(zero_mm.sum()),
-        max_ulp=float(dist.max()) if n else None, first_differences=_coords(diff), first_failures=_coords(bad),
-        causes=causes, rows=rows, failure_details=details, map=_map(diff) if n_diff else None,
-        ulp_hist=_hist(dist) if n else None, note=note,
-    )  # fmt: skip

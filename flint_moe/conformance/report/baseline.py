@@ -3,7 +3,7 @@
 :func:`compare_reports` ``(current, other) -> dict`` lists, case by case (matched by case id):
 
 - verdict changes (``{"case_id", "before", "after", "direction"}``; direction ``"worse"`` / ``"better"`` by
-  ``compare.VERDICT_ORDER``, ``"changed"`` for a verdict either side does not know),
+  ``results.VERDICT_ORDER``, ``"changed"`` for a verdict either side does not know),
 - every output whose SHA-256 digest changed (``{"case_id", "output", "before", "after"}``; outputs are the
   keys of ``CaseResult.digests``: ``out`` and ``taps.<name>``), and outputs present on one side only,
 - cases present on one side only, and the source files whose digest changed between the two runs
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flint_moe.conformance.judge.stages import VERDICT_ORDER
+from flint_moe.conformance.judge.results import VERDICT_ORDER
 
 __all__ = ["load_report", "compare_reports", "baseline_markdown", "MAX_LISTED"]
 

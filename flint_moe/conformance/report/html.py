@@ -471,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from flint_moe.conformance.report.schema import validate_report
 
-    ap = argparse.ArgumentParser(prog="python -m flint_moe.conformance.report.html", description="re-render report.html")
+    ap = argparse.ArgumentParser(
+        prog="python -m flint_moe.conformance.report.html", description="re-render report.html"
+    )
     ap.add_argument("report", help="report.json (or its directory)")
     ap.add_argument("--out", default=None, help="output file (default: report.html beside report.json)")
     args = ap.parse_args(argv)

@@ -8,7 +8,7 @@
   (:data:`ULP_BIN_LABELS`), for the ulp histograms.
 
 Both are pure functions of their argument (CPU or CUDA tensors; nothing is modified). The comparison
-(``compare.py``) attaches them to a StageResult (docs/ARCHITECTURE.md, section 2).
+(``judge/stages.py``) attaches them to a StageResult (docs/ARCHITECTURE.md, section 2).
 """
 
 from __future__ import annotations

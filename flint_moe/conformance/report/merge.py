@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI (module docstring). Returns the exit status."""
     from flint_moe.conformance.report.baseline import load_report
     from flint_moe.conformance.report.digest import DEFAULT_GPU_REPORT, check_report, repo_root, source_digest
-    from flint_moe.conformance.run.outdir import RunKind, check_out, evidence_guard, new_run_id, publish, staging_dir
     from flint_moe.conformance.report.report import report_dict, write_report
+    from flint_moe.conformance.run.outdir import RunKind, check_out, evidence_guard, new_run_id, publish, staging_dir
 
     ap = argparse.ArgumentParser(prog="python -m flint_moe.conformance.merge", description=__doc__.split("\n")[0])
     ap.add_argument("shards", nargs="+", metavar="DIR", help="shard report directories (or their report.json)")

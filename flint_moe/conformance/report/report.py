@@ -28,7 +28,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from flint_moe.conformance.judge.stages import ACCUMULATION_STAGES, FAIL, VERDICT_ORDER
+from flint_moe.conformance.judge.results import ACCUMULATION_STAGES, FAIL, VERDICT_ORDER
 
 __all__ = [
     "SCHEMA",
@@ -122,7 +122,7 @@ def report_dict(results, env: dict, *, mutation=None, baseline=None, gpu_report=
 
 
 def _num(v):
-    """A JSON metric as float (the strings "inf"/"nan" of compare._json_safe), None stays None."""
+    """A JSON metric as float (the strings "inf"/"nan" of results._json_safe), None stays None."""
     if v is None:
         return None
     if isinstance(v, str):

@@ -8,7 +8,7 @@ required; a field that is present must have its type (``None`` only where the wr
 types: ``env.profile`` is ``"cpu"`` or ``"gpu"``, a mismatch map's grid is at most ``maps.MAP_ROWS`` x
 ``maps.MAP_COLS`` and its cells lie inside it, an ulp histogram has ``maps.ULP_BINS`` counts.
 
-Numbers may be the strings ``"inf"``, ``"-inf"``, ``"nan"`` (how ``compare._json_safe`` writes non-finite
+Numbers may be the strings ``"inf"``, ``"-inf"``, ``"nan"`` (how ``results._json_safe`` writes non-finite
 floats). Booleans are not integers here.
 """
 

@@ -81,7 +81,7 @@ def run_cases(
 def raised_result(case, exc: BaseException):
     """The CaseResult of a case whose run raised ``exc``: verdict FAIL, one stage ``run`` (FAIL) whose note is
     ``raised <Type>: <message>``, the case parameters in ``meta``."""
-    from flint_moe.conformance.judge.stages import FAIL, CaseResult, StageResult
+    from flint_moe.conformance.judge.results import FAIL, CaseResult, StageResult
 
     meta = {k: getattr(case, k) for k in ("shape", "M", "k", "E", "H", "I", "profile", "seed") if hasattr(case, k)}
     meta = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in meta.items()}
@@ -121,10 +121,11 @@ def run_case(
 
 
 def _run_case(case, device, counter, invariance, inputs, black_box=False):
-    from flint_moe.conformance.judge import stages as compare
     from flint_moe.conformance.inputs.cases import make_inputs
     from flint_moe.conformance.judge.faults import diagnose
     from flint_moe.conformance.judge.invariance import check_invariances, required_failed
+    from flint_moe.conformance.judge.results import FAIL
+    from flint_moe.conformance.judge.stages import compare_case
     from flint_moe.conformance.run.paths import path_for
     from flint_moe.ops import make_route_counter
 
@@ -147,15 +148,15 @@ def _run_case(case, device, counter, invariance, inputs, black_box=False):
                                    name=case.path, case_id=case.id)  # fmt: skip
             res.meta.update({k: getattr(case, k) for k in ("shape", "profile", "seed")})
         else:
-            res = compare.compare_case(case, inputs, taps, out)
-    if res.verdict == compare.FAIL and not black_box:
+            res = compare_case(case, inputs, taps, out)
+    if res.verdict == FAIL and not black_box:
         with _phase(phases, "diagnose", device):
             res.diagnosis = diagnose(case, inputs, taps, out, res)
     if invariance:
         with _phase(phases, "invariance", device):
             res.invariance = check_invariances(case, inputs, path, counter, out, taps)
         if required_failed(res.invariance):
-            res.verdict = compare.FAIL
+            res.verdict = FAIL
     if isinstance(getattr(res, "meta", None), dict):
         res.meta["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
     return res

@@ -55,8 +55,8 @@ def selection_digest(case_ids: list[str]) -> str:
 def plan_shards(cases: list, count: int, *, mutation: bool = False) -> list[Shard]:
     """The ``count`` shards of ``cases`` (a matrix selection, in order); see the module docstring.
     ValueError for ``count < 1``."""
-    from flint_moe.conformance.run.parallel import MUTATION_SECONDS, estimate_seconds, plan_units
     from flint_moe.conformance.inputs.profiles import weight_key
+    from flint_moe.conformance.run.parallel import MUTATION_SECONDS, estimate_seconds, plan_units
 
     if not isinstance(count, int) or count < 1:
         raise ValueError(f"plan_shards: count must be a positive integer, got {count!r}")

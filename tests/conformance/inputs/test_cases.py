@@ -21,8 +21,8 @@ from flint_moe.conformance.inputs.cases import (
     matrix,
     oracle_available,
 )
-from flint_moe.conformance.run.paths import PATHS
 from flint_moe.conformance.inputs.profiles import POISON_BYTES, scale_padding_mask
+from flint_moe.conformance.run.paths import PATHS
 from flint_moe.layouts import FlintMoEWeights
 from flint_moe.reference.weights import BF16Experts, NVFP4Experts
 

@@ -14,9 +14,9 @@ import json
 import pytest
 import torch
 
-from flint_moe.conformance.judge.blackbox import _possible_selections, compare_blackbox, output_intervals
 from flint_moe.conformance.inputs.cases import Case, ShapeSpec, make_inputs
-from flint_moe.conformance.judge.stages import EXACT, EXPLAINED, FAIL
+from flint_moe.conformance.judge.blackbox import _possible_selections, compare_blackbox, output_intervals
+from flint_moe.conformance.judge.results import EXACT, EXPLAINED, FAIL
 from flint_moe.reference.model import moe_bf16, moe_nvfp4
 from flint_moe.reference.weights import BF16Experts, NVFP4Experts
 

@@ -17,8 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flint_moe.conformance.judge.stages import FAIL, compare_case
 from flint_moe.conformance.judge.faults import FAULTS, FAULTS_BY_NAME, NotApplicable, diagnose, faulty_weights
+from flint_moe.conformance.judge.results import FAIL
+from flint_moe.conformance.judge.stages import compare_case
 from flint_moe.reference.experts import SWIGLU_C, swiglu
 from flint_moe.reference.formats import round_bf16, to_bf16
 from flint_moe.reference.mufu import ex2_approx_ftz, rcp_approx_ftz

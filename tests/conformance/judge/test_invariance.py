@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from flint_moe.conformance.judge.stages import compare_case
 from flint_moe.conformance.judge.invariance import (
     FAIL,
     MEASURED,
@@ -27,6 +26,7 @@ from flint_moe.conformance.judge.invariance import (
     required_failed,
     row_independence,
 )
+from flint_moe.conformance.judge.stages import compare_case
 
 
 def _tc():

@@ -17,19 +17,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flint_moe.conformance.judge.stages import (
-    EXACT,
-    EXPLAINED,
-    FAIL,
-    STAGES,
-    VERDICT_ORDER,
-    WITHIN_BOUND,
-    compare_case,
-    expert_models,
-    logit_intervals,
-    routing_explained,
-    ulp_distance,
-)
+from flint_moe.conformance.judge.explain import logit_intervals, routing_explained
+from flint_moe.conformance.judge.metrics import ulp_distance
+from flint_moe.conformance.judge.results import EXACT, EXPLAINED, FAIL, STAGES, VERDICT_ORDER, WITHIN_BOUND
+from flint_moe.conformance.judge.stages import compare_case, expert_models
 from flint_moe.conformance.report.report import SCHEMA, write_report
 from flint_moe.reference import combine as ref_combine
 from flint_moe.reference.combine import add_shared
@@ -547,7 +538,7 @@ def test_accumulation_warning_within_bound() -> None:
 def test_end_to_end_reuse_matches_fresh_golden(built) -> None:
     """compare_case reuses its teacher-forced golden sums in the end-to-end run (rows whose act agrees with
     the golden act); a fresh golden run (no cache) must give the same end-to-end result."""
-    from flint_moe.conformance.judge.stages import end_to_end_taps
+    from flint_moe.conformance.judge.explain import end_to_end_taps
 
     case, inputs, taps, _ = built
     t = _clone(taps)

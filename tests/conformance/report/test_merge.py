@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from flint_moe.conformance import __main__ as cli
-
 from flint_moe.conformance.report import merge
 from flint_moe.conformance.report.digest import check_report, source_digest
 

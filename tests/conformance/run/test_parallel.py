@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.conformance.run import parallel
 from flint_moe.conformance.inputs.cases import Case, matrix
-from flint_moe.conformance.run.parallel import GOLDEN_ALLOWANCE, Unit, estimate_bytes, pick_unit, plan_units
 from flint_moe.conformance.inputs.profiles import weight_key
+from flint_moe.conformance.run import parallel
+from flint_moe.conformance.run.parallel import GOLDEN_ALLOWANCE, Unit, estimate_bytes, pick_unit, plan_units
 
 
 def test_units_group_cases_by_weights_in_matrix_order():

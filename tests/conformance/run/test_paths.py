@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from flint_moe.conformance.inputs.cases import Case, make_inputs, matrix
-from flint_moe.conformance.judge.stages import FAIL, compare_case
+from flint_moe.conformance.judge.results import FAIL
+from flint_moe.conformance.judge.stages import compare_case
 from flint_moe.conformance.run.paths import path_for
 from flint_moe.ops import make_route_counter
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from flint_moe.conformance.inputs.cases import matrix
-from flint_moe.conformance.run.parallel import MUTATION_SECONDS, estimate_seconds
 from flint_moe.conformance.inputs.profiles import weight_key
+from flint_moe.conformance.run.parallel import MUTATION_SECONDS, estimate_seconds
 from flint_moe.conformance.run.shard import parse_shard, plan_shards, selection_digest, shard_record
 
 GPU = matrix("gpu")
