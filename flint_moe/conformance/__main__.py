@@ -178,7 +178,7 @@ def checkpoint_selection(path: str, layer: int, profile: str, filters: list[str]
 def _merge_rerun(prev: dict, prev_path: str, results: list, mutation, env: dict) -> tuple[list, dict | None]:
     """``--rerun-failed``: the earlier report's cases in order, each rerun one replaced by its new result;
     the earlier mutation report unless this run made one; ``env["rerun"]`` records what was merged."""
-    from flint_moe.conformance.report.report import case_dicts
+    from flint_moe.conformance.report.summary import case_dicts
 
     new = {c["case_id"]: c for c in case_dicts(results)}
     merged = [new.get(c["case_id"], c) for c in prev["cases"]]
@@ -204,7 +204,7 @@ def summary_table(results: list):
     from rich.table import Table
     from rich.text import Text
 
-    from flint_moe.conformance.report.report import _e2e_cell, _max_ulp, _warnings, case_dicts, exact_percent
+    from flint_moe.conformance.report.summary import _e2e_cell, _max_ulp, _warnings, case_dicts, exact_percent
 
     style = {"EXACT": "green", "WITHIN-BOUND": "cyan", "EXPLAINED": "yellow", "FAIL": "bold red"}
     t = Table(title="flint-moe conformance")
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(summary_table(results))
     n_fail = sum((r["verdict"] if isinstance(r, dict) else r.verdict) == "FAIL" for r in results)
     if mutation:
-        from flint_moe.conformance.report.report import mutation_line
+        from flint_moe.conformance.report.summary import mutation_line
 
         console.print(mutation_line(mutation), markup=False)
     if diff is not None:

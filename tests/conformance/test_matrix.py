@@ -59,7 +59,7 @@ def counter(device):
 
 @pytest.mark.parametrize("case_id", [pytest.param(i, id=i, marks=MARKS) for i in CASE_IDS])
 def test_case(case_id, device, counter):
-    from flint_moe.conformance.report.report import _details
+    from flint_moe.conformance.report.summary import _details
 
     res = run_case(Case.from_id(case_id), device, counter, invariance=INVARIANCE)
     details = "\n".join(_details(res.to_json()))

@@ -124,7 +124,7 @@ def compare_reports(current: dict, other: dict, other_path: str = "") -> dict:
 def baseline_markdown(diff: dict, limit: int = MAX_LISTED) -> list[str]:
     """summary.md lines of a :func:`compare_reports` result (the digest list cut at ``limit`` entries); every
     string of ``diff`` goes through ``report.md`` (no Markdown markup from a baseline's content)."""
-    from flint_moe.conformance.report.report import md
+    from flint_moe.conformance.report.markdown import md
 
     who = md(diff.get("other") or "baseline", code=True)
     meta = [f"commit {md(diff.get('other_commit') or 'unknown', code=True)}"]

@@ -352,7 +352,7 @@ td,th{border:1px solid #ccc;padding:2px 6px} .note{color:#666;font-size:12px} im
 
 
 def _case_table(cases: list[dict]) -> str:
-    from flint_moe.conformance.report.report import _e2e_cell, _max_ulp, _warnings, _worst_acc, exact_percent
+    from flint_moe.conformance.report.summary import _e2e_cell, _max_ulp, _warnings, _worst_acc, exact_percent
 
     out = ["<table><tr><th>case</th><th>mode</th><th>verdict</th><th>exact %</th><th>max ulp</th>"
            "<th>worst accumulation</th><th>end to end</th><th>warnings</th><th>failing stages</th>"
@@ -413,7 +413,7 @@ def _plot_sections(cases: list[dict], verdicts, budget: int, max_bytes: int) -> 
 def render_html(report: dict, *, max_bytes: int = 16 * 2**20, plots: bool | None = None) -> str:
     """The report.html text of a report.json dict. ``plots``: None = when matplotlib is importable;
     False = tables only (the page then says how to get the plots)."""
-    from flint_moe.conformance.report.report import backend_line, mutation_line, summary_markdown
+    from flint_moe.conformance.report.summary import backend_line, mutation_line, summary_markdown
 
     env = report.get("env", {})
     cases = report.get("cases", [])

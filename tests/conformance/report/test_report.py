@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from flint_moe.conformance.report import report as rp
+from flint_moe.conformance.report import markdown, report as rp, summary as sm
 from tests.conformance._report_data import MUTATION, black_box_explained, fail_case, ok_case, results
 
 ENV = {"backend": "triton-interpreter (CPU)", "git_commit": "abc123", "date_utc": "2026-11-29T20:00:00+00:00",
@@ -32,7 +32,7 @@ def _table_rows(md: str) -> dict[tuple[str, str, str], list[str]]:
 
 
 def test_table_values():
-    md = rp.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
+    md = sm.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
     rows = _table_rows(md)
     assert len(rows) == 5
     ok = rows[("nvfp4\\_decode", "cpu-E6-H96-I64-k3", "1")]
@@ -54,7 +54,7 @@ def test_table_aggregates_path_shape_m():
     more = [ok_case(3), fail_case(), ok_case(3, seed=1)]
     more[2].stages[0].max_bound_fraction = 0.75  # the worst accumulation of the group, below in ulps
     more[2].stages[0].max_err_ulps = 7.0
-    rows = _table_rows(rp.summary_markdown(more, {}))
+    rows = _table_rows(sm.summary_markdown(more, {}))
     assert list(rows) == [("nvfp4\\_decode", "cpu-E6-H96-I64-k3", "3")]
     row = rows[("nvfp4\\_decode", "cpu-E6-H96-I64-k3", "3")]
     # exact %: (15 + 288) * 2 + 500 + 574 of (18 + 288) * 2 + 1152.
@@ -64,7 +64,7 @@ def test_table_aggregates_path_shape_m():
 
 
 def test_header_lines_in_order():
-    md = rp.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
+    md = sm.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
     lines = md.splitlines()
     assert lines[0] == "# flint-moe conformance" and lines[2].startswith("**Backend: triton-interpreter (CPU).**")
     assert lines[4] == (
@@ -81,7 +81,7 @@ def test_header_lines_in_order():
 
 
 def test_failure_details_invariances_and_explained():
-    md = rp.summary_markdown(results(), ENV, mutation=MUTATION)
+    md = sm.summary_markdown(results(), ENV, mutation=MUTATION)
     fails = md.split("## Failures")[1].split("## Explained differences")[0]
     assert "### `nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0`: FAIL" in fails
     assert "- **diagnosis**: act\\_rounded\\_twice: matches the reference with act rounded twice" in fails
@@ -101,7 +101,7 @@ def test_failure_details_invariances_and_explained():
 
 
 def test_no_failures_no_optional_sections():
-    md = rp.summary_markdown([ok_case(1)], {"backend": "cpu"})
+    md = sm.summary_markdown([ok_case(1)], {"backend": "cpu"})
     assert "## Failures\n\nNone." in md
     for absent in ("## Explained", "## Invariances", "## Mutation", "## Changes vs baseline", "GPU REPORT"):
         assert absent not in md
@@ -113,7 +113,7 @@ def test_end_to_end_failure_details_rendered():
     c["end_to_end"].update(verdict="FAIL", explained=3, unexplained=1, first_failures=[[1, 191]],
                            failure_details=[{"index": [1, 191], "kernel": 1.5, "golden": 1.25, "lo": 1.0,
                                              "hi": 1.375, "why": "outside the propagated interval"}])  # fmt: skip
-    md = rp.summary_markdown([c], {"backend": "cpu"})
+    md = sm.summary_markdown([c], {"backend": "cpu"})
     row = _table_rows(md)[("bf16\\_decode (black-box)", "cpu-E6-H192-I192-k3", "2")]
     assert row[1] == "**FAIL**" and row[7] == "`asymmetric/s0` end-to-end:1"
     assert "- **end to end** (black-box) FAIL: 4 of 384 output elements differ" in md
@@ -167,24 +167,24 @@ def test_invariance_only_failure_claims_no_diagnosis():
     c = ok_case(2).to_json()
     c["verdict"] = "FAIL"
     c["invariance"] = [{"name": "determinism", "required": True, "outcome": "FAIL", "note": "run 2 differs"}]
-    md = rp.summary_markdown([c], {"backend": "cpu"})
+    md = sm.summary_markdown([c], {"backend": "cpu"})
     assert "- **invariance determinism** FAIL: run 2 differs" in md and "no catalogued fault" not in md
     c["stages"][1]["verdict"] = "FAIL"
-    assert "- **diagnosis**: no catalogued fault reproduces the kernel's output" in rp.summary_markdown([c], {})
+    assert "- **diagnosis**: no catalogued fault reproduces the kernel's output" in sm.summary_markdown([c], {})
 
 
 def test_mutation_line_all_caught_and_untested():
     caught = [{"fault": f, "killed": True, "named": True} for f in ("a", "b")]
     m = {"killed": 2, "named": 2, "total": 2, "kill_rate": 1.0, "untested": ["nibble_swap"], "results": caught}
-    assert rp.mutation_line(m) == (
+    assert sm.mutation_line(m) == (
         "Mutation kill rate: 100.0% (2 of 2 catalogued faults failed the case, 2 named by the diagnosis); every "
         "catalogued fault caught. Catalogued faults without a mutation: nibble_swap."
     )
-    assert rp.mutation_line(None) is None
+    assert sm.mutation_line(None) is None
 
 
 def test_run_line_says_when_the_checkout_had_local_changes():
-    from flint_moe.conformance.report.report import _run_line
+    from flint_moe.conformance.report.summary import _run_line
 
     line = _run_line({"git_commit": "abc123", "git_dirty": ["a", "b"]})
     assert "commit `abc123` plus local changes to 2 files" in line
@@ -193,11 +193,11 @@ def test_run_line_says_when_the_checkout_had_local_changes():
 
 
 def test_md_escapes_every_markup_character_and_line_breaks():
-    assert rp.md("a|b`c*d_e[f]g<h>i#j\\k~l\nm\r\nn\ro") == r"a\|b\`c\*d\_e\[f\]g\<h\>i\#j\\k\~l m n o"
-    assert rp.md(3) == "3" and rp.md(None) == "None"
-    assert rp.md("nvfp4_decode/x/M1", code=True) == "`nvfp4_decode/x/M1`"  # inside a code span nothing is markup
+    assert markdown.md("a|b`c*d_e[f]g<h>i#j\\k~l\nm\r\nn\ro") == r"a\|b\`c\*d\_e\[f\]g\<h\>i\#j\\k\~l m n o"
+    assert markdown.md(3) == "3" and markdown.md(None) == "None"
+    assert markdown.md("nvfp4_decode/x/M1", code=True) == "`nvfp4_decode/x/M1`"  # inside a code span nothing is markup
     for text, want in (("a|b", r"a\|b"), ("a`b", r"a\`b"), ("a\\b_", r"a\\b\_"), ("a\nb*", r"a b\*"), ("", "")):
-        assert rp.md(text, code=True) == want  # what a code span cannot hold safely is escaped instead
+        assert markdown.md(text, code=True) == want  # what a code span cannot hold safely is escaped instead
 
 
 def test_strings_from_a_loaded_report_make_no_markdown():
@@ -212,7 +212,7 @@ def test_strings_from_a_loaded_report_make_no_markdown():
     c["invariance"][1].update(name="row_|x", note="</td>")
     odd = dict(ok_case(1).to_json(), verdict="<img src=x onerror=alert(1)>")
     env = {"backend": "cpu <b>", "git_commit": "c`1", "command": "x | y", "filters": ["[/]"], "incomplete": "**x**"}
-    md = rp.summary_markdown([c, odd], env, gpu_report={"line": "GPU REPORT <i>x</i>"})
+    md = sm.summary_markdown([c, odd], env, gpu_report={"line": "GPU REPORT <i>x</i>"})
     assert re.findall(r"(?<!\\)[<>]", md) == [] and re.findall(r"(?<!\\)\]\(", md) == []
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| path")]
     assert rows == [
