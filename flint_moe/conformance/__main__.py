@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs",
         default="auto",
         metavar="N|auto",
-        help="worker processes sharing the device (conformance/parallel.py; a case is mostly host work, so N "
+        help="worker processes sharing the device (conformance/run/parallel.py; a case is mostly host work, so N "
         "workers on one GPU run the matrix ~N times faster; with several visible GPUs the workers are spread "
         "over all of them); auto = half the cores, up to 8 per GPU, with CUDA, 1 without",
     )
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "--shard",
         default=None,
         metavar="K/N",
-        help="run shard K of N of the selected cases (conformance/shard.py: deterministic, balanced by estimated "
+        help="run shard K of N of the selected cases (conformance/run/shard.py: deterministic, balanced by estimated "
         "cost; join the N reports with python -m flint_moe.conformance.merge)",
     )
     args = ap.parse_args(argv)  # fmt: skip

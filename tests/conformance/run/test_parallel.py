@@ -1,4 +1,4 @@
-"""conformance/parallel.py: units, memory-aware picking, and a two-worker run equal to the serial run."""
+"""conformance/run/parallel.py: units, memory-aware picking, and a two-worker run equal to the serial run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""conformance.shard: every selected case in exactly one shard for N = 1..16, deterministic, balanced by the
+"""conformance.run.shard: every selected case in exactly one shard for N = 1..16, deterministic, balanced by the
 parallel runner's estimates, weight-sharing cases kept together unless their group is longer than a share."""
 
 from __future__ import annotations
