@@ -46,7 +46,7 @@ Interface with the case objects (duck-typed, docs/ARCHITECTURE.md section 2): ``
 ``profile``, ``seed`` are copied into the result when present); ``inputs.x``, ``inputs.router_weight``,
 ``inputs.shared``, ``inputs.weights_logical`` (or ``inputs.logical``; ``NVFP4Experts`` / ``BF16Experts``).
 The golden model runs
-on ``inputs.x``'s device.
+on ``inputs.x``'s device. Result types and verdicts: ``results.py``; element metrics: ``metrics.py``.
 """
 
 from __future__ import annotations
