@@ -187,7 +187,7 @@ def _recording(out: list[Launch]):
 
 
 def _fake_inputs(case):
-    """``cases.CaseInputs`` of ``case`` as fake CUDA tensors (call inside ``FakeTensorMode``): the stored
+    """``profiles.CaseInputs`` of ``case`` as fake CUDA tensors (call inside ``FakeTensorMode``): the stored
     layouts' shapes and dtypes on device ``cuda``, no data."""
     from flint_moe.conformance.inputs.profiles import CaseInputs
 

@@ -283,7 +283,7 @@ def _meta(case, inputs, dev) -> dict:
 
 
 def _logical_weights(inputs):
-    """``inputs.weights_logical`` (brief) or ``inputs.logical`` (cases.CaseInputs); clear error if neither."""
+    """``inputs.weights_logical`` (brief) or ``inputs.logical`` (profiles.CaseInputs); clear error if neither."""
     for name in ("weights_logical", "logical"):
         w = getattr(inputs, name, None)
         if w is not None:

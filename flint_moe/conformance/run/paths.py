@@ -1,7 +1,7 @@
 """Kernel paths under conformance test: thin wrappers over the public ops that run them with taps
 (docs/ARCHITECTURE.md, section 2).
 
-``PATHS[name].run(inputs, counter, taps) -> out`` runs one case's inputs (``cases.CaseInputs``) through the
+``PATHS[name].run(inputs, counter, taps) -> out`` runs one case's inputs (``profiles.CaseInputs``) through the
 op; ``taps`` (a dict or None) receives the kernels' stage tensors. ``max_tokens`` is the largest M the path
 serves (``cases.matrix`` never asks for more). ``path_for(case)`` is the path of a case with its launch
 configuration (``cases.PATH_CONFIGS``): the default op, or the same kernels launched with the overrides;

@@ -369,7 +369,7 @@ def _gate_up_acc(case, inputs, t, m, j) -> Accumulation:
 
 
 def test_cases_inputs_attribute_name(bf16) -> None:
-    """cases.CaseInputs names the logical weights ``logical``; compare_case accepts it too."""
+    """profiles.CaseInputs names the logical weights ``logical``; compare_case accepts it too."""
     case, inputs, taps, out = bf16
     alt = SimpleNamespace(x=inputs.x, router_weight=inputs.router_weight, shared=inputs.shared,
                           logical=inputs.weights_logical)  # fmt: skip
