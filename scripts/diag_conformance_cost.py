@@ -27,15 +27,15 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    from flint_moe.conformance.cases import matrix
-    from flint_moe.conformance.runner import run_case
+    from flint_moe.conformance.inputs.cases import matrix
+    from flint_moe.conformance.run.runner import run_case
     from flint_moe.ops import make_route_counter
 
     dev = torch.device("cuda")
     t_start = time.perf_counter()
     rec: dict = {"cases": []}
     if a.mutation:
-        from flint_moe.conformance.mutation import mutation_report, run_mutations
+        from flint_moe.conformance.judge.mutation import mutation_report, run_mutations
 
         t0 = time.perf_counter()
         pr = cProfile.Profile()

@@ -21,8 +21,8 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    from flint_moe.conformance.cases import matrix
-    from flint_moe.conformance.runner import run_case
+    from flint_moe.conformance.inputs.cases import matrix
+    from flint_moe.conformance.run.runner import run_case
     from flint_moe.ops import make_route_counter
 
     dev = torch.device("cuda")

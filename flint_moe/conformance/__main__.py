@@ -6,7 +6,7 @@
 
 For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
-(``compare.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
+(``stages.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
 into a staging directory beside it and renamed onto it when the run completes, ``outdir.publish``):
 report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md and
 report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
@@ -41,7 +41,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from flint_moe.conformance.runner import (  # noqa: E402  (re-exported: the CLI's case runner)
+from flint_moe.conformance.run.runner import (  # noqa: E402  (re-exported: the CLI's case runner)
     RunStopped,
     raised_result,
     run_case,
@@ -60,7 +60,7 @@ def environment() -> dict:
     golden model (``digest.source_digest``)."""
     import triton
 
-    from flint_moe.conformance.digest import source_digest
+    from flint_moe.conformance.report.digest import source_digest
 
     cuda = _compiled_cuda()
     env = {
@@ -88,7 +88,7 @@ def run_kind(args, profile: str, invariance: bool, mutation: bool):
     """``outdir.RunKind`` of a run of the parsed ``args``: partial when filtered, a ``--rerun-failed`` merge,
     ``--black-box``, a ``--checkpoint`` layer, without report.html, or (gpu profile) without the invariances or
     the mutation self-test the profile runs by default."""
-    from flint_moe.conformance.outdir import RunKind
+    from flint_moe.conformance.run.outdir import RunKind
 
     partial = []
     if getattr(args, "shard", None):
@@ -148,7 +148,7 @@ def _git_commit() -> str | None:
 
 def select(profile: str, filters: list[str]) -> list:
     """Cases of ``profile`` whose id contains every substring in ``filters``."""
-    from flint_moe.conformance.cases import matrix
+    from flint_moe.conformance.inputs.cases import matrix
 
     return [c for c in matrix(profile) if all(f in c.id for f in filters)]
 
@@ -159,8 +159,8 @@ def checkpoint_selection(path: str, layer: int, profile: str, filters: list[str]
     layer's weights (``checkpoint.checkpoint_cases``), filtered like the matrix."""
     from dataclasses import replace
 
-    from flint_moe.conformance.cases import matrix
-    from flint_moe.conformance.checkpoint import checkpoint_cases
+    from flint_moe.conformance.inputs.cases import matrix
+    from flint_moe.conformance.inputs.checkpoint import checkpoint_cases
     from flint_moe.ops import DECODE_MAX_TOKENS
 
     counts = sorted({c.M for c in matrix(profile) if c.path.startswith("nvfp4_")})
@@ -178,7 +178,7 @@ def checkpoint_selection(path: str, layer: int, profile: str, filters: list[str]
 def _merge_rerun(prev: dict, prev_path: str, results: list, mutation, env: dict) -> tuple[list, dict | None]:
     """``--rerun-failed``: the earlier report's cases in order, each rerun one replaced by its new result;
     the earlier mutation report unless this run made one; ``env["rerun"]`` records what was merged."""
-    from flint_moe.conformance.report import case_dicts
+    from flint_moe.conformance.report.summary import case_dicts
 
     new = {c["case_id"]: c for c in case_dicts(results)}
     merged = [new.get(c["case_id"], c) for c in prev["cases"]]
@@ -204,7 +204,7 @@ def summary_table(results: list):
     from rich.table import Table
     from rich.text import Text
 
-    from flint_moe.conformance.report import _e2e_cell, _max_ulp, _warnings, case_dicts, exact_percent
+    from flint_moe.conformance.report.summary import _e2e_cell, _max_ulp, _warnings, case_dicts, exact_percent
 
     style = {"EXACT": "green", "WITHIN-BOUND": "cyan", "EXPLAINED": "yellow", "FAIL": "bold red"}
     t = Table(title="flint-moe conformance")
@@ -234,7 +234,7 @@ def _mutation(console) -> dict | None:
     """``mutation.mutation_report(mutation.run_mutations())`` (the harness's self-test), or None with a note when
     the module is not there yet."""
     try:
-        from flint_moe.conformance.mutation import mutation_report, run_mutations
+        from flint_moe.conformance.judge.mutation import mutation_report, run_mutations
     except ImportError as e:
         console.print(f"mutation testing unavailable ({e}); report without a kill rate", style="yellow",
                       markup=False)
@@ -248,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     profile, an unusable baseline or --rerun-failed report, or a refused --out, 3 for a stopped run, else 0)."""
     from rich.console import Console
 
-    from flint_moe.conformance.digest import DEFAULT_GPU_REPORT, check_report, repo_root
-    from flint_moe.conformance.report import write_report
+    from flint_moe.conformance.report.digest import DEFAULT_GPU_REPORT, check_report, repo_root
+    from flint_moe.conformance.report.report import write_report
 
     ap = argparse.ArgumentParser(prog="python -m flint_moe.conformance", description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs",
         default="auto",
         metavar="N|auto",
-        help="worker processes sharing the device (conformance/parallel.py; a case is mostly host work, so N "
+        help="worker processes sharing the device (conformance/run/parallel.py; a case is mostly host work, so N "
         "workers on one GPU run the matrix ~N times faster; with several visible GPUs the workers are spread "
         "over all of them); auto = half the cores, up to 8 per GPU, with CUDA, 1 without",
     )
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "--shard",
         default=None,
         metavar="K/N",
-        help="run shard K of N of the selected cases (conformance/shard.py: deterministic, balanced by estimated "
+        help="run shard K of N of the selected cases (conformance/run/shard.py: deterministic, balanced by estimated "
         "cost; join the N reports with python -m flint_moe.conformance.merge)",
     )
     args = ap.parse_args(argv)  # fmt: skip
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.checkpoint is None or args.layer is None:
             print("--checkpoint and --layer go together", file=sys.stderr)
             return 2
-        from flint_moe.conformance.checkpoint import CHECKPOINT_ERRORS, checkpoint_error_line
+        from flint_moe.conformance.inputs.checkpoint import CHECKPOINT_ERRORS, checkpoint_error_line
 
         try:
             cases, given_inputs = checkpoint_selection(args.checkpoint, args.layer, profile, args.filter, device)
@@ -367,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = select(profile, args.filter)
     prev = None
     if args.rerun_failed:
-        from flint_moe.conformance.baseline import load_report
-        from flint_moe.conformance.digest import source_digest
+        from flint_moe.conformance.report.baseline import load_report
+        from flint_moe.conformance.report.digest import source_digest
 
         try:
             prev, prev_path = load_report(args.rerun_failed, flag="--rerun-failed")
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in select(profile, args.filter) if c.id in failed]
     shard = None
     if args.shard is not None:
-        from flint_moe.conformance.shard import parse_shard, plan_shards, shard_record
+        from flint_moe.conformance.run.shard import parse_shard, plan_shards, shard_record
 
         try:
             k, n = parse_shard(args.shard)
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     base = None
     if args.baseline:
-        from flint_moe.conformance.baseline import load_report
+        from flint_moe.conformance.report.baseline import load_report
 
         try:
             base = load_report(args.baseline)
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.datetime.now(datetime.UTC)
     env["date_utc"] = now.isoformat(timespec="seconds")
     env["command"] = " ".join(["python -m flint_moe.conformance", *(sys.argv[1:] if argv is None else argv)])
-    from flint_moe.conformance.cases import matrix
+    from flint_moe.conformance.inputs.cases import matrix
 
     env["cases_run"] = (
         f"{len(cases)} checkpoint cases" if args.checkpoint else f"{len(cases)} of {len(matrix(profile))}"
@@ -449,7 +449,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(cases)} (shard {shard.index}/{shard.count} of {shard_env['selection_size']} selected) "
             f"of {len(matrix(profile))}"
         )
-    from flint_moe.conformance.outdir import OutDirError, check_out, evidence_guard, new_run_id, publish, staging_dir
+    from flint_moe.conformance.run.outdir import (
+        OutDirError,
+        check_out,
+        evidence_guard,
+        new_run_id,
+        publish,
+        staging_dir,
+    )
 
     run_id = new_run_id(now, profile)
     out_dir = Path(args.out) if args.out else Path("reports") / run_id
@@ -474,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     env["black_box"] = bool(args.black_box)
     if args.checkpoint is not None:
         env["checkpoint"] = f"{args.checkpoint} layer {args.layer}"
-    from flint_moe.conformance.parallel import default_jobs, run_parallel, visible_gpus
+    from flint_moe.conformance.run.parallel import default_jobs, run_parallel, visible_gpus
 
     n_gpus = len(visible_gpus()) if device.type == "cuda" else 0
     jobs = default_jobs(device.type, n_gpus) if args.jobs == "auto" else int(args.jobs)  # validated above
@@ -522,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     if env.get("gpu"):
         # A GPU run is itself the evidence for the sources it ran: its line says so (committed as reports/h200/,
         # it stays CURRENT until a kernel or golden-model source changes).
-        from flint_moe.conformance.report import report_dict
+        from flint_moe.conformance.report.report import report_dict
 
         fresh = check_report(report_dict(results, env), current=env["source_digest"])
         fresh.line = fresh.line.replace("GPU REPORT CURRENT (", "GPU REPORT CURRENT (this GPU run: ", 1)
@@ -530,8 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         fresh = check_report(gpu_path, current=env["source_digest"])
     diff = None
     if base is not None:
-        from flint_moe.conformance.baseline import compare_reports
-        from flint_moe.conformance.report import report_dict
+        from flint_moe.conformance.report.baseline import compare_reports
+        from flint_moe.conformance.report.report import report_dict
 
         diff = compare_reports(report_dict(results, env), base[0], base[1])
     paths = write_report(
@@ -543,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(summary_table(results))
     n_fail = sum((r["verdict"] if isinstance(r, dict) else r.verdict) == "FAIL" for r in results)
     if mutation:
-        from flint_moe.conformance.report import mutation_line
+        from flint_moe.conformance.report.summary import mutation_line
 
         console.print(mutation_line(mutation), markup=False)
     if diff is not None:

@@ -6,7 +6,7 @@ shape, top_k, expert count or launch configuration in ``cases.matrix`` cannot sl
 
 - ``matrix_launches(profiles)`` runs every case of ``cases.matrix("gpu")`` and ``cases.matrix("cpu")`` (every
   path and ``cases.PATH_CONFIGS`` entry) through the same op / launcher calls as
-  ``flint_moe.conformance.paths`` does, as the harness runs it (``_case_launches``: with taps, the TAP builds
+  ``flint_moe.conformance.run.paths`` does, as the harness runs it (``_case_launches``: with taps, the TAP builds
   the conformance run compares; without, the production builds its determinism / CUDA-graph replays run; each
   row alone at M = 1 for batch invariance; the default path for mutation testing), on fake CUDA tensors of the
   case's real sizes (``torch._subclasses.fake_tensor.FakeTensorMode``: device ``cuda``, no data, no GPU), with
@@ -187,9 +187,9 @@ def _recording(out: list[Launch]):
 
 
 def _fake_inputs(case):
-    """``cases.CaseInputs`` of ``case`` as fake CUDA tensors (call inside ``FakeTensorMode``): the stored
+    """``profiles.CaseInputs`` of ``case`` as fake CUDA tensors (call inside ``FakeTensorMode``): the stored
     layouts' shapes and dtypes on device ``cuda``, no data."""
-    from flint_moe.conformance.cases import CaseInputs
+    from flint_moe.conformance.inputs.profiles import CaseInputs
 
     E, H, I, Ip, M = case.E, case.H, case.I, case.Ip, case.M  # noqa: E741
 
@@ -244,7 +244,7 @@ def _case_launches(case, counter) -> list[Launch]:
     from dataclasses import replace
 
     import flint_moe.ops.moe_nvfp4_grouped as grouped_op
-    from flint_moe.conformance.paths import PATHS, path_for
+    from flint_moe.conformance.run.paths import PATHS, path_for
 
     run_case = case
     if case.path in _MODULE_OP_PATH:
@@ -269,7 +269,7 @@ def matrix_launches(profiles: Sequence[str] = ("gpu", "cpu")) -> dict[tuple, tup
     error a launcher raises for a case (with the case id)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from flint_moe.conformance.cases import matrix
+    from flint_moe.conformance.inputs.cases import matrix
 
     _check_not_interpreted()
     out: dict[tuple, tuple[Launch, list[str]]] = {}
@@ -429,7 +429,7 @@ def coverage_report(profiles: Sequence[str] = ("gpu", "cpu")) -> dict:
     gone through JSON and ``register_records``; must be empty), ``cases`` (number of matrix cases),
     ``silent_cases`` (ids of cases that launched no kernel), ``kernels_by_path`` (path -> kernel names its cases
     launch), ``per_kernel`` (kernel -> [distinct launches, covered by kernel-module specs, module specs])."""
-    from flint_moe.conformance.cases import matrix
+    from flint_moe.conformance.inputs.cases import matrix
     from flint_moe.kernels.audit.registry import collect_audit_specs
 
     module_specs = {n: s for n, s in collect_audit_specs().items() if not n.startswith("matrix.")}

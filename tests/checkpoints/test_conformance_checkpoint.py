@@ -1,4 +1,4 @@
-"""``flint_moe.conformance.checkpoint.checkpoint_cases``: cases and inputs from a checkpoint's MoE layer
+"""``flint_moe.conformance.inputs.checkpoint.checkpoint_cases``: cases and inputs from a checkpoint's MoE layer
 (a ModelOpt directory written with safetensors, a GGUF file), deterministic tokens, the stored weights equal to
 ``FlintMoEWeights.from_modelopt`` of the checkpoint tensors, and one case run through the harness (path +
 ``compare_case``) without a FAIL.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.conformance.checkpoint import CHECKPOINT_PROFILE, checkpoint_cases, checkpoint_shape_name
+from flint_moe.conformance.inputs.checkpoint import CHECKPOINT_PROFILE, checkpoint_cases, checkpoint_shape_name
 from flint_moe.layouts import FlintMoEWeights
 from tests.checkpoints._writers import random_experts, write_gguf_nvfp4, write_modelopt_dir
 
@@ -70,8 +70,8 @@ def test_checkpoint_cases(tmp_path) -> None:
 
 
 def test_case_runs_through_the_harness(tmp_path) -> None:
-    from flint_moe.conformance import compare
-    from flint_moe.conformance.paths import PATHS
+    from flint_moe.conformance.judge.stages import compare_case
+    from flint_moe.conformance.run.paths import PATHS
     from flint_moe.ops import make_route_counter
 
     named, router, _ = _experts(8)
@@ -79,6 +79,6 @@ def test_case_runs_through_the_harness(tmp_path) -> None:
     case, inp = checkpoint_cases(d, 0, token_counts=[2], seed=0)[0]
     taps: dict = {}
     out = PATHS[case.path].run(inp, make_route_counter(), taps)
-    res = compare.compare_case(case, inp, taps, out)
+    res = compare_case(case, inp, taps, out)
     assert res.verdict != "FAIL", [(s.name, s.verdict) for s in res.stages]
     assert res.meta["shape"] == "ckpt-c-L0" and res.meta["M"] == 2

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.conformance.compare import CaseResult, StageResult
-from flint_moe.conformance.invariance import InvarianceResult
-from flint_moe.conformance.maps import mismatch_map, ulp_histogram
+from flint_moe.conformance.judge.invariance import InvarianceResult
+from flint_moe.conformance.judge.results import CaseResult, StageResult
+from flint_moe.conformance.report.maps import mismatch_map, ulp_histogram
 
 META = {"shape": "cpu-E6-H96-I64-k3", "k": 3, "E": 6, "H": 96, "I": 64, "profile": "gaussian"}
 

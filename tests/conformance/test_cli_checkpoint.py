@@ -8,7 +8,7 @@ import json
 import pytest
 
 from flint_moe.conformance.__main__ import checkpoint_selection, main
-from flint_moe.conformance.cases import matrix
+from flint_moe.conformance.inputs.cases import matrix
 from flint_moe.ops import DECODE_MAX_TOKENS
 from tests.checkpoints._writers import write_modelopt_dir
 from tests.checkpoints.test_conformance_checkpoint import K, _experts

@@ -16,14 +16,14 @@ def test_gpu_profile_without_cuda_is_refused(capsys):
 
 
 def test_backend_line_names_the_device_once():
-    from flint_moe.conformance.report import backend_line
+    from flint_moe.conformance.report.summary import backend_line
 
     line = backend_line({"backend": "triton-cuda (NVIDIA H200)", "gpu": "NVIDIA H200"})
     assert line.count("NVIDIA H200") == 1 and "measured on this GPU" in line
 
 
 def test_summary_has_the_run_line():
-    from flint_moe.conformance.report import summary_markdown
+    from flint_moe.conformance.report.summary import summary_markdown
 
     env = {
         "backend": "triton-interpreter (CPU)",

@@ -10,8 +10,9 @@ import types
 
 import pytest
 
-from flint_moe.conformance import __main__ as cli, outdir, runner
-from flint_moe.conformance.outdir import RunKind, evidence_guard
+from flint_moe.conformance import __main__ as cli
+from flint_moe.conformance.run import outdir, runner
+from flint_moe.conformance.run.outdir import RunKind, evidence_guard
 from tests.conformance._report_data import ok_case
 
 CASE = "nvfp4_decode/cpu-E6-H96-I64-k3/M1/gaussian/s0"

@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from flint_moe.conformance import __main__ as cli, runner
-from flint_moe.conformance.digest import source_digest
+from flint_moe.conformance import __main__ as cli
+from flint_moe.conformance.report.digest import source_digest
+from flint_moe.conformance.run import runner
 from tests.conformance._report_data import ok_case
 
 CASE = "nvfp4_decode/cpu-E6-H96-I64-k3/M1/gaussian/s0"
@@ -42,7 +43,7 @@ def _argv(tmp_path, *extra):
 
 
 def test_reports_freshness_and_baseline(tmp_path, fake_run, capsys, monkeypatch):
-    from flint_moe.conformance import digest
+    from flint_moe.conformance.report import digest
 
     fixed = source_digest()  # one snapshot: the run must not see a source edited meanwhile (shared checkouts)
     monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)
@@ -102,7 +103,7 @@ def test_gpu_run_is_its_own_evidence(tmp_path, fake_run, monkeypatch, capsys):
 
 
 def test_mutation_flag_puts_the_kill_rate_in_the_report(tmp_path, fake_run, monkeypatch, capsys):
-    from flint_moe.conformance import mutation
+    from flint_moe.conformance.judge import mutation
     from tests.conformance._report_data import MUTATION
 
     monkeypatch.setattr(mutation, "run_mutations", lambda *a, **k: ["ran"])
@@ -137,7 +138,7 @@ def test_a_case_that_raises_is_a_fail_and_the_run_goes_on(tmp_path, fake_run, ca
 
 
 def test_rerun_failed_reruns_only_the_fails_and_merges(tmp_path, fake_run, monkeypatch):
-    from flint_moe.conformance import digest
+    from flint_moe.conformance.report import digest
 
     fixed = source_digest()
     monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)
@@ -187,7 +188,7 @@ def test_cli_refusals_are_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_rerun_failed_without_fails_says_so(tmp_path, fake_run, monkeypatch, capsys):
-    from flint_moe.conformance import digest
+    from flint_moe.conformance.report import digest
 
     fixed = source_digest()
     monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)
@@ -211,7 +212,7 @@ def test_baseline_with_no_common_case_is_said(tmp_path, fake_run, capsys):
 def test_black_box_flag_runs_cases_without_taps(tmp_path, capsys):
     """--black-box: the real run of one cpu case, judged end to end only (report mode "black-box", no stages),
     recorded in env; such a report is never the GPU evidence."""
-    from flint_moe.conformance.digest import check_report
+    from flint_moe.conformance.report.digest import check_report
 
     assert cli.main(_argv(tmp_path, "--black-box", "--no-html")) == 0
     data = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -248,7 +249,7 @@ def test_malformed_baseline_or_rerun_report_exits_2_before_running(tmp_path, mon
 def test_tampered_reports_reach_the_pages_as_text(tmp_path, fake_run, monkeypatch, capsys):
     """Strings of a --baseline report and of a --rerun-failed report (whose cases the merged report keeps) are
     escaped in summary.md and report.html and printed literally to the console."""
-    from flint_moe.conformance import digest
+    from flint_moe.conformance.report import digest
 
     fixed = source_digest()
     monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)

@@ -9,12 +9,12 @@ import os
 import signal
 
 import flint_moe.conformance.__main__ as cli
-import flint_moe.conformance.runner as runner
+import flint_moe.conformance.run.runner as runner
 
 
 def _stop_at(monkeypatch, n: int | None) -> list:
     """run_case returns EXACT; the n-th call sends SIGTERM to this process (None: never). Returns the calls."""
-    from flint_moe.conformance.compare import CaseResult, StageResult
+    from flint_moe.conformance.judge.results import CaseResult, StageResult
 
     calls = []
 

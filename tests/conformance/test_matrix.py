@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from flint_moe.conformance.__main__ import select
-from flint_moe.conformance.cases import Case
-from flint_moe.conformance.runner import run_case
+from flint_moe.conformance.inputs.cases import Case
+from flint_moe.conformance.run.runner import run_case
 
 PROFILE = os.environ.get("FLINT_CONFORMANCE_PROFILE") or ("gpu" if torch.cuda.is_available() else "cpu")
 FILTERS = [f for f in os.environ.get("FLINT_CONFORMANCE_FILTER", "").split(",") if f]
@@ -59,7 +59,7 @@ def counter(device):
 
 @pytest.mark.parametrize("case_id", [pytest.param(i, id=i, marks=MARKS) for i in CASE_IDS])
 def test_case(case_id, device, counter):
-    from flint_moe.conformance.report import _details
+    from flint_moe.conformance.report.summary import _details
 
     res = run_case(Case.from_id(case_id), device, counter, invariance=INVARIANCE)
     details = "\n".join(_details(res.to_json()))

@@ -118,7 +118,8 @@ def test_matrix_ptx_audit(chunk: int, matrix_report: dict) -> None:
 
 _NEW_SHAPE = """
 import json
-from flint_moe.conformance import audit as A, cases as C
+from flint_moe.conformance import audit as A
+from flint_moe.conformance.inputs import cases as C
 from flint_moe.kernels.audit.registry import collect_audit_specs
 s = C.ShapeSpec("audit-probe", 48, 3584, 1792, 6)
 C.SHAPES[s.name] = s

@@ -222,7 +222,7 @@ REQUIRE = [BF16_CVT, "fma.rn.f32"]
 
 
 #: Launch configurations besides the default that the conformance matrix runs
-#: (flint_moe/conformance/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
+#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
 AUDIT_CONFIGS = ({"BH": 8, "UNROLL": 8},)
 
 

@@ -233,7 +233,7 @@ REQUIRE = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "fma.rn.f32"]
 
 
 #: Launch configurations besides the default that the conformance matrix runs
-#: (flint_moe/conformance/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
+#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
 AUDIT_CONFIGS = ({"BN": 4, "num_warps": 1, "UNROLL": 8},)
 
 

@@ -1,0 +1,398 @@
+"""The conformance case matrix: path x shape x token count x data profile x seed, each case reproducible from
+its id (docs/ARCHITECTURE.md section 2).
+
+- ``Case``: frozen dataclass; ``Case.id`` is ``<path>/<shape>/M<m>/<profile>/s<seed>`` (e.g.
+  ``nvfp4_decode/deepseek-v3/M1/gaussian/s0``) and ``Case.from_id(id)`` rebuilds it (sizes from ``SHAPES``).
+- ``SHAPES``: the real layers of ``flint_moe.shapes.MODEL_SHAPES`` (plus an intermediate-padded gpt-oss
+  variant) and scaled-down CPU shapes keeping the production divisibility (E not a power of two; H a
+  multiple of 32 (NVFP4) or 64 (BF16 BlockMajorK), not a power of two; I a multiple of 64 only, or padded).
+- ``matrix("cpu" | "gpu")``: the case list of a profile.
+- ``make_inputs(case, device) -> profiles.CaseInputs``: deterministic inputs (data profiles in
+  ``flint_moe.conformance.inputs.profiles``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from flint_moe.shapes import MODEL_SHAPES
+
+if TYPE_CHECKING:
+    from flint_moe.conformance.inputs.profiles import CaseInputs
+
+__all__ = [
+    "PATH_NAMES",
+    "PATH_PROFILES",
+    "ORACLE_PROFILES",
+    "oracle_available",
+    "SHAPES",
+    "Case",
+    "ShapeSpec",
+    "make_inputs",
+    "matrix",
+]
+
+#: Kernel paths of the matrix (``flint_moe.conformance.run.paths.PATHS`` keys). A path's name starts with the
+#: stored weight format it reads (``nvfp4_`` -> ``FlintMoEWeights``, ``bf16_`` -> the TRT-LLM BF16 layout).
+#: ``nvfp4_grouped``: ``flint_moe.ops.flint_moe_grouped`` on both sides of DECODE_MAX_TOKENS.
+#: ``bf16_module``: ``modules.FlintBf16DecodeMoE`` over the case's TRT-LLM-layout BF16 layer (read in
+#: place), forward with the shared output.
+PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module")
+
+#: Data profiles each path supports (generators in ``profiles.py``).
+#: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
+#: 2^-20..2^4 and ``zero_blocks`` zeroes 64-element (BlockMajorK) blocks.
+PATH_PROFILES: dict[str, tuple[str, ...]] = {
+    "nvfp4_decode": (
+        "gaussian", "heavy_tailed", "tied_logits", "skewed_routing", "global_scales", "e4m3_scales",
+        "zero_blocks", "poisoned_padding", "asymmetric", "tiny_sigmoids", "modelopt", "subnormal_tokens",
+    ),
+    "bf16_decode": (
+        "gaussian", "heavy_tailed", "tied_logits", "skewed_routing", "global_scales", "zero_blocks",
+        "asymmetric", "tiny_sigmoids", "subnormal_tokens",
+    ),
+}  # fmt: skip
+#: Profiles whose inputs come from the field's own tools, present only
+#: where the tool is importable (the ``oracle`` extra; not on the H200, so only in the ``cpu`` profile):
+#: ``modelopt_quantizer`` = bf16 experts quantized by nvidia-modelopt's ``NVFP4QTensor`` (gate and up of an
+#: expert under one global scale, as fused exports have), then our ``FlintMoEWeights.from_modelopt``;
+#: ``flashinfer_layout`` = the stored weights the kernels read made by FlashInfer's own layout functions
+#: (``interleave_cute_dsl_moe_weights`` + ``_swizzle_cutile_fp4_scales`` for NVFP4,
+#: ``prepare_trtllm_bf16_weights`` for BF16) instead of ours. Value: the module the profile imports.
+ORACLE_PROFILES: dict[str, str] = {"modelopt_quantizer": "modelopt", "flashinfer_layout": "flashinfer"}
+PATH_PROFILES["nvfp4_decode"] += tuple(ORACLE_PROFILES)
+PATH_PROFILES["bf16_decode"] += ("flashinfer_layout",)
+PATH_PROFILES["nvfp4_grouped"] = PATH_PROFILES["nvfp4_decode"]  # same weights (FlintMoEWeights), same rule
+
+
+def oracle_available(profile: str) -> bool:
+    """True unless ``profile`` is one of :data:`ORACLE_PROFILES` whose tool is not installed."""
+    import importlib.util
+
+    mod = ORACLE_PROFILES.get(profile)
+    return mod is None or importlib.util.find_spec(mod) is not None
+#: ``nvfp4_module``: ``modules.FlintNvfp4Experts`` loaded from the case's checkpoint-layout tensors
+#: (its loader repacks them), forward with the shared output on both sides of DECODE_MAX_TOKENS.
+PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
+PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
+
+#: Launch configurations a path can pick besides its default (every kernel configuration a path can
+#: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
+#: or the name of one in flint_moe/kernels/nvfp4/tuned.py; ``BM`` for the grouped path).
+#: ``flint_moe.conformance.run.paths.path_for`` runs them and ``stages.expert_models`` bounds their accumulations
+#: with the model each kernel declares for that configuration. NVFP4 decode: the other measured path of each
+#: kernel (CUDA cores / tensor cores; docs/kernels/nvfp4-decode.md); BF16: the faster Qwen M=1 gate/up of the
+#: launch sweep and a deeper down unroll; grouped: the smallest and a larger row block.
+PATH_CONFIGS: dict[str, dict[str, dict]] = {
+    "nvfp4_decode": {
+        "default": {},
+        "gu-cuda-core": {"gate_up": "GATE_UP_CUDA_CORE"},
+        "dn-cuda-core": {"down": "DOWN_CUDA_CORE"},
+    },
+    "bf16_decode": {
+        "default": {},
+        "gu-bn4-w1-u8": {"gate_up": {"BN": 4, "num_warps": 1, "UNROLL": 8}},
+        "dn-bh8-u8": {"down": {"BH": 8, "UNROLL": 8}},
+    },
+    "nvfp4_grouped": {"default": {}, "bm64": {"BM": 64}, "bm128": {"BM": 128}},
+    "nvfp4_module": {"default": {}},
+    "bf16_module": {"default": {}},
+}
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    """One layer shape: E experts, hidden H, logical intermediate I, top_k; ``pad_to``: the stored
+    intermediate size is roundup(I, pad_to) (per half of w13; ``flint_moe.layouts.padding``), None = as is."""
+
+    name: str
+    E: int
+    H: int
+    I: int  # noqa: E741
+    k: int
+    pad_to: int | None = None
+
+
+def _cpu(E: int, H: int, I: int, k: int, pad_to: int | None = None) -> ShapeSpec:  # noqa: E741
+    name = f"cpu-E{E}-H{H}-I{I}" + (f"-P{pad_to}" if pad_to else "") + f"-k{k}"
+    return ShapeSpec(name, E, H, I, k, pad_to)
+
+
+#: Scaled-down CPU shapes (interpreter-sized): NVFP4 needs H % 32 == 0, BF16 H % 64 == 0, both I % 64 == 0
+#: after padding.
+CPU_SHAPES = {
+    "nvfp4_decode": (_cpu(6, 96, 64, 3), _cpu(10, 160, 192, 3), _cpu(6, 96, 48, 3, pad_to=64)),
+    "bf16_decode": (_cpu(6, 192, 192, 3), _cpu(10, 320, 64, 3), _cpu(6, 192, 96, 3, pad_to=128)),
+}
+CPU_SHAPES["nvfp4_grouped"] = CPU_SHAPES["nvfp4_decode"]
+
+#: Real layers (shared/notes/models-and-formats.md) and one padded variant (gpt-oss I = 2880 padded to 128,
+#: as FlashInfer's TRT-LLM BF16 launcher needs).
+REAL_SHAPES = tuple(
+    ShapeSpec(s.name, s.num_experts, s.hidden, s.intermediate, s.top_k) for s in MODEL_SHAPES.values()
+) + (ShapeSpec("gpt-oss-120b-p128", 128, 2880, 2880, 4, pad_to=128),)
+
+SHAPES: dict[str, ShapeSpec] = {
+    s.name: s for s in (*REAL_SHAPES, *CPU_SHAPES["nvfp4_decode"], *CPU_SHAPES["bf16_decode"])
+}
+
+_ID_RE = re.compile(
+    r"^(?P<path>[a-z0-9_]+)/(?P<shape>[A-Za-z0-9_.\-]+)/M(?P<M>\d+)/(?P<profile>[a-z0-9_]+)/s(?P<seed>\d+)"
+    r"(?:/c-(?P<config>[a-z0-9\-]+))?$"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance case. ``shape`` names a ``SHAPES`` entry; E, H, I, k, pad_to are copied from it.
+
+    Fields: path (``PATH_NAMES``), shape, E, H, I (logical intermediate), k, M (tokens), profile (data
+    profile, ``PATH_PROFILES[path]``), seed (int >= 0), pad_to (stored intermediate alignment or None).
+    """
+
+    path: str
+    shape: str
+    E: int
+    H: int
+    I: int  # noqa: E741
+    k: int
+    M: int
+    profile: str
+    seed: int = 0
+    pad_to: int | None = None
+    config: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.path in PATH_CONFIGS and self.config not in PATH_CONFIGS[self.path]:
+            raise ValueError(
+                f"Case: config {self.config!r} not defined for path {self.path!r} "
+                f"(known: {', '.join(PATH_CONFIGS[self.path])})"
+            )
+        if self.path not in PATH_NAMES:
+            raise ValueError(f"Case: unknown path {self.path!r} (known: {', '.join(PATH_NAMES)})")
+        if self.profile not in PATH_PROFILES[self.path]:
+            raise ValueError(
+                f"Case: profile {self.profile!r} not defined for path {self.path!r} "
+                f"(known: {', '.join(PATH_PROFILES[self.path])})"
+            )
+        if self.M < 1 or self.seed < 0 or not 1 <= self.k <= self.E:
+            raise ValueError(f"Case: need M >= 1, seed >= 0, 1 <= k <= E; got M={self.M} seed={self.seed} "
+                             f"k={self.k} E={self.E}")  # fmt: skip
+
+    @classmethod
+    def make(
+        cls, path: str, shape: str | ShapeSpec, M: int, profile: str, seed: int = 0, config: str = "default"
+    ) -> Case:
+        """Case of a registered shape (sizes from ``SHAPES``)."""
+        s = shape if isinstance(shape, ShapeSpec) else _shape(shape)
+        return cls(path, s.name, s.E, s.H, s.I, s.k, M, profile, seed, s.pad_to, config)
+
+    @property
+    def id(self) -> str:
+        """``<path>/<shape>/M<m>/<profile>/s<seed>``, plus ``/c-<config>`` for a non-default launch
+        configuration (``PATH_CONFIGS``)."""
+        base = f"{self.path}/{self.shape}/M{self.M}/{self.profile}/s{self.seed}"
+        return base if self.config == "default" else f"{base}/c-{self.config}"
+
+    @property
+    def Ip(self) -> int:  # noqa: N802
+        """Stored (padded) intermediate size."""
+        return self.I if self.pad_to is None else -(-self.I // self.pad_to) * self.pad_to
+
+    @classmethod
+    def from_id(cls, case_id: str) -> Case:
+        """Rebuild a case from its id. ValueError on a malformed id or an unknown path/shape/profile."""
+        m = _ID_RE.match(case_id)
+        if m is None:
+            raise ValueError(f"case id {case_id!r}: expected <path>/<shape>/M<m>/<profile>/s<seed>")
+        return cls.make(m["path"], m["shape"], int(m["M"]), m["profile"], int(m["seed"]), m["config"] or "default")
+
+
+def _shape(name: str) -> ShapeSpec:
+    try:
+        return SHAPES[name]
+    except KeyError:
+        raise ValueError(f"unknown shape {name!r} (known: {', '.join(SHAPES)})") from None
+
+
+def matrix(profile: str) -> list[Case]:
+    """The case list of a run profile: ``"cpu"`` (interpreter-sized, ~20 cases) or ``"gpu"`` (real layers,
+    >= 200 cases incl. DeepSeek-V3). Cases sharing weights are adjacent (``make_inputs`` caches them)."""
+    if profile == "cpu":
+        return _cpu_matrix()
+    if profile == "gpu":
+        return _gpu_matrix()
+    raise ValueError(f"matrix: profile must be 'cpu' or 'gpu', got {profile!r}")
+
+
+def _cpu_matrix() -> list[Case]:
+    a, b, c = CPU_SHAPES["nvfp4_decode"]
+    d, e, f = CPU_SHAPES["bf16_decode"]
+    nv = [
+        (a, 1, "gaussian"), (a, 3, "heavy_tailed"), (a, 3, "tied_logits"), (a, 4, "skewed_routing"),
+        (a, 2, "tiny_sigmoids"), (a, 2, "global_scales"), (a, 2, "e4m3_scales"), (a, 2, "zero_blocks"),
+        (a, 2, "poisoned_padding"), (a, 2, "asymmetric"), (a, 2, "modelopt"), (a, 3, "subnormal_tokens"),
+        (a, 8, "gaussian"), (b, 2, "gaussian"), (c, 2, "gaussian"), (c, 1, "poisoned_padding"),
+    ]  # fmt: skip
+    bf = [
+        (d, 1, "gaussian"),
+        (d, 3, "tied_logits"),
+        (d, 2, "asymmetric"),
+        (e, 8, "gaussian"),
+        (f, 2, "gaussian"),
+    ]
+    # grouped path: M > DECODE_MAX_TOKENS (row blocks shared by several tokens, experts with no token, a
+    # padded intermediate, skewed routing: expert 0 takes every token)
+    gr = [(a, 12, "gaussian"), (c, 9, "skewed_routing")]
+    # every non-default decode launch configuration once (the grouped ones on the gpu profile: interpreter time)
+    cfg = [Case.make(path, sh, 2, "gaussian", 0, c) for path, sh in (("nvfp4_decode", a), ("bf16_decode", d))
+           for c in PATH_CONFIGS[path] if c != "default"]  # fmt: skip
+    # inputs made by nvidia-modelopt / FlashInfer where installed (ORACLE_PROFILES; unpadded shapes: FlashInfer's
+    # layout functions do not pad)
+    oracle = [("nvfp4_decode", a, 2, "modelopt_quantizer"), ("nvfp4_decode", a, 3, "flashinfer_layout"),
+              ("nvfp4_grouped", a, 10, "flashinfer_layout"), ("bf16_decode", d, 2, "flashinfer_layout")]  # fmt: skip
+    return (
+        cfg
+        + [Case.make(path, s, m, p) for path, s, m, p in oracle if oracle_available(p)]
+        + [Case.make("nvfp4_decode", s, m, p) for s, m, p in nv]
+        + [Case.make("bf16_decode", s, m, p) for s, m, p in bf]
+        + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
+        + [Case.make("nvfp4_module", a, 2, "gaussian"), Case.make("nvfp4_module", c, 9, "modelopt")]
+        + [Case.make("bf16_module", f, 3, "skewed_routing")]
+    )
+
+
+#: Real shapes small enough to quantize with the ModelOpt recipe (``modelopt`` profile) on the device.
+_MODELOPT_MAX_PARAMS = 3 * 2**28
+_GPU_M_CYCLE = (1, 2, 3, 5, 8, 4, 7, 6)
+
+
+#: Real shapes that get the whole treatment on the gpu profile (every M on both sides of each threshold, every
+#: data profile): the largest layer (DeepSeek-V3: E=256, H=7168), the smallest common one (Qwen3-30B-A3B) and
+#: the padded non-power-of-two one (gpt-oss-120b, I=2880 padded to 128). The other real shapes get the
+#: threshold token counts and a rotating subset of data profiles, so that every profile still meets several
+#: shapes while the profile stays within its 5-minute budget on the H200 (timings: reports/h200/).
+GPU_CORE_SHAPES = ("deepseek-v3", "qwen3-30b-a3b", "gpt-oss-120b-p128")
+_GPU_OTHER_DECODE_M = (1, 8)
+_GPU_OTHER_PROFILES = 3
+
+
+def _profiles_for(path: str, s: ShapeSpec) -> list[str]:
+    profs = [p for p in PATH_PROFILES[path] if p != "gaussian" and p not in ORACLE_PROFILES]
+    if s.E * s.H * s.I * 3 > _MODELOPT_MAX_PARAMS and "modelopt" in profs:
+        profs.remove("modelopt")
+    return profs
+
+
+def _rotating(profs: list[str], i: int, n: int) -> list[str]:
+    return [profs[(i * n + j) % len(profs)] for j in range(min(n, len(profs)))]
+
+
+def _gpu_matrix() -> list[Case]:
+    from flint_moe.conformance.inputs.profiles import weight_key
+
+    cases = []
+    for path in ("nvfp4_decode", "bf16_decode"):
+        others = 0
+        for s in REAL_SHAPES:
+            profs = _profiles_for(path, s)
+            if s.name in GPU_CORE_SHAPES:
+                group = [Case.make(path, s, m, "gaussian") for m in range(1, 9)]  # every M <= 8
+            else:
+                group = [Case.make(path, s, m, "gaussian") for m in _GPU_OTHER_DECODE_M]
+                profs = _rotating(profs, others, _GPU_OTHER_PROFILES)
+                others += 1
+            group += [Case.make(path, s, _GPU_M_CYCLE[j % 8], p) for j, p in enumerate(profs)]
+            group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
+            cases += group
+    everything = cases + _gpu_grouped_cases() + _gpu_config_cases() + _gpu_module_cases()
+    # Run order: the core shapes first (all paths and configurations), then the others; within a shape and
+    # path, cases sharing weights stay adjacent (one-entry weight cache). A run stopped by a time limit then
+    # still covers the core shapes on every path.
+    rank = {name: i for i, name in enumerate(GPU_CORE_SHAPES)}
+    paths = {p: i for i, p in enumerate(PATH_NAMES)}
+    first: dict = {}  # weight key -> position of its first case
+    for i, c in enumerate(everything):
+        first.setdefault(weight_key(c), i)
+    order = {id(c): i for i, c in enumerate(everything)}
+    return sorted(
+        everything,
+        key=lambda c: (rank.get(c.shape, len(rank)), c.shape, paths[c.path], first[weight_key(c)], order[id(c)]),
+    )
+
+
+#: Non-default launch configurations (``PATH_CONFIGS``) run on these shapes: decode at M = 1 and 8, grouped at
+#: M = 64 (gaussian data; the default configuration carries the data profiles).
+_GPU_CONFIG_SHAPES = ("deepseek-v3", "qwen3-30b-a3b")
+
+
+def _gpu_module_cases() -> list[Case]:
+    """``nvfp4_module`` on the core shapes: both sides of DECODE_MAX_TOKENS, skewed routing, a ModelOpt-quantized
+    layer where small enough; ``bf16_module`` (decode only) at M = 1, 8 and with skewed routing."""
+    cases = []
+    for name in GPU_CORE_SHAPES:
+        s = _shape(name)
+        cases += [Case.make("nvfp4_module", s, m, "gaussian") for m in (1, 8, 9, 64)]
+        cases.append(Case.make("nvfp4_module", s, 4, "skewed_routing"))
+        if "modelopt" in _profiles_for("nvfp4_module", s):
+            cases.append(Case.make("nvfp4_module", s, 2, "modelopt"))
+        cases += [Case.make("bf16_module", s, m, "gaussian") for m in (1, 8)]
+        cases.append(Case.make("bf16_module", s, 4, "skewed_routing"))
+    return cases
+
+
+def _gpu_config_cases() -> list[Case]:
+    cases = []
+    for path, ms in (("nvfp4_decode", (1, 8)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (64,))):
+        for name in _GPU_CONFIG_SHAPES:
+            for config in PATH_CONFIGS[path]:
+                if config != "default":
+                    cases += [Case.make(path, name, m, "gaussian", 0, config) for m in ms]
+    return cases
+
+
+#: Token counts of the grouped path on the gpu profile: both sides of DECODE_MAX_TOKENS (8) and larger M on
+#: the core shapes, large M (``_GPU_GROUPED_LARGE``) on two of them; the other shapes get M = 9 and 64.
+_GPU_GROUPED_M = (4, 9, 16, 64, 256)
+_GPU_GROUPED_OTHER_M = (9, 64)
+_GPU_GROUPED_LARGE = {"deepseek-v3": (2048,), "qwen3-30b-a3b": (4096,)}
+_GPU_GROUPED_M_CYCLE = (9, 33, 16, 130, 64, 24, 12, 300, 10, 48, 17)
+
+
+def _gpu_grouped_cases() -> list[Case]:
+    from flint_moe.conformance.inputs.profiles import weight_key
+
+    cases = []
+    others = 0
+    for s in REAL_SHAPES:
+        profs = _profiles_for("nvfp4_grouped", s)
+        if s.name in GPU_CORE_SHAPES:
+            ms = _GPU_GROUPED_M + _GPU_GROUPED_LARGE.get(s.name, ())
+        else:
+            ms = _GPU_GROUPED_OTHER_M
+            profs = _rotating(profs, others, 1)
+            others += 1
+        group = [Case.make("nvfp4_grouped", s, m, "gaussian") for m in ms]
+        group += [
+            Case.make("nvfp4_grouped", s, _GPU_GROUPED_M_CYCLE[j % len(_GPU_GROUPED_M_CYCLE)], p)
+            for j, p in enumerate(profs)
+        ]
+        group.sort(key=lambda c: weight_key(c))
+        cases += group
+    return cases
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
+    """Deterministic inputs of ``case`` on ``device`` (same id and device -> same bytes).
+
+    Random draws come from ``torch.Generator``s on ``device`` seeded from the case id (weights from the
+    weight-relevant part only, so cases differing in M / routing profile share weights and a one-entry cache
+    reuses them). Raises ValueError for a case whose sizes the path's layout rejects.
+    """
+    from flint_moe.conformance.inputs.profiles import build_inputs
+
+    return build_inputs(case, torch.device(device))

@@ -1,0 +1,300 @@
+"""Mutation testing of the harness itself.
+
+Every catalogued fault (``faults.FAULTS``) is injected into a kernel path on a small case (cpu-sized, one M,
+the Triton interpreter without a GPU); the harness (``stages.compare_case`` + ``faults.diagnose``) must FAIL
+the case (the fault is *killed*) and name the fault (*named*). Three ways of injecting, chosen per fault
+(implemented in :mod:`flint_moe.conformance.judge.injections`):
+
+* ``weights``: the kernel reads tampered stored weights, equal to what a kernel with the layout fault reads
+  from the correct ones: the faulty logical checkpoint is built on the KERNEL side (production layout code,
+  ``flint_moe.layouts``, and byte-level edits; not ``faults.py``'s golden decoders) and converted with
+  ``FlintMoEWeights.from_modelopt``. The harness still sees the correct stored weights.
+* ``path``: the path function is wrapped (BF16 decode: the row maps the kernel reads are replaced by those
+  of the faulty layout).
+* ``tap``: the kernel runs cleanly; its taps are post-processed at the faulty stage by an independent
+  implementation of the faulty rule, and every later stage (and the returned output) is re-simulated with
+  the golden model, as the faulty kernel would go on to produce them.
+
+Faults whose effect is rare on random data run on crafted inputs (``prepare``): ``exact_sigmoid`` on tokens
+scaled so that the gate values fall in (-103, -87), where ``rcp.approx.ftz`` flushes a subnormal ``r`` to 0
+while the exact sigmoid does not; ``renorm_reverse_order`` on router logits found by a deterministic search
+where the reverse-order sum flips a bf16 rounding of a routing weight; ``renorm_no_eps`` on the
+``tiny_sigmoids`` profile; the top-k faults on ``tied_logits``.
+
+``run_mutations(mutations=None) -> list[MutationResult]``; ``mutation_report(results) -> dict`` is the
+report.json block (docs/ARCHITECTURE.md, section 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from flint_moe.conformance.inputs.cases import Case, ShapeSpec
+from flint_moe.conformance.judge.faults import FAULTS, FAULTS_BY_NAME, diagnose
+from flint_moe.conformance.judge.injections import (
+    _EPS,
+    PREPARE,
+    _clone,
+    _combine_bf16,
+    _combine_unrounded,
+    _ids_ties_high,
+    _p_maps,
+    _rcp_form,
+    _resimulate,
+    _seq_sum,
+    _tap_act,
+    _tap_ids,
+    _tap_out,
+    _tap_weights,
+    _tap_y,
+    _w_halves_nv,
+    _w_interleave,
+    _w_nibbles,
+    _w_swizzle,
+)
+from flint_moe.conformance.judge.results import FAIL
+from flint_moe.conformance.judge.stages import compare_case
+from flint_moe.reference.experts import (
+    swiglu,
+)
+from flint_moe.reference.formats import round_bf16, to_bf16
+from flint_moe.reference.routing import topk_total_order
+
+__all__ = [
+    "MUTATION_SHAPES",
+    "Mutation",
+    "MutationResult",
+    "MUTATIONS",
+    "run_mutation",
+    "run_mutations",
+    "mutation_report",
+]
+
+#: Small shapes of the mutation cases (keys: a path, or a path and a variant): the smallest NVFP4 cpu shape,
+#: one with Ip % 128 == 0 (so the 128-row interleave fault applies), a BF16 one (2I and H multiples of the
+#: 32-row shuffle block, H of the 64-element BlockMajorK block).
+MUTATION_SHAPES = {
+    "nvfp4_decode": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
+    "nvfp4_decode_i128": ShapeSpec("mut-E6-H96-I128-k3", 6, 96, 128, 3),
+    "bf16_decode": ShapeSpec("mut-E6-H128-I64-k3", 6, 128, 64, 3),
+    "nvfp4_grouped": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
+}
+M_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One injected fault: ``fault`` (a ``faults.FAULTS`` name), ``path``, ``profile`` (data profile),
+    ``injection`` ("weights" | "path" | "tap"), ``inject`` (weights / path: ``inject(case, inputs) ->
+    inputs for the kernel``; tap: ``inject(case, inputs, taps) -> stage name``, mutating ``taps`` in place),
+    ``prepare`` (a ``injections.PREPARE`` key of crafted inputs, or ""), ``shape`` (a :data:`MUTATION_SHAPES` key;
+    default the path)."""
+
+    fault: str
+    path: str
+    profile: str
+    injection: str
+    inject: Callable
+    prepare: str = ""
+    shape: str = ""
+
+    def case(self) -> Case:
+        return Case.make(self.path, MUTATION_SHAPES[self.shape or self.path], M_TOKENS, self.profile)
+
+    @property
+    def case_id(self) -> str:
+        return self.case().id + (f"+{self.prepare}" if self.prepare else "")
+
+
+@dataclass
+class MutationResult:
+    """Outcome of one mutation.
+
+    Fields: fault (its catalogue name; also written as ``name``), path, case_id, injection;
+    killed (the harness FAILed the case); named (``diagnose`` named this fault); verdict (case verdict);
+    failed_stages; diagnosis (every fault ``diagnose`` named); note (e.g. "fault invisible on this data",
+    or other faults named alongside).
+    """
+
+    fault: str
+    path: str
+    case_id: str
+    injection: str
+    killed: bool = False
+    named: bool = False
+    verdict: str = ""
+    failed_stages: list[str] = field(default_factory=list)
+    diagnosis: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def to_json(self) -> dict:
+        """JSON-ready dict: every field, plus ``name`` (= ``fault``)."""
+        d = asdict(self)
+        d["name"] = self.fault
+        return d
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the catalogue of mutations
+# ---------------------------------------------------------------------------------------------------------
+
+_NV, _BF, _GR = "nvfp4_decode", "bf16_decode", "nvfp4_grouped"
+
+
+def _muts() -> tuple[Mutation, ...]:
+    act_swap = _tap_act(lambda g, u: swiglu(u, g))
+    act_twice = _tap_act(lambda g, u: to_bf16(u * to_bf16(g * _rcp_form(g)).float()))
+    act_exact = _tap_act(lambda g, u: to_bf16(u * (g * torch.sigmoid(g.double()).float())))
+    ties = _tap_ids(_ids_ties_high)
+    asc = _tap_ids(lambda lg, k: torch.sort(topk_total_order(lg, k), dim=1).values)
+    no_eps = _tap_weights(lambda s: round_bf16(s / _seq_sum(s, list(range(s.shape[1])))[:, None]))
+    rev = _tap_weights(lambda s: round_bf16(s / (_seq_sum(s, list(range(s.shape[1] - 1, -1, -1))) + _EPS)[:, None]))
+    unrounded = _tap_weights(lambda s: s / (_seq_sum(s, list(range(s.shape[1]))) + _EPS)[:, None])
+    return (
+        Mutation("w13_halves_swapped", _NV, "gaussian", "weights", _w_halves_nv),
+        Mutation("w13_halves_swapped", _BF, "gaussian", "path", _p_maps("halves")),
+        Mutation("interleave_group_32", _NV, "gaussian", "weights", _w_interleave(32)),
+        Mutation("interleave_group_128", _NV, "gaussian", "weights", _w_interleave(128), shape="nvfp4_decode_i128"),
+        Mutation("scale_swizzle_missing", _NV, "gaussian", "weights", _w_swizzle("missing")),
+        Mutation("scale_swizzle_transposed", _NV, "gaussian", "weights", _w_swizzle("transposed")),
+        Mutation("nibble_order_swapped", _NV, "gaussian", "weights", _w_nibbles),
+        Mutation("row_shuffle_missing", _BF, "gaussian", "path", _p_maps("shuffle")),
+        Mutation("gate_up_swapped", _NV, "gaussian", "tap", act_swap),
+        Mutation("gate_up_swapped", _BF, "gaussian", "tap", act_swap),
+        Mutation("act_rounded_twice", _NV, "gaussian", "tap", act_twice),
+        Mutation("act_rounded_twice", _BF, "gaussian", "tap", act_twice),
+        Mutation("exact_sigmoid", _NV, "asymmetric", "tap", act_exact, "negative_gate"),
+        Mutation("global_scale_after_round", _NV, "gaussian", "tap",
+                 _tap_y(lambda d, gs: to_bf16(to_bf16(d).float() * gs))),
+        Mutation("global_scale_missing", _NV, "gaussian", "tap", _tap_y(lambda d, gs: to_bf16(d))),
+        Mutation("topk_ties_highest", _NV, "tied_logits", "tap", ties),
+        Mutation("topk_ties_highest", _BF, "tied_logits", "tap", ties),
+        Mutation("topk_ascending_index", _NV, "gaussian", "tap", asc, "descending"),
+        Mutation("renorm_no_eps", _NV, "tiny_sigmoids", "tap", no_eps),
+        Mutation("renorm_reverse_order", _NV, "gaussian", "tap", rev, "renorm_probe"),
+        Mutation("routing_weights_unrounded", _NV, "gaussian", "tap", unrounded),
+        Mutation("combine_bf16_accumulate", _NV, "gaussian", "tap", _tap_out(_combine_bf16)),
+        Mutation("combine_bf16_accumulate", _BF, "gaussian", "tap", _tap_out(_combine_bf16)),
+        Mutation("shared_added_unrounded", _NV, "gaussian", "tap", _tap_out(_combine_unrounded)),
+        # the grouped path reads the same stored weights: a layout fault and two rule faults there too
+        Mutation("scale_swizzle_missing", _GR, "gaussian", "weights", _w_swizzle("missing")),
+        Mutation("gate_up_swapped", _GR, "gaussian", "tap", act_swap),
+        Mutation("global_scale_after_round", _GR, "gaussian", "tap",
+                 _tap_y(lambda d, gs: to_bf16(to_bf16(d).float() * gs))),
+    )  # fmt: skip
+
+
+MUTATIONS: tuple[Mutation, ...] = _muts()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _counter(device):
+    from flint_moe.ops import make_route_counter
+
+    return make_route_counter(device)
+
+
+def _run_kernel(case, inputs, counter):
+    from flint_moe.conformance.run.paths import PATHS
+
+    taps: dict = {}
+    out = PATHS[case.path].run(inputs, counter, taps)
+    return taps, out
+
+
+def _changed(a: dict, b: dict) -> bool:
+    for name in set(a) | set(b):
+        x, y = a.get(name), b.get(name)
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return True
+            xv = x.contiguous().view(torch.uint8) if x.is_floating_point() else x
+            yv = y.contiguous().view(torch.uint8) if y.is_floating_point() else y
+            if not torch.equal(xv, yv):
+                return True
+    return False
+
+
+def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> MutationResult:
+    """Inject ``mut`` and judge the harness: compare_case must FAIL the case and diagnose must name the fault.
+
+    ``cache`` (a dict) keeps the clean inputs and kernel runs per case between mutations. ``device``: default
+    CUDA when available, else the CPU (Triton interpreter)."""
+    from flint_moe.conformance.inputs.cases import make_inputs
+
+    cache = {} if cache is None else cache
+    device = _device() if device is None else torch.device(device)
+    counter = cache.get(("counter", str(device)))
+    if counter is None:
+        counter = cache[("counter", str(device))] = _counter(device)
+    case = mut.case()
+    key = (mut.case_id, str(device))
+    if key not in cache:
+        inputs = make_inputs(case, device)
+        if mut.prepare:
+            inputs = PREPARE[mut.prepare](case, inputs)
+        cache[key] = (inputs, *_run_kernel(case, inputs, counter))
+    inputs, clean_taps, clean_out = cache[key]
+    res = MutationResult(mut.fault, mut.path, mut.case_id, mut.injection)
+    if mut.injection == "tap":
+        taps = _clone(clean_taps)
+        after = mut.inject(case, inputs, taps)
+        if after != "out":
+            _resimulate(case, inputs, taps, after)
+        out = taps["out"]
+    else:
+        kin = mut.inject(case, inputs)
+        taps, out = _run_kernel(case, kin, counter)
+    if not _changed({**clean_taps, "_out": clean_out}, {**taps, "_out": out}):
+        res.note = "fault invisible on this data (kernel output and taps unchanged)"
+        return res
+    cmp = compare_case(case, inputs, taps, out)
+    res.verdict, res.failed_stages = cmp.verdict, cmp.failed_stages
+    res.killed = cmp.verdict == FAIL
+    if res.killed:
+        res.diagnosis = diagnose(case, inputs, taps, out, cmp)
+    names = [d.split(":")[0] for d in res.diagnosis]
+    res.named = mut.fault in names
+    others = [n for n in names if n != mut.fault]
+    if others:
+        res.note = f"also reproduced by: {', '.join(others)}"
+    return res
+
+
+def run_mutations(mutations=None, *, device=None) -> list[MutationResult]:
+    """Run ``mutations`` (default :data:`MUTATIONS`: every catalogued fault, on each path it has an injection
+    for) on ``device`` (default CUDA when available, else the CPU) and return one :class:`MutationResult` each.
+    On the CPU the interpreter makes this a few minutes (each weights / path injection is a kernel run)."""
+    cache: dict = {}
+    return [run_mutation(m, cache=cache, device=device) for m in (MUTATIONS if mutations is None else mutations)]
+
+
+def mutation_report(results: list[MutationResult]) -> dict:
+    """The report.json ``"mutation"`` block: killed, named, total, kill_rate (killed AND named / total),
+    catalogue (every catalogued fault name), untested (catalogued faults without a mutation), results."""
+    total = len(results)
+    ok = sum(r.killed and r.named for r in results)
+    tested = {r.fault for r in results}
+    return {
+        "killed": sum(r.killed for r in results),
+        "named": sum(r.named for r in results),
+        "total": total,
+        "kill_rate": ok / total if total else 0.0,
+        "catalogue": [f.name for f in FAULTS],
+        "untested": [f.name for f in FAULTS if f.name not in tested],
+        "results": [r.to_json() for r in results],
+    }
+
+
+assert all(m.fault in FAULTS_BY_NAME for m in MUTATIONS)

@@ -1,0 +1,209 @@
+"""Kernel paths under conformance test: thin wrappers over the public ops that run them with taps
+(docs/ARCHITECTURE.md, section 2).
+
+``PATHS[name].run(inputs, counter, taps) -> out`` runs one case's inputs (``profiles.CaseInputs``) through the
+op; ``taps`` (a dict or None) receives the kernels' stage tensors. ``max_tokens`` is the largest M the path
+serves (``cases.matrix`` never asks for more). ``path_for(case)`` is the path of a case with its launch
+configuration (``cases.PATH_CONFIGS``): the default op, or the same kernels launched with the overrides;
+``kernel_configs(path, config)`` resolves a configuration name to the launcher dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["KernelPath", "PATHS", "kernel_configs", "path_for"]
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """One kernel path: ``name`` (a ``cases.PATH_NAMES`` entry), ``max_tokens`` (largest M served),
+    ``weights`` ("nvfp4" | "bf16": the stored layout it reads),
+    ``fn(inputs, counter, taps) -> bf16 [M, H]``."""
+
+    name: str
+    max_tokens: int
+    weights: str
+    fn: Callable
+
+    def run(self, inputs, counter: torch.Tensor, taps: dict | None = None) -> torch.Tensor:
+        """Run the op on ``inputs`` (``CaseInputs``); ``counter`` from ``ops.make_route_counter(device)``.
+
+        Returns bf16 [M, H]. Raises ValueError if M exceeds ``max_tokens``."""
+        m = int(inputs.x.shape[0])
+        if m > self.max_tokens:
+            raise ValueError(f"path {self.name}: M = {m} exceeds its max_tokens = {self.max_tokens}")
+        return self.fn(inputs, counter, taps)
+
+
+def _nvfp4(inputs, counter, taps):
+    from flint_moe.ops import flint_moe
+
+    k = _top_k(inputs)
+    return flint_moe(inputs.x, inputs.router_weight, inputs.stored, k, counter, inputs.shared, taps=taps)
+
+
+def _nvfp4_grouped(inputs, counter, taps):
+    from flint_moe.ops import flint_moe_grouped
+
+    k = _top_k(inputs)
+    return flint_moe_grouped(inputs.x, inputs.router_weight, inputs.stored, k, counter, inputs.shared, taps=taps)
+
+
+def _bf16(inputs, counter, taps):
+    from flint_moe.ops import flint_moe_bf16_decode
+
+    g1, g2, maps = inputs.stored
+    k = _top_k(inputs)
+    # mutation testing injects wrong (in-range) row maps on purpose: the op's value check would refuse them
+    check = not inputs.notes.get("injected_row_maps", False)
+    return flint_moe_bf16_decode(inputs.x, inputs.router_weight, g1, g2, maps, k, counter, inputs.shared, taps=taps,
+                                 check_row_map_values=check)  # fmt: skip
+
+
+def module_from_inputs(inputs, top_k: int, pad_to: int | None = None):
+    """``modules.FlintNvfp4Experts`` loaded from ``inputs.logical`` (the golden model's checkpoint-layout
+    NVFP4Experts) as a checkpoint loader would feed it: ``{e}.{gate,up,down}_proj.{weight, weight_scale,
+    weight_scale_2}`` pairs (its loader repacks them into FlintMoEWeights)."""
+    from flint_moe.modules import FlintNvfp4Experts
+
+    lg = inputs.logical
+    E, two_i, half_h = lg.w13.shape
+    I, H = two_i // 2, half_h * 2  # noqa: E741
+    mod = FlintNvfp4Experts(E, H, I, top_k, pad_intermediate_to=pad_to, device=inputs.x.device)
+    named = []
+    for e in range(E):
+        for proj, rows in (("gate_proj", slice(0, I)), ("up_proj", slice(I, 2 * I))):
+            named += [(f"{e}.{proj}.weight", lg.w13[e, rows]), (f"{e}.{proj}.weight_scale", lg.w13_scale[e, rows]),
+                      (f"{e}.{proj}.weight_scale_2", lg.w13_gs[e])]  # fmt: skip
+        named += [(f"{e}.down_proj.weight", lg.w2[e]), (f"{e}.down_proj.weight_scale", lg.w2_scale[e]),
+                  (f"{e}.down_proj.weight_scale_2", lg.w2_gs[e])]  # fmt: skip
+    mod.load_weights(named)
+    return mod
+
+
+def _nvfp4_module(inputs, counter, taps):
+    k = _top_k(inputs)
+    hit = _MODULE.get("entry")
+    # one entry (real layers are large), keyed by the logical weights object itself (held, so never reused)
+    if hit is None or hit[0] is not inputs.logical or hit[1] != k:
+        _MODULE.clear()
+        ip, i = inputs.stored.intermediate_size, inputs.stored.valid_intermediate
+        _MODULE["entry"] = (inputs.logical, k, module_from_inputs(inputs, k, ip if ip != i else None))
+    return _MODULE["entry"][2](inputs.x, inputs.router_weight, inputs.shared, taps=taps)
+
+
+_MODULE: dict = {}
+
+
+def _bf16_module(inputs, counter, taps):
+    from flint_moe.modules import FlintBf16DecodeMoE
+
+    k = _top_k(inputs)
+    g1, g2, _maps = inputs.stored
+    E, H, two_i = g1.shape[0], g1.shape[1] * 64, g1.shape[2]
+    hit = _BF16_MODULE.get("entry")
+    # the module builds its own row maps and keeps its own route counter; the layer's weights are read in place
+    if hit is None or hit[0] is not g1 or hit[1] != k:
+        _BF16_MODULE.clear()
+        _BF16_MODULE["entry"] = (g1, k, FlintBf16DecodeMoE(E, H, two_i // 2, k, device=inputs.x.device))
+    return _BF16_MODULE["entry"][2](inputs.x, inputs.router_weight, (g1, g2), inputs.shared, taps=taps)
+
+
+_BF16_MODULE: dict = {}
+
+
+def _top_k(inputs) -> int:
+    try:
+        return int(inputs.notes["top_k"])
+    except KeyError:
+        raise ValueError("inputs.notes['top_k'] missing: build inputs with cases.make_inputs") from None
+
+
+def _build() -> dict[str, KernelPath]:
+    from flint_moe.ops import DECODE_BF16_MAX_TOKENS, DECODE_MAX_TOKENS, GROUPED_MAX_TOKENS
+
+    return {
+        "nvfp4_decode": KernelPath("nvfp4_decode", DECODE_MAX_TOKENS, "nvfp4", _nvfp4),
+        "bf16_decode": KernelPath("bf16_decode", DECODE_BF16_MAX_TOKENS, "bf16", _bf16),
+        "nvfp4_grouped": KernelPath("nvfp4_grouped", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_grouped),
+        "nvfp4_module": KernelPath("nvfp4_module", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_module),
+        "bf16_module": KernelPath("bf16_module", DECODE_BF16_MAX_TOKENS, "bf16", _bf16_module),
+    }
+
+
+PATHS: dict[str, KernelPath] = _build()
+
+
+def kernel_configs(path: str, config: str = "default") -> dict:
+    """Launcher overrides of ``config`` for ``path`` (``cases.PATH_CONFIGS``), names of
+    flint_moe/kernels/nvfp4/tuned.py resolved to their dicts: ``{"gate_up": dict, "down": dict, "BM": int}``
+    (keys present only where overridden). Raises KeyError for an unknown path or configuration."""
+    from flint_moe.conformance.inputs.cases import PATH_CONFIGS
+
+    out = {}
+    for key, v in PATH_CONFIGS[path][config].items():
+        if isinstance(v, str):
+            from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
+
+            v = getattr(nvfp4_tuned, v)
+        out[key] = dict(v) if isinstance(v, dict) else v
+    return out
+
+
+def _nvfp4_with(cfg: dict) -> Callable:
+    def fn(inputs, counter, taps):
+        from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
+        from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
+        from flint_moe.ops.route import route
+
+        k = _top_k(inputs)
+        ids, tw = route(inputs.x, inputs.router_weight, k, counter, taps=taps)
+        act = nvfp4_gate_up(inputs.x, ids, inputs.stored, taps=taps, config=cfg.get("gate_up"))
+        return nvfp4_down(act, ids, tw, inputs.stored, inputs.shared, taps=taps, config=cfg.get("down"))
+
+    return fn
+
+
+def _bf16_with(cfg: dict) -> Callable:
+    def fn(inputs, counter, taps):
+        from flint_moe.kernels.bf16.down_combine import bf16_down_combine
+        from flint_moe.kernels.bf16.gate_up import bf16_gate_up
+        from flint_moe.ops.route import route
+
+        g1, g2, maps = inputs.stored
+        k = _top_k(inputs)
+        ids, tw = route(inputs.x, inputs.router_weight, k, counter, taps=taps)
+        act = bf16_gate_up(inputs.x, ids, g1, maps[0], taps=taps, config=cfg.get("gate_up"))
+        return bf16_down_combine(act, ids, tw, g2, maps[1], inputs.shared, taps=taps, config=cfg.get("down"))
+
+    return fn
+
+
+def _grouped_with(cfg: dict) -> Callable:
+    def fn(inputs, counter, taps):
+        from flint_moe.ops import flint_moe_grouped
+
+        k = _top_k(inputs)
+        return flint_moe_grouped(
+            inputs.x, inputs.router_weight, inputs.stored, k, counter, inputs.shared, taps=taps, config=cfg
+        )
+
+    return fn
+
+
+_WITH = {"nvfp4_decode": _nvfp4_with, "bf16_decode": _bf16_with, "nvfp4_grouped": _grouped_with}
+
+
+def path_for(case) -> KernelPath:
+    """The KernelPath of ``case`` (``case.path`` with ``case.config``; the plain ``PATHS`` entry for the
+    default configuration)."""
+    base = PATHS[case.path]
+    config = getattr(case, "config", "default")
+    if config == "default":
+        return base
+    cfg = kernel_configs(case.path, config)
+    return KernelPath(f"{base.name}[{config}]", base.max_tokens, base.weights, _WITH[case.path](cfg))
