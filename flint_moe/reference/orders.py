@@ -73,8 +73,9 @@ BLOCK = 16
 _MMA_K = 16
 _OPS = ("fma_chain", "scale_fma_chain", "add_chain", "tree", "mma_chain", "add_zero", "scale")
 _PRODUCT_OPS = ("fma_chain", "mma_chain")
-#: Elements per evaluation chunk (rows x padded length): bounds the float64 temporaries.
+#: Elements per evaluation chunk (rows x padded length) on the CPU / on a GPU: bounds the float64 temporaries.
 _CHUNK_ELEMENTS = 1 << 25
+_CHUNK_ELEMENTS_CUDA = 1 << 27
 
 MmaStep = Callable[..., torch.Tensor]
 
@@ -462,7 +463,8 @@ def replay_dot(
     if has_mma:
         _check_exact("x", xf, torch.bfloat16, "tensor-core operand")
     out = torch.empty(wf.shape[0], dtype=torch.float32, device=wf.device)
-    rows = max(1, _CHUNK_ELEMENTS // max(order["part_length"] * len(order["parts"]), 1))
+    chunk = _CHUNK_ELEMENTS_CUDA if wf.device.type == "cuda" else _CHUNK_ELEMENTS
+    rows = max(1, chunk // max(order["part_length"] * len(order["parts"]), 1))
     ws = 2.0 ** order.get("operands", {}).get("w_scale_log2", 0)
     wbf = order.get("operands", {}).get("w_dtype", "fp32") == "bf16" or has_mma
     for r0 in range(0, wf.shape[0], rows):
@@ -494,7 +496,8 @@ def replay_matmul(
             raise OrderError(f"{name}: expected a 2-d tensor, got {getattr(t, 'shape', type(t).__name__)}")
     m, n = x.shape[0], w.shape[0]
     out = torch.empty((m, n), dtype=torch.float32, device=w.device)
-    step = max(1, _CHUNK_ELEMENTS // max(m * w.shape[1], 1))
+    chunk = _CHUNK_ELEMENTS_CUDA if w.device.type == "cuda" else _CHUNK_ELEMENTS
+    step = max(1, chunk // max(m * w.shape[1], 1))
     for j in range(0, n, step):
         sc = None if block_scales is None else block_scales[j : j + step][None]
         out[:, j : j + step] = replay_dot(order, w[j : j + step][None], x[:, None], block_scales=sc, mma=mma)
