@@ -150,7 +150,7 @@ def _check_orders(orders) -> dict:
         raise ValueError(f"orders: expected a dict with keys among {ORDER_STAGES}, got {orders!r:.200}")
     from .orders import check_order
 
-    for stage, o in orders.items():
+    for _stage, o in orders.items():
         if o is not None:
             check_order(o)
     return {k: v for k, v in orders.items() if v is not None}

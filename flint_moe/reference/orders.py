@@ -192,21 +192,27 @@ def check_order(order: dict) -> dict:
                 raise OrderError(f"order: program[{i}] ({op}): init must be 'zero' or 'first', got {st.get('init')!r}")
             take(i, st.get("axis"), op)
         elif op == "scale_fma_chain":
-            inner = names[len(names) - len(reduced):] if reduced else []
+            inner = names[len(names) - len(reduced) :] if reduced else []
             if sorted(inner) != sorted(reduced) or math.prod(sizes[a] for a in reduced) != BLOCK:
                 raise OrderError(
                     f"order: program[{i}] (scale_fma_chain): the axes reduced before it {reduced} must be the "
                     f"innermost axes spanning one block of {BLOCK} elements"
                 )
             if any(p[0] % BLOCK for p in parts) or plen % BLOCK:
-                raise OrderError(f"order: program[{i}] (scale_fma_chain): parts and part_length must be multiples of {BLOCK}")
+                raise OrderError(
+                    f"order: program[{i}] (scale_fma_chain): parts and part_length must be multiples of {BLOCK}"
+                )
             take(i, st.get("axis"), op)
         elif op == "tree":
             if st.get("shape") not in ("adjacent", "halves"):
-                raise OrderError(f"order: program[{i}] (tree): shape must be 'adjacent' or 'halves', got {st.get('shape')!r}")
+                raise OrderError(
+                    f"order: program[{i}] (tree): shape must be 'adjacent' or 'halves', got {st.get('shape')!r}"
+                )
             n = take(i, st.get("axis"), op)
             if not _pow2(n):
-                raise OrderError(f"order: program[{i}] (tree): axis {st.get('axis')!r} has size {n}, not a power of two")
+                raise OrderError(
+                    f"order: program[{i}] (tree): axis {st.get('axis')!r} has size {n}, not a power of two"
+                )
         elif op == "mma_chain":
             if st.get("instruction") not in MMA_INSTRUCTIONS:
                 raise OrderError(f"order: program[{i}] (mma_chain): instruction must be one of {MMA_INSTRUCTIONS}, "
@@ -405,7 +411,9 @@ def _operands(order: dict, w: torch.Tensor, x: torch.Tensor, block_scales: torch
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
         if t.dim() < 1 or t.shape[-1] != k:
-            raise OrderError(f"{name}: last dimension {tuple(t.shape)[-1:] or ()} does not match the order's length {k}")
+            raise OrderError(
+                f"{name}: last dimension {tuple(t.shape)[-1:] or ()} does not match the order's length {k}"
+            )
     if w.device != x.device:
         raise ValueError(f"w, x: on different devices ({w.device}, {x.device})")
     uses_blocks = any(s["op"] == "scale_fma_chain" for s in order["program"])

@@ -48,16 +48,16 @@ def test_nvfp4_tuned_configs_are_declared():
     from flint_moe.kernels.nvfp4 import tuned
 
     for name in ("GATE_UP", "GATE_UP_CUDA_CORE", "GATE_UP_MMA"):
-        for h, i in _SIZES:
+        for h, _ in _SIZES:
             if h % 32 == 0:
                 check_order(K.nvfp4_gate_up_order({"SK": 1, **getattr(tuned, name)}, h))
     for name in ("DOWN", "DOWN_CUDA_CORE", "DOWN_MMA"):
-        for h, i in _SIZES:
+        for _, i in _SIZES:
             if i % 16 == 0:
                 check_order(K.nvfp4_down_order({"SK": 1, "SPLIT": True, **getattr(tuned, name)}, i))
-    for (h, i), over in {**tuned.GATE_UP_BY_SHAPE}.items():
+    for (h, _), over in tuned.GATE_UP_BY_SHAPE.items():
         check_order(K.nvfp4_gate_up_order({**tuned.GATE_UP, **over}, h))
-    for (h, i), over in {**tuned.DOWN_BY_SHAPE}.items():
+    for (_, i), over in tuned.DOWN_BY_SHAPE.items():
         check_order(K.nvfp4_down_order({**tuned.DOWN, **over}, i))
 
 

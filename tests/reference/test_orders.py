@@ -201,7 +201,7 @@ def test_mma_chain_order_and_operands():
     got = replay_dot(o, w, x, mma=recording)
     assert got.item() == sum(range(k)) / 256
     assert [c[2] for c in calls] == ["mma.sync.m16n8k16"] * 4
-    for i, (a, b, _) in enumerate(calls):
+    for i, (a, _b, _) in enumerate(calls):
         assert torch.equal(a[0] * 256, torch.arange(16 * i, 16 * i + 16, dtype=torch.float32))
     with pytest.raises(OrderError, match="not exactly representable in torch.bfloat16"):
         replay_dot(o, w + 2.0**-7, x, mma=recording)
