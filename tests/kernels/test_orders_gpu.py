@@ -163,9 +163,9 @@ def _nvfp4_configs():
             {"MMA": True, "BH": 16, "num_warps": 4, "SK": 4, **mma_keys, "RB": 1, "EARLY": 0, "MAXNREG": 0},
             True,
         ),
-        "mma-sk1": (
-            {"MMA": True, "BN": 8, "num_warps": 2, "SK": 1, **mma_keys},
-            {"MMA": True, "BH": 16, "num_warps": 2, "SK": 1, **mma_keys, "RB": 1, "EARLY": 0, "MAXNREG": 0},
+        "mma-sk1": (  # rows * SK = 8 * num_warps * RT
+            {"MMA": True, "BN": 16, "num_warps": 2, "SK": 1, **mma_keys},
+            {"MMA": True, "BH": 16, "num_warps": 1, "SK": 1, **mma_keys, "S": 4, "RB": 1, "EARLY": 0, "MAXNREG": 0},
             True,
         ),
     }
@@ -244,7 +244,7 @@ def test_bf16_decode_accumulators_equal_replay(E, H, I, k, M):  # noqa: E741
 @needs_mma
 @pytest.mark.parametrize(
     "E,H,I,k,M,config",
-    [(8, 512, 256, 4, 40, None), (8, 512, 256, 4, 40, {"BM": 64}), (16, 7168, 2048, 8, 48, None)],
+    [(8, 512, 256, 4, 40, None), (8, 512, 256, 4, 40, {"BM": 64}), (16, 7168, 2048, 8, 16, None)],
 )
 def test_nvfp4_grouped_accumulators_equal_replay(E, H, I, k, M, config):  # noqa: E741
     from flint_moe.ops import flint_moe_grouped, make_route_counter
