@@ -364,3 +364,36 @@ def test_nvfp4_gate_up_block_order_replay():
             want = np.float32(slots[0] + slots[1])
             assert acc.replay[t, r].item() == float(want), (t, r)
     assert torch.equal(acc.exact, gate_up_accumulate(x, codes, scale).exact)
+
+
+def test_moe_nvfp4_uses_the_replay_downstream():
+    import flint_moe.reference as R
+    from flint_moe.reference.experts import down_accumulate, gate_up_accumulate
+
+    g = torch.Generator().manual_seed(9)
+    e, h, i, m, k = 4, 512, 256, 2, 2
+    pick = torch.tensor([0x28, 0x30, 0x38, 0xB0, 0x34, 0x2C], dtype=torch.uint8)
+    ex = R.NVFP4Experts(
+        torch.randint(0, 256, (e, 2 * i, h // 2), dtype=torch.uint8, generator=g),
+        pick[torch.randint(0, 6, (e, 2 * i, h // 16), generator=g)],
+        torch.rand(e, generator=g) + 0.5,
+        torch.randint(0, 256, (e, h, i // 2), dtype=torch.uint8, generator=g),
+        pick[torch.randint(0, 6, (e, h, i // 16), generator=g)],
+        torch.rand(e, generator=g) + 0.5,
+    )
+    x = torch.randn(m, h, generator=g).bfloat16()
+    wr = torch.randn(e, h, generator=g).bfloat16()
+    orders = {"router": None, "gate_up": _blocks(h), "down": _blocks(i)}
+    res = R.moe_nvfp4(x, wr, ex, k, orders=orders)
+    assert res.router_acc.replay is None  # undeclared: the default policy (RN32 of the exact sum)
+    # the data make the block order differ from RN32 of the exact sum somewhere, so g below tells them apart
+    assert (res.gate_acc.replay != res.gate_acc.exact.float()).any()
+    for t in range(m):
+        for j in range(k):
+            ei = int(res.ids[t, j])
+            gu = gate_up_accumulate(x[t : t + 1], ex.w13[ei], ex.w13_scale[ei], order=orders["gate_up"])
+            assert torch.equal(res.gate_acc.replay[t, j], gu.replay[0, :i])
+            assert torch.equal(res.up_acc.replay[t, j], gu.replay[0, i:])
+            assert torch.equal(res.g[t, j], gu.replay[0, :i] * ex.w13_gs[ei])  # step 6 applied to the replay
+            dn = down_accumulate(res.act[t, j][None], ex.w2[ei], ex.w2_scale[ei], order=orders["down"])
+            assert torch.equal(res.down_acc.replay[t, j], dn.replay[0])
