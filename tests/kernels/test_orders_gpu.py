@@ -132,7 +132,7 @@ def _check_nvfp4_expert_taps(L, x, ids, taps, o_gu, o_dn, what):
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("E,H,M", [(16, 7168, 1), (16, 7168, 8), (10, 96, 3), (130, 2880, 5)])
+@pytest.mark.parametrize("E,H,M", [(16, 7168, 1), (16, 7168, 8), (130, 96, 3)])
 def test_router_acc_equals_replay(E, H, M):
     from flint_moe.kernels.router import launch_router_gemv_topk
     from flint_moe.ops.route import make_route_counter
@@ -176,11 +176,19 @@ _NVFP4_SHAPES = {  # name: (E, H, I, pad_to, M, k)
     "partial-steps": (9, 2880, 1040, 64, 2, 4),  # H/2 = 1440: a partial 64-byte step; I/2 = 520: half a chunk
     "deepseek-v3": (16, 7168, 2048, None, 1, 8),
 }
+#: (configuration, shape) pairs: every configuration once with a partial step or a small shape, the two
+#: measured paths also at DeepSeek-V3 (each pair compiles its own kernels: H, I and the config are constexprs).
 _NVFP4_CASES = [
     pytest.param(cfg, shp, marks=[needs_mma] if _nvfp4_configs()[cfg][2] else [], id=f"{cfg}-{shp}")
-    for cfg in ("default", "cuda-core", "mma-sk2-sk4", "mma-sk1")
-    for shp in _NVFP4_SHAPES
-    if shp != "deepseek-v3" or cfg in ("default", "cuda-core")
+    for cfg, shp in (
+        ("default", "small"),
+        ("default", "partial-steps"),
+        ("default", "deepseek-v3"),
+        ("cuda-core", "partial-steps"),
+        ("cuda-core", "deepseek-v3"),
+        ("mma-sk2-sk4", "partial-steps"),
+        ("mma-sk1", "small"),
+    )
 ]
 
 
