@@ -31,8 +31,6 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
 
 from __future__ import annotations
 
-import math
-
 from flint_moe.reference.orders import FORMAT, OrderError, check_order
 
 __all__ = [
@@ -43,6 +41,7 @@ __all__ = [
     "nvfp4_down_order",
     "nvfp4_grouped_order",
     "nvfp4_decode_orders",
+    "nvfp4_grouped_orders",
     "bf16_decode_orders",
     "effective_split",
 ]
@@ -205,11 +204,17 @@ def nvfp4_decode_orders(H: int, I: int, *, M: int = 1, gate_up: dict | None = No
     return {"router": router_order(H, M), "gate_up": nvfp4_gate_up_order(cg, H), "down": nvfp4_down_order(cd, I)}
 
 
+def nvfp4_grouped_orders(H: int, I: int, *, M: int, config: dict | None = None) -> dict:  # noqa: E741
+    """Stage -> order of ``ops.flint_moe_grouped`` for M tokens at (H, I); ``config`` is the op's
+    (``{"gate_up": {...}, "down": {...}, "BM": int}``; BM does not change the order)."""
+    c = config or {}
+    return {
+        "router": router_order(H, M),
+        "gate_up": nvfp4_grouped_order(c.get("gate_up"), H, kernel="nvfp4_grouped_gate_up"),
+        "down": nvfp4_grouped_order(c.get("down"), I, kernel="nvfp4_grouped_down"),
+    }
+
+
 def bf16_decode_orders(H: int, Ip: int, *, M: int = 1) -> dict:
     """Stage -> order of ``ops.flint_moe_bf16_decode`` at hidden size H, layout intermediate size Ip."""
     return {"router": router_order(H, M), "gate_up": bf16_gate_up_order(None, H), "down": bf16_down_order(None, Ip)}
-
-
-def _count(order: dict) -> int:
-    """Number of padded terms (for tests)."""
-    return len(order["parts"]) * math.prod(s for _, s in order["axes"])

@@ -264,7 +264,7 @@ def test_nvfp4_grouped_accumulators_equal_replay(E, H, I, k, M, config):  # noqa
     shared = torch.randn(M, H, generator=g, device=DEV).to(torch.bfloat16)
     taps = {}
     flint_moe_grouped(x, router, w, k, make_route_counter(DEV), shared, taps=taps, config=config)
-    over = config or {}  # the op's config: {"gate_up": {...}, "down": {...}, "BM": int}
-    o_gu = K.nvfp4_grouped_order(over.get("gate_up"), H, kernel="nvfp4_grouped_gate_up")
-    o_dn = K.nvfp4_grouped_order(over.get("down"), I, kernel="nvfp4_grouped_down")
-    _check_nvfp4_expert_taps(L, x, taps["ids"], taps, o_gu, o_dn, f"nvfp4 grouped {config}")
+    o = K.nvfp4_grouped_orders(H, I, M=M, config=config)
+    if o["router"] is not None:  # M <= 8 only: the fused router GEMV
+        assert_bitwise(taps["router_acc"], replay_matmul(o["router"], x, router), "grouped router_acc", o["router"])
+    _check_nvfp4_expert_taps(L, x, taps["ids"], taps, o["gate_up"], o["down"], f"nvfp4 grouped {config}")
