@@ -141,8 +141,8 @@ def _cuda_core_decode(kernel: str, k: int, cfg: dict) -> dict:
             f"{kernel}: the CUDA-core order is declared for BKB = 512 without WORDS (read from the sm_90 TTGIR); "
             f"got BKB = {bkb}, WORDS = {cfg.get('WORDS', False)}"
         )
-    if nw < 1 or nw > 16 or nw & (nw - 1):
-        raise OrderError(f"{kernel}: num_warps = {nw} must be a power of two <= 16 for the declared layout")
+    if nw not in (1, 2, 4, 8):  # the TTGIR layouts checked: 1, 2, 4 and 8 warps
+        raise OrderError(f"{kernel}: num_warps = {nw}: the CUDA-core order is declared for 1, 2, 4 or 8 warps")
     kbytes = k // 2
     steps = -(-kbytes // bkb)
     reps = (bkb // 8) // (4 * nw)

@@ -164,7 +164,7 @@ def _cuda_core_by_loops(vals, scales, x, nw):
     return ws[0]
 
 
-@pytest.mark.parametrize("nw, k", [(2, 2048), (4, 1536), (1, 1024)])
+@pytest.mark.parametrize("nw, k", [(2, 2048), (4, 1536), (1, 1024), (8, 3072)])
 def test_cuda_core_order_equals_the_layout_loops(nw, k):
     g = torch.Generator().manual_seed(nw)
     e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -201,5 +201,7 @@ def test_undeclared_configurations_raise():
         K.nvfp4_gate_up_order({"MMA": False, "BKB": 512, "num_warps": 2, "WORDS": True}, 7168)
     with pytest.raises(OrderError, match="SPLIT = False"):
         K.nvfp4_down_order({"MMA": False, "BKB": 512, "num_warps": 4, "SPLIT": False}, 2048)
+    with pytest.raises(OrderError, match="1, 2, 4 or 8 warps"):
+        K.nvfp4_gate_up_order({"MMA": False, "BKB": 512, "num_warps": 16}, 7168)
     with pytest.raises(OrderError, match="multiple of 32"):
         K.nvfp4_gate_up_order({"MMA": True, "SK": 1, "num_warps": 4}, 7160)
