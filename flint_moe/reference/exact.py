@@ -249,6 +249,9 @@ class Accumulation:
         exact_error: float64 or None: where ``exact`` came from the certified float64 filter
             (:func:`filtered_sums`), a bound on ``|exact - exact sum|`` (0 where the element was summed
             exactly); None = every element summed exactly (round-to-odd). Included in ``bound``.
+        replay: fp32 or None: the binary32 value of a declared summation order (:mod:`.orders`,
+            ``replay_dot``) where the reduction was given one; None otherwise. ``exact`` and ``bound`` do not
+            depend on it (the any-order bound stays the second check).
     Derived: ``rel`` (= gamma_d(u)), ``fp64_error``, ``eta_term``, ``overflow_possible``.
     Use :meth:`with_model` for the bound of another documented summation order.
     """
@@ -261,6 +264,7 @@ class Accumulation:
     model: SummationModel = field(default=FP32_RN)
     inner_abs_sum: torch.Tensor | None = None
     exact_error: torch.Tensor | None = None
+    replay: torch.Tensor | None = None
 
     @staticmethod
     def build(
@@ -278,10 +282,12 @@ class Accumulation:
         return Accumulation(exact, bound, abs_sum, eta_possible, n, model, inner_abs_sum, exact_error)
 
     def with_model(self, model: SummationModel) -> Accumulation:
-        """Same exact values, bound re-derived for ``model`` (e.g. :data:`FP32_TRUNCATE`, a block model)."""
-        return Accumulation.build(
+        """Same exact values (and ``replay``), bound re-derived for ``model`` (e.g. :data:`FP32_TRUNCATE`, a
+        block model)."""
+        acc = Accumulation.build(
             self.exact, self.abs_sum, self.eta_possible, self.n, model, self.inner_abs_sum, self.exact_error
         )
+        return acc if self.replay is None else replace(acc, replay=self.replay)
 
     @property
     def shape(self) -> torch.Size:
@@ -326,6 +332,7 @@ class Accumulation:
             self.model,
             None if self.inner_abs_sum is None else self.inner_abs_sum[index],
             None if self.exact_error is None else self.exact_error[index],
+            None if self.replay is None else self.replay[index],
         )
 
 

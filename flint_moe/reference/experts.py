@@ -7,6 +7,7 @@ fp32 arithmetic: separate torch float32 ops, each one IEEE round-to-nearest-even
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,7 +102,9 @@ def dequant_nvfp4(codes: torch.Tensor, scale: torch.Tensor, *, names: tuple[str,
     return _dequant_rows(codes, scale, 0, n, torch.float32)
 
 
-def _nvfp4_accumulate(x, x_name, codes, codes_name, scale, scale_name, model) -> Accumulation:
+def _nvfp4_accumulate(
+    x, x_name, codes, codes_name, scale, scale_name, model, order=None, mma=None
+) -> Accumulation:
     n, k = _check_nvfp4(codes_name, codes, scale_name, scale)
     check_tensor(x_name, x, dtype=torch.bfloat16, shape=(None, k))
     check_same_device(**{x_name: x, codes_name: codes})
@@ -116,28 +119,55 @@ def _nvfp4_accumulate(x, x_name, codes, codes_name, scale, scale_name, model) ->
         inner = _decode_codes(n, torch.float64, absolute=True)
         return _dequant_rows(codes, scale, i, j, torch.float64, n), True, s_min, inner
 
-    return dot_accumulate_rows(x, rows, n, model=model, narrow_products=True, name=x_name)
+    acc = dot_accumulate_rows(x, rows, n, model=model, narrow_products=True, name=x_name)
+    if order is None:
+        return acc
+    from .orders import replay_matmul
+
+    values = _decode_codes(_unpack_codes(codes), torch.float32)  # E2M1 values [N, K]
+    scales = e4m3_to_float(scale_bytes(scale)).to(torch.float32)  # [N, K / 16]
+    return dataclasses.replace(acc, replay=replay_matmul(order, x, values, block_scales=scales, mma=mma))
+
+
+def _with_replay(acc: Accumulation, order: dict | None, x: torch.Tensor, w: torch.Tensor, mma) -> Accumulation:
+    if order is None:
+        return acc
+    from .orders import check_order, replay_matmul
+
+    pad = check_order(order)["length"] - x.shape[1]
+    if pad > 0:  # a kernel that runs over a padded K: the extra terms are +0 * +0
+        x, w = torch.nn.functional.pad(x.float(), (0, pad)), torch.nn.functional.pad(w.float(), (0, pad))
+    return dataclasses.replace(acc, replay=replay_matmul(order, x, w, mma=mma))
 
 
 def gate_up_accumulate(
-    x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, *, model: SummationModel = FP32_RN
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    *,
+    model: SummationModel = FP32_RN,
+    order: dict | None = None,
+    mma=None,
 ) -> Accumulation:
     """Step 6 reduction, one NVFP4 expert: exact ``sum_h W13[n, h] * x[t, h]``, W13 dequantized (step 5).
 
-    Args: ``x`` bf16 [M, H]; ``w13`` uint8 [2I, H/2] (rows [gate; up]); ``w13_scale`` E4M3 [2I, H/16].
-    Returns :class:`Accumulation` [M, 2I]: ``acc[:, :I]`` is gate, ``acc[:, I:]`` up (no global scale).
+    Args: ``x`` bf16 [M, H]; ``w13`` uint8 [2I, H/2] (rows [gate; up]); ``w13_scale`` E4M3 [2I, H/16];
+    ``order``: a summation-order declaration (:mod:`.orders`) or None; ``mma``: its tensor-core step.
+    Returns :class:`Accumulation` [M, 2I]: ``acc[:, :I]`` is gate, ``acc[:, I:]`` up (no global scale); with
+    ``order``, ``replay`` holds the fp32 value of that order (E2M1 values and block scales as operands).
     The weights are dequantized a chunk of rows at a time (float64), never all at once.
     """
-    return _nvfp4_accumulate(x, "x", w13, "w13", w13_scale, "w13_scale", model)
+    return _nvfp4_accumulate(x, "x", w13, "w13", w13_scale, "w13_scale", model, order, mma)
 
 
 def gate_up_accumulate_bf16(
-    x: torch.Tensor, w13: torch.Tensor, *, model: SummationModel = FP32_RN
+    x: torch.Tensor, w13: torch.Tensor, *, model: SummationModel = FP32_RN, order: dict | None = None, mma=None
 ) -> Accumulation:
-    """Step 6 (BF16 experts): exact ``x @ w13^T``; ``x`` bf16 [M, H], ``w13`` bf16 [2I, H] -> [M, 2I]."""
+    """Step 6 (BF16 experts): exact ``x @ w13^T``; ``x`` bf16 [M, H], ``w13`` bf16 [2I, H] -> [M, 2I].
+    ``order`` / ``mma``: as :func:`gate_up_accumulate` (``replay`` set when an order is given)."""
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2)
     check_tensor("w13", w13, dtype=torch.bfloat16, shape=(None, x.shape[1]))
-    return dot_accumulate(x, w13, model=model, a_name="x", b_name="w13")
+    return _with_replay(dot_accumulate(x, w13, model=model, a_name="x", b_name="w13"), order, x, w13, mma)
 
 
 def _global_scale(gs: torch.Tensor | float, like: torch.Tensor, name: str) -> torch.Tensor:
@@ -183,22 +213,30 @@ def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def down_accumulate(
-    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *, model: SummationModel = FP32_RN
+    act: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    *,
+    model: SummationModel = FP32_RN,
+    order: dict | None = None,
+    mma=None,
 ) -> Accumulation:
     """Step 8 reduction for one NVFP4 expert: exact ``sum_i W2[h, i] * act[t, i]``.
 
-    Args: ``act`` bf16 [M, I]; ``w2`` uint8 [H, I/2]; ``w2_scale`` E4M3 [H, I/16]. Returns [M, H].
+    Args: ``act`` bf16 [M, I]; ``w2`` uint8 [H, I/2]; ``w2_scale`` E4M3 [H, I/16]; ``order`` / ``mma`` as
+    :func:`gate_up_accumulate`. Returns [M, H].
     """
-    return _nvfp4_accumulate(act, "act", w2, "w2", w2_scale, "w2_scale", model)
+    return _nvfp4_accumulate(act, "act", w2, "w2", w2_scale, "w2_scale", model, order, mma)
 
 
 def down_accumulate_bf16(
-    act: torch.Tensor, w2: torch.Tensor, *, model: SummationModel = FP32_RN
+    act: torch.Tensor, w2: torch.Tensor, *, model: SummationModel = FP32_RN, order: dict | None = None, mma=None
 ) -> Accumulation:
-    """Step 8 (BF16 experts): exact ``act @ w2^T``; ``act`` bf16 [M, I], ``w2`` bf16 [H, I] -> [M, H]."""
+    """Step 8 (BF16 experts): exact ``act @ w2^T``; ``act`` bf16 [M, I], ``w2`` bf16 [H, I] -> [M, H].
+    ``order`` / ``mma``: as :func:`gate_up_accumulate`."""
     check_tensor("act", act, dtype=torch.bfloat16, ndim=2)
     check_tensor("w2", w2, dtype=torch.bfloat16, shape=(None, act.shape[1]))
-    return dot_accumulate(act, w2, model=model, a_name="act", b_name="w2")
+    return _with_replay(dot_accumulate(act, w2, model=model, a_name="act", b_name="w2"), order, act, w2, mma)
 
 
 def down_output(y_acc: torch.Tensor, gs2: torch.Tensor | float) -> torch.Tensor:
@@ -230,6 +268,8 @@ class ExpertStages:
 
 
 def _policy_value(policy: AccumulatePolicy, stage: str, acc: Accumulation, operands: dict) -> torch.Tensor:
+    if acc.replay is not None:  # a declared order was replayed: that is the accumulator's fp32 value
+        return acc.replay
     v = policy(stage, acc, operands)
     check_tensor(f"accumulate({stage})", v, dtype=torch.float32, shape=tuple(acc.shape))
     return v
@@ -247,21 +287,26 @@ def nvfp4_expert(
     accumulate: AccumulatePolicy = round_exact,
     model: SummationModel = FP32_RN,
     info: dict | None = None,
+    orders: dict | None = None,
+    mma=None,
 ) -> ExpertStages:
     """Steps 5-8 for one NVFP4 expert on rows ``x`` bf16 [M, H].
 
     ``w13`` uint8 [2I, H/2], ``w13_scale`` [2I, H/16], ``w13_gs`` one fp32 value; ``w2`` uint8 [H, I/2],
     ``w2_scale`` [H, I/16], ``w2_gs`` one fp32 value. The fp32 accumulator values come from ``accumulate``
-    (stages ``"gate_up"`` on [M, 2I] and ``"down"`` on [M, H]; ``operands`` holds the inputs plus ``info``).
+    (stages ``"gate_up"`` on [M, 2I] and ``"down"`` on [M, H]; ``operands`` holds the inputs plus ``info``),
+    except for a stage that ``orders`` (stage -> declaration, :mod:`.orders`) declares: its value is the
+    replay of that order (``mma``: the tensor-core step, default :mod:`.mma`).
     """
     extra = dict(info or {})
-    acc13 = gate_up_accumulate(x, w13, w13_scale, model=model)
+    orders = orders or {}
+    acc13 = gate_up_accumulate(x, w13, w13_scale, model=model, order=orders.get("gate_up"), mma=mma)
     i = acc13.shape[1] // 2
     v13 = _policy_value(accumulate, "gate_up", acc13, {"x": x, "w13": w13, "w13_scale": w13_scale, **extra})
     g = apply_global_scale(v13[:, :i], w13_gs, name="g_acc")
     u = apply_global_scale(v13[:, i:], w13_gs, name="u_acc")
     act = swiglu(g, u)
-    acc2 = down_accumulate(act, w2, w2_scale, model=model)
+    acc2 = down_accumulate(act, w2, w2_scale, model=model, order=orders.get("down"), mma=mma)
     v2 = _policy_value(accumulate, "down", acc2, {"act": act, "w2": w2, "w2_scale": w2_scale, **extra})
     y = down_output(v2, w2_gs)
     return ExpertStages(acc13[:, :i], acc13[:, i:], g, u, act, acc2, y)
@@ -275,17 +320,21 @@ def bf16_expert(
     accumulate: AccumulatePolicy = round_exact,
     model: SummationModel = FP32_RN,
     info: dict | None = None,
+    orders: dict | None = None,
+    mma=None,
 ) -> ExpertStages:
-    """Steps 6-8 for one BF16 expert on rows ``x`` bf16 [M, H]: ``w13`` bf16 [2I, H], ``w2`` bf16 [H, I]."""
+    """Steps 6-8 for one BF16 expert on rows ``x`` bf16 [M, H]: ``w13`` bf16 [2I, H], ``w2`` bf16 [H, I].
+    ``orders`` / ``mma``: as :func:`nvfp4_expert`."""
     extra = dict(info or {})
+    orders = orders or {}
     check_tensor("w13", w13, dtype=torch.bfloat16, ndim=2)
     if w13.shape[0] % 2:
         raise ValueError(f"w13: dimension 0 holds [gate; up] and must be even, got {w13.shape[0]}")
-    acc13 = gate_up_accumulate_bf16(x, w13, model=model)
+    acc13 = gate_up_accumulate_bf16(x, w13, model=model, order=orders.get("gate_up"), mma=mma)
     i = acc13.shape[1] // 2
     v13 = _policy_value(accumulate, "gate_up", acc13, {"x": x, "w13": w13, **extra})
     g, u = v13[:, :i], v13[:, i:]
     act = swiglu(g.contiguous(), u.contiguous())
-    acc2 = down_accumulate_bf16(act, w2, model=model)
+    acc2 = down_accumulate_bf16(act, w2, model=model, order=orders.get("down"), mma=mma)
     v2 = _policy_value(accumulate, "down", acc2, {"act": act, "w2": w2, **extra})
     return ExpertStages(acc13[:, :i], acc13[:, i:], g, u, act, acc2, down_output_bf16(v2))

@@ -26,7 +26,18 @@ from .layouts import experts_from_cutedsl
 from .routing import logits_from_accumulator, renormalize, router_accumulate, routing_scores, topk_total_order
 from .weights import BF16Experts, NVFP4Experts, NVFP4Linear
 
-__all__ = ["MoEResult", "DecodeBlockResult", "moe_nvfp4", "moe_bf16", "moe_decode_block", "stage_table"]
+__all__ = [
+    "MoEResult",
+    "DecodeBlockResult",
+    "ORDER_STAGES",
+    "moe_nvfp4",
+    "moe_bf16",
+    "moe_decode_block",
+    "stage_table",
+]
+
+#: Stages whose summation order an ``orders`` dict may declare (:mod:`.orders`; None = undeclared).
+ORDER_STAGES = ("router", "gate_up", "down")
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,8 @@ class _AccBuffer:
                 self.parts["inner_abs_sum"] = torch.zeros(shape, **f64)
             if acc.exact_error is not None:  # certified float64 filter (exact.py, "The float64 filter")
                 self.parts["exact_error"] = torch.zeros(shape, **f64)
+            if acc.replay is not None:  # a declared summation order's fp32 value (orders.py)
+                self.parts["replay"] = torch.full(shape, math.nan, dtype=torch.float32, device=self.device)
             self.n, self.model = acc.n, acc.model
         for name, t in self.parts.items():
             t[tokens, slots] = getattr(acc, name)
@@ -130,9 +143,22 @@ def _check_moe_inputs(x, router_weight, e: int, h: int, top_k, shared) -> None:
         check_same_device(x=x, shared=shared)
 
 
-def _moe(x, router_weight, top_k, shared, run_expert, i: int, accumulate, model) -> MoEResult:
+def _check_orders(orders) -> dict:
+    if orders is None:
+        return {}
+    if not isinstance(orders, dict) or set(orders) - set(ORDER_STAGES):
+        raise ValueError(f"orders: expected a dict with keys among {ORDER_STAGES}, got {orders!r:.200}")
+    from .orders import check_order
+
+    for _stage, o in orders.items():
+        if o is not None:
+            check_order(o)
+    return {k: v for k, v in orders.items() if v is not None}
+
+
+def _moe(x, router_weight, top_k, shared, run_expert, i: int, accumulate, model, orders, mma) -> MoEResult:
     m, h = x.shape
-    router_acc = router_accumulate(x, router_weight, model=model)
+    router_acc = router_accumulate(x, router_weight, model=model, order=orders.get("router"), mma=mma)
     v = _policy_value(accumulate, "router", router_acc, {"x": x, "router_weight": router_weight})
     logits = logits_from_accumulator(v)
     ids = topk_total_order(logits, top_k)
@@ -188,6 +214,8 @@ def moe_nvfp4(
     *,
     accumulate: AccumulatePolicy = round_exact,
     model: SummationModel = FP32_RN,
+    orders: dict | None = None,
+    mma=None,
 ) -> MoEResult:
     """Rule steps 1-10 with NVFP4 experts.
 
@@ -198,8 +226,14 @@ def moe_nvfp4(
         top_k: int in [1, E]; shared: bf16 [M, H] shared-expert output or None (then ``out = routed``).
         accumulate: fp32 value of each long reduction (module docstring); model: summation model of the
         bounds (re-derive others with ``Accumulation.with_model``).
-    Raises: TypeError / ValueError naming the offending argument.
+        orders: None, or stage (``ORDER_STAGES``: "router", "gate_up", "down") -> a summation-order
+        declaration (:mod:`.orders`; e.g. ``flint_moe.kernels.orders.nvfp4_decode_orders``) or None: a
+        declared stage's fp32 accumulator is the replay of that order (``Accumulation.replay``; ``exact`` and
+        ``bound`` unchanged), the others come from ``accumulate``. mma: the tensor-core step of the replay
+        (default ``flint_moe.reference.mma.mma_bf16_f32``).
+    Raises: TypeError / ValueError naming the offending argument (``orders`` included).
     """
+    orders = _check_orders(orders)
     experts = _logical_nvfp4(experts)
     _check_moe_inputs(x, router_weight, experts.num_experts, experts.hidden, top_k, shared)
     check_same_device(x=x, experts_w13=experts.w13)
@@ -207,10 +241,10 @@ def moe_nvfp4(
     def run(e: int, xr: torch.Tensor, info: dict) -> ExpertStages:
         return nvfp4_expert(
             xr, experts.w13[e], experts.w13_scale[e], experts.w13_gs[e], experts.w2[e], experts.w2_scale[e],
-            experts.w2_gs[e], accumulate=accumulate, model=model, info=info,
+            experts.w2_gs[e], accumulate=accumulate, model=model, info=info, orders=orders, mma=mma,
         )  # fmt: skip
 
-    return _moe(x, router_weight, top_k, shared, run, experts.intermediate, accumulate, model)
+    return _moe(x, router_weight, top_k, shared, run, experts.intermediate, accumulate, model, orders, mma)
 
 
 def moe_bf16(
@@ -222,18 +256,24 @@ def moe_bf16(
     *,
     accumulate: AccumulatePolicy = round_exact,
     model: SummationModel = FP32_RN,
+    orders: dict | None = None,
+    mma=None,
 ) -> MoEResult:
     """Rule steps 1-10 with BF16 experts (``g = g_acc``, ``u = u_acc``, ``y = bf16(y_acc)``). Args as
-    :func:`moe_nvfp4` with ``experts`` a :class:`.weights.BF16Experts`."""
+    :func:`moe_nvfp4` with ``experts`` a :class:`.weights.BF16Experts` (a declared ``down`` order longer
+    than I, e.g. the layout's padded intermediate size, is replayed with zero padding)."""
+    orders = _check_orders(orders)
     if not isinstance(experts, BF16Experts):
         raise TypeError(f"experts: expected BF16Experts, got {type(experts).__name__}")
     _check_moe_inputs(x, router_weight, experts.num_experts, experts.hidden, top_k, shared)
     check_same_device(x=x, experts_w13=experts.w13)
 
     def run(e: int, xr: torch.Tensor, info: dict) -> ExpertStages:
-        return bf16_expert(xr, experts.w13[e], experts.w2[e], accumulate=accumulate, model=model, info=info)
+        return bf16_expert(
+            xr, experts.w13[e], experts.w2[e], accumulate=accumulate, model=model, info=info, orders=orders, mma=mma
+        )
 
-    return _moe(x, router_weight, top_k, shared, run, experts.intermediate, accumulate, model)
+    return _moe(x, router_weight, top_k, shared, run, experts.intermediate, accumulate, model, orders, mma)
 
 
 def moe_decode_block(
@@ -249,13 +289,18 @@ def moe_decode_block(
     *,
     accumulate: AccumulatePolicy = round_exact,
     model: SummationModel = FP32_RN,
+    orders: dict | None = None,
+    mma=None,
 ) -> DecodeBlockResult:
     """Rule step 11 then steps 1-10 on ``xn`` with ``shared = y_shared`` (shared expert by steps 5-8).
 
     Args: ``attn_out``, ``residual`` bf16 [M, H]; ``w_ln`` bf16 [H]; ``eps`` Python float (used as fp32);
     router_weight, experts, top_k as :func:`moe_nvfp4`; ``shared_w13`` NVFP4Linear [2*SI, H] ([gate; up]),
-    ``shared_w2`` NVFP4Linear [H, SI]. Raises TypeError / ValueError naming the offending argument.
+    ``shared_w2`` NVFP4Linear [H, SI]; ``orders`` / ``mma``: as :func:`moe_nvfp4`, for the routed stages
+    (the sum of squares and the shared expert keep ``accumulate``). Raises TypeError / ValueError naming the
+    offending argument.
     """
+    _check_orders(orders)
     for name, lin in (("shared_w13", shared_w13), ("shared_w2", shared_w2)):
         if not isinstance(lin, NVFP4Linear):
             raise TypeError(f"{name}: expected NVFP4Linear, got {type(lin).__name__}")
@@ -283,7 +328,9 @@ def moe_decode_block(
         xn, shared_w13.codes, shared_w13.block_scale, shared_w13.global_scale, shared_w2.codes,
         shared_w2.block_scale, shared_w2.global_scale, accumulate=shared_policy, model=model,
     )  # fmt: skip
-    moe = moe_nvfp4(xn, router_weight, experts, top_k, sh.y, accumulate=accumulate, model=model)
+    moe = moe_nvfp4(
+        xn, router_weight, experts, top_k, sh.y, accumulate=accumulate, model=model, orders=orders, mma=mma
+    )
     return DecodeBlockResult(s, to_bf16(s), sumsq_acc, sumsq, xn, sh, sh.y, moe, moe.out)
 
 

@@ -8,6 +8,8 @@ rounded (``div.rn.f32``) on both devices.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ._checks import check_same_device, check_tensor
@@ -29,17 +31,30 @@ RENORM_EPS = torch.tensor(1e-20, dtype=torch.float32).item()
 
 
 def router_accumulate(
-    x: torch.Tensor, router_weight: torch.Tensor, *, model: SummationModel = FP32_RN
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    *,
+    model: SummationModel = FP32_RN,
+    order: dict | None = None,
+    mma=None,
 ) -> Accumulation:
     """Step 1 reduction: exact ``sum_h x[t, h] * Wr[e, h]``.
 
-    Args: ``x`` bf16 [M, H], ``router_weight`` bf16 [E, H] (same device). Returns :class:`Accumulation`
-    [M, E] with the bound of ``model``. Raises TypeError / ValueError naming ``x`` or ``router_weight``.
+    Args: ``x`` bf16 [M, H], ``router_weight`` bf16 [E, H] (same device); ``order``: a summation-order
+    declaration (:mod:`.orders`) or None; ``mma``: the tensor-core step for an order that has one.
+    Returns :class:`Accumulation` [M, E] with the bound of ``model``; with ``order`` its ``replay`` is the
+    fp32 value of that order (:func:`.orders.replay_matmul`). Raises TypeError / ValueError naming ``x`` or
+    ``router_weight`` (``OrderError`` for a bad declaration).
     """
     check_tensor("x", x, dtype=torch.bfloat16, ndim=2)
     check_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(None, x.shape[1]))
     check_same_device(x=x, router_weight=router_weight)
-    return dot_accumulate(x, router_weight, model=model, a_name="x", b_name="router_weight")
+    acc = dot_accumulate(x, router_weight, model=model, a_name="x", b_name="router_weight")
+    if order is None:
+        return acc
+    from .orders import replay_matmul
+
+    return dataclasses.replace(acc, replay=replay_matmul(order, x, router_weight, mma=mma))
 
 
 def logits_from_accumulator(acc_fp32: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,220 @@
+"""Summation-order declarations of every accumulating kernel (data for ``flint_moe.reference.orders``).
+
+Each function returns the exact order in which one kernel accumulates one fp32 dot product of length K (taps
+``router_acc``, ``gate_acc`` / ``up_acc``, ``down_acc``), as a JSON-serialisable dict in the vocabulary of
+:mod:`flint_moe.reference.orders` (``format`` ``flint-order/1``), built from the launch configuration (the
+kernels' own config keys: ``BN``, ``BH``, ``BKB``, ``num_warps``, ``MMA``, ``SK``, ``BK``, ...) and K. The
+golden model replays it (``reference.orders.replay_dot``) and a kernel's tapped accumulator must equal the
+replay bit for bit. ``None`` means "no declared order" (the fp32 torch GEMM the router uses above
+``ROUTE_GEMV_MAX_TOKENS`` tokens: cuBLAS's order is not documented); only the any-order bound applies there.
+
+How each order was read off the sm_90 build (``triton.compile(..., GPUTarget("cuda", 90, 32))`` on the CPU;
+docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
+
+- router GEMV: ``acc += w * x`` contracts to ``fma.rn.f32`` (no ``mul.f32`` in the loop); lanes by
+  ``h % BLOCK_H``; the lane tree is explicit ``reshape`` + ``split`` (adjacent pairs).
+- BF16 decode: ``tl.fma`` per lane (``h % 64``), explicit adjacent-pair tree (``bf16/gemv.py``).
+- NVFP4 decode, CUDA-core path (BKB = 512): the layout of the ``[rows, 64 blocks, 16]`` product tile is
+  ``sizePerThread [1, 1, 2]``, ``threadsPerWarp [1, 4, 8]``, ``warpsPerCTA [1, NW, 1]``: a block's 16 products
+  live in 8 lanes (2 consecutive elements each, added in the thread) and are summed by ``shfl.bfly`` xor 4, 2,
+  1; the block partial goes into ``fma(partial, scale, acc)``; at the end, slot ``b = 4 NW rep + 4 w + g``
+  (``rep`` register, ``w`` warp, ``g`` lane bits 3-4) is folded over the registers in order, then xor 16, 8,
+  then the warps through shared memory and xor (NW / 2) ... 1.
+- NVFP4 decode, tensor-core path: the hand-written ``mma.sync.m16n8k16`` PTX (``nvfp4/gemv.py mma_ptx``): per
+  64-byte step, 8 MMAs (word w = 0..3 of the chunk, half = 0..1); thread c (chunk c) gives element
+  ``32 c + 8 w + 2 half + {0, 4, 1, 5}`` to k slots ``2 c + {0, 1, 8, 9}`` (the ``prmt`` re-pairing);
+  weights ``E2M1 * E4M3 * 2^-8`` in bf16; the 4 accumulator columns are added with xor 2, 1 (an exact
+  ``+ 0`` that turns -0 into +0), times 2^8; split-K parts ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)``.
+- NVFP4 grouped: ``tl.dot`` per BK step lowers to BK / 16 ``wgmma.mma_async ... m64nNk16`` in k order,
+  chained from a +0 accumulator (the scale-d predicate is constant true).
+"""
+
+from __future__ import annotations
+
+from flint_moe.reference.orders import FORMAT, OrderError, check_order
+
+__all__ = [
+    "router_order",
+    "bf16_gate_up_order",
+    "bf16_down_order",
+    "nvfp4_gate_up_order",
+    "nvfp4_down_order",
+    "nvfp4_grouped_order",
+    "nvfp4_decode_orders",
+    "nvfp4_grouped_orders",
+    "bf16_decode_orders",
+    "effective_split",
+]
+
+
+def _order(kernel: str, k: int, parts: list, plen: int, axes: list, program: list, operands: dict | None = None):
+    d = {
+        "format": FORMAT,
+        "kernel": kernel,
+        "length": int(k),
+        "parts": parts,
+        "part_length": int(plen),
+        "axes": [[n, int(s)] for n, s in axes],
+        "program": program,
+    }
+    if operands:
+        d["operands"] = operands
+    return check_order(d)
+
+
+def _k(k, name: str, multiple: int = 1) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k % multiple:
+        raise OrderError(f"{name}: reduction length must be a positive int multiple of {multiple}, got {k!r}")
+    return k
+
+
+def _lane_chains(kernel: str, k: int, lanes: int) -> dict:
+    """Lane ``l`` (``h % lanes``) chains ``fma`` over ``h = l, l + lanes, ...`` from +0, then an adjacent-pair
+    tree over the lanes; K padded to a multiple of ``lanes`` with zero products."""
+    steps = -(-k // lanes)
+    program = [
+        {"op": "fma_chain", "axis": "step", "init": "zero"},
+        {"op": "tree", "axis": "lane", "shape": "adjacent"},
+    ]
+    return _order(kernel, k, [[0, k]], steps * lanes, [["step", steps], ["lane", lanes]], program)
+
+
+def router_order(H: int, M: int = 1) -> dict | None:
+    """``router_acc`` of ``flint_moe.ops.route`` for M tokens, hidden size H: the fused GEMV + top-k kernel
+    (M <= 8): lanes ``BLOCK_H = min(1024, max(16, next_pow2(H)))`` (``kernels.router.router_config``), chains
+    over ``ceil(H / BLOCK_H)`` chunks, adjacent-pair tree. M > 8: None (torch fp32 GEMM, order undeclared)."""
+    from flint_moe.kernels.router import ROUTE_GEMV_MAX_TOKENS
+
+    _k(H, "H")
+    if M > ROUTE_GEMV_MAX_TOKENS:
+        return None
+    block_h = min(1024, max(16, 1 << (H - 1).bit_length()))
+    return _lane_chains("router_gemv_topk", H, block_h)
+
+
+def bf16_gate_up_order(config: dict | None, H: int) -> dict:
+    """``gate_acc`` / ``up_acc`` of ``bf16_gate_up`` (K = H, a multiple of 64): 64 lane chains + adjacent tree,
+    the same for every configuration (``bf16/gemv.py``); ``config`` is accepted and ignored."""
+    return _lane_chains("bf16_gate_up", _k(H, "H", 64), 64)
+
+
+def bf16_down_order(config: dict | None, Ip: int) -> dict:
+    """``down_acc`` of ``bf16_down_combine`` (K = Ip, the layout's intermediate size, a multiple of 64)."""
+    return _lane_chains("bf16_down_combine", _k(Ip, "Ip", 64), 64)
+
+
+def effective_split(sk: int, num_warps: int, kbytes: int) -> tuple[int, int]:
+    """(SK, num_warps) the tensor-core decode launchers run for a row of ``kbytes`` code bytes: SK and the warps
+    halved while the last K-part would be empty (``nvfp4.gate_up._check_mma``)."""
+    from flint_moe.kernels.nvfp4.gemv import mma_part_bytes
+
+    while sk > 1 and kbytes - (sk - 1) * mma_part_bytes(kbytes, sk) <= 0:
+        sk, num_warps = sk // 2, num_warps // 2
+    return sk, num_warps
+
+
+def _mma_decode(kernel: str, k: int, sk: int, num_warps: int) -> dict:
+    from flint_moe.kernels.nvfp4.gemv import mma_part_bytes
+
+    kbytes = k // 2
+    sk, _ = effective_split(sk, num_warps, kbytes)
+    if sk not in (1, 2, 4):
+        raise OrderError(f"{kernel}: SK = {sk} has no declared part combine (1, 2 or 4)")
+    ks = mma_part_bytes(kbytes, sk)
+    parts = [[2 * h * ks, 2 * min((h + 1) * ks, kbytes)] for h in range(sk)]
+    axes = [["step", ks // 64], ["c", 4], ["w", 4], ["b0", 2], ["half", 2], ["b1", 2]]
+    program = [
+        {"op": "mma_chain", "chain": ["step", "w", "half"], "slots": ["b1", "c", "b0"],
+         "instruction": "mma.sync.m16n8k16"},
+        {"op": "add_zero"},
+        {"op": "scale", "log2": 8},
+    ]  # fmt: skip
+    if sk > 1:
+        program.append({"op": "tree", "axis": "part", "shape": "adjacent"})
+    return _order(kernel, k, parts, 2 * ks, axes, program, {"w_scale_log2": -8, "w_dtype": "bf16"})
+
+
+def _cuda_core_decode(kernel: str, k: int, cfg: dict) -> dict:
+    bkb, nw = int(cfg["BKB"]), int(cfg["num_warps"])
+    if bkb != 512 or cfg.get("WORDS", False):
+        raise OrderError(
+            f"{kernel}: the CUDA-core order is declared for BKB = 512 without WORDS (read from the sm_90 TTGIR); "
+            f"got BKB = {bkb}, WORDS = {cfg.get('WORDS', False)}"
+        )
+    if nw not in (1, 2, 4, 8):  # the TTGIR layouts checked: 1, 2, 4 and 8 warps
+        raise OrderError(f"{kernel}: num_warps = {nw}: the CUDA-core order is declared for 1, 2, 4 or 8 warps")
+    kbytes = k // 2
+    steps = -(-kbytes // bkb)
+    reps = (bkb // 8) // (4 * nw)
+    axes = [["step", steps], ["rep", reps], ["w", nw], ["g", 4], ["i", 8], ["j", 2]]
+    program = [
+        {"op": "fma_chain", "axis": "j", "init": "first"},  # the thread's two elements (one code byte)
+        {"op": "tree", "axis": "i", "shape": "halves"},  # shfl.bfly xor 4, 2, 1 over the block's 8 lanes
+        {"op": "scale_fma_chain", "axis": "step"},  # acc[slot] = fma(partial, scale, acc[slot]) over K steps
+        {"op": "add_chain", "axis": "rep", "init": "first"},  # tl.sum: the thread's slots in register order
+        {"op": "tree", "axis": "g", "shape": "halves"},  # xor 16, 8
+        {"op": "tree", "axis": "w", "shape": "halves"},  # warps through shared memory, xor NW/2 .. 1
+    ]
+    return _order(kernel, k, [[0, k]], steps * 2 * bkb, axes, program)
+
+
+def nvfp4_gate_up_order(config: dict, H: int) -> dict:
+    """``gate_acc`` / ``up_acc`` of ``nvfp4_gate_up`` launched with the complete ``config`` (e.g.
+    ``nvfp4.gate_up.default_config(H, I)`` with overrides), K = H (a multiple of 32). MMA: the tensor-core
+    order with the effective SK; else the CUDA-core block order (BKB = 512)."""
+    _k(H, "H", 32)
+    if config.get("MMA"):
+        return _mma_decode("nvfp4_gate_up", H, int(config["SK"]), int(config["num_warps"]))
+    return _cuda_core_decode("nvfp4_gate_up", H, config)
+
+
+def nvfp4_down_order(config: dict, I: int) -> dict:  # noqa: E741
+    """``down_acc`` of ``nvfp4_down`` launched with the complete ``config``, K = I (the valid intermediate
+    size, a multiple of 16; the padded columns are never read). CUDA-core: only the split kernel
+    (``SPLIT``, the default) is declared."""
+    _k(I, "I", 16)
+    if config.get("MMA"):
+        return _mma_decode("nvfp4_down", I, int(config["SK"]), int(config["num_warps"]))
+    if not config.get("SPLIT", True):
+        raise OrderError("nvfp4_down: the sequential kernel (SPLIT = False) has no declared order")
+    return _cuda_core_decode("nvfp4_down", I, config)
+
+
+def nvfp4_grouped_order(config: dict | None, K: int, *, kernel: str = "nvfp4_grouped") -> dict:
+    """``gate_acc`` / ``up_acc`` (K = H) or ``down_acc`` (K = I) of the grouped NVFP4 GEMMs: K steps of
+    ``BK`` (default 64) in increasing order, each BK / 16 chained ``wgmma ... k16`` steps from +0, k slots in
+    element order; K padded to a multiple of BK with zeros. Weights enter as ``E2M1 * E4M3`` (bf16, exact)."""
+    bk = int((config or {}).get("BK") or 64)
+    if bk < 16 or bk % 16:
+        raise OrderError(f"{kernel}: BK = {bk} must be a multiple of 16")
+    _k(K, "K", 16)
+    steps = -(-K // bk)
+    axes = [["step", steps], ["k16", bk // 16], ["slot", 16]]
+    program = [{"op": "mma_chain", "chain": ["step", "k16"], "slots": ["slot"], "instruction": "wgmma.m64nNk16"}]
+    return _order(kernel, K, [[0, K]], steps * bk, axes, program, {"w_scale_log2": 0, "w_dtype": "bf16"})
+
+
+def nvfp4_decode_orders(H: int, I: int, *, M: int = 1, gate_up: dict | None = None, down: dict | None = None):  # noqa: E741
+    """Stage -> order of ``ops.flint_moe`` decode (``router``, ``gate_up``, ``down``) at (H, I) with the
+    launchers' default configurations (``default_config(H, I)``) updated by ``gate_up`` / ``down``."""
+    from flint_moe.kernels.nvfp4 import down_combine, gate_up as gu
+
+    cg = {**gu.default_config(H, I), **(gate_up or {})}
+    cd = {**down_combine.default_config(H, I), **(down or {})}
+    return {"router": router_order(H, M), "gate_up": nvfp4_gate_up_order(cg, H), "down": nvfp4_down_order(cd, I)}
+
+
+def nvfp4_grouped_orders(H: int, I: int, *, M: int, config: dict | None = None) -> dict:  # noqa: E741
+    """Stage -> order of ``ops.flint_moe_grouped`` for M tokens at (H, I); ``config`` is the op's
+    (``{"gate_up": {...}, "down": {...}, "BM": int}``; BM does not change the order)."""
+    c = config or {}
+    return {
+        "router": router_order(H, M),
+        "gate_up": nvfp4_grouped_order(c.get("gate_up"), H, kernel="nvfp4_grouped_gate_up"),
+        "down": nvfp4_grouped_order(c.get("down"), I, kernel="nvfp4_grouped_down"),
+    }
+
+
+def bf16_decode_orders(H: int, Ip: int, *, M: int = 1) -> dict:
+    """Stage -> order of ``ops.flint_moe_bf16_decode`` at hidden size H, layout intermediate size Ip."""
+    return {"router": router_order(H, M), "gate_up": bf16_gate_up_order(None, H), "down": bf16_down_order(None, Ip)}
