@@ -5,8 +5,7 @@ Each function returns the exact order in which one kernel accumulates one fp32 d
 :mod:`flint_moe.reference.orders` (``format`` ``flint-order/1``), built from the launch configuration (the
 kernels' own config keys: ``BN``, ``BH``, ``BKB``, ``num_warps``, ``MMA``, ``SK``, ``BK``, ...) and K. The
 golden model replays it (``reference.orders.replay_dot``) and a kernel's tapped accumulator must equal the
-replay bit for bit. ``None`` means "no declared order" (the fp32 torch GEMM the router uses above
-``ROUTE_GEMV_MAX_TOKENS`` tokens: cuBLAS's order is not documented); only the any-order bound applies there.
+replay bit for bit.
 
 How each order was read off the sm_90 build (``triton.compile(..., GPUTarget("cuda", 90, 32))`` on the CPU;
 docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
@@ -79,15 +78,22 @@ def _lane_chains(kernel: str, k: int, lanes: int) -> dict:
     return _order(kernel, k, [[0, k]], steps * lanes, [["step", steps], ["lane", lanes]], program)
 
 
-def router_order(H: int, M: int = 1) -> dict | None:
-    """``router_acc`` of ``flint_moe.ops.route`` for M tokens, hidden size H: the fused GEMV + top-k kernel
-    (M <= 8): lanes ``BLOCK_H = min(1024, max(16, next_pow2(H)))`` (``kernels.router.router_config``), chains
-    over ``ceil(H / BLOCK_H)`` chunks, adjacent-pair tree. M > 8: None (torch fp32 GEMM, order undeclared)."""
+def router_order(H: int, M: int = 1) -> dict:
+    """``router_acc`` of ``flint_moe.ops.route`` for M tokens, hidden size H. M <= 8, the fused GEMV + top-k
+    kernel: lanes ``BLOCK_H = min(1024, max(16, next_pow2(H)))`` (``kernels.router.router_config``), chains
+    over ``ceil(H / BLOCK_H)`` chunks, adjacent-pair tree. M > 8, the tensor-core router GEMM
+    (``kernels/router_gemm.py``): K steps of ``BK`` in increasing order, each BK / 16 chained ``wgmma ... k16``
+    steps from +0, k slots in element order; H zero-padded to a multiple of BK."""
     from flint_moe.kernels.router import ROUTE_GEMV_MAX_TOKENS
+    from flint_moe.kernels.router_gemm import ROUTER_GEMM_CONFIG
 
     _k(H, "H")
     if M > ROUTE_GEMV_MAX_TOKENS:
-        return None
+        bk = int(ROUTER_GEMM_CONFIG["BK"])
+        steps = -(-H // bk)
+        axes = [["step", steps], ["k16", bk // 16], ["slot", 16]]
+        program = [{"op": "mma_chain", "chain": ["step", "k16"], "slots": ["slot"], "instruction": "wgmma.m64nNk16"}]
+        return _order("router_gemm", H, [[0, H]], steps * bk, axes, program, {"w_scale_log2": 0, "w_dtype": "bf16"})
     block_h = min(1024, max(16, 1 << (H - 1).bit_length()))
     return _lane_chains("router_gemv_topk", H, block_h)
 

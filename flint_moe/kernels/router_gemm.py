@@ -8,11 +8,11 @@ fixes it (a library fp32 GEMM sums in an order that it neither documents nor kee
 
 Program (i, j) of the grid ``(cdiv(M, BM), cdiv(E, BE))`` owns the tile of tokens ``[i*BM, i*BM + BM)`` and
 experts ``[j*BE, j*BE + BE)``. Summation order of one sum (token t, expert e), declared as data by
-:func:`summation_order`: the K axis (H, zero-padded up to a multiple of ``BK``) is walked in steps of ``BK``
-elements in increasing order; each step is one ``tl.dot`` that the sm_90 backend lowers to ``BK / 16`` chained
-``wgmma.mma_async ... m64nNk16.f32.bf16.bf16`` instructions in increasing k, each adding 16 exact products to the
-fp32 accumulator (from +0) with the tensor core's truncating alignment (``flint_moe.reference.mma``). Masked rows
-(t >= M), experts (e >= E) and the padded K tail load exact zeros.
+``flint_moe.kernels.orders.router_order``: the K axis (H, zero-padded up to a multiple of ``BK``) is walked in
+steps of ``BK`` elements in increasing order; each step is one ``tl.dot`` that the sm_90 backend lowers to
+``BK / 16`` chained ``wgmma.mma_async ... m64nNk16.f32.bf16.bf16`` instructions in increasing k, each adding 16
+exact products to the fp32 accumulator (from +0) with the tensor core's truncating alignment
+(``flint_moe.reference.mma``). Masked rows (t >= M), experts (e >= E) and the padded K tail load exact zeros.
 
 Interpreter (``TRITON_INTERPRET=1``): the bf16 ``tl.dot`` of Triton 3.6's interpreter multiplies bit patterns, so
 the operands are widened to fp32 (exactly) and the dot is numpy's fp32 matmul: right values up to the summation
@@ -28,7 +28,7 @@ import triton.language as tl
 from flint_moe.kernels._launch import INTERPRET, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels.audit.registry import register_audit
 
-__all__ = ["ROUTER_GEMM_CONFIG", "launch_router_gemm", "summation_order", "audit_specs"]
+__all__ = ["ROUTER_GEMM_CONFIG", "launch_router_gemm", "audit_specs"]
 
 _INTERPRET = tl.constexpr(INTERPRET)
 
@@ -95,20 +95,6 @@ def launch_router_gemm(x: torch.Tensor, router_weight: torch.Tensor, config: dic
             H=h, BM=cfg["BM"], BE=be, BK=cfg["BK"], num_warps=cfg["num_warps"], **launch_options(),
         )  # fmt: skip
     return acc
-
-
-def summation_order(config: dict | None = None, K: int | None = None) -> dict:
-    """The declared order of ``router_acc`` for this kernel (data; see the module docstring): tensor-core k16
-    steps chained from +0 over K zero-padded to a multiple of BK, in increasing k."""
-    cfg = {**ROUTER_GEMM_CONFIG, **(config or {})}
-    return {
-        "kind": "mma_chain",
-        "instruction": "wgmma.m64nNk16",
-        "k_step": 16,
-        "block_k": int(cfg["BK"]),
-        "init": "+0",
-        "K": K,
-    }
 
 
 #: (name, E, H) audited: DeepSeek-V3 / Kimi-K2 (E 256 / 384, H 7168), Qwen3-Next (E 512, H 2048), gpt-oss (E 128,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from flint_moe.conformance.cases import PATH_CONFIGS, SHAPES
-from flint_moe.conformance.paths import kernel_configs
+from flint_moe.conformance.inputs.cases import PATH_CONFIGS, SHAPES
+from flint_moe.conformance.run.paths import kernel_configs
 from flint_moe.kernels import orders as K
 from flint_moe.reference.orders import OrderError, check_order, replay_dot
 from flint_moe.shapes import MODEL_SHAPES
@@ -36,11 +36,9 @@ def test_nvfp4_decode_orders_every_config_and_shape(config):
         for m in (1, 8, 9):
             o = K.nvfp4_decode_orders(h, i, M=m, gate_up=over.get("gate_up"), down=over.get("down"))
             assert o["gate_up"]["length"] == h and o["down"]["length"] == i
-            if m > 8:
-                assert o["router"] is None  # the fp32 torch GEMM: order not declared
-            else:
-                assert o["router"]["length"] == h
-            for stage in ("gate_up", "down") + (("router",) if m <= 8 else ()):
+            assert o["router"]["length"] == h
+            assert o["router"]["kernel"] == ("router_gemv_topk" if m <= 8 else "router_gemm")
+            for stage in ("gate_up", "down", "router"):
                 _json_round_trip(o[stage])
 
 
@@ -76,7 +74,8 @@ def test_bf16_and_grouped_orders_every_shape():
         for cfg in PATH_CONFIGS["nvfp4_grouped"]:
             if h % 32 == 0 and i % 16 == 0:
                 o = K.nvfp4_grouped_orders(h, i, M=64, config=kernel_configs("nvfp4_grouped", cfg))
-                assert o["router"] is None and o["gate_up"]["length"] == h and o["down"]["length"] == i
+                assert o["router"]["kernel"] == "router_gemm"
+                assert o["gate_up"]["length"] == h and o["down"]["length"] == i
                 _json_round_trip(o["gate_up"])
                 _json_round_trip(o["down"])
 
@@ -181,7 +180,9 @@ def test_router_and_lane_orders():
     assert o["axes"] == [["step", 7], ["lane", 1024]]
     assert K.router_order(2880, M=8)["axes"] == [["step", 3], ["lane", 1024]]
     assert K.router_order(96, M=1)["axes"] == [["step", 1], ["lane", 128]]  # next power of two, padded
-    assert K.router_order(7168, M=9) is None
+    gemm = K.router_order(7168, M=9)  # the tensor-core router GEMM: 112 K steps of 64 = 4 chained k16 steps
+    assert gemm["kernel"] == "router_gemm" and gemm["axes"] == [["step", 112], ["k16", 4], ["slot", 16]]
+    assert K.router_order(100, M=9)["part_length"] == 128  # H zero-padded to a multiple of BK
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 96, generator=g).bfloat16().float()
     w = torch.randn(2, 96, generator=g).bfloat16().float()

@@ -132,16 +132,18 @@ def _check_nvfp4_expert_taps(L, x, ids, taps, o_gu, o_dn, what):
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("E,H,M", [(16, 7168, 1), (16, 7168, 8), (130, 96, 3)])
+@pytest.mark.parametrize(
+    "E,H,M", [(16, 7168, 1), (16, 7168, 8), (130, 96, 3), (256, 7168, 9), (8, 4096, 200), (130, 100, 65)]
+)
 def test_router_acc_equals_replay(E, H, M):
-    from flint_moe.kernels.router import launch_router_gemv_topk
-    from flint_moe.ops.route import make_route_counter
+    """The GEMV kernel (M <= 8) and the tensor-core router GEMM (M > 8), both through ``route``."""
+    from flint_moe.ops.route import make_route_counter, route
 
     g = torch.Generator(device=DEV).manual_seed(E + H + M)
     x = torch.randn(M, H, generator=g, device=DEV).to(torch.bfloat16)
     w = (torch.randn(E, H, generator=g, device=DEV) * 0.05).to(torch.bfloat16)
     taps = {}
-    launch_router_gemv_topk(x, w, min(4, E), make_route_counter(DEV), taps=taps)
+    route(x, w, min(4, E), make_route_counter(DEV), taps=taps)
     o = K.router_order(H, M)
     assert_bitwise(taps["router_acc"], replay_matmul(o, x, w), "router_acc", o)
 
