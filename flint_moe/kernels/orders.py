@@ -13,12 +13,15 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
 - router GEMV: ``acc += w * x`` contracts to ``fma.rn.f32`` (no ``mul.f32`` in the loop); lanes by
   ``h % BLOCK_H``; the lane tree is explicit ``reshape`` + ``split`` (adjacent pairs).
 - BF16 decode: ``tl.fma`` per lane (``h % 64``), explicit adjacent-pair tree (``bf16/gemv.py``).
-- NVFP4 decode, CUDA-core path (BKB = 512): the layout of the ``[rows, 64 blocks, 16]`` product tile is
-  ``sizePerThread [1, 1, 2]``, ``threadsPerWarp [1, 4, 8]``, ``warpsPerCTA [1, NW, 1]``: a block's 16 products
-  live in 8 lanes (2 consecutive elements each, added in the thread) and are summed by ``shfl.bfly`` xor 4, 2,
-  1; the block partial goes into ``fma(partial, scale, acc)``; at the end, slot ``b = 4 NW rep + 4 w + g``
-  (``rep`` register, ``w`` warp, ``g`` lane bits 3-4) is folded over the registers in order, then xor 16, 8,
-  then the warps through shared memory and xor (NW / 2) ... 1.
+- NVFP4 decode, CUDA-core path (BKB = 512): read from the build the GPU runs, whose pointer arguments Triton
+  specialises as 16-byte aligned (``tt.divisibility = 16``; every torch allocation is). The code tile
+  ``[rows, 512]`` is ``sizePerThread [1, 16]``, ``threadsPerWarp [1, 32]``, ``warpsPerCTA [NW, 1]`` (16-byte
+  ``ld.global.v4.b32``), and the ``[rows, 64 blocks, 16]`` product tile ``sizePerThread [1, 2, 16]``,
+  ``threadsPerWarp [1, 32, 1]``, ``warpsPerCTA [NW, 1, 1]``: lane ``L`` holds blocks ``2 L + s`` (s = 0, 1) of
+  the step whole, warps split the rows (so rows % NW == 0). A block's 16 exact products are chained in the
+  thread in element order (``mul.f32`` then 15 ``fma.rn.f32``); ``fma(partial, scale, acc[slot])`` over the K
+  steps; at the end the thread adds its two slots, then ``shfl.bfly`` xor 16, 8, 4, 2, 1 over the lanes (no
+  shared memory). A build compiled without the alignment specialisation has another layout (and order).
 - NVFP4 decode, tensor-core path: the hand-written ``mma.sync.m16n8k16`` PTX (``nvfp4/gemv.py mma_ptx``): per
   64-byte step, 8 MMAs (word w = 0..3 of the chunk, half = 0..1); thread c (chunk c) gives element
   ``32 c + 8 w + 2 half + {0, 4, 1, 5}`` to k slots ``2 c + {0, 1, 8, 9}`` (the ``prmt`` re-pairing);
@@ -140,26 +143,31 @@ def _mma_decode(kernel: str, k: int, sk: int, num_warps: int) -> dict:
     return _order(kernel, k, parts, 2 * ks, axes, program, {"w_scale_log2": -8, "w_dtype": "bf16"})
 
 
-def _cuda_core_decode(kernel: str, k: int, cfg: dict) -> dict:
+def _cuda_core_decode(kernel: str, k: int, cfg: dict, rows_key: str, rows_per_key: int) -> dict:
     bkb, nw = int(cfg["BKB"]), int(cfg["num_warps"])
     if bkb != 512 or cfg.get("WORDS", False):
         raise OrderError(
             f"{kernel}: the CUDA-core order is declared for BKB = 512 without WORDS (read from the sm_90 TTGIR); "
             f"got BKB = {bkb}, WORDS = {cfg.get('WORDS', False)}"
         )
-    if nw not in (1, 2, 4, 8):  # the TTGIR layouts checked: 1, 2, 4 and 8 warps
+    if nw not in (1, 2, 4, 8):  # the sm_90 builds read: 1, 2, 4 and 8 warps
         raise OrderError(f"{kernel}: num_warps = {nw}: the CUDA-core order is declared for 1, 2, 4 or 8 warps")
+    if rows_key not in cfg:
+        raise OrderError(f"{kernel}: the CUDA-core order needs the launch configuration's {rows_key}")
+    rows = rows_per_key * int(cfg[rows_key])
+    if rows % nw:  # fewer rows than warps: the warps split the K step instead, another order
+        raise OrderError(
+            f"{kernel}: {rows} rows per program ({rows_key} = {cfg[rows_key]}) on {nw} warps: the CUDA-core order "
+            "is declared only where the warps split the rows (rows a multiple of num_warps)"
+        )
     kbytes = k // 2
     steps = -(-kbytes // bkb)
-    reps = (bkb // 8) // (4 * nw)
-    axes = [["step", steps], ["rep", reps], ["w", nw], ["g", 4], ["i", 8], ["j", 2]]
+    axes = [["step", steps], ["lane", 32], ["slot", 2], ["e", 16]]
     program = [
-        {"op": "fma_chain", "axis": "j", "init": "first"},  # the thread's two elements (one code byte)
-        {"op": "tree", "axis": "i", "shape": "halves"},  # shfl.bfly xor 4, 2, 1 over the block's 8 lanes
+        {"op": "fma_chain", "axis": "e", "init": "first"},  # the block's 16 products, in the thread
         {"op": "scale_fma_chain", "axis": "step"},  # acc[slot] = fma(partial, scale, acc[slot]) over K steps
-        {"op": "add_chain", "axis": "rep", "init": "first"},  # tl.sum: the thread's slots in register order
-        {"op": "tree", "axis": "g", "shape": "halves"},  # xor 16, 8
-        {"op": "tree", "axis": "w", "shape": "halves"},  # warps through shared memory, xor NW/2 .. 1
+        {"op": "add_chain", "axis": "slot", "init": "first"},  # tl.sum: the thread's two slots
+        {"op": "tree", "axis": "lane", "shape": "halves"},  # shfl.bfly xor 16, 8, 4, 2, 1
     ]
     return _order(kernel, k, [[0, k]], steps * 2 * bkb, axes, program)
 
@@ -167,23 +175,25 @@ def _cuda_core_decode(kernel: str, k: int, cfg: dict) -> dict:
 def nvfp4_gate_up_order(config: dict, H: int) -> dict:
     """``gate_acc`` / ``up_acc`` of ``nvfp4_gate_up`` launched with the complete ``config`` (e.g.
     ``nvfp4.gate_up.default_config(H, I)`` with overrides), K = H (a multiple of 32). MMA: the tensor-core
-    order with the effective SK; else the CUDA-core block order (BKB = 512)."""
+    order with the effective SK; else the CUDA-core block order (BKB = 512, 1, 2, 4 or 8 warps dividing the
+    2 * BN rows). Raises OrderError for an undeclared configuration or a K that is not a multiple of 32."""
     _k(H, "H", 32)
     if config.get("MMA"):
         return _mma_decode("nvfp4_gate_up", H, int(config["SK"]), int(config["num_warps"]))
-    return _cuda_core_decode("nvfp4_gate_up", H, config)
+    return _cuda_core_decode("nvfp4_gate_up", H, config, "BN", 2)
 
 
 def nvfp4_down_order(config: dict, I: int) -> dict:  # noqa: E741
     """``down_acc`` of ``nvfp4_down`` launched with the complete ``config``, K = I (the valid intermediate
     size, a multiple of 16; the padded columns are never read). CUDA-core: only the split kernel
-    (``SPLIT``, the default) is declared."""
+    (``SPLIT``, the default) is declared, BKB = 512, 1, 2, 4 or 8 warps dividing the BH rows. Raises OrderError
+    otherwise."""
     _k(I, "I", 16)
     if config.get("MMA"):
         return _mma_decode("nvfp4_down", I, int(config["SK"]), int(config["num_warps"]))
     if not config.get("SPLIT", True):
         raise OrderError("nvfp4_down: the sequential kernel (SPLIT = False) has no declared order")
-    return _cuda_core_decode("nvfp4_down", I, config)
+    return _cuda_core_decode("nvfp4_down", I, config, "BH", 1)
 
 
 def nvfp4_grouped_order(config: dict | None, K: int, *, kernel: str = "nvfp4_grouped") -> dict:

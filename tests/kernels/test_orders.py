@@ -123,56 +123,75 @@ def test_mma_decode_order_parts_and_k_slots():
         assert a[0].tolist() == want, n
 
 
-def _cuda_core_by_loops(vals, scales, x, nw):
-    """g_acc of the CUDA-core path for one row, by plain loops over the sm_90 layout (BKB = 512): block b of a
-    step is held by lane group g = b % 4, warp w = (b // 4) % nw, register rep = b // (4 nw); its 16 products
-    are in 8 lanes i (elements 2i, 2i + 1 added in the thread), summed by xor 4, 2, 1."""
+def _cuda_core_by_loops(vals, scales, x):
+    """g_acc of the CUDA-core path for one row, by plain loops over the sm_90 layout of the aligned build
+    (BKB = 512): lane L of the row's warp holds code bytes 16 L .. 16 L + 15 of a step, i.e. blocks 2 L and
+    2 L + 1 whole, in two accumulators; a block's 16 products are added in the thread in element order, the
+    partial enters ``fma(partial, scale, acc)``; at the end each lane adds its two accumulators, then the
+    lanes are summed by xor 16, 8, 4, 2, 1 (the value of lane 0 is returned)."""
     f = np.float32
     k = len(vals)
     steps = -(-k // 1024)
-    acc = [f(0.0)] * 64
-    for s in range(steps):
-        for b in range(64):
-            blk = s * 64 + b
-            lane = []
-            for i in range(8):
-                e0, e1 = 16 * blk + 2 * i, 16 * blk + 2 * i + 1
-                p0 = f(vals[e0] * x[e0]) if e0 < k else f(0.0)
-                p1 = f(vals[e1] * x[e1]) if e1 < k else f(0.0)
-                lane.append(f(p0 + p1))
-            for d in (4, 2, 1):
-                lane = [f(lane[i] + lane[i ^ d]) for i in range(8)]
-            sc = scales[blk] if blk < k // 16 else 0.0
-            acc[b] = f(np.float64(lane[0]) * np.float64(sc) + np.float64(acc[b]))
-    reps = 64 // (4 * nw)
-    per = {}
-    for g in range(4):
-        for w in range(nw):
-            t = acc[4 * w + g]
-            for r in range(1, reps):
-                t = f(t + acc[4 * nw * r + 4 * w + g])
-            per[(g, w)] = t
-    lanes = [per[(g, w)] for w in range(nw) for g in range(4)]
-    for d in (2, 1):  # xor 16, 8 over g
-        lanes = [f(lanes[4 * w + g] + lanes[4 * w + (g ^ d)]) for w in range(nw) for g in range(4)]
-    ws = [lanes[4 * w] for w in range(nw)]
-    d = nw // 2
-    while d:
-        ws = [f(ws[w] + ws[w ^ d]) for w in range(nw)]
-        d //= 2
-    return ws[0]
+    acc = [[f(0.0), f(0.0)] for _ in range(32)]
+    for st in range(steps):
+        for lane in range(32):
+            for s in range(2):
+                blk = 64 * st + 2 * lane + s
+                part = None
+                for q in range(16):
+                    e = 16 * blk + q
+                    p = f(vals[e] * x[e]) if e < k else f(0.0)  # exact: E2M1 times bf16
+                    part = p if part is None else f(part + p)
+                sc = scales[blk] if blk < k // 16 else 0.0
+                acc[lane][s] = f(np.float64(part) * np.float64(sc) + np.float64(acc[lane][s]))  # one rounding
+    lanes = [f(acc[lane][0] + acc[lane][1]) for lane in range(32)]
+    for d in (16, 8, 4, 2, 1):
+        lanes = [f(lanes[i] + lanes[i ^ d]) for i in range(32)]
+    return lanes[0]
 
 
-@pytest.mark.parametrize("nw, k", [(2, 2048), (4, 1536), (1, 1024), (8, 3072)])
+@pytest.mark.parametrize("nw, k", [(2, 2048), (4, 1536), (1, 1024), (8, 3072), (4, 1040)])
 def test_cuda_core_order_equals_the_layout_loops(nw, k):
-    g = torch.Generator().manual_seed(nw)
+    """The declared CUDA-core order (both kernels; it does not depend on the warps, which split the rows)
+    against the loops, with a partial last step for k = 1536 and 1040."""
+    g = torch.Generator().manual_seed(nw + k)
     e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
     vals = e2m1[torch.randint(0, 16, (k,), generator=g)]
     scales = 2.0 ** torch.randint(-6, 6, (k // 16,), generator=g).float()
     x = (torch.randn(k, generator=g) * 2.0 ** torch.randint(-8, 8, (k,), generator=g)).bfloat16().float()
-    o = K.nvfp4_down_order({"MMA": False, "BKB": 512, "num_warps": nw}, k)
-    got = replay_dot(o, vals, x, block_scales=scales).item()
-    assert got == float(_cuda_core_by_loops(vals.tolist(), scales.tolist(), x.tolist(), nw))
+    want = float(_cuda_core_by_loops(vals.tolist(), scales.tolist(), x.tolist()))
+    o_dn = K.nvfp4_down_order({"MMA": False, "BKB": 512, "num_warps": nw, "BH": 16}, k)
+    assert replay_dot(o_dn, vals, x, block_scales=scales).item() == want
+    if k % 32 == 0:
+        o_gu = K.nvfp4_gate_up_order({"MMA": False, "BKB": 512, "num_warps": nw, "BN": 8}, k)
+        assert o_gu["axes"] == o_dn["axes"] and o_gu["program"] == o_dn["program"]
+        assert replay_dot(o_gu, vals, x, block_scales=scales).item() == want
+
+
+def test_cuda_core_order_differs_from_a_lane_split_block():
+    """The loops are not order-blind: summing each block as 8 lane pairs with xor 4, 2, 1 (the layout of a
+    build without the 16-byte alignment specialisation) changes the result on this row."""
+    f = np.float32
+    g = torch.Generator().manual_seed(5)
+    k = 1024
+    e2m1 = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    vals = e2m1[torch.randint(0, 14, (k,), generator=g)].tolist()
+    x = (torch.randn(k, generator=g) * 2.0 ** torch.randint(-12, 12, (k,), generator=g)).bfloat16().float().tolist()
+    scales = [1.0] * (k // 16)
+    o = K.nvfp4_down_order({"MMA": False, "BKB": 512, "num_warps": 4, "BH": 16}, k)
+    got = replay_dot(o, torch.tensor(vals), torch.tensor(x), block_scales=torch.tensor(scales)).item()
+    assert got == float(_cuda_core_by_loops(vals, scales, x))
+    differs = 0
+    for blk in range(k // 16):
+        pairs = [f(f(vals[16 * blk + 2 * i] * x[16 * blk + 2 * i]) + f(vals[16 * blk + 2 * i + 1] * x[16 * blk + 2 * i + 1]))
+                 for i in range(8)]  # fmt: skip
+        for d in (4, 2, 1):
+            pairs = [f(pairs[i] + pairs[i ^ d]) for i in range(8)]
+        seq = f(0.0)
+        for q in range(16):
+            seq = f(seq + f(vals[16 * blk + q] * x[16 * blk + q]))
+        differs += int(pairs[0] != seq)
+    assert differs > 0
 
 
 def test_router_and_lane_orders():
@@ -203,6 +222,12 @@ def test_undeclared_configurations_raise():
     with pytest.raises(OrderError, match="SPLIT = False"):
         K.nvfp4_down_order({"MMA": False, "BKB": 512, "num_warps": 4, "SPLIT": False}, 2048)
     with pytest.raises(OrderError, match="1, 2, 4 or 8 warps"):
-        K.nvfp4_gate_up_order({"MMA": False, "BKB": 512, "num_warps": 16}, 7168)
+        K.nvfp4_gate_up_order({"MMA": False, "BKB": 512, "num_warps": 16, "BN": 8}, 7168)
+    with pytest.raises(OrderError, match="rows a multiple of num_warps"):  # 2 rows on 4 warps
+        K.nvfp4_gate_up_order({"MMA": False, "BKB": 512, "num_warps": 4, "BN": 1}, 7168)
+    with pytest.raises(OrderError, match="rows a multiple of num_warps"):
+        K.nvfp4_down_order({"MMA": False, "BKB": 512, "num_warps": 8, "BH": 4}, 2048)
+    with pytest.raises(OrderError, match="needs the launch configuration's BN"):
+        K.nvfp4_gate_up_order({"MMA": False, "BKB": 512, "num_warps": 2}, 7168)
     with pytest.raises(OrderError, match="multiple of 32"):
         K.nvfp4_gate_up_order({"MMA": True, "SK": 1, "num_warps": 4}, 7160)
