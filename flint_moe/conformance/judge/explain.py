@@ -89,15 +89,24 @@ def routing_explained(kernel_ids: torch.Tensor, golden_logits: torch.Tensor, lo:
     return True, None
 
 
-def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
-    """The golden model on its own (rule steps 1-10, every accumulation RN32 of its exact sum): dict of
-    logits, ids, weights, gate/up (rounded accumulators, logical I), act, down (rounded), y, out."""
+def _fp32(acc) -> torch.Tensor:
+    """An accumulation's fp32 value in the golden run: the replay of the declared order where there is one,
+    else RN32 of the exact sum."""
+    return acc.replay if acc.replay is not None else acc.exact.to(torch.float32)
+
+
+def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache, orders=None):
+    """The golden model on its own (rule steps 1-10; every accumulation the replay of the kernel's declared
+    order where ``orders`` gives one, else RN32 of its exact sum): dict of logits, ids, weights, gate/up
+    (accumulators, logical I), act, down, y, out."""
+    orders = orders or {}
+    o_gu, o_dn = orders.get("gate_up"), orders.get("down")
     gu_model, d_model = _split_models(model)
     nv = path.startswith("nvfp4_")
     dev = x.device
     M, H = x.shape
     I = wl.w13.shape[1] // 2  # noqa: E741
-    logits = logits_from_accumulator(racc.exact.to(torch.float32))
+    logits = logits_from_accumulator(_fp32(racc))
     ids = topk_total_order(logits, k)
     tw = renormalize(routing_scores(torch.gather(logits, 1, ids.long())))
     gacc = torch.zeros((M, k, I), dtype=torch.float32, device=dev)
@@ -113,11 +122,11 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
             w13 = wl.w13[e].to(dev)
             xs = x[rows].contiguous()
             if nv:
-                return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model)
-            return gate_up_accumulate_bf16(xs, w13, model=gu_model)
+                return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model, order=o_gu)
+            return gate_up_accumulate_bf16(xs, w13, model=gu_model, order=o_gu)
 
         uniq, inv = routing.uniq[e], routing.inv[e]
-        r = _gate_up_rows(cache, e, uniq, run, routing.uniq_host[e]).exact.to(torch.float32)[inv]
+        r = _fp32(_gate_up_rows(cache, e, uniq, run, routing.uniq_host[e]))[inv]
         g_e, u_e = r[:, :I].contiguous(), r[:, I:].contiguous()
         if nv:
             gs1 = wl.w13_gs[e : e + 1].to(dev)
@@ -130,14 +139,14 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache):
         dr = torch.empty((len(pairs), H), dtype=torch.float32, device=dev)
         if prev is not None and prev[0] == pairs:
             redo = ~_bits_equal(prev[1], a_e).all(dim=1)
-            dr[~redo] = prev[2].exact.to(torch.float32)[~redo]
+            dr[~redo] = _fp32(prev[2])[~redo]
         if bool(redo.any()):
             a_r = a_e[redo].contiguous()
             if nv:
-                d = down_accumulate(a_r, wl.w2[e].to(dev), wl.w2_scale[e].to(dev), model=d_model)
+                d = down_accumulate(a_r, wl.w2[e].to(dev), wl.w2_scale[e].to(dev), model=d_model, order=o_dn)
             else:
-                d = down_accumulate_bf16(a_r, wl.w2[e].to(dev), model=d_model)
-            dr[redo] = d.exact.to(torch.float32)
+                d = down_accumulate_bf16(a_r, wl.w2[e].to(dev), model=d_model, order=o_dn)
+            dr[redo] = _fp32(d)
         y_e = down_output(dr, wl.w2_gs[e : e + 1].to(dev)) if nv else down_output_bf16(dr)
         gacc[tokens, slots], uacc[tokens, slots], act[tokens, slots] = g_e, u_e, a_e
         dacc[tokens, slots], y[tokens, slots] = dr, y_e
@@ -156,7 +165,7 @@ def _w2_nonzero(path, wl, e: int, dev) -> torch.Tensor:
 
 
 def end_to_end_taps(
-    path, model, wl, x, router_w, shared, k, taps: dict, out, *, racc=None, cache=None
+    path, model, wl, x, router_w, shared, k, taps: dict, out, *, racc=None, cache=None, orders=None
 ) -> EndToEndResult:
     """Returned output vs the golden model's own run, every differing element traced through the taps.
 
@@ -170,13 +179,16 @@ def end_to_end_taps(
     else is unexplained (FAIL). Whether each upstream difference is itself within its bound is the stage
     comparison's job (:func:`compare_case`). ``model``: a SummationModel or a (gate/up, down) pair (the
     bounds do not change the golden values; they only matter for the reused ``cache``). Returns
-    :class:`EndToEndResult` (mode ``"taps"``).
+    :class:`EndToEndResult` (mode ``"taps"``). ``orders``: the kernels' declared summation orders (stage ->
+    declaration, as for ``reference.model``): the golden run then accumulates in those orders, so a kernel that
+    follows them returns the golden output bit for bit (EXACT); ``racc`` and ``cache`` must come from the same
+    orders.
     """
     dev = x.device
     M, H = x.shape
     I = wl.w13.shape[1] // 2  # noqa: E741
     racc = router_accumulate(x, router_w) if racc is None else racc
-    gold = _golden_own(path, model, wl, x, router_w, shared, k, racc, {} if cache is None else cache)
+    gold = _golden_own(path, model, wl, x, router_w, shared, k, racc, {} if cache is None else cache, orders)
     t = {n: _tap(taps, n, dev) for n in STAGES}
     if not _usable(out, (M, H), torch.bfloat16):
         return EndToEndResult("taps", FAIL, note="returned output unusable (missing, wrong shape or dtype)")

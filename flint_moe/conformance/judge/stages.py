@@ -55,6 +55,7 @@ import math
 
 import torch
 
+from flint_moe.conformance.judge import replay as _replay
 from flint_moe.conformance.judge.explain import end_to_end_taps
 from flint_moe.conformance.judge.metrics import (
     MAX_COORDS,
@@ -68,6 +69,7 @@ from flint_moe.conformance.judge.metrics import (
     ulp_distance,
 )
 from flint_moe.conformance.judge.pairs import _gate_up_rows, _Pairs, _split_models
+from flint_moe.conformance.judge.replay import case_orders, replay_sampled
 from flint_moe.conformance.judge.results import (
     ACCUMULATION_STAGES,
     EXACT,
@@ -100,6 +102,7 @@ from flint_moe.reference.experts import (
 )
 from flint_moe.reference.formats import to_bf16
 from flint_moe.reference.model import _AccBuffer  # per-(token, slot) assembly, shared with the golden model
+from flint_moe.reference.orders import order_summary
 from flint_moe.reference.routing import (
     logits_from_accumulator,
     renormalize,
@@ -204,13 +207,27 @@ def compare_bits(stage: str, kernel: torch.Tensor | None, golden: torch.Tensor, 
     )
 
 
-def compare_accumulation(stage: str, kernel: torch.Tensor | None, acc: Accumulation, *, note: str = "") -> StageResult:
+def compare_accumulation(
+    stage: str,
+    kernel: torch.Tensor | None,
+    acc: Accumulation,
+    *,
+    note: str = "",
+    order: dict | None = None,
+    replay_cols: int | None = None,
+) -> StageResult:
     """Accumulation stage: ``kernel`` fp32 within ``acc``'s certified bound everywhere (rule "Accumulation").
 
     Also reports the observed error in ulps and as a fraction of the bound, and WARNING elements whose
     error exceeds ``WARN_FACTOR * (sqrt(d) * u * S + eta_term)`` (d = the model's rounding depth, S the
     exact sum of |terms|): what fp32 summation in any order practically never produces, e.g. a bf16
     accumulation or a dropped small term.
+
+    Order replay: when ``acc.replay`` holds the fp32 value of the kernel's declared summation order (``order``,
+    :mod:`flint_moe.reference.orders`), the criterion is bitwise equality with it (NaN as NaN-ness, signed zeros
+    compared) on the first ``replay_cols`` columns (all if None; later columns are padding judged by the bound):
+    EXACT when every accumulator equals the replay, else FAIL with "order differs from declared" (the bound
+    still reported as the order-free second check).
     """
     err = _shape_error(stage, "accumulation", kernel, acc.shape, torch.float32)
     if err is not None:
@@ -244,9 +261,26 @@ def compare_accumulation(stage: str, kernel: torch.Tensor | None, acc: Accumulat
                     "bound_fraction": float(frac.reshape(-1)[f]),
                 }
             )
-    if bad:
+    replay_note, replay_bad = "", 0
+    if acc.replay is not None:  # the kernel's declared order, replayed: bitwise is the criterion
+        same = _bits_equal(kernel, acc.replay)
+        if replay_cols is not None and replay_cols < same.shape[-1]:
+            same[..., replay_cols:] = True  # padded columns (zero weights): judged by the bound alone
+        replay_bad = int((~same).sum())
+        what = f"declared order [{order_summary(order)}]" if order is not None else "declared order"
+        if replay_bad:
+            dr = ulp_distance(kernel, acc.replay)[~same]
+            inside = replay_bad - int((~ok & ~same).sum())
+            replay_note = (
+                f"order differs from declared: {replay_bad} of {n} accumulators differ from the replay of the "
+                f"{what} (max {float(dr.max()):.3g} ulp; {inside} of them within the any-order bound)"
+            )
+        else:
+            replay_note = f"bitwise equal to the replay of the {what}"
+        note = f"{note}; {replay_note}" if note else replay_note
+    if bad or replay_bad:
         verdict = FAIL
-    elif bool(exact_bits.all()):
+    elif acc.replay is not None or bool(exact_bits.all()):
         verdict = EXACT
     else:
         verdict = WITHIN_BOUND
@@ -259,9 +293,9 @@ def compare_accumulation(stage: str, kernel: torch.Tensor | None, acc: Accumulat
         mismatches=bad,
         exact=int(exact_bits.sum()),
         max_ulp=float(dist.max()) if n else None,
-        map=_map(~ok) if bad else None,
+        map=_map(~ok) if bad else (_map(~same) if replay_bad else None),
         ulp_hist=_hist(dist) if n else None,
-        first_failures=_coords(~ok),
+        first_failures=_coords(~ok) if bad or not replay_bad else _coords(~same),
         note=note,
         model=model.name,
         max_err_ulps=float(err_ulps.max()) if n else 0.0,
@@ -304,7 +338,7 @@ def _pair_ok(ids: torch.Tensor | None, E: int, M: int, k: int) -> tuple[bool, st
 # ---------------------------------------------------------------------------------------------------------
 
 
-def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
+def compare_case(case, inputs, taps: dict, out: torch.Tensor, *, orders="auto") -> CaseResult:
     """Compare one kernel run (its taps and returned output) with the golden model, stage by stage.
 
     Args:
@@ -339,9 +373,17 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
     t = {name: _tap(taps, name, dev) for name in STAGES}
     res: dict[str, StageResult] = {}
 
-    # Steps 1-4: routing.
-    racc = router_accumulate(x, router_w)
-    res["router_acc"] = compare_accumulation("router_acc", t["router_acc"], racc)
+    if isinstance(orders, str) and orders == "auto":
+        orders = case_orders(case, dev)
+    if orders is not None and M > _replay.REPLAY_ROWS:  # replay a deterministic sample of whole token rows
+        return replay_sampled(compare_case, case, inputs, taps, out, orders, _logical_weights(inputs))
+    orders = orders or {}
+
+    # Steps 1-4: routing (the bound of route's path for M: imported here, after TRITON_INTERPRET is settled).
+    from flint_moe.ops.route import router_accumulation_model
+
+    racc = router_accumulate(x, router_w, model=router_accumulation_model(M), order=orders.get("router"))
+    res["router_acc"] = compare_accumulation("router_acc", t["router_acc"], racc, order=orders.get("router"))
     if isinstance(t["router_acc"], torch.Tensor) and t["router_acc"].dtype == torch.float32:
         res["logits"] = compare_bits("logits", t["logits"], logits_from_accumulator(t["router_acc"].contiguous()))
     else:
@@ -365,7 +407,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
     # Steps 5-8: experts, one (token, slot) pair at a time at the kernel's expert ids.
     cache: dict = {}
     if ids_ok:
-        res.update(_expert_stages(path, model, wl, x, ids, t, M, k, H, cache))
+        res.update(_expert_stages(path, model, wl, x, ids, t, M, k, H, cache, orders))
     else:
         for name in ("gate_acc", "up_acc", "act", "down_acc", "y"):
             kind = "accumulation" if name in ACCUMULATION_STAGES else "bits"
@@ -398,7 +440,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor) -> CaseResult:
         if isinstance(v, torch.Tensor):
             digests[f"taps.{name}"] = tensor_digest(v)
     stages = [res[name] for name in STAGES]
-    e2e = end_to_end_taps(path, model, wl, x, router_w, shared, k, taps, out, racc=racc, cache=cache)
+    e2e = end_to_end_taps(path, model, wl, x, router_w, shared, k, taps, out, racc=racc, cache=cache, orders=orders)
     return CaseResult(
         case_id=str(case.id),
         path=path,
@@ -433,16 +475,18 @@ def _pad_cols(acc: Accumulation, width: int) -> Accumulation:
 
     return Accumulation(
         z(acc.exact, 0.0), z(acc.bound, 0.0), z(acc.abs_sum, 0.0), z(acc.eta_possible, False), acc.n, acc.model,
-        z(acc.inner_abs_sum, 0.0), z(acc.exact_error, 0.0),
+        z(acc.inner_abs_sum, 0.0), z(acc.exact_error, 0.0), z(acc.replay, 0.0),
     )  # fmt: skip
 
 
-def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str, StageResult]:
+def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None) -> dict[str, StageResult]:
     """gate_acc, up_acc, act, down_acc, y for every (token, slot) pair, teacher-forced, one golden call per
     distinct expert over the tokens the kernel routed to it. ``cache`` (a dict) receives the golden
     accumulations for reuse by :func:`end_to_end_taps`: ``"gu"`` {expert: (tokens, Accumulation [n, 2I])},
     ``"down"`` {expert: (pairs, act rows, Accumulation)}."""
     cache = {} if cache is None else cache
+    orders = orders or {}
+    o_gu, o_dn = orders.get("gate_up"), orders.get("down")
     gu_model, d_model = _split_models(model)
     nv = path.startswith("nvfp4_")
     dev = x.device
@@ -461,8 +505,8 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
             xs = x[tokens].contiguous()
             w13 = wl.w13[e].to(dev)
             if nv:
-                return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model)
-            return gate_up_accumulate_bf16(xs, w13, model=gu_model)
+                return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model, order=o_gu)
+            return gate_up_accumulate_bf16(xs, w13, model=gu_model, order=o_gu)
 
         return run
 
@@ -476,8 +520,12 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
         u_acc.put(tokens, slots, acc[..., I:])
     cache.setdefault("down", {})
     note = f"{len(experts)} experts, padded columns {width - I}" if width > I else f"{len(experts)} experts"
-    res["gate_acc"] = compare_accumulation("gate_acc", g_tap, _pad_cols(g_acc.get(), width), note=note)
-    res["up_acc"] = compare_accumulation("up_acc", u_tap, _pad_cols(u_acc.get(), width), note=note)
+    res["gate_acc"] = compare_accumulation(
+        "gate_acc", g_tap, _pad_cols(g_acc.get(), width), note=note, order=o_gu, replay_cols=I
+    )
+    res["up_acc"] = compare_accumulation(
+        "up_acc", u_tap, _pad_cols(u_acc.get(), width), note=note, order=o_gu, replay_cols=I
+    )
 
     # act from the kernel's own accumulators.
     shape3 = (M, k, width)
@@ -506,12 +554,12 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None) -> dict[str,
             act_e = a_tap[tokens, slots, :I].contiguous()
             w2 = wl.w2[e].to(dev)
             if nv:
-                acc = down_accumulate(act_e, w2, wl.w2_scale[e].to(dev), model=d_model)
+                acc = down_accumulate(act_e, w2, wl.w2_scale[e].to(dev), model=d_model, order=o_dn)
             else:
-                acc = down_accumulate_bf16(act_e, w2, model=d_model)
+                acc = down_accumulate_bf16(act_e, w2, model=d_model, order=o_dn)
             d_acc.put(tokens, slots, acc)
             cache["down"][e] = (routing.pairs[e], act_e, acc)
-        res["down_acc"] = compare_accumulation("down_acc", d_tap, d_acc.get())
+        res["down_acc"] = compare_accumulation("down_acc", d_tap, d_acc.get(), order=o_dn)
     else:
         res["down_acc"] = StageResult("down_acc", "accumulation", FAIL, note="act tap unusable: not checked")
 

@@ -5,7 +5,8 @@
 op; ``taps`` (a dict or None) receives the kernels' stage tensors. ``max_tokens`` is the largest M the path
 serves (``cases.matrix`` never asks for more). ``path_for(case)`` is the path of a case with its launch
 configuration (``cases.PATH_CONFIGS``): the default op, or the same kernels launched with the overrides;
-``kernel_configs(path, config)`` resolves a configuration name to the launcher dicts.
+``kernel_configs(path, config)`` resolves a configuration name to the launcher dicts; ``declared_orders(case)``
+gathers the summation orders the case's kernels declare (``flint_moe.kernels.orders``) for the order replay.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KernelPath", "PATHS", "kernel_configs", "path_for"]
+__all__ = ["KernelPath", "PATHS", "declared_orders", "kernel_configs", "path_for"]
 
 
 @dataclass(frozen=True)
@@ -207,3 +208,30 @@ def path_for(case) -> KernelPath:
         return base
     cfg = kernel_configs(case.path, config)
     return KernelPath(f"{base.name}[{config}]", base.max_tokens, base.weights, _WITH[case.path](cfg))
+
+
+def declared_orders(case) -> dict:
+    """Stage (``"router"``, ``"gate_up"``, ``"down"``) -> the summation order the kernels of ``case`` declare
+    (``flint_moe.kernels.orders``: data built from the launch configuration and the case's shape), for the
+    golden model's order replay. The module paths follow the op they dispatch to: ``nvfp4_module`` the decode
+    kernels up to ``DECODE_MAX_TOKENS``, then the grouped ones; ``bf16_module`` the BF16 decode kernels.
+    Raises KeyError for an unknown path or configuration, ``OrderError`` for a configuration without a
+    declared order (a kernel variant must declare its order before the harness can judge it bitwise)."""
+    from flint_moe.kernels import orders
+    from flint_moe.ops import DECODE_MAX_TOKENS
+
+    path, config = case.path, getattr(case, "config", "default")
+    H, I, M = int(case.H), int(case.I), int(case.M)  # noqa: E741
+    if path == "nvfp4_module":
+        path, config = ("nvfp4_decode" if M <= DECODE_MAX_TOKENS else "nvfp4_grouped"), "default"
+    elif path == "bf16_module":
+        path, config = "bf16_decode", "default"
+    cfg = kernel_configs(path, config)
+    if path == "nvfp4_decode":
+        return orders.nvfp4_decode_orders(H, I, M=M, gate_up=cfg.get("gate_up"), down=cfg.get("down"))
+    if path == "nvfp4_grouped":
+        return orders.nvfp4_grouped_orders(H, I, M=M, config=cfg)
+    if path == "bf16_decode":  # the BF16 kernels' down reduction runs over the stored (padded) intermediate size
+        pad = getattr(case, "pad_to", None)
+        return orders.bf16_decode_orders(H, -(-I // pad) * pad if pad else I, M=M)
+    raise KeyError(f"declared_orders: no kernel orders for path {path!r}")

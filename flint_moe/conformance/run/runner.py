@@ -142,10 +142,12 @@ def _run_case(case, device, counter, invariance, inputs, black_box=False):
     with _phase(phases, "compare", device):
         if black_box:
             from flint_moe.conformance.judge.blackbox import compare_blackbox
+            from flint_moe.ops.route import router_accumulation_model
 
             res = compare_blackbox(lambda *_: out, inputs.x, inputs.router_weight, inputs.stored,
                                    int(inputs.notes["top_k"]), inputs.logical, shared=inputs.shared,
-                                   name=case.path, case_id=case.id)  # fmt: skip
+                                   name=case.path, case_id=case.id,
+                                   router_model=router_accumulation_model(int(inputs.x.shape[0])))  # fmt: skip
             res.meta.update({k: getattr(case, k) for k in ("shape", "profile", "seed")})
         else:
             res = compare_case(case, inputs, taps, out)
