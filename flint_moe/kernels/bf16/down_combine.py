@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
-from flint_moe.kernels._rule import bf16_rn
+from flint_moe.kernels._rule import bf16_rn, combine_fma, shared_add
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
 from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
@@ -95,10 +95,10 @@ def _bf16_down_combine_kernel(
         if TAP:
             tl.store(dacc_ptr + p * H + rows, y_acc)
             tl.store(y_ptr + p * H + rows, y)
-        comb = tl.fma(tw, y.to(tl.float32), comb)
+        comb = combine_fma(comb, tw, y)
     routed = bf16_rn(comb)
     sh = tl.load(shared_ptr + t * H + rows).to(tl.float32)
-    out = bf16_rn(routed.to(tl.float32) + sh)
+    out = shared_add(routed, sh)
     tl.store(out_ptr + t * H + rows, out)
 
 

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
-from flint_moe.kernels._rule import bf16_rn, ex2_approx_ftz, rcp_approx_ftz
+from flint_moe.kernels._rule import SWIGLU_C, swiglu
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
 from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
@@ -26,9 +26,6 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "audit_specs"]
 #: parallelism. Chosen for the H200 by ``benchmarks/bench_decode_bf16.py``.
 GATE_UP_CONFIG = {"BN": 8, "num_warps": 2, "UNROLL": 4}
 
-#: Rule step 7 constant c = fp32(-log2(e)) = -1.44269502162933349609375 (bits 0xBFB8AA3B), exact in fp32.
-SWIGLU_C = -1.44269502162933349609375
-_C = tl.constexpr(SWIGLU_C)
 
 
 @triton.jit
@@ -108,11 +105,7 @@ def _bf16_gate_up_kernel(
     if TAP:
         tl.store(gacc_ptr + out_off, g)
         tl.store(uacc_ptr + out_off, u)
-    a = g * _C
-    ex = ex2_approx_ftz(a)
-    d = ex + 1.0
-    r = rcp_approx_ftz(d)
-    act = bf16_rn(u * (g * r))
+    act = swiglu(g, u)
     tl.store(act_ptr + out_off, act)
 
 

@@ -17,10 +17,10 @@ import triton
 import triton.language as tl
 
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
-from flint_moe.kernels._rule import bf16_rn
+from flint_moe.kernels._rule import bf16_rn, combine_fma, global_scale, shared_add
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4.gemv import swizzled_scale_offsets
 from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, _check_perm, default_warps, dequant_tile, mma
+from flint_moe.kernels.nvfp4.scales import swizzled_scale_offsets
 
 __all__ = [
     "accumulation_model",
@@ -124,7 +124,7 @@ def _grouped_down_kernel(
             at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
             acc = mma(dequant_tile(words, sb.to(tl.int32), BH, BK, DECODE), tl.trans(at), acc)
     gs = tl.load(alpha_ptr + e)
-    y = bf16_rn(acc * gs)
+    y = bf16_rn(global_scale(acc, gs))
     off = pair[None, :] * H + h[:, None]
     ok = h_ok[:, None] & r_ok[None, :]
     tl.store(y_ptr + off, y, mask=ok)
@@ -155,10 +155,10 @@ def _grouped_combine_kernel(
         p = t * TOPK + j
         y = tl.load(y_ptr + p * H + h, mask=h_ok, other=0.0)
         tw = tl.load(tw_ptr + p)
-        out = tl.fma(tl.full([BLOCK], 0.0, tl.float32) + tw, y.to(tl.float32), out)
+        out = combine_fma(out, tl.full([BLOCK], 0.0, tl.float32) + tw, y)
     routed = bf16_rn(out)
     sh = tl.load(shared_ptr + t * H + h, mask=h_ok, other=0.0)
-    res = bf16_rn(routed.to(tl.float32) + sh.to(tl.float32))
+    res = shared_add(routed, sh)
     tl.store(out_ptr + t * H + h, res, mask=h_ok)
 
 
