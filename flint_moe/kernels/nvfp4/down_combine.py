@@ -23,7 +23,15 @@ from flint_moe.kernels.nvfp4.cuda_core import cuda_core_row_sums
 from flint_moe.kernels.nvfp4.mma import mma_gemv, mma_sum_parts, mma_tile_rows
 from flint_moe.kernels.nvfp4.tuned import DOWN as _TUNED_DOWN, DOWN_BY_SHAPE as _TUNED_DOWN_BY_SHAPE
 
-__all__ = ["DOWN_CONFIG", "nvfp4_down", "default_config", "accumulation_model", "audit_specs"]
+__all__ = [
+    "DOWN_CONFIG",
+    "nvfp4_down",
+    "launch_down",
+    "default_config",
+    "resolve_config",
+    "accumulation_model",
+    "audit_specs",
+]
 
 #: Base launch configuration (keys: ``nvfp4.config``), updated with the tuned values (``nvfp4.tuned.DOWN``);
 #: ``nvfp4.tuned.DOWN_BY_SHAPE[(H, I)]`` overrides it at one shape (``default_config``). Only ``BKB`` (CUDA
@@ -253,6 +261,27 @@ def nvfp4_down(
     check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
     check_op_tensor("act", act, dtype=torch.bfloat16, shape=(M * top_k, INTER), device=dev)
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
+    return launch_down(act, ids, tw, weights, shared_output, taps=taps, config=config)
+
+
+def launch_down(
+    act: torch.Tensor,
+    ids: torch.Tensor,
+    tw: torch.Tensor,
+    weights,
+    shared_output: torch.Tensor,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """``nvfp4_down`` on arguments already checked by the caller (the op ``flint_moe.ops.flint_moe``: its inputs
+    at its boundary, ``ids`` / ``tw`` from ``route``, ``act`` from ``launch_gate_up``): no tensor checks here (a
+    wrong dtype, shape or device reads out of bounds); the config is checked (ValueError)."""
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+
+    E, H, IP, INTER = decode_sizes(weights)
+    dev = weights.w2.device
+    M, top_k = ids.shape
     cfg = resolve_config(H, INTER, config)
     sk, nw = cfg.mma_launch(INTER)
     out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)

@@ -23,7 +23,17 @@ from flint_moe.kernels.nvfp4.cuda_core import cuda_core_row_sums
 from flint_moe.kernels.nvfp4.mma import mma_gemv, mma_sum_parts, mma_tile_rows
 from flint_moe.kernels.nvfp4.tuned import GATE_UP as _TUNED_GATE_UP, GATE_UP_BY_SHAPE as _TUNED_GATE_UP_BY_SHAPE
 
-__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "nvfp4_gate_up", "default_config", "accumulation_model", "audit_specs"]
+__all__ = [
+    "GATE_UP_CONFIG",
+    "SWIGLU_C",
+    "nvfp4_gate_up",
+    "launch_gate_up",
+    "decode_sizes",
+    "default_config",
+    "resolve_config",
+    "accumulation_model",
+    "audit_specs",
+]
 
 
 #: Base launch configuration (keys: ``nvfp4.config``), updated with the tuned values (``nvfp4.tuned.GATE_UP``);
@@ -164,15 +174,21 @@ def _weights_common(weights) -> tuple[int, int, int, int]:
 
     if not isinstance(weights, FlintMoEWeights):
         raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
+    for name in ("w1", "w1_sf_swizzled", "w1_alpha", "w2", "w2_sf_swizzled", "w2_alpha"):
+        t = getattr(weights, name)
+        check_op_tensor(f"weights.{name}", t, device=weights.w1.device)
+    return decode_sizes(weights)
+
+
+def decode_sizes(weights) -> tuple[int, int, int, int]:
+    """(E, H, Ip, I) of a ``FlintMoEWeights`` whose tensors were checked (``check_metadata``), after the size
+    constraints of the decode kernels: ValueError unless H % 32 == 0 and I % 16 == 0."""
     E, H, IP, INTER = (
         weights.num_experts,
         weights.hidden_size,
         weights.intermediate_size,
         weights.valid_intermediate,
     )
-    for name in ("w1", "w1_sf_swizzled", "w1_alpha", "w2", "w2_sf_swizzled", "w2_alpha"):
-        t = getattr(weights, name)
-        check_op_tensor(f"weights.{name}", t, device=weights.w1.device)
     if H % 32:
         raise ValueError(
             f"weights: hidden size H = {H} must be a multiple of 32 for the NVFP4 decode kernels (16-byte code vectors)"
@@ -209,8 +225,19 @@ def nvfp4_gate_up(
     E, H, IP, INTER = _weights_common(weights)
     dev = weights.w1.device
     check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(x.shape[0], None), device=dev)
+    return launch_gate_up(x, ids, weights, taps=taps, config=config)
+
+
+def launch_gate_up(
+    x: torch.Tensor, ids: torch.Tensor, weights, *, taps: dict | None = None, config: dict | None = None
+) -> torch.Tensor:
+    """``nvfp4_gate_up`` on arguments already checked by the caller (the op ``flint_moe.ops.flint_moe``: its
+    inputs at its boundary, ``ids`` from ``route``): no tensor checks here (a wrong dtype, shape or device reads
+    out of bounds); the config is checked (ValueError)."""
+    E, H, IP, INTER = decode_sizes(weights)
+    dev = weights.w1.device
     M = x.shape[0]
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(M, None), device=dev)
     top_k = ids.shape[1]
     cfg = resolve_config(H, INTER, config)
     sk, nw = cfg.mma_launch(H)
