@@ -28,6 +28,7 @@ __all__ = [
     "COMBINE_BLOCK",
     "default_bh",
     "nvfp4_grouped_down",
+    "launch_grouped_down",
     "audit_specs",
 ]
 
@@ -200,6 +201,30 @@ def nvfp4_grouped_down(
     _check_perm(perm, P, E, dev)
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=config)
+
+
+def launch_grouped_down(
+    act: torch.Tensor,
+    ids: torch.Tensor,
+    tw: torch.Tensor,
+    perm,
+    weights,
+    shared_output: torch.Tensor,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """``nvfp4_grouped_down`` on arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``perm``
+    from ``moe_permute``, ``act`` from ``launch_grouped_gate_up``): no tensor checks here; the config is checked
+    (ValueError)."""
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+
+    E, H, IP, INTER = decode_sizes(weights)
+    dev = weights.w2.device
+    M, top_k = ids.shape
+    P = M * top_k
     cfg = _cfg(config, GROUPED_DOWN_CONFIG, "nvfp4_grouped_down")
     bh = int(cfg["BH"] or default_bh(perm.block_m))
     if bh < 64 or bh & (bh - 1):

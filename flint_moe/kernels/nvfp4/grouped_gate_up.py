@@ -31,6 +31,7 @@ __all__ = [
     "grouped_config",
     "default_warps",
     "nvfp4_grouped_gate_up",
+    "launch_grouped_gate_up",
     "dequant_tile",
     "audit_specs",
 ]
@@ -284,6 +285,21 @@ def nvfp4_grouped_gate_up(
     _check_perm(perm, M * top_k, E, dev)
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+    return launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=config)
+
+
+def launch_grouped_gate_up(
+    x: torch.Tensor, ids: torch.Tensor, perm, weights, *, taps: dict | None = None, config: dict | None = None
+) -> torch.Tensor:
+    """``nvfp4_grouped_gate_up`` on arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` from ``route``, ``perm`` from
+    ``moe_permute``): no tensor checks here; the config is checked (ValueError)."""
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+
+    E, H, IP, INTER = decode_sizes(weights)
+    dev = weights.w1.device
+    M = x.shape[0]
+    top_k = ids.shape[1]
     cfg = _cfg(config, GROUPED_GATE_UP_CONFIG, "nvfp4_grouped_gate_up")
     bc = int(cfg["BC"])
     if bc < 16 or bc > 64 or bc & (bc - 1):
