@@ -12,6 +12,17 @@ helper                 GPU (sm_90) lowering                     interpreter (CPU
 ``bf16_rn(x)``         inline PTX ``cvt.rn.bf16.f32``           SHIM: ``formats.round_bf16``    1, 4, 7-10
 =====================  =======================================  ==========================  ============
 
+and the rule steps every expert kernel shares, built from them (one copy, used by every kernel):
+
+==============================  ==========================================================  ============
+helper                          computes                                                     rule step
+==============================  ==========================================================  ============
+``global_scale(acc, gs)``       ``RN(acc * gs)`` (``mul.f32``)                                 6, 8
+``swiglu(g, u)``                ``bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1)))))``          7
+``combine_fma(acc, tw, y)``     ``fma(tw, fp32(y), acc)`` (``fma.rn.f32``, one rounding)        9
+``shared_add(routed, sh)``      ``bf16(RN(fp32(routed) + fp32(sh)))``, routed = bf16(acc)     10
+==============================  ==========================================================  ============
+
 All take and return fp32 tensors (``bf16_rn`` returns bf16) of any block shape. ``expf_libdevice`` is only
 defined for inputs that are bf16 values widened to fp32 (rule step 3); under the interpreter the shim raises
 ``ValueError`` for any other value, so masked-out lanes must hold a bf16 value too (e.g. ``other=0.0``).
@@ -34,7 +45,23 @@ from flint_moe.kernels._shims import (
     _SHIM_rsqrt_approx_ftz,
 )
 
-__all__ = ["rcp_approx_ftz", "ex2_approx_ftz", "rsqrt_approx_ftz", "expf_libdevice", "div_rn", "bf16_rn"]
+__all__ = [
+    "rcp_approx_ftz",
+    "ex2_approx_ftz",
+    "rsqrt_approx_ftz",
+    "expf_libdevice",
+    "div_rn",
+    "bf16_rn",
+    "SWIGLU_C",
+    "global_scale",
+    "swiglu",
+    "combine_fma",
+    "shared_add",
+]
+
+#: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), exact in fp32.
+SWIGLU_C = -1.44269502162933349609375
+_C = tl.constexpr(SWIGLU_C)
 
 
 @triton.jit
@@ -101,3 +128,39 @@ def bf16_rn(x):
         return tl.inline_asm_elementwise(
             "cvt.rn.bf16.f32 $0, $1;", "=h,f", [x], dtype=tl.bfloat16, is_pure=True, pack=1
         )
+
+
+@triton.jit
+def global_scale(acc, gs):
+    """Rule steps 6 / 8: an fp32 accumulator times the expert's fp32 global scale, ``RN(acc * gs)``
+    (``mul.f32``; ``gs`` a scalar or the same shape as ``acc``)."""
+    return acc * gs
+
+
+@triton.jit
+def swiglu(g, u):
+    """Rule step 7: bf16 ``act = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1)))))`` from the globally scaled
+    fp32 gate ``g`` and up ``u`` (same shape), c = ``SWIGLU_C``: ``mul.f32``, ``ex2.approx.ftz.f32``,
+    ``add.f32``, ``rcp.approx.ftz.f32``, ``mul.f32``, ``mul.f32``, ``cvt.rn.bf16.f32``."""
+    a = g * _C
+    ex = ex2_approx_ftz(a)
+    d = ex + 1.0
+    r = rcp_approx_ftz(d)
+    return bf16_rn(u * (g * r))
+
+
+@triton.jit
+def combine_fma(acc, tw, y):
+    """Rule step 9, one selected expert: fp32 ``fma(tw, fp32(y), acc)`` (``fma.rn.f32``). ``acc`` fp32, ``tw``
+    fp32 of the shape of ``acc`` (a routing weight holding a bf16 value, broadcast by the caller), ``y`` bf16 of
+    that shape; the caller runs the experts in selection order from ``acc = +0``."""
+    return tl.fma(tw, y.to(tl.float32), acc)
+
+
+@triton.jit
+def shared_add(routed, sh):
+    """Rule step 10: bf16 ``out = bf16(RN(fp32(routed) + fp32(sh)))`` (``add.f32``, ``cvt.rn.bf16.f32``) from
+    ``routed = bf16_rn(acc)`` (the combined fp32 ``acc`` rounded by the caller, ``cvt.rn.bf16.f32``, before it
+    loads ``sh``: that keeps the kernels' instruction order) and the shared expert's output ``sh`` (bf16, or
+    fp32 holding bf16 values, the shape of ``routed``)."""
+    return bf16_rn(routed.to(tl.float32) + sh.to(tl.float32))

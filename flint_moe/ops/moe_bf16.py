@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from flint_moe.kernels._launch import check_op_tensor
-from flint_moe.kernels.bf16.down_combine import bf16_down_combine, check_g2
-from flint_moe.kernels.bf16.gate_up import bf16_gate_up, check_g1
+from flint_moe.kernels.bf16.down_combine import check_g2, launch_bf16_down_combine
+from flint_moe.kernels.bf16.gate_up import check_g1, launch_bf16_gate_up
 from flint_moe.ops._checks import (
     check_kernel_device,
     check_shared_ready,
@@ -152,7 +152,8 @@ def flint_moe_bf16_decode(
     if taps is not None:
         taps.setdefault("ids", ids)
         taps.setdefault("weights", weights)
-    act = bf16_gate_up(x, ids, w13, maps[0], taps=taps)
+    # validated once, above: the launchers take the checked inputs and route's outputs as they are
+    act = launch_bf16_gate_up(x, ids, w13, maps[0], taps=taps)
     if shared_ready is not None:
         torch.cuda.current_stream(dev).wait_event(shared_ready)
-    return bf16_down_combine(act, ids, weights, w2, maps[1], shared_output, taps=taps)
+    return launch_bf16_down_combine(act, ids, weights, w2, maps[1], shared_output, taps=taps)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from flint_moe.kernels._launch import check_op_tensor
-from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
-from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
+from flint_moe.kernels.nvfp4.down_combine import launch_down
+from flint_moe.kernels.nvfp4.gate_up import decode_sizes, launch_gate_up
 from flint_moe.ops._checks import check_kernel_device, check_shared_ready, check_top_k
 
 __all__ = ["DECODE_MAX_TOKENS", "flint_moe"]
@@ -82,10 +82,12 @@ def flint_moe(
     check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
     check_top_k(top_k, E, f"E = {E}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
+    decode_sizes(weights)
     from flint_moe.ops.route import route
 
+    # validated once, here: the launchers below take the checked inputs and route's own outputs as they are
     ids, tw = route(x, router_weight, top_k, counter, taps=taps)
-    act = nvfp4_gate_up(x, ids, weights, taps=taps)
+    act = launch_gate_up(x, ids, weights, taps=taps)
     if shared_ready is not None:
         shared_ready.wait(torch.cuda.current_stream(dev))
-    return nvfp4_down(act, ids, tw, weights, shared_output, taps=taps)
+    return launch_down(act, ids, tw, weights, shared_output, taps=taps)

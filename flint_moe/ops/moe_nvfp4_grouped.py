@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 from flint_moe.kernels._launch import check_op_tensor
-from flint_moe.kernels.nvfp4.grouped_down import nvfp4_grouped_down
-from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+from flint_moe.kernels.nvfp4.grouped_down import launch_grouped_down
+from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, launch_grouped_gate_up
 from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.ops._checks import check_kernel_device, check_shared_ready, check_top_k
 
@@ -79,6 +80,7 @@ def flint_moe_grouped(
     check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
     check_top_k(top_k, E, f"E = {E}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
+    decode_sizes(weights)
     if taps is not None and not isinstance(taps, dict):
         raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
     cfg = dict(config or {})
@@ -92,7 +94,8 @@ def flint_moe_grouped(
     ids, tw = route(x, router_weight, top_k, counter, taps=taps)
     bm = int(cfg.get("BM", grouped_config(M * top_k, E)["BM"]))
     perm = moe_permute(ids, E, bm)
-    act = nvfp4_grouped_gate_up(x, ids, perm, weights, taps=taps, config=cfg.get("gate_up"))
+    # validated once, here: the launchers take the checked inputs, route's outputs and the permutation as they are
+    act = launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=cfg.get("gate_up"))
     if shared_ready is not None:
         shared_ready.wait(torch.cuda.current_stream(dev))
-    return nvfp4_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=cfg.get("down"))
+    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=cfg.get("down"))

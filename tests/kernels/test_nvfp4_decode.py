@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flint_moe.kernels.nvfp4.decode_ptx import decode_probe
 from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
 from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
-from flint_moe.kernels.nvfp4.gemv import decode_probe
 from flint_moe.reference.exact import FP32_TRUNCATE, block_model
 from flint_moe.reference.formats import E2M1_VALUES
 from flint_moe.reference.layouts import cutedsl_w13_phys_rows, swizzle_offsets
@@ -33,10 +33,10 @@ BLOCK16 = block_model(16)
 
 
 #: Complete tensor-core configurations (every MMA key given: nothing inherited from the current defaults).
-MMA_KEYS = {"SK": 1, "LATE": False, "PF": False, "L2PF": 0, "FENCE": False}
-DN_KEYS = {"RB": 1, "EARLY": 0, "MAXNREG": 0}  # down only
-GU_MMA = {"MMA": True, "BN": 8, "num_warps": 1, "RT": 2, "S": 1, **MMA_KEYS}
-DN_MMA = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 1, **MMA_KEYS, **DN_KEYS}
+MMA_KEYS = {"SK": 1, "FENCE": False}
+DN_KEYS = {"EARLY": 0, "MAXNREG": 0}  # down only
+GU_MMA = {"MMA": True, "BN": 8, "num_warps": 1, "RT": 2, "S": 2, **MMA_KEYS}
+DN_MMA = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 2, **MMA_KEYS, **DN_KEYS}
 
 
 def check_taps(*args, **kwargs):
@@ -52,7 +52,7 @@ def _run(w, x, ids, tw, sh, taps=None):
 def test_decode_all_bytes():
     """Every code byte decodes to the exact E2M1 values of its two nibbles (low nibble = even element)."""
     codes = torch.arange(256, dtype=torch.uint8)
-    lo, hi = decode_probe(codes, 0)
+    lo, hi = decode_probe(codes)
     vals = torch.tensor([*E2M1_VALUES], dtype=torch.float32)
     assert same(lo, vals[codes.long() & 15]) and same(hi, vals[codes.long() >> 4])
 
@@ -73,17 +73,10 @@ def test_kernels_match_golden_from_taps_and_production():
     prod = _run(w, x, ids, tw, sh)
     assert same(prod, out)
     assert same(nvfp4_gate_up(x, ids, w, config=GU).view(M, k, I), taps["act"])
-    # launch variants (register prefetch, expert-split down with a last-arriver or separate combine, the
-    # sequential-expert down) change no operation and no order: same bits
-    for gu, dn in (
-        ({"PREFETCH": False}, {"PREFETCH": False, "SPLIT": False}),
-        ({}, {"SPLIT": False}),
-        ({}, {"COMBINE": 0}),
-        ({"PREFETCH": False}, {"PREFETCH": False}),
-    ):
-        act = nvfp4_gate_up(x, ids, w, config={**GU, **gu})
-        assert same(act.view(M, k, I), taps["act"])
-        assert same(nvfp4_down(act, ids, tw, w, sh, config={**DN, **dn}), out)
+    # warps and rows per program change no operation and no order: same bits
+    act = nvfp4_gate_up(x, ids, w, config={**GU, "BN": 16, "num_warps": 2})
+    assert same(act.view(M, k, I), taps["act"])
+    assert same(nvfp4_down(act, ids, tw, w, sh, config={**DN, "BH": 32, "num_warps": 2}), out)
     # the split down's arrival counters are back at 0 (the next call starts clean) and give the same bits again
     assert same(_run(w, x, ids, tw, sh), out)
 
@@ -167,28 +160,24 @@ def test_bad_inputs_raise():
         nvfp4_gate_up(x, ids, w, config={"BN": 3, "MMA": False})
     with pytest.raises(ValueError, match="BN"):  # MMA: 2 * BN * SK must be 8 * num_warps * RT
         nvfp4_gate_up(x, ids, w, config={**GU_MMA, "BN": 16})
-    with pytest.raises(ValueError, match="RT, S"):
-        nvfp4_gate_up(x, ids, w, config={**GU_MMA, "BN": 16, "RT": 4, "S": 4})
+    with pytest.raises(ValueError, match=r"\(RT, S\) = \(4, 2\)"):
+        nvfp4_gate_up(x, ids, w, config={**GU_MMA, "BN": 16, "RT": 4})
+    with pytest.raises(ValueError, match=r"\(RT, S\) = \(2, 1\)"):
+        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "S": 1})
     with pytest.raises(ValueError, match="SK"):
         nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "SK": 3})
-    with pytest.raises(ValueError, match="PF"):
-        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "PF": True})
-    with pytest.raises(ValueError, match="FENCE"):  # the load fence exists for RT = 2 and S = 2 or 4
-        nvfp4_gate_up(x, ids, w, config={**GU_MMA, "FENCE": True})
-    with pytest.raises(ValueError, match="L2PF"):
-        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "S": 2, "PF": True, "L2PF": 1})
-    with pytest.raises(ValueError, match="config RB: 0 must be >= 1"):
-        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "RB": 0})
-    with pytest.raises(ValueError, match="config EARLY: 1 needs RT = 2 and S = 2 or 4"):
-        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "EARLY": 1})  # S = 1
-    with pytest.raises(ValueError, match="config EARLY: 1 needs RT = 2 and S = 2 or 4 without PF"):
-        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "S": 2, "EARLY": 1, "PF": True})
-    with pytest.raises(ValueError, match="config EARLY: 3 must be 0, 1 or 2"):
-        nvfp4_down(act, ids, tw, w, sh, config={**DN, "EARLY": 3})
+    with pytest.raises(ValueError, match=r"config EARLY: 2 must be one of \[0, 1\]"):
+        nvfp4_down(act, ids, tw, w, sh, config={**DN, "EARLY": 2})
     with pytest.raises(ValueError, match="config MAXNREG: 8 must be 0"):
         nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "MAXNREG": 8})
-    with pytest.raises(ValueError, match="SPLIT"):
-        nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, "SPLIT": False})
+    with pytest.raises(ValueError, match="unknown config keys \\['BM'\\]"):
+        nvfp4_gate_up(x, ids, w, config={**GU, "BM": 16})
+    # the keys of launch variants that lost their measurements are refused by name
+    for key, value in (("SPLIT", False), ("PF", True), ("RB", 2), ("DECODE", 1), ("WORDS", True)):
+        with pytest.raises(ValueError, match=rf"nvfp4_down: config keys \['{key}'\] belong to removed"):
+            nvfp4_down(act, ids, tw, w, sh, config={**DN_MMA, key: value})
+    with pytest.raises(ValueError, match=r"nvfp4_gate_up: config keys \['PREFETCH'\] belong to removed"):
+        nvfp4_gate_up(x, ids, w, config={**GU, "PREFETCH": True})
     # M > DECODE_MAX_TOKENS goes to the grouped path, which checks its own arguments
     big = torch.zeros(DECODE_MAX_TOKENS + 1, H, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^shared_output"):
@@ -227,17 +216,17 @@ def test_mma_path_matches_golden_with_tails():
 
 
 def test_mma_variants_and_k_split():
-    """RT / S / num_warps change no bit of the MMA path; SK = 2 (K halves in different warps) is checked against
+    """S / num_warps change no bit of the MMA path; SK = 2 (K halves in different warps) is checked against
     the golden bound and gives the same bits with 2 or 4 warps; a shape whose K is not a multiple of 64 * SK
     falls back to SK = 1 (same bits as SK = 1)."""
     E, H, I, M, k = 3, 256, 256, 1, 1  # H/2 = I/2 = 128 bytes: two 64-byte steps, splittable in two parts
     w = make_weights(E, H, I, seed=6)
     x, ids, tw, sh = make_inputs(M, H, E, k, seed=6)
     ref = _run_mma(w, x, ids, tw, sh, GU_MMA, DN_MMA)
-    gu, dn = {**GU_MMA, "RT": 4, "S": 2, "BN": 16}, {**DN_MMA, "RT": 4, "S": 2, "BH": 32, "LATE": True}
+    gu, dn = {**GU_MMA, "S": 4, "BN": 16, "num_warps": 2}, {**DN_MMA, "S": 4, "BH": 32, "num_warps": 2}
     assert same(_run_mma(w, x, ids, tw, sh, gu, dn), ref)
     taps = {}
-    gu2 = {**GU_MMA, "num_warps": 2, "SK": 2, "LATE": True}
+    gu2 = {**GU_MMA, "num_warps": 2, "SK": 2}
     dn2 = {**DN_MMA, "num_warps": 2, "SK": 2}
     out = _run_mma(w, x, ids, tw, sh, gu2, dn2, taps)
     _check_taps(w, x, ids, tw, sh, taps, out, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
@@ -245,28 +234,27 @@ def test_mma_variants_and_k_split():
     gu4 = {**gu2, "num_warps": 4, "BN": 16}
     dn4 = {**dn2, "num_warps": 4, "BH": 32}
     assert same(_run_mma(w, x, ids, tw, sh, gu4, dn4), out)
-    # load fence and L2 prefetch: GPU scheduling only (no-ops under the interpreter), same bits
-    gu_f, dn_f = {**GU_MMA, "S": 2, "FENCE": True}, {**DN_MMA, "S": 4, "FENCE": True, "L2PF": 1}
+    # load fence: GPU scheduling only (a no-op under the interpreter), same bits
+    gu_f, dn_f = {**GU_MMA, "S": 2, "FENCE": True}, {**DN_MMA, "S": 4, "FENCE": True}
     assert same(_run_mma(w, x, ids, tw, sh, gu_f, dn_f), ref)
 
 
-def test_mma_down_row_blocks_and_early_loads():
-    """Down, tensor-core path: RB row blocks per program (one arrival counter per group; the last group partly
-    past H) and EARLY weight loads before the grid-dependency wait change no bit (the same per-row MMA sequence
-    and combine; y_acc, y and out); the counters are left at 0 (the production build after them: same bits)."""
+def test_mma_down_early_loads():
+    """Down, tensor-core path: EARLY weight loads before the grid-dependency wait and a register cap change no
+    bit (the same per-row MMA sequence and combine; y_acc, y and out); the counters are left at 0 (the
+    production build after them: same bits)."""
     from flint_moe.kernels.nvfp4.down_combine import _counters
 
-    E, H, I, M, k = 3, 96, 256, 1, 2  # NQ = 6 row blocks of 16: RB 2, 3 -> 3, 2 groups; RB 4 -> 2 (96..127 masked)
+    E, H, I, M, k = 3, 96, 256, 1, 2  # 6 row blocks of 16; with BH 64: 2 blocks, rows 96..127 masked
     w = make_weights(E, H, I, seed=9)
     x, ids, tw, sh = make_inputs(M, H, E, k, seed=9)
     act = nvfp4_gate_up(x, ids, w, config=GU_MMA)
     taps0 = {}
     ref = nvfp4_down(act, ids, tw, w, sh, config=DN_MMA, taps=taps0)
     for over in (
-        {"RB": 2},
-        {"RB": 4, "S": 2, "EARLY": 1},
-        {"RB": 3, "EARLY": 2, "MAXNREG": 72},
-        {"S": 2, "EARLY": 1, "BH": 32, "num_warps": 2, "RB": 2},  # 32-row blocks: 3 blocks, 2 groups
+        {"EARLY": 1},
+        {"S": 4, "EARLY": 1, "MAXNREG": 72},
+        {"EARLY": 1, "BH": 64, "num_warps": 4},
     ):
         taps = {}
         cfg = {**DN_MMA, **over}
@@ -280,7 +268,7 @@ def test_mma_uneven_k_split():
     """K not a multiple of 64 SK: the first SK - 1 parts take ``mma_part_bytes`` (a multiple of 64) bytes, the last
     the rest; within the FP32_TRUNCATE bound, independent of the warps per part; a split whose last part would be
     empty runs with half the parts on half the warps (same bits as that configuration)."""
-    from flint_moe.kernels.nvfp4.gemv import mma_part_bytes
+    from flint_moe.kernels.nvfp4.mma import mma_part_bytes
 
     assert [mma_part_bytes(k, sk) for k, sk in ((1024, 4), (1440, 2), (1440, 4), (80, 2), (96, 2), (352, 4))] == [
         256, 768, 384, 64, 64, 128,
@@ -301,14 +289,11 @@ def test_mma_uneven_k_split():
     assert same(_run_mma(w, x, ids, tw, sh, gu4, dn4), out)
 
 
-def test_prefetch_and_fence_ptx():
-    """The L2 prefetch asm touches each 128-byte line of a call's 64 S code bytes once per thread; the load fence
-    folds every code and scale word of the call into the scale multiplier through the opaque zero operand, after
-    the last load and before the first decode; the other asm bodies are unchanged by it."""
-    from flint_moe.kernels.nvfp4.gemv import l2_prefetch_ptx, mma_ptx
+def test_fence_ptx():
+    """The load fence folds every code and scale word of the call into the scale multiplier through the opaque
+    zero operand, after the last load and before the first decode; the other asm bodies are unchanged by it."""
+    from flint_moe.kernels.nvfp4.mma import mma_ptx
 
-    assert l2_prefetch_ptx(1) == "prefetch.global.L2 [$1+0]; mov.b32 $0, 0;"
-    assert l2_prefetch_ptx(4) == "prefetch.global.L2 [$1+0]; prefetch.global.L2 [$1+128]; mov.b32 $0, 0;"
     plain, fenced = mma_ptx(2, 4, False).splitlines(), mma_ptx(2, 4, False, FENCE=True).splitlines()
     extra = [line for line in fenced if line not in plain]
     # 2 rows x 4 sub-steps: 32 code words + 8 scale words -> 39 xor, the and with the zero operand ($10: after
@@ -325,7 +310,7 @@ def test_prefetch_and_fence_ptx():
 def test_early_wait_ptx():
     """EARLY 1: the grid-dependency wait runs under a predicate computed from every carried code / scale word and
     the opaque zero operand (always true), so the weight loads precede it."""
-    from flint_moe.kernels.nvfp4.gemv import early_wait_ptx
+    from flint_moe.kernels.nvfp4.mma import early_wait_ptx
 
     lines = early_wait_ptx(20).splitlines()
     # 20 carried tensors x 2 registers ($2..$41), zero at $42
@@ -348,7 +333,7 @@ def test_per_shape_defaults():
     of the shape, never another accumulation path), and every such shape in the sm_90 audit registry."""
     from flint_moe.kernels.audit.registry import AUDIT_REGISTRY
     from flint_moe.kernels.nvfp4 import down_combine as nvfp4_down, gate_up as nvfp4_gate_up, tuned as nvfp4_tuned
-    from flint_moe.kernels.nvfp4.gate_up import _check_shape_overrides
+    from flint_moe.kernels.nvfp4.config import check_shape_overrides as _check_shape_overrides
 
     for mod, table, name in (
         (nvfp4_gate_up, nvfp4_tuned.GATE_UP_BY_SHAPE, "nvfp4_gate_up"),

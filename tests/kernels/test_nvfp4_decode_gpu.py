@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
+from flint_moe.kernels.nvfp4.decode_ptx import decode_probe
 from flint_moe.kernels.nvfp4.down_combine import accumulation_model as dn_model, nvfp4_down
 from flint_moe.kernels.nvfp4.gate_up import AUDIT_SHAPES, accumulation_model as gu_model, nvfp4_gate_up
-from flint_moe.kernels.nvfp4.gemv import decode_probe
 from flint_moe.reference.formats import E2M1_VALUES
 
 from ._nvfp4_check import check_taps, make_inputs, make_weights, same
@@ -46,10 +46,9 @@ PATHS = {
 }
 
 
-@pytest.mark.parametrize("decode", [0, 1, 2])
-def test_decode_all_bytes_gpu(decode):
+def test_decode_all_bytes_gpu():
     codes = torch.arange(256, dtype=torch.uint8, device="cuda").repeat(4)
-    lo, hi = decode_probe(codes, decode)
+    lo, hi = decode_probe(codes)
     vals = torch.tensor([*E2M1_VALUES], dtype=torch.float32, device="cuda")
     assert same(lo, vals[codes.long() & 15]) and same(hi, vals[codes.long() >> 4])
 
@@ -67,46 +66,39 @@ def test_matrix_shapes(H, I, path):
         out = _run(w, x, ids, tw, sh, taps, gu, dn)
         check_taps(w, x, ids, tw, sh, taps, out, acc_pairs={(0, 0), (M - 1, k - 1)}, **models)
         assert same(_run(w, x, ids, tw, sh, None, gu, dn), out)
-        if path == "cuda-core":  # every decode variant gives the same bits (same summation order)
-            for d in (0, 1):
-                assert same(_run(w, x, ids, tw, sh, None, {**gu, "DECODE": d}, {**dn, "DECODE": d}), out)
 
 
 def test_mma_variants_half_chunk():
-    """Tensor-core path: RT / S / num_warps / LATE / PF / L2PF / FENCE change no bit; I/2 = 520 bytes ends in a
+    """Tensor-core path: S / num_warps / FENCE / EARLY / MAXNREG change no bit; I/2 = 520 bytes ends in a
     half 16-byte chunk (one block) and H/2 = 1440 in a partial 64-byte step; K-split variants (uneven parts here:
     1440 = 768 + 672, 520 = 320 + 200) within the bound and independent of the warps per part."""
     from flint_moe.reference.exact import FP32_TRUNCATE
 
     E, H, I, k = 9, 2880, 1040, 4  # I = 1040 stored padded to 1088
     w = make_weights(E, H, I, seed=7, pad_to=64, device="cuda")
-    keys = {"SK": 1, "LATE": False, "PF": False, "L2PF": 0, "FENCE": False}  # complete: nothing from the defaults
+    keys = {"SK": 1, "FENCE": False}  # complete: nothing from the defaults
     gu0 = {"MMA": True, "BN": 16, "num_warps": 2, "RT": 2, "S": 4, **keys}
-    dn0 = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 4, **keys, "RB": 1, "EARLY": 0, "MAXNREG": 0}
+    dn0 = {"MMA": True, "BH": 16, "num_warps": 1, "RT": 2, "S": 4, **keys, "EARLY": 0, "MAXNREG": 0}
     for M in (1, 5):
         x, ids, tw, sh = make_inputs(M, H, E, k, seed=M, device="cuda")
         taps = {}
         out = _run(w, x, ids, tw, sh, taps, gu0, dn0)
         check_taps(w, x, ids, tw, sh, taps, out, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
         for gu, dn in (
-            ({**gu0, "RT": 4, "S": 2, "BN": 32}, {**dn0, "RT": 4, "S": 2, "BH": 32}),
-            ({**gu0, "S": 1, "LATE": True}, {**dn0, "num_warps": 2, "BH": 32, "S": 2, "LATE": True}),
+            ({**gu0, "S": 2}, {**dn0, "num_warps": 2, "BH": 32, "S": 2}),
             ({**gu0, "BN": 8, "num_warps": 1}, {**dn0, "num_warps": 4, "BH": 64}),
-            ({**gu0, "PF": True}, {**dn0, "PF": True, "S": 2}),  # cross-step prefetch: same MMA sequence
-            ({**gu0, "FENCE": True, "L2PF": 2}, {**dn0, "FENCE": True, "S": 2, "L2PF": 1}),  # scheduling only
-            ({**gu0, "FENCE": True, "S": 2}, {**dn0, "L2PF": 2}),
-            # row blocks per program, weights before the grid-dependency wait, register cap: scheduling only
-            ({**gu0, "FENCE": True, "S": 2}, {**dn0, "RB": 3, "EARLY": 1, "MAXNREG": 72}),
-            (gu0, {**dn0, "S": 2, "EARLY": 1, "FENCE": True, "RB": 2}),
-            (gu0, {**dn0, "EARLY": 2, "RB": 4}),
+            ({**gu0, "FENCE": True}, {**dn0, "FENCE": True, "S": 2}),  # scheduling only
+            # weights before the grid-dependency wait, register cap: scheduling only
+            ({**gu0, "FENCE": True, "S": 2}, {**dn0, "EARLY": 1, "MAXNREG": 72}),
+            (gu0, {**dn0, "S": 2, "EARLY": 1, "FENCE": True}),
         ):
             assert same(_run(w, x, ids, tw, sh, None, gu, dn), out)
-        # uneven K-split: within the bound; same bits with more warps per part, with FENCE and L2PF
+        # uneven K-split: within the bound; same bits with more warps per part, with FENCE
         taps = {}
         gk, dk = {**gu0, "num_warps": 4, "SK": 2}, {**dn0, "num_warps": 2, "SK": 2}
         o2 = _run(w, x, ids, tw, sh, taps, gk, dk)
         check_taps(w, x, ids, tw, sh, taps, o2, gu_model=FP32_TRUNCATE, dn_model=FP32_TRUNCATE)
-        gk8, dk4 = {**gk, "num_warps": 8, "BN": 32, "FENCE": True}, {**dk, "num_warps": 4, "BH": 32, "L2PF": 1}
+        gk8, dk4 = {**gk, "num_warps": 8, "BN": 32, "FENCE": True}, {**dk, "num_warps": 4, "BH": 32, "FENCE": True}
         assert same(_run(w, x, ids, tw, sh, None, gk8, dk4), o2)
         taps = {}
         o4 = _run(

@@ -1,11 +1,11 @@
 """The tensor-core path's thread mapping, checked on the sm_90 TTGIR (CPU, no GPU needed).
 
-``nvfp4.gemv.mma_rows`` hands each thread's (row, chunk) pointers to an inline-PTX ``mma.sync`` that assumes
+``nvfp4.mma.mma_rows`` hands each thread's (row, chunk) pointers to an inline-PTX ``mma.sync`` that assumes
 the default blocked layout of a [R, 4] tile: 8 x 4 threads per warp (lane = 4 * row group + chunk), warps along
 the rows, one element per thread and repetition. Triton chooses that layout itself; this test compiles the
 MMA specialisations the benchmarks and defaults use (in a subprocess without TRITON_INTERPRET, as
-tests/kernels/test_ptx_audit.py does; one with the cross-step prefetch ``PF``, two with the L2 prefetch
-``L2PF`` and the load fence ``FENCE``, the tuned down default with ``EARLY`` loads and ``maxnreg`` 72) and
+tests/kernels/test_ptx_audit.py does; two with the load fence ``FENCE``, the tuned down default with
+``EARLY`` loads and ``maxnreg`` 72) and
 asserts the layout of every
 tensor entering the MMA asm, so a Triton upgrade that changed it fails here instead of producing wrong sums on
 the GPU.
@@ -48,19 +48,16 @@ def ttgir(K, sig, ce, nw, maxnreg=0):
 
 
 out = []
-for nw, rt, s, sk, pf, l2, fe in ((2, 2, 4, 1, False, 0, 0), (1, 4, 2, 1, False, 0, 0), (8, 2, 4, 4, False, 0, 0),
-                                  (4, 2, 4, 4, True, 0, 0), (4, 2, 4, 4, False, 2, 1)):
+for nw, rt, s, sk, fe in ((2, 2, 4, 1, 0), (1, 2, 2, 1, 0), (8, 2, 4, 4, 0), (4, 2, 2, 4, 1), (4, 2, 4, 4, 1)):
     bn = 8 * nw * rt // (2 * sk)
-    ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BN=bn, BKB=512, ASM=True, DECODE=2, PREFETCH=False,
-              WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=pf, L2PF=l2, FENCE=bool(fe),
-              TAP=False)
+    ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BN=bn, BKB=512, MMA=True, RT=rt, S=s, SK=sk, NW=nw,
+              FENCE=bool(fe), TAP=False)
     out.append(dict(kernel="gate_up", nw=nw, rt=rt, sk=sk, ttgir=ttgir(G._nvfp4_gate_up_kernel, GSIG, ce, nw)))
 # the last one: the tuned down default (early weight loads before griddepcontrol.wait, 72 registers)
-for nw, rt, s, sk, l2, fe, early, mr in ((1, 2, 4, 1, 0, 0, 0, 0), (4, 2, 2, 4, 0, 0, 0, 0), (1, 2, 4, 1, 1, 1, 0, 0),
-                                         (1, 2, 4, 1, 0, 0, 1, 72)):
-    ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BH=8 * nw * rt // sk, BKB=512, ASM=True, DECODE=2,
-              PREFETCH=True, WORDS=False, MMA=True, RT=rt, S=s, SK=sk, NW=nw, LATE=False, PF=False, L2PF=l2,
-              FENCE=bool(fe), COMBINE=1, TAP=False, RB=1, EARLY=early)
+for nw, rt, s, sk, fe, early, mr in ((1, 2, 4, 1, 0, 0, 0), (4, 2, 2, 4, 0, 0, 0), (1, 2, 4, 1, 1, 0, 0),
+                                     (1, 2, 4, 1, 0, 1, 72)):
+    ce = dict(H=7168, IP=2048, INTER=2048, TOPK=8, BH=8 * nw * rt // sk, BKB=512, MMA=True, RT=rt, S=s, SK=sk,
+              NW=nw, FENCE=bool(fe), TAP=False, EARLY=early)
     ir = ttgir(D._nvfp4_down_split_kernel, DSIG, ce, nw, mr)
     out.append(dict(kernel="down", nw=nw, rt=rt, sk=sk, ttgir=ir))
 print(json.dumps(out))

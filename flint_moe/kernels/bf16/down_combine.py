@@ -15,11 +15,11 @@ import triton
 import triton.language as tl
 
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
-from flint_moe.kernels._rule import bf16_rn
+from flint_moe.kernels._rule import bf16_rn, combine_fma, shared_add
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
 from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
-__all__ = ["DOWN_CONFIG", "bf16_down_combine", "check_g2", "audit_specs"]
+__all__ = ["DOWN_CONFIG", "bf16_down_combine", "launch_bf16_down_combine", "check_g2", "audit_specs"]
 
 #: Default launch configuration: ``BH`` output features per program (a power of two dividing 64),
 #: ``num_warps``, ``UNROLL`` (unroll factor of the K loop). None of them changes a bit of the result.
@@ -95,10 +95,10 @@ def _bf16_down_combine_kernel(
         if TAP:
             tl.store(dacc_ptr + p * H + rows, y_acc)
             tl.store(y_ptr + p * H + rows, y)
-        comb = tl.fma(tw, y.to(tl.float32), comb)
+        comb = combine_fma(comb, tw, y)
     routed = bf16_rn(comb)
     sh = tl.load(shared_ptr + t * H + rows).to(tl.float32)
-    out = bf16_rn(routed.to(tl.float32) + sh)
+    out = shared_add(routed, sh)
     tl.store(out_ptr + t * H + rows, out)
 
 
@@ -178,6 +178,26 @@ def bf16_down_combine(
         raise ValueError(f"shared_output: hidden size H = {hidden} must be a positive multiple of 64")
     check_g2(w2, hidden, inter, None, dev)
     check_op_tensor("map2", map2, dtype=torch.int32, shape=(hidden,), device=dev)
+    return launch_bf16_down_combine(act, ids, weights, w2, map2, shared_output, taps=taps, config=config)
+
+
+def launch_bf16_down_combine(
+    act: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w2: torch.Tensor,
+    map2: torch.Tensor,
+    shared_output: torch.Tensor,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """``bf16_down_combine`` on arguments already checked by the caller (the op ``flint_moe_bf16_decode``: its
+    inputs at its boundary, ``ids`` / ``weights`` from ``route``, ``act`` from ``launch_bf16_gate_up``): no
+    tensor checks here; the config and ``taps`` are checked."""
+    m_tok, top_k, inter = (int(s) for s in act.shape)
+    dev = act.device
+    hidden = int(shared_output.shape[1])
     cfg = _config(config)
     out = torch.empty((m_tok, hidden), dtype=torch.bfloat16, device=dev)
     tap = taps is not None

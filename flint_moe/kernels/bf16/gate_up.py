@@ -14,11 +14,11 @@ import triton
 import triton.language as tl
 
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
-from flint_moe.kernels._rule import bf16_rn, ex2_approx_ftz, rcp_approx_ftz
+from flint_moe.kernels._rule import SWIGLU_C, swiglu
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
 from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
-__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "audit_specs"]
+__all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "launch_bf16_gate_up", "check_g1", "audit_specs"]
 
 #: Default launch configuration: ``BN`` intermediate columns per program (a divisor of 64), ``num_warps``,
 #: ``UNROLL`` (unroll factor of the K loop). None of them changes a bit of the result (the summation order is
@@ -26,9 +26,6 @@ __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "audit_specs"]
 #: parallelism. Chosen for the H200 by ``benchmarks/bench_decode_bf16.py``.
 GATE_UP_CONFIG = {"BN": 8, "num_warps": 2, "UNROLL": 4}
 
-#: Rule step 7 constant c = fp32(-log2(e)) = -1.44269502162933349609375 (bits 0xBFB8AA3B), exact in fp32.
-SWIGLU_C = -1.44269502162933349609375
-_C = tl.constexpr(SWIGLU_C)
 
 
 @triton.jit
@@ -108,11 +105,7 @@ def _bf16_gate_up_kernel(
     if TAP:
         tl.store(gacc_ptr + out_off, g)
         tl.store(uacc_ptr + out_off, u)
-    a = g * _C
-    ex = ex2_approx_ftz(a)
-    d = ex + 1.0
-    r = rcp_approx_ftz(d)
-    act = bf16_rn(u * (g * r))
+    act = swiglu(g, u)
     tl.store(act_ptr + out_off, act)
 
 
@@ -185,9 +178,26 @@ def bf16_gate_up(
     check_op_tensor("ids", ids, dtype=torch.int32, device=dev)
     if ids.dim() != 2 or ids.shape[0] != m_tok or ids.shape[1] < 1:
         raise ValueError(f"ids: expected [M = {m_tok}, k >= 1], got shape {tuple(ids.shape)}")
-    top_k = int(ids.shape[1])
     _, inter = check_g1(w13, hidden, dev)
     check_op_tensor("map13", map13, dtype=torch.int32, shape=(2 * inter,), device=dev)
+    return launch_bf16_gate_up(x, ids, w13, map13, taps=taps, config=config)
+
+
+def launch_bf16_gate_up(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    w13: torch.Tensor,
+    map13: torch.Tensor,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """``bf16_gate_up`` on arguments already checked by the caller (the op ``flint_moe_bf16_decode``: its inputs
+    at its boundary, ``ids`` from ``route``): no tensor checks here; the config and ``taps`` are checked."""
+    m_tok, hidden = int(x.shape[0]), int(x.shape[1])
+    dev = x.device
+    top_k = int(ids.shape[1])
+    inter = int(w13.shape[2]) // 2
     cfg = _config(config)
     act = torch.empty((m_tok, top_k, inter), dtype=torch.bfloat16, device=dev)
     tap = taps is not None

@@ -17,10 +17,10 @@ import triton
 import triton.language as tl
 
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
-from flint_moe.kernels._rule import bf16_rn
+from flint_moe.kernels._rule import bf16_rn, combine_fma, global_scale, shared_add
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4.gemv import swizzled_scale_offsets
 from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, _check_perm, default_warps, dequant_tile, mma
+from flint_moe.kernels.nvfp4.scales import swizzled_scale_offsets
 
 __all__ = [
     "accumulation_model",
@@ -28,6 +28,7 @@ __all__ = [
     "COMBINE_BLOCK",
     "default_bh",
     "nvfp4_grouped_down",
+    "launch_grouped_down",
     "audit_specs",
 ]
 
@@ -124,7 +125,7 @@ def _grouped_down_kernel(
             at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
             acc = mma(dequant_tile(words, sb.to(tl.int32), BH, BK, DECODE), tl.trans(at), acc)
     gs = tl.load(alpha_ptr + e)
-    y = bf16_rn(acc * gs)
+    y = bf16_rn(global_scale(acc, gs))
     off = pair[None, :] * H + h[:, None]
     ok = h_ok[:, None] & r_ok[None, :]
     tl.store(y_ptr + off, y, mask=ok)
@@ -155,10 +156,10 @@ def _grouped_combine_kernel(
         p = t * TOPK + j
         y = tl.load(y_ptr + p * H + h, mask=h_ok, other=0.0)
         tw = tl.load(tw_ptr + p)
-        out = tl.fma(tl.full([BLOCK], 0.0, tl.float32) + tw, y.to(tl.float32), out)
+        out = combine_fma(out, tl.full([BLOCK], 0.0, tl.float32) + tw, y)
     routed = bf16_rn(out)
     sh = tl.load(shared_ptr + t * H + h, mask=h_ok, other=0.0)
-    res = bf16_rn(routed.to(tl.float32) + sh.to(tl.float32))
+    res = shared_add(routed, sh)
     tl.store(out_ptr + t * H + h, res, mask=h_ok)
 
 
@@ -200,6 +201,30 @@ def nvfp4_grouped_down(
     _check_perm(perm, P, E, dev)
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=config)
+
+
+def launch_grouped_down(
+    act: torch.Tensor,
+    ids: torch.Tensor,
+    tw: torch.Tensor,
+    perm,
+    weights,
+    shared_output: torch.Tensor,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """``nvfp4_grouped_down`` on arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``perm``
+    from ``moe_permute``, ``act`` from ``launch_grouped_gate_up``): no tensor checks here; the config is checked
+    (ValueError)."""
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+
+    E, H, IP, INTER = decode_sizes(weights)
+    dev = weights.w2.device
+    M, top_k = ids.shape
+    P = M * top_k
     cfg = _cfg(config, GROUPED_DOWN_CONFIG, "nvfp4_grouped_down")
     bh = int(cfg["BH"] or default_bh(perm.block_m))
     if bh < 64 or bh & (bh - 1):

@@ -20,9 +20,10 @@ import triton
 import triton.language as tl
 
 from flint_moe.kernels._launch import INTERPRET, check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
-from flint_moe.kernels._rule import bf16_rn, ex2_approx_ftz, rcp_approx_ftz
+from flint_moe.kernels._rule import global_scale, swiglu
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4.gemv import _join4, decode_e2m1_words, e4m3_to_f32, swizzled_scale_offsets
+from flint_moe.kernels.nvfp4.decode_ptx import DEQUANT_BF16_PTX, decode_e2m1_words, join4
+from flint_moe.kernels.nvfp4.scales import e4m3_to_f32, swizzled_scale_offsets
 
 __all__ = [
     "accumulation_model",
@@ -30,14 +31,12 @@ __all__ = [
     "grouped_config",
     "default_warps",
     "nvfp4_grouped_gate_up",
+    "launch_grouped_gate_up",
     "dequant_tile",
     "audit_specs",
 ]
 
 _INTERPRET = tl.constexpr(INTERPRET)
-
-#: Rule step 7 constant c = fp32(-log2(e)) (bits 0xBFB8AA3B), as the decode kernel.
-_C = tl.constexpr(-1.44269502162933349609375)
 
 #: Default launch configuration: ``BC`` intermediate columns per program (16, 32 or 64, so a tile's rows
 #: lie in one 128-row [up; gate] group of w1), ``BK`` K elements per main-loop step (a power of two >= 32),
@@ -69,50 +68,7 @@ def grouped_config(pairs: int, num_experts: int) -> dict:
     return {"BM": bm, "num_warps": default_warps(bm)}
 
 
-# DECODE = 3 (GPU): one asm call per code word (8 codes) -> 8 bf16 weights ``E2M1 * scale`` in element order.
-# $8 = code word, $9 = the block's E4M3 scale as a bf16x2 pair (both halves equal). The pairs p_i = (n_i,
-# n_{i+4}) are built as in ``nvfp4.gemv._DECODE_PTX`` (shift, mask, carry the sign with ``mad``, one exact
-# ``mul.rn.bf16x2`` by 2^126), multiplied by the scale (``mul.rn.bf16x2``: the product has <= 6 significant
-# bits and lies in [2^-10, 2688], exact), then regrouped into (n_{2j}, n_{2j+1}) with ``prmt`` and returned
-# as 16-bit halves $0..$7 = elements 0..7.
-_DEQUANT_BF16_PTX = tl.constexpr("""
-{
-.reg .b32 a, v, s, c, p0, p1, p2, p3, q0, q1, q2, q3;
-mov.b32 c, 0x7E807E80;
-shl.b32 a, $8, 6;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p0, s, 63, v;
-shl.b32 a, $8, 2;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p1, s, 63, v;
-shr.b32 a, $8, 2;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p2, s, 63, v;
-shr.b32 a, $8, 6;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p3, s, 63, v;
-mul.rn.bf16x2 p0, p0, c;
-mul.rn.bf16x2 p1, p1, c;
-mul.rn.bf16x2 p2, p2, c;
-mul.rn.bf16x2 p3, p3, c;
-mul.rn.bf16x2 p0, p0, $9;
-mul.rn.bf16x2 p1, p1, $9;
-mul.rn.bf16x2 p2, p2, $9;
-mul.rn.bf16x2 p3, p3, $9;
-prmt.b32 q0, p0, p1, 0x5410;
-prmt.b32 q1, p2, p3, 0x5410;
-prmt.b32 q2, p0, p1, 0x7632;
-prmt.b32 q3, p2, p3, 0x7632;
-mov.b32 {$0, $1}, q0;
-mov.b32 {$2, $3}, q1;
-mov.b32 {$4, $5}, q2;
-mov.b32 {$6, $7}, q3;
-}
-""")
+# DECODE = 3 (GPU): ``decode_ptx.DEQUANT_BF16_PTX``, one asm call per code word (8 codes) -> 8 bf16 weights.
 
 
 @triton.jit
@@ -130,7 +86,7 @@ def dequant_tile(words, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.conste
         sc16 = e4m3_to_f32(sb).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         sc2 = tl.reshape(tl.join(sc16, sc16), [R, BK // 8]) * 0x10001  # word 2c, 2c + 1: block c's scale
         o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            _DEQUANT_BF16_PTX,
+            DEQUANT_BF16_PTX,
             "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
             [words, sc2],
             dtype=(tl.bfloat16,) * 8,
@@ -139,8 +95,8 @@ def dequant_tile(words, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.conste
         )
         return tl.reshape(_join8(o0, o1, o2, o3, o4, o5, o6, o7), [R, BK])
     l0, l1, l2, l3, h0, h1, h2, h3 = decode_e2m1_words(words, 2 if DECODE == 3 else DECODE)
-    lo = tl.reshape(_join4(l0, l1, l2, l3), [R, BK // 2])
-    hi = tl.reshape(_join4(h0, h1, h2, h3), [R, BK // 2])
+    lo = tl.reshape(join4(l0, l1, l2, l3), [R, BK // 2])
+    hi = tl.reshape(join4(h0, h1, h2, h3), [R, BK // 2])
     sc = e4m3_to_f32(sb)
     if _INTERPRET:
         w = tl.reshape(tl.join(lo, hi), [R, BK // 16, 16]) * sc[:, :, None]
@@ -254,13 +210,7 @@ def _grouped_gate_up_kernel(
     cols = q * BC + tl.arange(0, BC)
     c_ok = cols < INTER
     gs = tl.load(alpha_ptr + e)
-    g = acc_g * gs
-    u = acc_u * gs
-    a = g * _C
-    pe = ex2_approx_ftz(a)
-    d = pe + 1.0
-    rc = rcp_approx_ftz(d)
-    act = bf16_rn(u * (g * rc))
+    act = swiglu(global_scale(acc_g, gs), global_scale(acc_u, gs))
     off = pair.to(tl.int64)[None, :] * INTER + cols[:, None]
     ok = c_ok[:, None] & r_ok[None, :]
     tl.store(act_ptr + off, act, mask=ok)
@@ -335,6 +285,21 @@ def nvfp4_grouped_gate_up(
     _check_perm(perm, M * top_k, E, dev)
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+    return launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=config)
+
+
+def launch_grouped_gate_up(
+    x: torch.Tensor, ids: torch.Tensor, perm, weights, *, taps: dict | None = None, config: dict | None = None
+) -> torch.Tensor:
+    """``nvfp4_grouped_gate_up`` on arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` from ``route``, ``perm`` from
+    ``moe_permute``): no tensor checks here; the config is checked (ValueError)."""
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+
+    E, H, IP, INTER = decode_sizes(weights)
+    dev = weights.w1.device
+    M = x.shape[0]
+    top_k = ids.shape[1]
     cfg = _cfg(config, GROUPED_GATE_UP_CONFIG, "nvfp4_grouped_gate_up")
     bc = int(cfg["BC"])
     if bc < 16 or bc > 64 or bc & (bc - 1):

@@ -1,0 +1,284 @@
+"""The E2M1 decode of the NVFP4 kernels: every inline-PTX body that turns packed E2M1 codes into numbers.
+
+sm_90 has no FP4 conversion instruction (it came with sm_100), so the kernels decode with integer and packed
+16-bit float instructions. Bodies (each exact: every E2M1 value and every product they form is representable):
+
+- ``DECODE_F16_PTX`` (the decode GEMVs: ``decode_e2m1``; ``decode_e2m1_words`` with DECODE 2): 4 code bytes ->
+  8 fp32, through fp16x2 fields.
+- ``DECODE_BF16_PTX`` (``decode_e2m1_words`` with DECODE 1, an option of the grouped path): the same values
+  through bf16x2 fields.
+- ``DEQUANT_BF16_PTX`` (the grouped gate/up, DECODE 3): one code word and its block scale -> 8 bf16 weights
+  ``E2M1 * E4M3`` in element order.
+- The tensor-core body of the decode GEMVs (``nvfp4.mma.mma_ptx``) is generated per launch shape and inlines
+  the bf16x2 decode step of ``DECODE_BF16_PTX`` with the scale multiply.
+
+E2M1 decode with bf16 fields (``DECODE_BF16_PTX``; ``pack=4``: one 32-bit register holds 4 code bytes = 8
+nibbles n0..n7, n_i at bits 4i..4i+3). For each i in 0..3 the pair (n_i, n_{i+4}) is 16 bits apart, so one
+shift places both into the two bf16 fields of a bf16x2 word:
+
+1. ``a = w << (6 - 4i)`` (a right shift for i >= 2): the nibble's 3 magnitude bits land on bf16 bits 6..8
+   (exponent bits 0-1 and the top mantissa bit), its sign bit on bit 9 (16 bits higher for the second field).
+2. ``v = a & 0x03C003C0`` (magnitude + sign), ``s = a & 0x02000200`` (sign alone),
+   ``p = s * 63 + v`` (``mad.lo.u32``): adding ``63 * 2^9`` to a set bit 9 carries it to bit 15 exactly
+   (``2^9 + 63 * 2^9 = 2^15``), so ``p`` is the bf16x2 pair ``E2M1 * 2^-126`` with the right signs. Codes
+   with exponent field 0 become bf16 subnormals (``0.5 = 2^-1`` -> ``2^-127``), which is why one multiply
+   by ``2^126`` (``mul.rn.bf16x2`` with ``0x7E807E80``; exact, bf16 arithmetic keeps subnormals) restores
+   every code, the subnormal 0 / 0.5 ones included.
+3. The two bf16 fields become fp32 by placing them in the upper half of a word (``shl 16`` / ``and
+   0xFFFF0000``): exact.
+
+Per 8 codes: 3 shifts, 8 ``and``, 4 ``mad``, 4 ``mul.bf16x2``, 8 unpacks (27 instructions, 3.4 per code).
+The fp16 body does the same with fp16 fields (see its comment) and widens with ``cvt.f32.f16``.
+
+Interpreter path (CPU CI; Triton's interpreter cannot run inline PTX): the same values from plain Triton
+integer ops: fp32 bits ``(n & 7) << 22 | (n & 8) << 28`` = ``E2M1 * 2^-126`` (exponent field 0 -> fp32
+subnormal), times ``2^126`` in fp32 (exact). Both paths return identical bits (tests/kernels).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from flint_moe.kernels._launch import INTERPRET
+
+__all__ = [
+    "DECODE_BF16_PTX",
+    "DECODE_F16_PTX",
+    "DEQUANT_BF16_PTX",
+    "decode_e2m1",
+    "decode_e2m1_words",
+    "join4",
+    "decode_probe",
+]
+
+_INTERPRET = tl.constexpr(INTERPRET)
+
+# bf16 fields (see module docstring). Operand $8 = 4 packed code bytes, $9 = 0x7E807E80 (2^126 twice);
+# $0..$3 = even elements of bytes 0..3 (n0, n2, n4, n6), $4..$7 = odd elements (n1, n3, n5, n7).
+DECODE_BF16_PTX = tl.constexpr("""
+{
+.reg .b32 a, v, s, p0, p1, p2, p3;
+shl.b32 a, $8, 6;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p0, s, 63, v;
+shl.b32 a, $8, 2;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p1, s, 63, v;
+shr.b32 a, $8, 2;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p2, s, 63, v;
+shr.b32 a, $8, 6;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p3, s, 63, v;
+mul.rn.bf16x2 p0, p0, $9;
+mul.rn.bf16x2 p1, p1, $9;
+mul.rn.bf16x2 p2, p2, $9;
+mul.rn.bf16x2 p3, p3, $9;
+shl.b32 $0, p0, 16;
+shl.b32 $1, p2, 16;
+and.b32 $2, p0, 0xFFFF0000;
+and.b32 $3, p2, 0xFFFF0000;
+shl.b32 $4, p1, 16;
+shl.b32 $5, p3, 16;
+and.b32 $6, p1, 0xFFFF0000;
+and.b32 $7, p3, 0xFFFF0000;
+}
+""")
+
+# fp16 fields (DECODE 2): magnitude bits on fp16 bits 9..11, sign carried from bit 12 to bit 15
+# (``p = s * 7 + v``), ``E2M1 * 2^-14`` fixed by ``mul.rn.f16x2`` with 2^14 ($9 = 0x74007400), then
+# ``cvt.f32.f16`` (runs on the FMA pipe, where the bf16 body's unpacks use the integer pipe). Outputs as above.
+DECODE_F16_PTX = tl.constexpr("""
+{
+.reg .b32 a, v, s, p0, p1, p2, p3;
+.reg .b16 h0, h1;
+shl.b32 a, $8, 9;
+and.b32 v, a, 0x1E001E00;
+and.b32 s, a, 0x10001000;
+mad.lo.u32 p0, s, 7, v;
+shl.b32 a, $8, 5;
+and.b32 v, a, 0x1E001E00;
+and.b32 s, a, 0x10001000;
+mad.lo.u32 p1, s, 7, v;
+shl.b32 a, $8, 1;
+and.b32 v, a, 0x1E001E00;
+and.b32 s, a, 0x10001000;
+mad.lo.u32 p2, s, 7, v;
+shr.b32 a, $8, 3;
+and.b32 v, a, 0x1E001E00;
+and.b32 s, a, 0x10001000;
+mad.lo.u32 p3, s, 7, v;
+mul.rn.f16x2 p0, p0, $9;
+mul.rn.f16x2 p1, p1, $9;
+mul.rn.f16x2 p2, p2, $9;
+mul.rn.f16x2 p3, p3, $9;
+mov.b32 {h0, h1}, p0;
+cvt.f32.f16 $0, h0;
+cvt.f32.f16 $2, h1;
+mov.b32 {h0, h1}, p2;
+cvt.f32.f16 $1, h0;
+cvt.f32.f16 $3, h1;
+mov.b32 {h0, h1}, p1;
+cvt.f32.f16 $4, h0;
+cvt.f32.f16 $6, h1;
+mov.b32 {h0, h1}, p3;
+cvt.f32.f16 $5, h0;
+cvt.f32.f16 $7, h1;
+}
+""")
+
+# DECODE = 3 (GPU): one asm call per code word (8 codes) -> 8 bf16 weights ``E2M1 * scale`` in element order.
+# $8 = code word, $9 = the block's E4M3 scale as a bf16x2 pair (both halves equal). The pairs p_i = (n_i,
+# n_{i+4}) are built as in ``DECODE_BF16_PTX`` (shift, mask, carry the sign with ``mad``, one exact
+# ``mul.rn.bf16x2`` by 2^126), multiplied by the scale (``mul.rn.bf16x2``: the product has <= 6 significant
+# bits and lies in [2^-10, 2688], exact), then regrouped into (n_{2j}, n_{2j+1}) with ``prmt`` and returned
+# as 16-bit halves $0..$7 = elements 0..7.
+DEQUANT_BF16_PTX = tl.constexpr("""
+{
+.reg .b32 a, v, s, c, p0, p1, p2, p3, q0, q1, q2, q3;
+mov.b32 c, 0x7E807E80;
+shl.b32 a, $8, 6;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p0, s, 63, v;
+shl.b32 a, $8, 2;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p1, s, 63, v;
+shr.b32 a, $8, 2;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p2, s, 63, v;
+shr.b32 a, $8, 6;
+and.b32 v, a, 0x03C003C0;
+and.b32 s, a, 0x02000200;
+mad.lo.u32 p3, s, 63, v;
+mul.rn.bf16x2 p0, p0, c;
+mul.rn.bf16x2 p1, p1, c;
+mul.rn.bf16x2 p2, p2, c;
+mul.rn.bf16x2 p3, p3, c;
+mul.rn.bf16x2 p0, p0, $9;
+mul.rn.bf16x2 p1, p1, $9;
+mul.rn.bf16x2 p2, p2, $9;
+mul.rn.bf16x2 p3, p3, $9;
+prmt.b32 q0, p0, p1, 0x5410;
+prmt.b32 q1, p2, p3, 0x5410;
+prmt.b32 q2, p0, p1, 0x7632;
+prmt.b32 q3, p2, p3, 0x7632;
+mov.b32 {$0, $1}, q0;
+mov.b32 {$2, $3}, q1;
+mov.b32 {$4, $5}, q2;
+mov.b32 {$6, $7}, q3;
+}
+""")
+
+
+@triton.jit
+def _e2m1_nibble_f32(n):
+    """Exact fp32 of E2M1 nibbles ``n`` (int32, 0..15) with plain integer ops (interpreter path)."""
+    bits = ((n & 7) << 22) | ((n & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126, exact
+
+
+@triton.jit
+def decode_e2m1(codes):
+    """uint8 code bytes (any shape) -> (lo, hi) fp32 of the same shape: E2M1 of the low / high nibble.
+
+    GPU: ``DECODE_F16_PTX`` (``pack=4``); interpreter: plain Triton integer ops. Identical values.
+    """
+    if not _INTERPRET:
+        lo, hi = tl.inline_asm_elementwise(
+            DECODE_F16_PTX,
+            "=f,=f,=f,=f,=f,=f,=f,=f,r,r,r,r,r",
+            [codes, tl.full(codes.shape, 0x74007400, tl.int32)],
+            dtype=(tl.float32, tl.float32),
+            is_pure=True,
+            pack=4,
+        )
+        return lo, hi
+    else:
+        c = codes.to(tl.int32)
+        return _e2m1_nibble_f32(c & 15), _e2m1_nibble_f32(c >> 4)
+
+
+@triton.jit
+def decode_e2m1_words(words, DECODE: tl.constexpr):
+    """int32 code words (any shape; word = 4 code bytes, byte j at bits 8j..8j+7) -> 8 fp32 tensors of the
+    same shape: ``(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3)``, E2M1 of the low / high nibble of byte j.
+
+    ``DECODE`` (GPU; the interpreter always takes the plain path): 2 = ``DECODE_F16_PTX``, 1 =
+    ``DECODE_BF16_PTX``, 0 = plain Triton integer ops; ``pack=1``: the asm takes the 32-bit word as loaded,
+    so no byte is unpacked into its own register and re-packed (``prmt``) before the decode. Identical values.
+    """
+    if DECODE == 2 and not _INTERPRET:
+        return tl.inline_asm_elementwise(
+            DECODE_F16_PTX,
+            "=f,=f,=f,=f,=f,=f,=f,=f,r,r",
+            [words, tl.full(words.shape, 0x74007400, tl.int32)],
+            dtype=(tl.float32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+    elif DECODE == 1 and not _INTERPRET:
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            DECODE_BF16_PTX,
+            "=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+            [words, tl.full(words.shape, 0x7E807E80, tl.int32)],
+            dtype=(tl.int32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+        return (
+            o0.to(tl.float32, bitcast=True),
+            o1.to(tl.float32, bitcast=True),
+            o2.to(tl.float32, bitcast=True),
+            o3.to(tl.float32, bitcast=True),
+            o4.to(tl.float32, bitcast=True),
+            o5.to(tl.float32, bitcast=True),
+            o6.to(tl.float32, bitcast=True),
+            o7.to(tl.float32, bitcast=True),
+        )
+    else:
+        return (
+            _e2m1_nibble_f32(words & 15),
+            _e2m1_nibble_f32((words >> 8) & 15),
+            _e2m1_nibble_f32((words >> 16) & 15),
+            _e2m1_nibble_f32((words >> 24) & 15),
+            _e2m1_nibble_f32((words >> 4) & 15),
+            _e2m1_nibble_f32((words >> 12) & 15),
+            _e2m1_nibble_f32((words >> 20) & 15),
+            _e2m1_nibble_f32((words >> 28) & 15),
+        )
+
+
+@triton.jit
+def join4(a, b, c, d):
+    """[..., 4] with [..., j] = (a, b, c, d)[j] (tl.join appends the new axis last, hence the pairing)."""
+    return tl.join(tl.join(a, c), tl.join(b, d))
+
+
+@triton.jit
+def _decode_probe_kernel(codes_ptr, lo_ptr, hi_ptr, n, BLOCK: tl.constexpr):
+    """lo[i], hi[i] = E2M1 of the low / high nibble of codes[i] through ``decode_e2m1`` (tests)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    c = tl.load(codes_ptr + offs, mask=m, other=0)
+    lo, hi = decode_e2m1(c)
+    tl.store(lo_ptr + offs, lo, mask=m)
+    tl.store(hi_ptr + offs, hi, mask=m)
+
+
+def decode_probe(codes):
+    """(lo, hi) fp32 tensors: ``decode_e2m1`` applied to uint8 ``codes`` (1-D, length a multiple of 4)."""
+    import torch
+
+    lo = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+    hi = torch.empty_like(lo)
+    n = codes.numel()
+    _decode_probe_kernel[(triton.cdiv(n, 256),)](codes, lo, hi, n, BLOCK=256, num_warps=1)
+    return lo, hi
