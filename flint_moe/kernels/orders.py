@@ -22,7 +22,7 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   thread in element order (``mul.f32`` then 15 ``fma.rn.f32``); ``fma(partial, scale, acc[slot])`` over the K
   steps; at the end the thread adds its two slots, then ``shfl.bfly`` xor 16, 8, 4, 2, 1 over the lanes (no
   shared memory). A build compiled without the alignment specialisation has another layout (and order).
-- NVFP4 decode, tensor-core path: the hand-written ``mma.sync.m16n8k16`` PTX (``nvfp4/gemv.py mma_ptx``): per
+- NVFP4 decode, tensor-core path: the hand-written ``mma.sync.m16n8k16`` PTX (``nvfp4/mma.py mma_ptx``): per
   64-byte step, 8 MMAs (word w = 0..3 of the chunk, half = 0..1); thread c (chunk c) gives element
   ``32 c + 8 w + 2 half + {0, 4, 1, 5}`` to k slots ``2 c + {0, 1, 8, 9}`` (the ``prmt`` re-pairing);
   weights ``E2M1 * E4M3 * 2^-8`` in bf16; the 4 accumulator columns are added with xor 2, 1 (an exact
@@ -114,8 +114,8 @@ def bf16_down_order(config: dict | None, Ip: int) -> dict:
 
 def effective_split(sk: int, num_warps: int, kbytes: int) -> tuple[int, int]:
     """(SK, num_warps) the tensor-core decode launchers run for a row of ``kbytes`` code bytes: SK and the warps
-    halved while the last K-part would be empty (``nvfp4.gate_up._check_mma``)."""
-    from flint_moe.kernels.nvfp4.gemv import mma_part_bytes
+    halved while the last K-part would be empty (``nvfp4.config.GateUpConfig.mma_launch``)."""
+    from flint_moe.kernels.nvfp4.mma import mma_part_bytes
 
     while sk > 1 and kbytes - (sk - 1) * mma_part_bytes(kbytes, sk) <= 0:
         sk, num_warps = sk // 2, num_warps // 2
@@ -123,7 +123,7 @@ def effective_split(sk: int, num_warps: int, kbytes: int) -> tuple[int, int]:
 
 
 def _mma_decode(kernel: str, k: int, sk: int, num_warps: int) -> dict:
-    from flint_moe.kernels.nvfp4.gemv import mma_part_bytes
+    from flint_moe.kernels.nvfp4.mma import mma_part_bytes
 
     kbytes = k // 2
     sk, _ = effective_split(sk, num_warps, kbytes)

@@ -81,12 +81,11 @@ def test_bf16_and_grouped_orders_every_shape():
 
 
 def test_effective_split_matches_the_launchers():
-    from flint_moe.kernels.nvfp4.gate_up import _check_mma
+    from flint_moe.kernels.nvfp4.config import _mma_launch
 
     for kbytes in (16, 24, 48, 64, 96, 128, 192, 256, 320, 384, 1024, 1440, 3584):
         for sk, nw in ((1, 4), (2, 2), (2, 4), (4, 4)):
-            rows = 8 * nw * 2 // sk
-            assert K.effective_split(sk, nw, kbytes) == _check_mma(2, 2, sk, nw, rows, kbytes, "BN", "rows")
+            assert K.effective_split(sk, nw, kbytes) == _mma_launch(sk, nw, kbytes)
 
 
 def test_mma_decode_order_parts_and_k_slots():
