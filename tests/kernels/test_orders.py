@@ -182,13 +182,13 @@ def test_cuda_core_order_differs_from_a_lane_split_block():
     assert got == float(_cuda_core_by_loops(vals, scales, x))
     differs = 0
     for blk in range(k // 16):
-        pairs = [f(f(vals[16 * blk + 2 * i] * x[16 * blk + 2 * i]) + f(vals[16 * blk + 2 * i + 1] * x[16 * blk + 2 * i + 1]))
-                 for i in range(8)]  # fmt: skip
+        prods = [f(vals[16 * blk + q] * x[16 * blk + q]) for q in range(16)]
+        pairs = [f(prods[2 * i] + prods[2 * i + 1]) for i in range(8)]
         for d in (4, 2, 1):
             pairs = [f(pairs[i] + pairs[i ^ d]) for i in range(8)]
-        seq = f(0.0)
-        for q in range(16):
-            seq = f(seq + f(vals[16 * blk + q] * x[16 * blk + q]))
+        seq = prods[0]
+        for q in range(1, 16):
+            seq = f(seq + prods[q])
         differs += int(pairs[0] != seq)
     assert differs > 0
 
