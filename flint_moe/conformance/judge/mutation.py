@@ -71,6 +71,7 @@ __all__ = [
     "run_mutation",
     "run_mutations",
     "mutation_report",
+    "self_test",
 ]
 
 #: Small shapes of the mutation cases (keys: a path, or a path and a variant): the smallest NVFP4 cpu shape,
@@ -280,9 +281,11 @@ def run_mutations(mutations=None, *, device=None) -> list[MutationResult]:
     return [run_mutation(m, cache=cache, device=device) for m in (MUTATIONS if mutations is None else mutations)]
 
 
-def mutation_report(results: list[MutationResult]) -> dict:
+def mutation_report(results: list[MutationResult], sub_bound: dict | None = None) -> dict:
     """The report.json ``"mutation"`` block: killed, named, total, kill_rate (killed AND named / total),
-    catalogue (every catalogued fault name), untested (catalogued faults without a mutation), results."""
+    catalogue (every catalogued fault name), untested (catalogued faults without a mutation), results; and
+    ``sub_bound`` (``subbound.sub_bound_report``: the sub-bound faults' kill rates with and without the order
+    replay) when given."""
     total = len(results)
     ok = sum(r.killed and r.named for r in results)
     tested = {r.fault for r in results}
@@ -294,7 +297,16 @@ def mutation_report(results: list[MutationResult]) -> dict:
         "catalogue": [f.name for f in FAULTS],
         "untested": [f.name for f in FAULTS if f.name not in tested],
         "results": [r.to_json() for r in results],
+        **({"sub_bound": sub_bound} if sub_bound is not None else {}),
     }
+
+
+def self_test(device=None) -> dict:
+    """The harness's self-test on ``device``: every catalogued fault (:func:`run_mutations`) and every
+    sub-bound fault (``subbound.run_sub_bound``), as the report.json ``"mutation"`` block."""
+    from flint_moe.conformance.judge.subbound import run_sub_bound, sub_bound_report
+
+    return mutation_report(run_mutations(device=device), sub_bound_report(run_sub_bound(device=device)))
 
 
 assert all(m.fault in FAULTS_BY_NAME for m in MUTATIONS)

@@ -391,7 +391,16 @@ def mutation_line(mutation: dict | None) -> str | None:
     text += ")"
     text += f"; missed: {', '.join(str(m) for m in missed)}." if missed else "; every catalogued fault caught."
     untested = mutation.get("untested") or []
-    return text + (f" Catalogued faults without a mutation: {', '.join(map(str, untested))}." if untested else "")
+    text += f" Catalogued faults without a mutation: {', '.join(map(str, untested))}." if untested else ""
+    sb = mutation.get("sub_bound")
+    if isinstance(sb, dict) and sb.get("total"):
+        r, b = _num(sb.get("replay_kill_rate")), _num(sb.get("bound_kill_rate"))
+        text += (
+            f" Sub-bound faults ({int(sb['total'])} mutants, {int(sb.get('within_bound') or 0)} inside the"
+            f" any-order bound): killed by the order replay {_fmt(r * 100 if r is not None else None, '.1f')}%,"
+            f" by the bound alone {_fmt(b * 100 if b is not None else None, '.1f')}%."
+        )
+    return text
 
 
 def _mutation_section(mutation: dict | None) -> list[str]:

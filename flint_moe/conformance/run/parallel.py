@@ -211,10 +211,10 @@ def _worker(wid: int, tasks, results, invariance: bool, device: str, black_box: 
         unit: Unit = task
         t0 = time.perf_counter()
         if unit.kind == "mutation":
-            from flint_moe.conformance.judge.mutation import mutation_report, run_mutations
+            from flint_moe.conformance.judge.mutation import self_test
 
             try:
-                rep = mutation_report(run_mutations(device=dev))
+                rep = self_test(device=dev)
             except Exception as e:  # noqa: BLE001  (reported, not fatal for the cases)
                 traceback.print_exc()
                 rep = {"error": f"{type(e).__name__}: {e}"}
