@@ -413,14 +413,15 @@ def _plot_sections(cases: list[dict], verdicts, budget: int, max_bytes: int) -> 
 def render_html(report: dict, *, max_bytes: int = 16 * 2**20, plots: bool | None = None) -> str:
     """The report.html text of a report.json dict. ``plots``: None = when matplotlib is importable;
     False = tables only (the page then says how to get the plots)."""
-    from flint_moe.conformance.report.summary import backend_line, mutation_line, summary_markdown
+    from flint_moe.conformance.report.summary import backend_line, mutation_line
+    from flint_moe.conformance.report.summary_full import full_summary_markdown
 
     env = report.get("env", {})
     cases = report.get("cases", [])
     verdicts = _verdicts(report)
     totals = Counter(c["verdict"] for c in cases)
     plots = have_matplotlib() if plots is None else plots
-    md = summary_markdown(cases, env, mutation=report.get("mutation"), baseline=report.get("baseline"),
+    md = full_summary_markdown(cases, env, mutation=report.get("mutation"), baseline=report.get("baseline"),
                           gpu_report=report.get("gpu_report"))  # fmt: skip
     head = [
         "<!doctype html><html><head><meta charset='utf-8'><title>flint-moe conformance</title>",
@@ -440,7 +441,7 @@ def render_html(report: dict, *, max_bytes: int = 16 * 2**20, plots: bool | None
         head.append(f"<p>{_h.escape(ml)}</p>")
     tail = [
         "<h2>Cases</h2>", _case_table(cases),
-        "<h2>summary.md</h2><details><summary>full text</summary><pre>", _h.escape(md), "</pre></details>",
+        "<h2>summary-full.md</h2><details><summary>full text</summary><pre>", _h.escape(md), "</pre></details>",
     ]  # fmt: skip
     text_bytes = sum(len(s.encode()) for s in head + tail) + 4096
     if not plots:

@@ -72,7 +72,7 @@ def test_without_matplotlib(report, monkeypatch, tmp_path):
 def test_write_report_html_under_16_mib(tmp_path):
     pytest.importorskip("matplotlib")
     paths = write_report(results(), ENV, tmp_path, mutation=MUTATION, gpu_report=FRESH)
-    assert set(paths) == {"json", "summary", "html"}
+    assert set(paths) == {"json", "summary", "summary_full", "html"}
     for p in paths.values():
         assert 0 < p.stat().st_size < 16 * 2**20
     assert len(_imgs(paths["html"].read_text())) == 6
