@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         default=None,
         metavar="OTHER",
-        help="an earlier report (directory or report.json): list verdict changes and changed output digests",
+        help="an earlier report (directory or report.json) of the same kind of device: list verdict changes and "
+        "changed output digests (a CPU run against a GPU report, or the reverse, is refused: exit 2)",
     )
     ap.add_argument("--html", action=argparse.BooleanOptionalAction, default=True, help="write report.html")
     ap.add_argument(
@@ -433,6 +434,14 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)  # one line, never wrapped
             return 2
     env = environment()
+    if base is not None:
+        from flint_moe.conformance.report.baseline import check_same_device
+
+        try:
+            check_same_device(env, base[0], args.baseline)
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
     env["profile"] = profile
     env["filters"] = list(args.filter)
     now = datetime.datetime.now(datetime.UTC)

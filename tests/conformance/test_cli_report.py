@@ -280,3 +280,30 @@ def test_tampered_reports_reach_the_pages_as_text(tmp_path, fake_run, monkeypatc
     assert r"\[bold\]odd\[/\]" in md
     # vs the baseline (the first run): the rerun case got better
     assert f"| `{CASE}` | FAIL | **WITHIN-BOUND** | better |" in (second / "summary-full.md").read_text()
+
+
+def test_cpu_run_refuses_a_gpu_baseline_before_running(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    base = tmp_path / "h200"
+    base.mkdir()
+    gpu_env = {"gpu": "NVIDIA H200", "backend": "triton-cuda (NVIDIA H200)"}
+    (base / "report.json").write_text(json.dumps({"schema": "x", "env": gpu_env, "cases": []}))
+    assert cli.main(_argv(tmp_path, "--baseline", str(base))) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"--baseline {base}: that is a GPU report (triton-cuda (NVIDIA H200)); a CPU run can only be diffed against "
+        "a CPU run (the two share no case and no rounding: nothing would be compared); pass the report of an "
+        "earlier CPU run\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_run_refuses_a_cpu_baseline(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    env = cli.environment()
+    monkeypatch.setattr(cli, "environment", lambda: dict(env, gpu="NVIDIA H200", backend="triton-cuda (NVIDIA H200)"))
+    base = tmp_path / "cpu"
+    base.mkdir()
+    (base / "report.json").write_text(json.dumps({"schema": "x", "env": {"gpu": None}, "cases": []}))
+    assert cli.main(_argv(tmp_path, "--baseline", str(base))) == 2
+    assert "that is a CPU report (cpu); a GPU run can only be diffed against a GPU run" in capsys.readouterr().err
