@@ -472,6 +472,7 @@ def nvfp4_down(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_gate_up``), ids, tw and shared.
 
@@ -483,6 +484,8 @@ def nvfp4_down(
         taps: if a dict, compiled with ``TAP=True``: ``taps["down_acc"]`` fp32 [M, k, H] (before the global
             scale), ``taps["y"]`` bf16 [M, k, H], ``taps["out"]`` bf16 [M, H].
         config: overrides of ``DOWN_CONFIG`` (``BH``, ``BKB``, ``num_warps``, ``DECODE``, ``ASM``).
+        out: None (a new tensor is returned) or a bf16 [M, H] contiguous tensor written and returned (it must
+            not overlap any input: the op checks that, ``ops._checks.check_out``).
 
     Raises:
         TypeError / ValueError naming the offending tensor.
@@ -508,7 +511,9 @@ def nvfp4_down(
         raise ValueError(f"config BH: {bh} must be a power of two")
     if bkb < 32 or bkb & (bkb - 1):
         raise ValueError(f"config BKB: {bkb} must be a power of two >= 32")
-    out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    if out is None:
+        out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    check_op_tensor("out", out, dtype=torch.bfloat16, shape=(M, H), device=dev)
     tap = taps is not None
     if tap:
         dacc = torch.empty((M * top_k, H), dtype=torch.float32, device=dev)

@@ -172,6 +172,7 @@ def nvfp4_grouped_down(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_grouped_gate_up``), grouped by expert.
 
@@ -184,7 +185,9 @@ def nvfp4_grouped_down(
         taps: if a dict, the tapped build stores ``down_acc`` fp32 [M, k, H] (before the global scale),
             ``y`` bf16 [M, k, H] and ``out`` bf16 [M, H].
         config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK``, ``num_warps``, ``num_stages``, ``DECODE``).
-    Returns: a new bf16 [M, H] tensor (inputs never modified).
+        out: None, or a bf16 [M, H] contiguous tensor the combine writes and that is returned (no overlap with
+            any input: the op checks that, ``ops._checks.check_out``).
+    Returns: a new bf16 [M, H] tensor, or ``out`` (inputs never modified).
     Raises: TypeError / ValueError naming the bad argument.
     """
     from flint_moe.kernels.nvfp4.gate_up import _weights_common
@@ -204,7 +207,9 @@ def nvfp4_grouped_down(
     bh = int(cfg["BH"] or default_bh(perm.block_m))
     if bh < 64 or bh & (bh - 1):
         raise ValueError(f"nvfp4_grouped_down: config BH = {bh} must be a power of two >= 64")
-    out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    if out is None:
+        out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    check_op_tensor("out", out, dtype=torch.bfloat16, shape=(M, H), device=dev)
     y = torch.empty((P, H), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
     dacc = torch.empty((P, H), dtype=torch.float32, device=dev) if tap else y
