@@ -74,7 +74,8 @@ def _has_gpu() -> bool:
 @nox.session(python=PYTHON)
 def conformance(session: nox.Session) -> None:
     """Main job: every kernel path against the golden model (python -m flint_moe.conformance), writing
-    reports/<run-id>/report.json, summary.md and report.html, ending with the GPU-report freshness line.
+    reports/<run-id>/report.json, summary.md, summary-full.md and report.html, ending with the GPU-report
+    freshness line.
 
     Profile: ``gpu`` when an NVIDIA GPU is present (torch then comes from PyPI's default, CUDA, build instead of
     the local CPU one), else ``cpu`` (Triton interpreter). Args after ``--`` pass through (``--profile``,

@@ -7,6 +7,8 @@ the ModelOpt checkpoint layout (``ModelOptExperts``) plus the router weight (``C
 - ``read_gguf_layer`` (``checkpoints.gguf``): per-expert ModelOpt tensors stored as plain GGUF tensors, or
   llama.cpp's NVFP4 type 40 with merged experts and ``<name>.scale`` global scales (converted exactly).
 - ``read_layer``: either, by path (a directory -> ModelOpt, a ``.gguf`` file -> GGUF).
+- ``write_modelopt_layer`` / ``write_modelopt_tensors`` (``checkpoints.writer``): one MoE layer (checked) or
+  named tensors (as given) to a ModelOpt NVFP4 directory that ``read_modelopt_layer`` loads back.
 
 A checkpoint that breaks its format raises ``CheckpointError`` (a ValueError whose message names the file and
 the tensor or key); expert names follow one rule everywhere (``checkpoints.experts.parse_expert_name``).
@@ -25,6 +27,7 @@ from flint_moe.checkpoints.experts import ExpertStack, ModelOptExperts, parse_ex
 from flint_moe.checkpoints.gguf import nvfp4_gguf_to_modelopt, read_gguf_layer
 from flint_moe.checkpoints.layer import CheckpointLayer
 from flint_moe.checkpoints.modelopt import read_modelopt_layer
+from flint_moe.checkpoints.writer import write_modelopt_layer, write_modelopt_tensors
 
 __all__ = [
     "CheckpointError",
@@ -36,6 +39,8 @@ __all__ = [
     "read_gguf_layer",
     "read_layer",
     "read_modelopt_layer",
+    "write_modelopt_layer",
+    "write_modelopt_tensors",
 ]
 
 

@@ -8,12 +8,12 @@ For each case (``cases.matrix(profile)``, only ids containing every ``--filter``
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
 (``stages.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
 into a staging directory beside it and renamed onto it when the run completes, ``outdir.publish``):
-report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md and
-report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
-OTHER`` (a report directory or report.json) the verdict changes and changed output digests
-(``baseline.compare_reports``). Every run ends with the freshness line of the committed GPU report
-(``digest.check_report``, default reports/h200/report.json), also in summary.md. A rich progress bar
-runs during the cases and a rich summary table follows; exit status 1 on any FAIL (or a case that raised),
+report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md (the short
+pull-request summary), summary-full.md (every table) and report.html; with ``--mutation`` the mutation kill rate
+(``mutation.run_mutations``), with ``--baseline OTHER`` (a report directory or report.json) the verdict changes
+and changed output digests (``baseline.compare_reports``). Every run ends with the freshness line of the
+committed GPU report (``digest.check_report``, default reports/h200/report.json), also in summary.md. A rich
+progress bar runs during the cases and a rich summary table follows; exit status 1 on any FAIL (or a case that raised),
 2 for a bad baseline, a refused gpu profile or a refused ``--out`` (an existing file, a non-empty directory
 without ``--overwrite``, the committed GPU evidence from a run that is not a complete gpu-profile GPU run:
 ``outdir.evidence_guard``), all before the first case; 3 for a run stopped by SIGTERM / SIGINT (the report then
@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         default=None,
         metavar="OTHER",
-        help="an earlier report (directory or report.json): list verdict changes and changed output digests",
+        help="an earlier report (directory or report.json) of the same kind of device: list verdict changes and "
+        "changed output digests (a CPU run against a GPU report, or the reverse, is refused: exit 2)",
     )
     ap.add_argument("--html", action=argparse.BooleanOptionalAction, default=True, help="write report.html")
     ap.add_argument(
@@ -433,6 +434,14 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)  # one line, never wrapped
             return 2
     env = environment()
+    if base is not None:
+        from flint_moe.conformance.report.baseline import check_same_device
+
+        try:
+            check_same_device(env, base[0], args.baseline)
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
     env["profile"] = profile
     env["filters"] = list(args.filter)
     now = datetime.datetime.now(datetime.UTC)
@@ -566,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                           "nothing was compared", style="bold yellow", markup=False)  # fmt: skip
     console.print(f"{len(results)} cases, {n_fail} FAIL; report: {', '.join(str(p) for p in paths.values())}",
                   markup=False)  # fmt: skip
+    console.print(f"pull-request summary: {paths['summary']} (the full tables: {paths['summary_full']})",
+                  markup=False, highlight=False)  # fmt: skip
     style = "bold green" if fresh.current else "bold yellow"
     console.print(fresh.line, style=style, markup=False, highlight=False, soft_wrap=True)  # one line, never wrapped
     if stopped:

@@ -8,6 +8,9 @@
   ``ValueError`` for an event with CPU tensors; every op calls it before its first launch.
 - :func:`checked_row_maps`: the TRT-LLM BF16 row maps' values, checked once per tensor and again after any
   in-place change the tensor's version counter sees (the immediate error of the common case).
+- :func:`check_out`: an ``out=`` buffer: bf16, the output's shape, the op's device, contiguous, and no byte shared
+  with any input (``ValueError`` naming the input; :func:`op_inputs` names the NVFP4 ops' inputs); the message
+  starts with ``out:``.
 - :func:`check_row_map_status`: the check no write can bypass: every map tensor the op has checked is compared
   with the expected map again, on demand (the BF16 decode kernels themselves only keep every loaded value in
   range: ``flint_moe.kernels.bf16.gemv.checked_row``).
@@ -21,7 +24,15 @@ import torch
 
 from flint_moe.kernels._launch import INTERPRET
 
-__all__ = ["check_top_k", "check_kernel_device", "check_shared_ready", "checked_row_maps", "check_row_map_status"]
+__all__ = [
+    "check_top_k",
+    "check_kernel_device",
+    "check_shared_ready",
+    "check_out",
+    "op_inputs",
+    "checked_row_maps",
+    "check_row_map_status",
+]
 
 
 def check_top_k(top_k: object, limit: int, what: str) -> int:
@@ -53,6 +64,48 @@ def check_shared_ready(shared_ready: object, device: torch.device) -> None:
         raise TypeError(f"shared_ready: expected a torch.cuda.Event or None, got {type(shared_ready).__name__}")
     if device.type != "cuda":
         raise ValueError("shared_ready: a CUDA event only makes sense for CUDA tensors; pass None")
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int] | None:
+    """[first, last + 1) byte addresses ``t`` can touch (None when empty)."""
+    if t.numel() == 0:
+        return None
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+
+def check_out(out: object, shape: tuple[int, int], device: torch.device, inputs) -> torch.Tensor | None:
+    """Check an op's ``out=`` buffer; None stays None (the op allocates its output).
+
+    ``out`` must be a bf16 tensor of ``shape`` ([M, H]) on ``device``, contiguous, and its bytes must not overlap
+    the byte range any tensor of ``inputs`` spans, first to last element (name -> tensor, e.g. ``{"x": x,
+    "weights.w2": w.w2}``; a strided input counts the gaps between its elements too): the kernels read their inputs
+    while other programs write ``out`` (the combine reads ``shared_output`` block by block), so in-place use
+    such as ``out=shared_output`` or ``out=x`` is refused. Host-side checks only (no synchronisation), so the
+    op stays capturable in a CUDA graph with the same buffer on every replay. Raises TypeError (not a tensor,
+    dtype) or ValueError (shape, device, contiguity, overlap), the message starting with ``out:``."""
+    if out is None:
+        return None
+    from flint_moe.kernels._launch import check_op_tensor
+
+    check_op_tensor("out", out, dtype=torch.bfloat16, shape=shape, device=device)
+    span = _byte_span(out)
+    if span is None:
+        return out
+    for name, t in inputs.items():
+        other = _byte_span(t) if isinstance(t, torch.Tensor) and t.device == out.device else None
+        if other is not None and span[0] < other[1] and other[0] < span[1]:
+            raise ValueError(f"out: shares memory with {name}; out must not overlap any input of the op")
+    return out
+
+
+def op_inputs(x, router_weight, counter, shared_output, weights) -> dict:
+    """The inputs of an NVFP4 op by name, for :func:`check_out`: ``x``, ``router_weight``, ``counter``,
+    ``shared_output`` and every tensor field of the ``FlintMoEWeights`` as ``weights.<field>``."""
+    from flint_moe.layouts.flashinfer_w4a16 import TENSOR_FIELDS
+
+    named = {"x": x, "router_weight": router_weight, "counter": counter, "shared_output": shared_output}
+    return named | {f"weights.{f}": getattr(weights, f) for f in TENSOR_FIELDS}
 
 
 #: id(map tensor) -> (weak reference, its ``_version`` when its values were checked, (H, Ip, which map)).

@@ -16,6 +16,7 @@ from flint_moe.kernels.bf16.down_combine import check_g2, launch_bf16_down_combi
 from flint_moe.kernels.bf16.gate_up import check_g1, launch_bf16_gate_up
 from flint_moe.ops._checks import (
     check_kernel_device,
+    check_out,
     check_shared_ready,
     check_top_k,
     checked_row_maps,
@@ -78,6 +79,7 @@ def flint_moe_bf16_decode(
     *,
     taps: dict | None = None,
     check_row_map_values: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed experts + shared add for ``M <= DECODE_BF16_MAX_TOKENS`` tokens, BF16 rule (steps 1-4, 6-10).
 
@@ -111,8 +113,12 @@ def flint_moe_bf16_decode(
         check_row_map_values: False skips the value check of ``row_maps`` and does not remember them for
             ``check_row_map_status`` (the conformance harness's fault injection passes deliberately wrong
             in-range permutations). Values out of range still read the layout's own row. Default True.
+        out: None, or a preallocated bf16 [M, H] contiguous tensor on x's device that receives the result and is
+            returned (no output allocation: CUDA-graph friendly with the same buffer on every replay). It must
+            share no memory with any input (``x``, ``router_weight``, ``w13``, ``w2``, ``row_maps``, ``counter``,
+            ``shared_output``): in-place ``out=shared_output`` is refused. Checked before any launch.
 
-    Returns: new bf16 tensor [M, H] (inputs are never modified).
+    Returns: bf16 tensor [M, H]: ``out`` when given, else a new one (inputs are never modified).
     Raises: TypeError / ValueError naming the bad argument (dtype, shape, layout, device, contiguity, row map
         values, ``shared_ready``); NotImplementedError for M > DECODE_BF16_MAX_TOKENS; RuntimeError for CPU
         tensors without TRITON_INTERPRET=1, or new row maps first seen inside a CUDA-graph capture.
@@ -143,10 +149,13 @@ def flint_moe_bf16_decode(
     if check_row_map_values:
         checked_row_maps(maps, hidden, inter)
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(m_tok, hidden), device=dev)
+    inputs = {"x": x, "router_weight": router_weight, "w13": w13, "w2": w2, "row_maps[0]": maps[0],
+              "row_maps[1]": maps[1], "counter": counter, "shared_output": shared_output}  # fmt: skip
+    check_out(out, (m_tok, hidden), dev, inputs)
     if taps is not None and not isinstance(taps, dict):
         raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
     if m_tok == 0:
-        return torch.empty((0, hidden), dtype=torch.bfloat16, device=dev)
+        return out if out is not None else torch.empty((0, hidden), dtype=torch.bfloat16, device=dev)
 
     ids, weights = route(x, router_weight, top_k, counter, taps=taps)
     if taps is not None:
@@ -156,4 +165,4 @@ def flint_moe_bf16_decode(
     act = launch_bf16_gate_up(x, ids, w13, maps[0], taps=taps)
     if shared_ready is not None:
         torch.cuda.current_stream(dev).wait_event(shared_ready)
-    return launch_bf16_down_combine(act, ids, weights, w2, maps[1], shared_output, taps=taps)
+    return launch_bf16_down_combine(act, ids, weights, w2, maps[1], shared_output, taps=taps, out=out)

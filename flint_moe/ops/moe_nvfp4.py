@@ -12,7 +12,7 @@ import torch
 from flint_moe.kernels._launch import check_op_tensor
 from flint_moe.kernels.nvfp4.down_combine import launch_down
 from flint_moe.kernels.nvfp4.gate_up import decode_sizes, launch_gate_up
-from flint_moe.ops._checks import check_kernel_device, check_shared_ready, check_top_k
+from flint_moe.ops._checks import check_kernel_device, check_out, check_shared_ready, check_top_k, op_inputs
 
 __all__ = ["DECODE_MAX_TOKENS", "flint_moe"]
 
@@ -32,6 +32,7 @@ def flint_moe(
     shared_ready: torch.cuda.Event | None = None,
     *,
     taps: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed-expert MoE output plus ``shared_output`` for a few tokens (Flint rule steps 1-10).
 
@@ -53,14 +54,20 @@ def flint_moe(
             ``router_acc``, ``logits``, ``ids``, ``weights`` (``route``), ``gate_acc``, ``up_acc``, ``act``
             (fp32 / bf16 [M, k, I]), ``down_acc``, ``y`` ([M, k, H]) and ``out`` ([M, H]) (docs/ARCHITECTURE.md,
             section 2).
+        out: None, or a preallocated bf16 [M, H] contiguous tensor on the weights' device that receives the
+            result and is returned (no output allocation: CUDA-graph friendly with the same buffer on every
+            replay). It must share no memory with any input (``x``, ``router_weight``, ``shared_output``,
+            ``counter``, the weights' tensors): in-place ``out=shared_output`` or ``out=x`` is refused. Checked
+            like an input before any launch (``ops._checks.check_out``); with ``taps`` it is also ``taps["out"]``.
 
     Returns:
-        bf16 [M, H] (a new tensor).
+        bf16 [M, H]: ``out`` when given, else a new tensor.
 
     Raises:
         ValueError: M > ``GROUPED_MAX_TOKENS`` (grouped path).
         TypeError / ValueError: wrong dtype, shape, device or contiguity (the message names the tensor,
-        ``weights.<field>`` for the weights), top_k out of range (TypeError when not an int), H of ``x`` and
+        ``weights.<field>`` for the weights, ``out`` for the buffer, also when it overlaps an input), top_k out
+        of range (TypeError when not an int), H of ``x`` and
         ``weights`` different, ``shared_ready`` not None or a CUDA event.
         RuntimeError: CPU tensors without TRITON_INTERPRET=1 (the Triton interpreter).
     """
@@ -77,12 +84,14 @@ def flint_moe(
     if M > DECODE_MAX_TOKENS:
         from flint_moe.ops.moe_nvfp4_grouped import flint_moe_grouped
 
-        return flint_moe_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps=taps)
+        return flint_moe_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps=taps,
+                                 out=out)  # fmt: skip
     E = weights.num_experts
     check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
     check_top_k(top_k, E, f"E = {E}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
     decode_sizes(weights)
+    check_out(out, tuple(x.shape), dev, op_inputs(x, router_weight, counter, shared_output, weights))
     from flint_moe.ops.route import route
 
     # validated once, here: the launchers below take the checked inputs and route's own outputs as they are
@@ -90,4 +99,4 @@ def flint_moe(
     act = launch_gate_up(x, ids, weights, taps=taps)
     if shared_ready is not None:
         shared_ready.wait(torch.cuda.current_stream(dev))
-    return launch_down(act, ids, tw, weights, shared_output, taps=taps)
+    return launch_down(act, ids, tw, weights, shared_output, taps=taps, out=out)

@@ -19,7 +19,7 @@ from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 from flint_moe.kernels.nvfp4.grouped_down import launch_grouped_down
 from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, launch_grouped_gate_up
 from flint_moe.kernels.nvfp4.permute import moe_permute
-from flint_moe.ops._checks import check_kernel_device, check_shared_ready, check_top_k
+from flint_moe.ops._checks import check_kernel_device, check_out, check_shared_ready, check_top_k, op_inputs
 
 __all__ = ["GROUPED_MAX_TOKENS", "flint_moe_grouped"]
 
@@ -39,6 +39,7 @@ def flint_moe_grouped(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed-expert MoE output plus ``shared_output`` by grouped GEMMs (Flint rule steps 1-10).
 
@@ -58,10 +59,13 @@ def flint_moe_grouped(
             ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/ARCHITECTURE.md, section 2); outputs are bitwise those of
             the production build.
         config: optional ``{"gate_up": {...}, "down": {...}, "BM": int}`` launch overrides (benchmarks).
+        out: None, or a preallocated bf16 [M, H] contiguous tensor that receives the result and is returned;
+            the aliasing rules of ``flint_moe.ops.flint_moe`` apply (no memory shared with any input).
     Returns:
-        bf16 [M, H] (a new tensor).
+        bf16 [M, H]: ``out`` when given, else a new tensor.
     Raises:
-        TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, top_k range);
+        TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, top_k range, an
+        ``out`` that overlaps an input);
         ValueError for M > GROUPED_MAX_TOKENS; RuntimeError for CPU tensors without TRITON_INTERPRET=1.
     """
     from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
@@ -81,6 +85,7 @@ def flint_moe_grouped(
     check_top_k(top_k, E, f"E = {E}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
     decode_sizes(weights)
+    check_out(out, tuple(x.shape), dev, op_inputs(x, router_weight, counter, shared_output, weights))
     if taps is not None and not isinstance(taps, dict):
         raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
     cfg = dict(config or {})
@@ -90,7 +95,7 @@ def flint_moe_grouped(
     from flint_moe.ops.route import route
 
     if M == 0:
-        return torch.empty((0, weights.hidden_size), dtype=torch.bfloat16, device=dev)
+        return out if out is not None else torch.empty((0, weights.hidden_size), dtype=torch.bfloat16, device=dev)
     ids, tw = route(x, router_weight, top_k, counter, taps=taps)
     bm = int(cfg.get("BM", grouped_config(M * top_k, E)["BM"]))
     perm = moe_permute(ids, E, bm)
@@ -98,4 +103,5 @@ def flint_moe_grouped(
     act = launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=cfg.get("gate_up"))
     if shared_ready is not None:
         shared_ready.wait(torch.cuda.current_stream(dev))
-    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=cfg.get("down"))
+    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=cfg.get("down"),
+                              out=out)  # fmt: skip

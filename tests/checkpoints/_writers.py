@@ -1,10 +1,11 @@
-"""Checkpoint writers for the tests, using the libraries' own writers (safetensors ``save_file``, gguf-py's
-``GGUFWriter``) and nvidia-modelopt's quantizer; independent of ``flint_moe.checkpoints``.
+"""Checkpoint fixtures for the tests: nvidia-modelopt's quantizer, the product's ModelOpt writer
+(``flint_moe.checkpoints.write_modelopt_tensors``) and, for GGUF, gguf-py's own ``GGUFWriter``.
 
 - ``modelopt_experts``: bf16 experts -> ModelOpt NVFP4 per-expert tensors with ``NVFP4QTensor.quantize``
   (gate and up of an expert quantized as one fused [2I, H] matrix, so they share one ``weight_scale_2``, as fused
   exports have; or separately, which gives differing scales).
-- ``write_modelopt_dir``: hf_quant_config.json + config.json + safetensors shards + index json.
+- ``write_modelopt_dir``: layers of per-expert tensors under their full names, written as given (malformed ones
+  included) through ``flint_moe.checkpoints.write_modelopt_tensors``.
 - ``write_gguf_modelopt``: convention (a), ModelOpt tensors as I8 / F32 / BF16 GGUF tensors under HF names.
 - ``write_gguf_nvfp4``: convention (b), llama.cpp's ``convert_hf_to_gguf.py`` NVFP4 repack restated here:
   per 16-value block the code nibbles are re-paired (value j low, j + 8 high), the E4M3 scale bytes keep their
@@ -16,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -61,36 +61,19 @@ def modelopt_experts(w13: torch.Tensor, w2: torch.Tensor, *, shared_gate_up: boo
 def write_modelopt_dir(
     d: Path, layers: dict[int, tuple[dict[str, torch.Tensor], torch.Tensor]], *, top_k: int, shards: int = 2
 ) -> Path:
-    """ModelOpt NVFP4 export: ``model.layers.{L}.mlp.experts.{name}`` + ``model.layers.{L}.mlp.gate.weight``
-    spread round-robin over ``shards`` files (index json when shards > 1)."""
-    from safetensors.torch import save_file
+    """``model.layers.{L}.mlp.experts.{name}`` + ``model.layers.{L}.mlp.gate.weight`` of every layer, and a
+    ``model.embed_tokens.weight`` the readers must pass over, written as given (malformed tensors included) by
+    the product's writer, ``flint_moe.checkpoints.write_modelopt_tensors``, with ``num_experts_per_tok``."""
+    from flint_moe.checkpoints import write_modelopt_tensors
 
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "hf_quant_config.json").write_text(json.dumps({
-        "producer": {"name": "modelopt", "version": "0.47.0"},
-        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-                         "exclude_modules": ["lm_head", "model.layers.*.mlp.gate"]},
-    }))  # fmt: skip
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts_per_tok": top_k}))
     tensors: dict[str, torch.Tensor] = {}
     for L, (experts, router) in layers.items():
         for n, t in experts.items():
-            tensors[f"model.layers.{L}.mlp.experts.{n}"] = t.contiguous().clone()
-        tensors[f"model.layers.{L}.mlp.gate.weight"] = router.contiguous().clone()
+            tensors[f"model.layers.{L}.mlp.experts.{n}"] = t
+        tensors[f"model.layers.{L}.mlp.gate.weight"] = router
     tensors["model.embed_tokens.weight"] = torch.zeros(4, 16, dtype=torch.bfloat16)
-    parts: list[dict[str, torch.Tensor]] = [{} for _ in range(shards)]
-    for i, (n, t) in enumerate(sorted(tensors.items())):
-        parts[i % shards][n] = t
-    if shards == 1:
-        save_file(parts[0], str(d / "model.safetensors"), metadata={"format": "pt"})
-        return d
-    weight_map = {}
-    for i, p in enumerate(parts):
-        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        save_file(p, str(d / fname), metadata={"format": "pt"})
-        weight_map.update({n: fname for n in p})
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return d
+    config = {"model_type": "qwen3_moe", "num_experts_per_tok": top_k}
+    return write_modelopt_tensors(d, tensors, config=config, shards=shards)
 
 
 def random_experts(E: int, H: int, I: int, seed: int = 0) -> tuple[dict[str, torch.Tensor], torch.Tensor]:  # noqa: E741

@@ -58,7 +58,8 @@ def test_non_empty_out_needs_overwrite_and_keeps_other_files(tmp_path, fake_run,
     assert capsys.readouterr().err == f"--out {out}: directory not empty (pass --overwrite to replace its report)\n"
     assert cli.main(_argv(out, "--overwrite")) == 0
     # the report files are the new run's (no report.html: --no-html); the other files stay
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "logs", "report.json", "summary.md"]
+    names = ["README.md", "logs", "report.json", "summary-full.md", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == names
     assert (out / "README.md").read_text() == "notes" and (out / "logs" / "run.log").read_text() == "log"
     assert [c["case_id"] for c in json.loads((out / "report.json").read_text())["cases"]] == [CASE]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging or old directory left

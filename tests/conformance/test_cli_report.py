@@ -63,7 +63,7 @@ def test_reports_freshness_and_baseline(tmp_path, fake_run, capsys, monkeypatch)
         "vs baseline" in ln and "1 verdict changes (0 worse), 1 output digests changed" in ln for ln in out_lines
     )
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "summary-full.md", "summary.md"]
     data = json.loads((out / "report.json").read_text())
     assert data["env"]["source_digest"] == fixed
     assert data["gpu_report"]["status"] == "CURRENT"
@@ -71,7 +71,8 @@ def test_reports_freshness_and_baseline(tmp_path, fake_run, capsys, monkeypatch)
     assert b["verdict_changes"] == [{"case_id": CASE, "before": "FAIL", "after": "WITHIN-BOUND", "direction": "better"}]
     assert [(d["output"], d["before"][:1], d["after"][:1]) for d in b["digest_changes"]] == [("out", "9", "0")]
     md = (out / "summary.md").read_text()
-    assert "**GPU REPORT CURRENT (commit c0ffee" in md and "## Changes vs baseline" in md
+    assert "**GPU REPORT CURRENT (commit c0ffee" in md and "Vs baseline " in md
+    assert "## Changes vs baseline" in (out / "summary-full.md").read_text()
 
 
 def test_missing_gpu_report_is_said(tmp_path, fake_run, capsys):
@@ -132,9 +133,11 @@ def test_a_case_that_raises_is_a_fail_and_the_run_goes_on(tmp_path, fake_run, ca
         )
     ]
     assert "RuntimeError" in capsys.readouterr().out  # the traceback is printed
-    md = (tmp_path / "out" / "summary.md").read_text()
+    md = (tmp_path / "out" / "summary-full.md").read_text()
     assert "- **run** FAIL: 0 of 0 elements; max ulp -; first failing []; note: raised RuntimeError" in md
     assert "no catalogued fault" not in md  # the diagnosis did not run
+    short = (tmp_path / "out" / "summary.md").read_text()
+    assert f"- **the run raised: raised RuntimeError: illegal memory access (simulated)**: `{CASE}` (run:0)" in short
 
 
 def test_rerun_failed_reruns_only_the_fails_and_merges(tmp_path, fake_run, monkeypatch):
@@ -164,7 +167,7 @@ def test_rerun_failed_reruns_only_the_fails_and_merges(tmp_path, fake_run, monke
     assert after["totals"]["FAIL"] == 0 and after["totals"]["cases"] == len(before["cases"])
     md = (second / "summary.md").read_text()
     assert "FAIL cases of the run of" in md
-    assert f"s to rerun its 1 FAIL cases (1 worker process): `{CASE}`" in md
+    assert f"s to rerun its 1 FAIL cases (1 worker process): `{CASE}`" in (second / "summary-full.md").read_text()
 
 
 def test_rerun_failed_refuses_other_sources(tmp_path, monkeypatch, capsys):
@@ -276,4 +279,31 @@ def test_tampered_reports_reach_the_pages_as_text(tmp_path, fake_run, monkeypatc
     assert re.findall(r"(?<!\\)<img", md) == [] and r"\<img src=x onerror=alert(1)\>" in md
     assert r"\[bold\]odd\[/\]" in md
     # vs the baseline (the first run): the rerun case got better
-    assert f"| `{CASE}` | FAIL | **WITHIN-BOUND** | better |" in md
+    assert f"| `{CASE}` | FAIL | **WITHIN-BOUND** | better |" in (second / "summary-full.md").read_text()
+
+
+def test_cpu_run_refuses_a_gpu_baseline_before_running(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    base = tmp_path / "h200"
+    base.mkdir()
+    gpu_env = {"gpu": "NVIDIA H200", "backend": "triton-cuda (NVIDIA H200)"}
+    (base / "report.json").write_text(json.dumps({"schema": "x", "env": gpu_env, "cases": []}))
+    assert cli.main(_argv(tmp_path, "--baseline", str(base))) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"--baseline {base}: that is a GPU report (triton-cuda (NVIDIA H200)); a CPU run can only be diffed against "
+        "a CPU run (the two share no case and no rounding: nothing would be compared); pass the report of an "
+        "earlier CPU run\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_run_refuses_a_cpu_baseline(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "run_case", lambda *a, **k: pytest.fail("must not run cases"))
+    env = cli.environment()
+    monkeypatch.setattr(cli, "environment", lambda: dict(env, gpu="NVIDIA H200", backend="triton-cuda (NVIDIA H200)"))
+    base = tmp_path / "cpu"
+    base.mkdir()
+    (base / "report.json").write_text(json.dumps({"schema": "x", "env": {"gpu": None}, "cases": []}))
+    assert cli.main(_argv(tmp_path, "--baseline", str(base))) == 2
+    assert "that is a CPU report (cpu); a GPU run can only be diffed against a GPU run" in capsys.readouterr().err

@@ -9,8 +9,10 @@
 - cases present on one side only, and the source files whose digest changed between the two runs
   (``env.source_digest``, :mod:`flint_moe.conformance.report.digest`).
 
-``OTHER`` is a report directory or a report.json path (:func:`load_report`). :func:`baseline_markdown`
-renders the result for summary.md. Both reports are only read.
+``OTHER`` is a report directory or a report.json path (:func:`load_report`). :func:`check_same_device` refuses a
+baseline run on the other kind of device (a CPU run against a GPU report: other case ids and other rounding, so
+nothing would be compared). :func:`baseline_markdown` renders the result for the summaries. Both reports are
+only read.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from flint_moe.conformance.judge.results import VERDICT_ORDER
 
-__all__ = ["load_report", "compare_reports", "baseline_markdown", "MAX_LISTED"]
+__all__ = ["load_report", "check_same_device", "run_device", "compare_reports", "baseline_markdown", "MAX_LISTED"]
 
 #: Digest changes listed in summary.md (all of them are in report.json).
 MAX_LISTED = 100
@@ -54,6 +56,30 @@ def load_report(where, flag: str = "--baseline") -> tuple[dict, str]:
     except ValueError as e:
         raise ValueError(f"{flag} {where}: {p} is not a conformance report: {e}") from e
     return data, str(p)
+
+
+def run_device(env: dict) -> str:
+    """``"gpu"`` for a report env naming a GPU (``env["gpu"]`` set by a CUDA run), else ``"cpu"`` (the Triton
+    interpreter)."""
+    return "gpu" if (env or {}).get("gpu") else "cpu"
+
+
+def check_same_device(current_env: dict, other: dict, where, flag: str = "--baseline") -> None:
+    """Refuse to diff a CPU run against a GPU report, or a GPU run against a CPU report.
+
+    ``current_env``: this run's env; ``other``: the loaded baseline report dict; ``where``: how it was named.
+    A CPU run (Triton interpreter, small cpu-profile shapes, the golden model's emulations of the rounding
+    instructions) and a GPU run share no case and no meaningful digest, so the diff would compare nothing.
+    Raises ValueError with a one-line message starting with ``flag`` and ``where``."""
+    here, there = run_device(current_env), run_device(other.get("env") or {})
+    if here == there:
+        return
+    backend = (other.get("env") or {}).get("backend") or there
+    raise ValueError(
+        f"{flag} {where}: that is a {there.upper()} report ({backend}); a {here.upper()} run can only be diffed "
+        f"against a {here.upper()} run (the two share no case and no rounding: nothing would be compared); pass "
+        f"the report of an earlier {here.upper()} run"
+    )
 
 
 def _direction(before: str, after: str) -> str:

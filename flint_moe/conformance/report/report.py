@@ -1,4 +1,5 @@
-"""Conformance reports: ``write_report(results, env, out_dir, ...)`` -> report.json, summary.md, report.html.
+"""Conformance reports: ``write_report(results, env, out_dir, ...)`` -> report.json, summary.md, summary-full.md,
+report.html (:data:`REPORT_FILES`).
 
 report.json (schema :data:`SCHEMA`): ``{"schema", "env", "totals", "cases": [CaseResult.to_json(), ...]}``,
 each case with its per-stage metrics and verdicts and the SHA-256 of every output tensor (``digests``); the
@@ -6,8 +7,9 @@ env carries the git commit and ``source_digest`` (:mod:`flint_moe.conformance.re
 keys ``"mutation"`` (``mutation.mutation_report``), ``"baseline"`` (``baseline.compare_reports``) and
 ``"gpu_report"`` (freshness of the committed GPU report, ``digest.Freshness.to_json``).
 
-summary.md: :mod:`flint_moe.conformance.report.summary`. report.html: :mod:`flint_moe.conformance.report.html`.
-Each file must stay below :data:`MAX_BYTES`; summary.md details are truncated to fit.
+summary.md (the short pull-request summary) and summary-full.md (every table):
+:mod:`flint_moe.conformance.report.summary`. report.html: :mod:`flint_moe.conformance.report.html`. Each file
+must stay below :data:`MAX_BYTES`; summary-full.md details are truncated to fit.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from collections import Counter
 from pathlib import Path
 
 from flint_moe.conformance.judge.results import VERDICT_ORDER
-from flint_moe.conformance.report.summary import case_dicts, summary_markdown
+from flint_moe.conformance.report.summary import FULL_SUMMARY_FILE, SUMMARY_FILE, case_dicts, summary_markdown
+from flint_moe.conformance.report.summary_full import full_summary_markdown
 
-__all__ = ["SCHEMA", "MAX_BYTES", "write_report", "report_dict"]
+__all__ = ["SCHEMA", "MAX_BYTES", "REPORT_FILES", "write_report", "report_dict"]
 
 SCHEMA = "flint-moe-conformance/1"
 #: Every report file stays under 16 MiB.
 MAX_BYTES = 16 * 2**20
+#: The files :func:`write_report` writes (report.html only with ``html=True``).
+REPORT_FILES = ("report.json", SUMMARY_FILE, FULL_SUMMARY_FILE, "report.html")
 
 
 def report_dict(results, env: dict, *, mutation=None, baseline=None, gpu_report=None) -> dict:
@@ -74,22 +79,27 @@ def _fit_json(rep: dict) -> str:
 def write_report(
     results, env: dict, out_dir, *, mutation=None, baseline=None, gpu_report=None, html: bool = True
 ) -> dict[str, Path]:
-    """Write report.json, summary.md and (``html``) report.html into ``out_dir`` (created if needed).
+    """Write report.json, summary.md (short), summary-full.md and (``html``) report.html into ``out_dir``
+    (created if needed).
 
-    Returns ``{"json": Path, "summary": Path, "html": Path}``. report.json is written compact, then without the
-    mismatch maps and ulp histograms, when it would otherwise reach 16 MiB; ValueError if still too big (the
-    caller should split the run); summary.md is truncated and report.html drops figures to fit.
+    Returns ``{"json": Path, "summary": Path, "summary_full": Path, "html": Path}``. report.json is written
+    compact, then without the mismatch maps and ulp histograms, when it would otherwise reach 16 MiB; ValueError
+    if still too big (the caller should split the run); summary-full.md is truncated and report.html drops
+    figures to fit.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rep = report_dict(results, env, mutation=mutation, baseline=baseline, gpu_report=gpu_report)
     data = _fit_json(rep)
-    md = summary_markdown(rep["cases"], env, mutation=mutation, baseline=baseline, gpu_report=gpu_report)
-    if len(md.encode()) >= MAX_BYTES:
-        md = md.encode()[: MAX_BYTES - 200].decode(errors="ignore") + "\n\n(truncated: see report.json)\n"
-    paths = {"json": out / "report.json", "summary": out / "summary.md"}
+    kw = dict(mutation=mutation, baseline=baseline, gpu_report=gpu_report)
+    short = summary_markdown(rep["cases"], env, **kw)
+    full = full_summary_markdown(rep["cases"], env, **kw)
+    if len(full.encode()) >= MAX_BYTES:
+        full = full.encode()[: MAX_BYTES - 200].decode(errors="ignore") + "\n\n(truncated: see report.json)\n"
+    paths = {"json": out / "report.json", "summary": out / SUMMARY_FILE, "summary_full": out / FULL_SUMMARY_FILE}
     paths["json"].write_text(data)
-    paths["summary"].write_text(md)
+    paths["summary"].write_text(short)
+    paths["summary_full"].write_text(full)
     if html:
         from flint_moe.conformance.report.html import write_html
 

@@ -1,28 +1,35 @@
-"""summary.md (for a pull request) and the cells the console table and report.html share with it.
+"""summary.md (the short text a reviewer pastes into a pull request), summary-full.md (every table), and the
+cells the console table and report.html share with them.
 
-summary.md: the backend line first (on the CPU it says bit-exactness is not claimed: the interpreter runs the
-golden model's emulations of the rounding instructions), the run line, the GPU-report freshness line, totals
-and the mutation kill rate, a table path x shape x M with verdict, exact %, max ulp, worst accumulation error
-and failures, then the details of each failure (first coordinates, diagnosis), the EXPLAINED differences, the
-invariance and batch-invariance findings, the mutation results and the changes vs a baseline
-(:func:`flint_moe.conformance.report.baseline.baseline_markdown`).
+summary.md (:func:`summary_markdown`, at most :data:`MAX_SUMMARY_LINES` lines): the backend line (on the CPU it
+says bit-exactness is not claimed: the interpreter runs the golden model's emulations of the rounding
+instructions), the run line, the GPU-report freshness line, totals with the mutation kill rate, every FAIL case
+led by its diagnosis (grouped by diagnosis when one line each would not fit), one row per path with its worst
+verdict, and the changes vs a baseline in one line.
+
+summary-full.md: :mod:`flint_moe.conformance.report.summary_full`, built from the cells here. A worst
+accumulation reads as its stage and its error led by the fraction of the certified bound
+("down_acc 0.81% of its bound (1.41e+03 ulp)", :func:`bound_text`).
 
 Every function here takes CaseResult objects or their ``to_json()`` dicts (e.g. a loaded report.json), and
-reads the optional keys (``mode``, ``end_to_end``, ``warnings``, stage ``map``) with defaults. Every string
-reaches the Markdown through :func:`flint_moe.conformance.report.markdown.md`.
+reads the optional keys (``mode``, ``end_to_end``, ``warnings``, stage ``map`` and any stage field a newer
+judge adds) with defaults. Every string reaches the Markdown through
+:func:`flint_moe.conformance.report.markdown.md`.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
 from flint_moe.conformance.judge.results import ACCUMULATION_STAGES, FAIL, VERDICT_ORDER
-from flint_moe.conformance.report.baseline import baseline_markdown
 from flint_moe.conformance.report.markdown import md
 
 __all__ = [
+    "SUMMARY_FILE",
+    "FULL_SUMMARY_FILE",
+    "MAX_SUMMARY_LINES",
     "summary_markdown",
+    "bound_text",
     "backend_line",
     "case_dicts",
     "exact_percent",
@@ -30,7 +37,11 @@ __all__ = [
     "mutation_line",
 ]
 
-MAX_DETAILED = 50
+#: The short PR summary and the file with the full tables, written side by side.
+SUMMARY_FILE = "summary.md"
+FULL_SUMMARY_FILE = "summary-full.md"
+#: summary.md never has more lines than this.
+MAX_SUMMARY_LINES = 60
 EXPLAINED = "EXPLAINED"
 BLACK_BOX = "black-box"
 
@@ -121,7 +132,17 @@ def _worst_acc(c: dict) -> str:
     worst = max(accs, key=lambda s: _num(s["max_bound_fraction"]), default=None)
     if worst is None:
         return "-"
-    return f"{_fmt(_num(worst.get('max_err_ulps')))} ulp ({_fmt(_num(worst['max_bound_fraction']))} bound)"
+    return f"{worst['stage']} {bound_text(worst)}"
+
+
+def bound_text(s: dict) -> str:
+    """An accumulation stage's worst error led by its fraction of the certified bound, plain text:
+    ``"0.81% of its bound (1.41e+03 ulp)"`` for ``max_bound_fraction`` 0.0081 and ``max_err_ulps`` 1410
+    (``"-"`` without a fraction). Above 100% the stage FAILs."""
+    frac = _num(s.get("max_bound_fraction"))
+    if frac is None:
+        return "-"
+    return f"{_fmt(frac * 100.0)}% of its bound ({_fmt(_num(s.get('max_err_ulps')))} ulp)"
 
 
 def _e2e_cell(c: dict) -> str:
@@ -179,8 +200,10 @@ def _inv_cell(group: list[dict]) -> str:
     )
 
 
-def _group_row(key: tuple[str, str, str], group: list[dict]) -> str:
-    """One table row for the cases of one path x shape x M (all data profiles and seeds)."""
+def _group_cells(key: tuple[str, str, str], group: list[dict]) -> list[str]:
+    """The Markdown cells of one table row for the cases of one path x shape x M (all data profiles and seeds):
+    path, shape, M, cases, verdict, exact %, max ulp, worst accumulation, end to end, warnings, failures,
+    invariances."""
     verdicts = Counter(c["verdict"] for c in group)
     known = [v for v in VERDICT_ORDER if v in verdicts]
     worst = known[-1] if known else sorted(verdicts)[-1]
@@ -211,7 +234,7 @@ def _group_row(key: tuple[str, str, str], group: list[dict]) -> str:
     acc = "-"
     if accs:
         s, _ = max(accs, key=lambda sc: _num(sc[0]["max_bound_fraction"]))
-        acc = f"{md(s['stage'])} {_fmt(_num(s.get('max_err_ulps')))} ulp ({_fmt(_num(s['max_bound_fraction']))} bound)"
+        acc = f"{md(s['stage'])} {md(bound_text(s))}"
     e2e = [e for e in (_e2e(c) for c in group) if e is not None]
     e2e_cell = "-"
     if e2e:
@@ -223,156 +246,9 @@ def _group_row(key: tuple[str, str, str], group: list[dict]) -> str:
             e2e_cell += f" {diff} diff, {sum(int(e.get('unexplained') or 0) for e in e2e)} unexpl."
     failing = [f"{md(_case_tail(c), code=True)} {_case_failures(c)}" for c in group if c["verdict"] == FAIL]
     fail_cell = ", ".join(failing[:4]) + (f" and {len(failing) - 4} more" if len(failing) > 4 else "")
-    return (
-        f"| {key[0]} | {key[1]} | {key[2]} | {len(group)} | {verdict} | {f'{100.0 * ex / n:.2f}' if n else '-'} "
-        f"| {_fmt(max(ulps, default=None))} | {acc} | {e2e_cell} | {sum(_warnings(c) for c in group)} "
-        f"| {fail_cell or '-'} | {_inv_cell(group)} |"
-    )
-
-
-def _table(cases: list[dict]) -> list[str]:
-    groups: dict[tuple[str, str, str], list[dict]] = {}
-    for c in cases:
-        groups.setdefault(_group_key(c), []).append(c)
-    lines = [
-        "| path | shape | M | cases | verdict | exact % | max ulp | worst accumulation | end to end | warnings "
-        "| failures | invariances |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    return lines + [_group_row(k, g) for k, g in groups.items()]
-
-
-def _invariance_section(cases: list[dict]) -> list[str]:
-    rows = [c for c in cases if c.get("invariance")]
-    if not rows:
-        return []
-    lines = ["## Invariances", "",
-             "the production build (no taps) equal to the tapped build, determinism, row independence and "
-             "CUDA-graph replay are required (a FAIL fails the case); batch "
-             "invariance (each token alone vs in the batch) is measured.", ""]  # fmt: skip
-    fails = [(c, i) for c in rows for i in c["invariance"] if i.get("outcome") == "FAIL"]
-    lines += [
-        f"- {md(c['case_id'], code=True)} **{md(i['name'])} FAIL**: {md(i.get('note', ''))}" for c, i in fails
-    ] or ["No required invariance failed."]
-    batch = [
-        (c, i)
-        for c in rows
-        for i in c["invariance"]
-        if i["name"] == "batch_invariance" and i.get("outcome") == "MEASURED"
-    ]
-    if batch:
-        eq = sum(int((i.get("details") or {}).get("rows_equal", 0)) for _, i in batch)
-        tot = sum(int((i.get("details") or {}).get("rows", 0)) for _, i in batch)
-        lines += ["", f"Batch invariance: {eq} of {tot} token rows bitwise equal alone vs in the batch "
-                  f"({len(batch)} cases)."]  # fmt: skip
-        lines += [
-            f"- {md(c['case_id'], code=True)}: {md(i.get('note', ''))}"
-            for c, i in batch
-            if (i.get("details") or {}).get("rows_differing")
-        ]
-    skips = sorted({f"{md(i['name'])}: {md(i.get('note', ''))}" for c in rows for i in c["invariance"]
-                    if i.get("outcome") == "SKIP" and i["name"] == "cuda_graph"})  # fmt: skip
-    lines += [f"- skipped {s}" for s in skips]
-    return lines + [""]
-
-
-_COORDS = re.compile(r"[\[\]0-9, -]*")
-
-
-def _coords(v) -> str:
-    """Markdown of a coordinate list (``[[0, 1], [2, 3]]``: digits, brackets and commas only, as is; anything
-    else through :func:`md`)."""
-    text = str(v)
-    return text if _COORDS.fullmatch(text) else md(text)
-
-
-def _warn_text(worst: list[dict]) -> str:
-    return "; ".join(
-        f"{_coords(w['index'])}: {_fmt(_num(w['err_ulps']))} ulp, {_fmt(_num(w['ratio']))}x estimate" for w in worst
-    )
-
-
-def _e2e_lines(e: dict) -> list[str]:
-    out = [
-        f"- **end to end** ({md(e.get('mode', 'taps'))}) {md(e.get('verdict'))}: {int(e.get('differing') or 0)} of "
-        f"{int(e.get('elements') or 0)} output elements differ from the golden model run on its own, "
-        f"{int(e.get('explained') or 0)} explained, {int(e.get('unexplained') or 0)} unexplained; "
-        f"max ulp {_fmt(_num(e.get('max_ulp')))}"
-        + (f"; NaN position mismatches {md(e['nan_mismatches'])}" if e.get("nan_mismatches") else "")
-        + (f"; signed-zero mismatches {md(e['signed_zero_mismatches'])}" if e.get("signed_zero_mismatches") else "")
-    ]
-    if e.get("causes"):
-        out.append("  - explained by: " + ", ".join(f"{md(k)} {md(v)}" for k, v in e["causes"].items()))
-    if e.get("first_failures"):
-        out.append(f"  - first unexplained: {_coords(e['first_failures'])}")
-    elif e.get("first_differences"):
-        out.append(f"  - first differing: {_coords(e['first_differences'])}")
-    for d in (e.get("failure_details") or [])[:5]:
-        lo_hi = ""
-        if d.get("lo") is not None or d.get("hi") is not None:
-            lo_hi = f", interval [{_fmt(_num(d.get('lo')))}, {_fmt(_num(d.get('hi')))}]"
-        out.append(
-            f"  - {_coords(d.get('index'))}: kernel {_fmt(_num(d.get('kernel')), '.6g')}, golden "
-            f"{_fmt(_num(d.get('golden')), '.6g')}{lo_hi}: {md(d.get('why', ''))}"
-        )
-    if e.get("note"):
-        out.append(f"  - note: {md(e['note'])}")
-    return out
-
-
-def _details(c: dict) -> list[str]:
-    label = f" ({BLACK_BOX})" if _mode(c) == BLACK_BOX else ""
-    lines = [f"### {md(c['case_id'], code=True)}{label}: {md(c['verdict'])}", ""]
-    for d in c.get("diagnosis") or []:
-        lines.append(f"- **diagnosis**: {md(d)}")
-    stage_failed = any(s.get("verdict") == FAIL and s.get("stage") != "run" for s in c.get("stages", []))
-    if stage_failed and not c.get("diagnosis") and _mode(c) != BLACK_BOX:
-        lines.append("- **diagnosis**: no catalogued fault reproduces the kernel's output")
-    for i in c.get("invariance") or []:
-        if i.get("outcome") == "FAIL":
-            lines.append(f"- **invariance {md(i['name'])}** FAIL: {md(i.get('note', ''))}")
-    for s in c.get("stages", []):
-        if s.get("verdict") != FAIL and not s.get("warnings"):
-            continue
-        lines.append(
-            f"- **{md(s['stage'])}** {md(s['verdict'])}: {md(s.get('mismatches', 0))} of {md(s.get('elements', 0))} "
-            f"elements; max ulp {_fmt(_num(s.get('max_ulp')))}; first failing {_coords(s.get('first_failures', []))}"
-            + (f"; note: {md(s['note'])}" if s.get("note") else "")
-        )
-        if s.get("kind") == "accumulation" and _num(s.get("max_bound_fraction")) is not None:
-            lines.append(
-                f"  - model {md(s.get('model'))}: max |kernel-exact| {_fmt(_num(s.get('max_err_ulps')))} ulp = "
-                f"{_fmt(_num(s.get('max_bound_fraction')))} x bound; WARNING elements {md(s.get('warnings', 0))}"
-                + (f", worst {_warn_text(s['worst_warnings'])}" if s.get("worst_warnings") else "")
-            )
-    e = _e2e(c)
-    if e is not None and (e.get("verdict") != "EXACT" or c.get("verdict") == FAIL):
-        lines += _e2e_lines(e)
-    return lines + [""]
-
-
-def _explained_section(cases: list[dict]) -> list[str]:
-    ex = [c for c in cases if c.get("verdict") == EXPLAINED]
-    if not ex:
-        return []
-    causes = Counter()
-    for c in ex:
-        causes.update((_e2e(c) or {}).get("causes") or {})
-    lines = ["## Explained differences", "",
-             f"{len(ex)} case(s) differ from the golden model run on its own only where an upstream accumulation "
-             "(or a tie within bounds) explains it" + (": " + ", ".join(f"{md(k)} {v}" for k, v in causes.most_common())
-                                                       if causes else "") + ".", ""]  # fmt: skip
-    for c in ex[:MAX_DETAILED]:
-        e = _e2e(c) or {}
-        lines.append(
-            f"- {md(c['case_id'], code=True)}: {int(e.get('differing') or 0)} of {int(e.get('elements') or 0)} "
-            f"elements, max ulp {_fmt(_num(e.get('max_ulp')))}"
-            + (", " + ", ".join(f"{md(k)} {md(v)}" for k, v in e["causes"].items()) if e.get("causes") else "")
-            + (f"; first {_coords(e['first_differences'][:3])}" if e.get("first_differences") else "")
-        )
-    if len(ex) > MAX_DETAILED:
-        lines.append(f"- ... and {len(ex) - MAX_DETAILED} more (report.json)")
-    return lines + [""]
+    return [key[0], key[1], key[2], str(len(group)), verdict, f"{100.0 * ex / n:.2f}" if n else "-",
+            _fmt(max(ulps, default=None)), acc, e2e_cell, str(sum(_warnings(c) for c in group)), fail_cell or "-",
+            _inv_cell(group)]  # fmt: skip
 
 
 def mutation_line(mutation: dict | None) -> str | None:
@@ -403,26 +279,6 @@ def mutation_line(mutation: dict | None) -> str | None:
     return text
 
 
-def _mutation_section(mutation: dict | None) -> list[str]:
-    if not mutation:
-        return []
-    lines = ["## Mutation testing", "", md(mutation_line(mutation)), ""]
-    res = mutation.get("results") or []
-    if res:
-        lines += [
-            "| fault | injection | case | killed | named | verdict | diagnosis |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in res:
-            diag = "; ".join(md(d.split(":")[0]) for d in r.get("diagnosis") or []) or "-"
-            lines.append(
-                f"| {md(r.get('fault'))} | {md(r.get('injection', '-'))} | {md(r.get('case_id', '-'), code=True)} "
-                f"| {'yes' if r.get('killed') else '**no**'} | {'yes' if r.get('named') else '**no**'} "
-                f"| {md(r.get('verdict', '-'))} | {diag} |"
-            )
-    return lines + [""]
-
-
 def freshness_line(gpu_report: dict | None) -> str | None:
     """The GPU-report freshness line in bold, Markdown (None when not checked)."""
     if not gpu_report or not gpu_report.get("line"):
@@ -448,22 +304,10 @@ def _run_line(env: dict) -> str:
     return "Run: " + "; ".join(parts) + "."
 
 
-def _env_lines(env: dict) -> list[str]:
-    out = []
-    for k, v in env.items():
-        if k == "source_digest" and isinstance(v, dict):
-            n, dirs = len(v.get("files") or {}), ", ".join(v.get("dirs") or [])
-            v = f"{v.get('digest')} ({v.get('algorithm')}, {n} files under {dirs})"
-        out.append(f"- {md(k)}: {md(v)}")
-    return out
-
-
-def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_report=None) -> str:
-    """The summary.md text (``results``: CaseResults or their JSON dicts; the optional dicts as in
-    :func:`report_dict`)."""
-    cases = case_dicts(results)
+def _header(cases: list[dict], env: dict, gpu_report, title: str) -> list[str]:
+    """Title, backend, run line, INCOMPLETE and freshness lines, totals (shared by both summaries)."""
     totals = Counter(c["verdict"] for c in cases)
-    lines = ["# flint-moe conformance", "", backend_line(env), "", _run_line(env), ""]
+    lines = [title, "", backend_line(env), "", _run_line(env), ""]
     if env.get("incomplete"):
         lines += [f"**INCOMPLETE RUN: {md(env['incomplete'])}** (the cases below are the ones that ran)", ""]
     fl = freshness_line(gpu_report)
@@ -473,51 +317,93 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
     n_bb = sum(_mode(c) == BLACK_BOX for c in cases)
     if n_bb:
         lines[-1] += f"; {n_bb} {BLACK_BOX} (end to end only, no taps)"
-    phases: dict[str, float] = {}
+    return lines
+
+
+def _fail_reason(c: dict) -> str:
+    """Markdown: what a FAIL case matches, first (the diagnosis names; else why there is none)."""
+    names = [md(str(d).split(":")[0]) for d in c.get("diagnosis") or []]
+    if names:
+        return "; ".join(names)
+    raised = [s for s in c.get("stages", []) if s.get("stage") == "run" and s.get("verdict") == FAIL]
+    if raised:
+        return f"the run raised: {md(raised[0].get('note') or '?')}"
+    stage_failed = any(s.get("verdict") == FAIL and s.get("stage") != "run" for s in c.get("stages", []))
+    if _mode(c) == BLACK_BOX:
+        return "no diagnosis (black-box: end to end only)"
+    if stage_failed:
+        return "no catalogued fault reproduces the kernel's output"
+    inv = [md(i.get("name")) for i in c.get("invariance") or [] if i.get("outcome") == "FAIL"]
+    if inv:
+        return "invariance " + ", ".join(inv) + " failed"
+    return "no diagnosis"
+
+
+def _fail_lines(fails: list[dict], budget: int) -> list[str]:
+    """Every FAIL led by its diagnosis in at most ``budget`` lines: one line per case when they fit, else one
+    line per diagnosis (its case count and first ids), else the first diagnoses and a pointer to the rest."""
+    per_case = [f"- **{_fail_reason(c)}**: {md(c['case_id'], code=True)} ({_case_failures(c) or 'FAIL'})"
+                for c in fails]  # fmt: skip
+    if len(per_case) <= budget:
+        return per_case
+    groups: dict[str, list[dict]] = {}
+    for c in fails:
+        groups.setdefault(_fail_reason(c), []).append(c)
+    ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    shown = ordered if len(ordered) <= budget else ordered[: max(budget - 1, 0)]
+    out = []
+    for reason, cs in shown:
+        ids = ", ".join(md(c["case_id"], code=True) for c in cs[:3])
+        more = f" and {len(cs) - 3} more" if len(cs) > 3 else ""
+        out.append(f"- **{reason}**: {len(cs)} case{'s' if len(cs) != 1 else ''}: {ids}{more}")
+    if len(shown) < len(ordered):
+        rest = len(fails) - sum(len(cs) for _, cs in shown)
+        out.append(f"- ... {rest} more FAIL cases under {len(ordered) - len(shown)} more diagnoses "
+                   f"({FULL_SUMMARY_FILE})")  # fmt: skip
+    return out
+
+
+def _path_rows(cases: list[dict]) -> list[str]:
+    """One table row per path (black-box runs labelled): cases, worst verdict with the counts, exact %, max ulp,
+    worst accumulation (stage, fraction of its bound), FAIL cases."""
+    groups: dict[str, list[dict]] = {}
     for c in cases:
-        for k, v in ((c.get("meta") or {}).get("phase_seconds") or {}).items():
-            phases[k] = phases.get(k, 0.0) + float(v)
-    if env.get("run_seconds") is not None:
-        jobs = env.get("jobs") or 1
-        what = "cases and mutation self-test" if mutation else "cases"
-        line = (f"Wall time: {md(env['run_seconds'])} s ({what}; {md(jobs)} worker process"
-                f"{'es' if jobs != 1 else ''} on the device)")  # fmt: skip
-        rr = env.get("rerun")
-        if isinstance(rr, dict):
-            pj = rr.get("previous_jobs") or 1
-            again = rr.get("rerun_cases") or []
-            line = (f"Wall time: {md(rr.get('previous_run_seconds'))} s for the run of {md(rr.get('previous_run'))} "
-                    f"({md(pj)} worker process{'es' if pj != 1 else ''}), then {md(env['run_seconds'])} s to rerun "
-                    f"its {len(again)} FAIL cases ({md(jobs)} worker process{'es' if jobs != 1 else ''}): "
-                    + ", ".join(md(c, code=True) for c in again))  # fmt: skip
-        lines += ["", line]
-    if phases:
-        by = ", ".join(f"{md(k)} {v:.1f}" for k, v in phases.items())
-        lines += ["", f"Time by phase (s, summed over cases): {by}"]
+        groups.setdefault(_group_key(c)[0], []).append(c)
+    rows = ["| path | cases | worst verdict | exact % | max ulp | worst accumulation | FAIL |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key, group in groups.items():
+        cells = _group_cells((key, "", ""), group)
+        n_fail = sum(c["verdict"] == FAIL for c in group)
+        rows.append(f"| {key} | {len(group)} | {cells[4]} | {cells[5]} | {cells[6]} | {cells[7]} | {n_fail} |")
+    return rows
+
+
+def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_report=None) -> str:
+    """The summary.md text: the short pull-request summary, at most :data:`MAX_SUMMARY_LINES` lines
+    (``results``: CaseResults or their JSON dicts; the optional dicts as in
+    :func:`flint_moe.conformance.report.report.report_dict`). The full tables are
+    :func:`flint_moe.conformance.report.summary_full.full_summary_markdown`'s."""
+    cases = case_dicts(results)
+    lines = _header(cases, env, gpu_report, "# flint-moe conformance")
     ml = mutation_line(mutation)
-    lines += ["", md(ml), ""] if ml else [""]
-    lines += _table(cases)
-    lines += [
-        "",
-        "One row per path x shape x M over its cases (data profiles x seeds; each case is in report.json and "
-        "report.html). verdict: the worst, with the counts when they differ; exact %: elements bitwise equal to "
-        "the golden value over all stages (accumulations: to RN32 of the exact sum); max ulp: order-free stages "
-        "and the end-to-end output; worst accumulation: the largest max |kernel - exact| as a fraction of the "
-        "certified bound (with its fp32 ulps); end to end: the returned output vs the golden model run on its "
-        "own (differing / unexplained elements); failures: failing case (profile/seed) with stage:count.",
-        "",
-    ]
-    failing = [c for c in cases if c["verdict"] == FAIL or _warnings(c)]
-    lines += ["## Failures", ""]
-    if not failing:
-        lines += ["None.", ""]
-    for c in failing[:MAX_DETAILED]:
-        lines += _details(c)
-    if len(failing) > MAX_DETAILED:
-        lines += [f"... and {len(failing) - MAX_DETAILED} more (see report.json).", ""]
-    lines += _explained_section(cases)
-    lines += _invariance_section(cases)
-    lines += _mutation_section(mutation)
+    if ml:
+        lines.append("")
+        lines.append(md(ml))
     if baseline is not None:
-        lines += baseline_markdown(baseline)
-    return "\n".join(lines + ["## Environment", ""] + _env_lines(env)) + "\n"
+        vc = baseline.get("verdict_changes") or []
+        worse = sum(v.get("direction") == "worse" for v in vc)
+        lines += ["", f"Vs baseline {md(baseline.get('other', '?'), code=True)}: "
+                  f"{md(baseline.get('cases_compared', '?'))} cases compared, {len(vc)} verdict changes ({worse} "
+                  f"worse), {len(baseline.get('digest_changes') or [])} output digests changed."]  # fmt: skip
+    tail = ["", "## Paths", "", *_path_rows(cases), "",
+            f"Full tables (path x shape x M, failure details, explained differences, invariances, mutation "
+            f"results): {FULL_SUMMARY_FILE}; every case: report.json, report.html."]  # fmt: skip
+    fails = [c for c in cases if c["verdict"] == FAIL]
+    head = ["", f"## FAIL ({len(fails)})", ""]
+    budget = MAX_SUMMARY_LINES - len(lines) - len(head) - len(tail)
+    body = _fail_lines(fails, max(budget, 1)) if fails else ["None."]
+    out = lines + head + body + tail
+    if len(out) > MAX_SUMMARY_LINES:  # more paths than the budget (never with the shipped paths)
+        out = out[: MAX_SUMMARY_LINES - 1] + [f"(cut at {MAX_SUMMARY_LINES} lines: see {FULL_SUMMARY_FILE})"]
+    return "\n".join(out) + "\n"
+

@@ -40,7 +40,7 @@ __all__ = [
 #: Directories of committed GPU evidence, relative to the repository root (each with everything under it).
 EVIDENCE_DIRS = ("reports/h200", "reports/gpu")
 #: The files a run writes (``report.write_report``); publishing replaces these and keeps any other file.
-REPORT_FILES = ("report.json", "summary.md", "report.html")
+REPORT_FILES = ("report.json", "summary.md", "summary-full.md", "report.html")
 
 
 class OutDirError(ValueError):

@@ -141,6 +141,7 @@ def bf16_down_combine(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rule steps 8-10 (BF16 experts): ``out`` bf16 [M, H] from the SwiGLU outputs of the k selected experts.
 
@@ -156,8 +157,10 @@ def bf16_down_combine(
         taps: if a dict, the tapped build runs and stores ``down_acc`` fp32 [M, k, H] (raw y_acc), ``y`` bf16
             [M, k, H] and ``out`` bf16 [M, H] into it.
         config: launch overrides (``DOWN_CONFIG`` keys); never change the result.
+        out: None, or a bf16 [M, H] contiguous tensor written and returned (no overlap with any input: the op
+            checks that, ``ops._checks.check_out``).
 
-    Returns: new bf16 tensor [M, H]. Inputs are never modified.
+    Returns: new bf16 tensor [M, H], or ``out``. Inputs are never modified.
     Raises: TypeError (dtype) / ValueError (shape, contiguity, device, config) naming the argument.
     PTX: ``fma.rn.f32``, ``cvt.rn.bf16.f32``, ``add.rn.f32``; PDL on the GPU.
     """
@@ -178,7 +181,7 @@ def bf16_down_combine(
         raise ValueError(f"shared_output: hidden size H = {hidden} must be a positive multiple of 64")
     check_g2(w2, hidden, inter, None, dev)
     check_op_tensor("map2", map2, dtype=torch.int32, shape=(hidden,), device=dev)
-    return launch_bf16_down_combine(act, ids, weights, w2, map2, shared_output, taps=taps, config=config)
+    return launch_bf16_down_combine(act, ids, weights, w2, map2, shared_output, taps=taps, config=config, out=out)
 
 
 def launch_bf16_down_combine(
@@ -191,6 +194,7 @@ def launch_bf16_down_combine(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``bf16_down_combine`` on arguments already checked by the caller (the op ``flint_moe_bf16_decode``: its
     inputs at its boundary, ``ids`` / ``weights`` from ``route``, ``act`` from ``launch_bf16_gate_up``): no
@@ -199,7 +203,9 @@ def launch_bf16_down_combine(
     dev = act.device
     hidden = int(shared_output.shape[1])
     cfg = _config(config)
-    out = torch.empty((m_tok, hidden), dtype=torch.bfloat16, device=dev)
+    if out is None:
+        out = torch.empty((m_tok, hidden), dtype=torch.bfloat16, device=dev)
+    check_op_tensor("out", out, dtype=torch.bfloat16, shape=(m_tok, hidden), device=dev)
     tap = taps is not None
     if tap:
         if not isinstance(taps, dict):

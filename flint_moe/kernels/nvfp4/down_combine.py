@@ -232,6 +232,7 @@ def nvfp4_down(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_gate_up``), ids, tw and shared.
 
@@ -243,6 +244,8 @@ def nvfp4_down(
         taps: if a dict, compiled with ``TAP=True``: ``taps["down_acc"]`` fp32 [M, k, H] (before the global
             scale), ``taps["y"]`` bf16 [M, k, H], ``taps["out"]`` bf16 [M, H].
         config: overrides of ``default_config(H, I)`` (keys: ``nvfp4.config``).
+        out: None (a new tensor is returned) or a bf16 [M, H] contiguous tensor written and returned (it must
+            not overlap any input: the op checks that, ``ops._checks.check_out``).
 
     Raises:
         TypeError / ValueError naming the offending tensor or config key.
@@ -261,7 +264,9 @@ def nvfp4_down(
     check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
     check_op_tensor("act", act, dtype=torch.bfloat16, shape=(M * top_k, INTER), device=dev)
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
-    return launch_down(act, ids, tw, weights, shared_output, taps=taps, config=config)
+    if out is not None:
+        check_op_tensor("out", out, dtype=torch.bfloat16, shape=(M, H), device=dev)
+    return launch_down(act, ids, tw, weights, shared_output, taps=taps, config=config, out=out)
 
 
 def launch_down(
@@ -273,6 +278,7 @@ def launch_down(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``nvfp4_down`` on arguments already checked by the caller (the op ``flint_moe.ops.flint_moe``: its inputs
     at its boundary, ``ids`` / ``tw`` from ``route``, ``act`` from ``launch_gate_up``): no tensor checks here (a
@@ -284,7 +290,8 @@ def launch_down(
     M, top_k = ids.shape
     cfg = resolve_config(H, INTER, config)
     sk, nw = cfg.mma_launch(INTER)
-    out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    if out is None:
+        out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
     y = torch.empty((M * top_k, H), dtype=torch.bfloat16, device=dev)
     dacc = torch.empty((M * top_k, H), dtype=torch.float32, device=dev) if tap else out  # else never written

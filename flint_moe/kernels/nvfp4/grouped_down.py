@@ -173,6 +173,7 @@ def nvfp4_grouped_down(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_grouped_gate_up``), grouped by expert.
 
@@ -185,7 +186,9 @@ def nvfp4_grouped_down(
         taps: if a dict, the tapped build stores ``down_acc`` fp32 [M, k, H] (before the global scale),
             ``y`` bf16 [M, k, H] and ``out`` bf16 [M, H].
         config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK``, ``num_warps``, ``num_stages``, ``DECODE``).
-    Returns: a new bf16 [M, H] tensor (inputs never modified).
+        out: None, or a bf16 [M, H] contiguous tensor the combine writes and that is returned (no overlap with
+            any input: the op checks that, ``ops._checks.check_out``).
+    Returns: a new bf16 [M, H] tensor, or ``out`` (inputs never modified).
     Raises: TypeError / ValueError naming the bad argument.
     """
     from flint_moe.kernels.nvfp4.gate_up import _weights_common
@@ -201,7 +204,7 @@ def nvfp4_grouped_down(
     _check_perm(perm, P, E, dev)
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
-    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=config)
+    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=config, out=out)
 
 
 def launch_grouped_down(
@@ -214,6 +217,7 @@ def launch_grouped_down(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``nvfp4_grouped_down`` on arguments already checked by the caller (the op
     ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``perm``
@@ -229,7 +233,9 @@ def launch_grouped_down(
     bh = int(cfg["BH"] or default_bh(perm.block_m))
     if bh < 64 or bh & (bh - 1):
         raise ValueError(f"nvfp4_grouped_down: config BH = {bh} must be a power of two >= 64")
-    out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    if out is None:
+        out = torch.empty((M, H), dtype=torch.bfloat16, device=dev)
+    check_op_tensor("out", out, dtype=torch.bfloat16, shape=(M, H), device=dev)
     y = torch.empty((P, H), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
     dacc = torch.empty((P, H), dtype=torch.float32, device=dev) if tap else y

@@ -133,3 +133,19 @@ def test_markdown_escapes_the_baseline_strings():
         "| `nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0` | \\<img src=x onerror=alert(1)\\> | **FAIL** "
         "| changed |" in text
     )
+
+
+def test_check_same_device():
+    from flint_moe.conformance.report.baseline import check_same_device, run_device
+
+    gpu = {"env": {"gpu": "NVIDIA H200", "backend": "triton-cuda (NVIDIA H200)"}, "cases": []}
+    cpu = {"env": {"gpu": None, "backend": "triton-interpreter (CPU)"}, "cases": []}
+    assert [run_device(r["env"]) for r in (gpu, cpu)] == ["gpu", "cpu"] and run_device({}) == "cpu"
+    check_same_device(cpu["env"], cpu, "a")  # same kind: no error
+    check_same_device(gpu["env"], gpu, "a")
+    with pytest.raises(ValueError, match=r"^--baseline reports/h200: that is a GPU report \(triton-cuda \(NVIDIA "
+                       r"H200\)\); a CPU run can only be diffed against a CPU run"):  # fmt: skip
+        check_same_device(cpu["env"], gpu, "reports/h200")
+    with pytest.raises(ValueError, match=r"^--baseline x: that is a CPU report \(triton-interpreter \(CPU\)\); a GPU "
+                       r"run can only be diffed against a GPU run"):  # fmt: skip
+        check_same_device(gpu["env"], cpu, "x")

@@ -64,7 +64,7 @@ def test_merged_equals_unsharded(runs, tmp_path, capsys):
     }
     assert [s["index"] for s in m["env"]["merged"]] == [1, 2] and "shard" not in m["env"]
     assert m["env"]["cases_run"] == "3 of " + a["env"]["cases_run"].split(" of ")[1] + " (merged from 2 shards)"
-    assert (out / "summary.md").is_file()
+    assert (out / "summary.md").is_file() and (out / "summary-full.md").is_file()
     assert "3 cases from 2 shards, 0 FAIL" in capsys.readouterr().out
 
 

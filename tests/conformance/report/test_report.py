@@ -30,14 +30,17 @@ def test_report_dict_and_files(tmp_path):
         "cases_only_there": [],
     }
     paths = rp.write_report(results(), ENV, tmp_path, mutation=MUTATION, baseline=base, gpu_report=FRESH, html=False)
-    assert set(paths) == {"json", "summary"} and not (tmp_path / "report.html").exists()
+    assert set(paths) == {"json", "summary", "summary_full"} and not (tmp_path / "report.html").exists()
     data = json.loads(paths["json"].read_text())
     assert data["schema"] == rp.SCHEMA
     assert data["totals"] == {"EXACT": 0, "WITHIN-BOUND": 3, "EXPLAINED": 1, "FAIL": 1, "cases": 5}
     assert data["mutation"] == MUTATION and data["baseline"] == base and data["gpu_report"] == FRESH
     assert data["env"]["source_digest"]["digest"] == ENV["source_digest"]["digest"]
     assert data["cases"][1]["stages"][1]["map"]["total"] == 2
-    assert "## Changes vs baseline `x`" in paths["summary"].read_text()
+    assert "## Changes vs baseline `x`" in paths["summary_full"].read_text()
+    assert "Vs baseline `x`: 0 cases compared, 0 verdict changes (0 worse), 0 output digests changed." in (
+        paths["summary"].read_text()
+    )
     assert "mutation" not in rp.report_dict([ok_case()], ENV)
 
 

@@ -4,7 +4,7 @@ freshness line."""
 
 from __future__ import annotations
 
-from flint_moe.conformance.report import summary as sm
+from flint_moe.conformance.report import summary as sm, summary_full as sf
 from tests.conformance._report_data import MUTATION, black_box_explained, fail_case, ok_case, results
 
 ENV = {"backend": "triton-interpreter (CPU)", "git_commit": "abc123", "date_utc": "2026-11-29T20:00:00+00:00",
@@ -28,16 +28,17 @@ def _table_rows(md: str) -> dict[tuple[str, str, str], list[str]]:
 
 
 def test_table_values():
-    md = sm.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
+    md = sf.full_summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
     rows = _table_rows(md)
     assert len(rows) == 5
     ok = rows[("nvfp4\\_decode", "cpu-E6-H96-I64-k3", "1")]
     # 1 case; exact %: (5 + 96) of (6 + 96) elements; max ulp over bits stages: 0; worst accumulation router_acc.
-    assert ok == ["1", "**WITHIN-BOUND**", f"{100 * 101 / 102:.2f}", "0", "router\\_acc 1.5 ulp (0.0125 bound)", "-",
-                  "0", "-", "-"]  # fmt: skip
+    assert ok == ["1", "**WITHIN-BOUND**", f"{100 * 101 / 102:.2f}", "0",
+                  "router\\_acc 1.25% of its bound (1.5 ulp)", "-", "0", "-", "-"]  # fmt: skip
     bad = rows[("nvfp4\\_decode", "cpu-E6-H96-I64-k3", "3")]
     # exact %: (500 + 574) of 1152; failures: the case's profile/seed with act:2 and the failed invariance.
-    assert bad[:7] == ["1", "**FAIL**", f"{100 * 1074 / 1152:.2f}", "3", "gate\\_acc 40 ulp (0.5 bound)", "-", "1"]
+    assert bad[:7] == ["1", "**FAIL**", f"{100 * 1074 / 1152:.2f}", "3", "gate\\_acc 50% of its bound (40 ulp)", "-",
+                       "1"]  # fmt: skip
     assert bad[7] == "`tied_logits/s0` act:2, row\\_independence"
     assert bad[8] == "determinism:ok row:FAIL(1) batch:meas"
     bb = rows[("bf16\\_decode (black-box)", "cpu-E6-H192-I192-k3", "2")]
@@ -50,19 +51,20 @@ def test_table_aggregates_path_shape_m():
     more = [ok_case(3), fail_case(), ok_case(3, seed=1)]
     more[2].stages[0].max_bound_fraction = 0.75  # the worst accumulation of the group, below in ulps
     more[2].stages[0].max_err_ulps = 7.0
-    rows = _table_rows(sm.summary_markdown(more, {}))
+    rows = _table_rows(sf.full_summary_markdown(more, {}))
     assert list(rows) == [("nvfp4\\_decode", "cpu-E6-H96-I64-k3", "3")]
     row = rows[("nvfp4\\_decode", "cpu-E6-H96-I64-k3", "3")]
     # exact %: (15 + 288) * 2 + 500 + 574 of (18 + 288) * 2 + 1152.
     assert row[:5] == ["3", "**FAIL** (2 WITHIN-BOUND, 1 FAIL)", f"{100 * (606 + 1074) / (612 + 1152):.2f}", "3",
-                       "router\\_acc 7 ulp (0.75 bound)"]  # fmt: skip
+                       "router\\_acc 75% of its bound (7 ulp)"]  # fmt: skip
     assert row[6:] == ["1", "`tied_logits/s0` act:2, row\\_independence", "determinism:ok row:FAIL(1) batch:meas"]
 
 
 def test_header_lines_in_order():
-    md = sm.summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
+    md = sf.full_summary_markdown(results(), ENV, mutation=MUTATION, gpu_report=FRESH)
     lines = md.splitlines()
-    assert lines[0] == "# flint-moe conformance" and lines[2].startswith("**Backend: triton-interpreter (CPU).**")
+    assert lines[0] == "# flint-moe conformance: full tables"
+    assert lines[2].startswith("**Backend: triton-interpreter (CPU).**")
     assert lines[4] == (
         "Run: 2026-11-29T20:00:00+00:00; cases 5 of 20 of profile `cpu`; commit `abc123`; sources "
         "`0123456789ab`; command `python -m flint_moe.conformance`."
@@ -77,7 +79,7 @@ def test_header_lines_in_order():
 
 
 def test_failure_details_invariances_and_explained():
-    md = sm.summary_markdown(results(), ENV, mutation=MUTATION)
+    md = sf.full_summary_markdown(results(), ENV, mutation=MUTATION)
     fails = md.split("## Failures")[1].split("## Explained differences")[0]
     assert "### `nvfp4_decode/cpu-E6-H96-I64-k3/M3/tied_logits/s0`: FAIL" in fails
     assert "- **diagnosis**: act\\_rounded\\_twice: matches the reference with act rounded twice" in fails
@@ -97,7 +99,7 @@ def test_failure_details_invariances_and_explained():
 
 
 def test_no_failures_no_optional_sections():
-    md = sm.summary_markdown([ok_case(1)], {"backend": "cpu"})
+    md = sf.full_summary_markdown([ok_case(1)], {"backend": "cpu"})
     assert "## Failures\n\nNone." in md
     for absent in ("## Explained", "## Invariances", "## Mutation", "## Changes vs baseline", "GPU REPORT"):
         assert absent not in md
@@ -109,7 +111,7 @@ def test_end_to_end_failure_details_rendered():
     c["end_to_end"].update(verdict="FAIL", explained=3, unexplained=1, first_failures=[[1, 191]],
                            failure_details=[{"index": [1, 191], "kernel": 1.5, "golden": 1.25, "lo": 1.0,
                                              "hi": 1.375, "why": "outside the propagated interval"}])  # fmt: skip
-    md = sm.summary_markdown([c], {"backend": "cpu"})
+    md = sf.full_summary_markdown([c], {"backend": "cpu"})
     row = _table_rows(md)[("bf16\\_decode (black-box)", "cpu-E6-H192-I192-k3", "2")]
     assert row[1] == "**FAIL**" and row[7] == "`asymmetric/s0` end-to-end:1"
     assert "- **end to end** (black-box) FAIL: 4 of 384 output elements differ" in md
@@ -121,10 +123,10 @@ def test_invariance_only_failure_claims_no_diagnosis():
     c = ok_case(2).to_json()
     c["verdict"] = "FAIL"
     c["invariance"] = [{"name": "determinism", "required": True, "outcome": "FAIL", "note": "run 2 differs"}]
-    md = sm.summary_markdown([c], {"backend": "cpu"})
+    md = sf.full_summary_markdown([c], {"backend": "cpu"})
     assert "- **invariance determinism** FAIL: run 2 differs" in md and "no catalogued fault" not in md
     c["stages"][1]["verdict"] = "FAIL"
-    assert "- **diagnosis**: no catalogued fault reproduces the kernel's output" in sm.summary_markdown([c], {})
+    assert "- **diagnosis**: no catalogued fault reproduces the kernel's output" in sf.full_summary_markdown([c], {})
 
 
 def test_mutation_line_all_caught_and_untested():
@@ -158,14 +160,15 @@ def test_strings_from_a_loaded_report_make_no_markdown():
     c["invariance"][1].update(name="row_|x", note="</td>")
     odd = dict(ok_case(1).to_json(), verdict="<img src=x onerror=alert(1)>")
     env = {"backend": "cpu <b>", "git_commit": "c`1", "command": "x | y", "filters": ["[/]"], "incomplete": "**x**"}
-    md = sm.summary_markdown([c, odd], env, gpu_report={"line": "GPU REPORT <i>x</i>"})
+    md = sf.full_summary_markdown([c, odd], env, gpu_report={"line": "GPU REPORT <i>x</i>"})
     assert re.findall(r"(?<!\\)[<>]", md) == [] and re.findall(r"(?<!\\)\]\(", md) == []
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| path")]
     assert rows == [
-        rf"| p\|\[l\](u) | sh\|ape | 3 | 1 | **FAIL** | {100 * 1074 / 1152:.2f} | 3 | gate\_acc 40 ulp (0.5 bound) "
-        r"| - | 1 | p\`q/s0 \# h a\_ct\|:2, row\_\|x | determinism:ok row:FAIL(1) batch:meas |",
+        rf"| p\|\[l\](u) | sh\|ape | 3 | 1 | **FAIL** | {100 * 1074 / 1152:.2f} | 3 "
+        r"| gate\_acc 50% of its bound (40 ulp) | - | 1 | p\`q/s0 \# h a\_ct\|:2, row\_\|x "
+        r"| determinism:ok row:FAIL(1) batch:meas |",
         rf"| nvfp4\_decode | cpu-E6-H96-I64-k3 | 1 | 1 | **\<img src=x onerror=alert(1)\>** | {100 * 101 / 102:.2f} "
-        r"| 0 | router\_acc 1.5 ulp (0.0125 bound) | - | 0 | - | - |",
+        r"| 0 | router\_acc 1.25% of its bound (1.5 ulp) | - | 0 | - | - |",
     ]
     assert r"### nvfp4\_decode/s\|x/M3/p\`q/s0 \# h: FAIL" in md
     assert r"- **diagnosis**: \*bold\*: \[x\](javascript:1)" in md and r"; note: n\<b\>" in md
