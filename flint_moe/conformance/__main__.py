@@ -1,12 +1,14 @@
 """``python -m flint_moe.conformance``: run the conformance matrix and write the report.
 
     python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR [--overwrite]] [--list]
+                                    [--shape NAME|E,H,I,k[,SI]] [--route SPEC]
                                     [--invariance | --no-invariance] [--mutation | --no-mutation]
                                     [--baseline OTHER] [--no-html] [--gpu-report REPORT] [--black-box]
 
 For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
-(``stages.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
+(``stages.compare_case``); ``--shape`` replaces the matrix by ``cases.shape_cases`` of any shape, ``--route``
+forces the routing of every selected case (``inputs/routing.py``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
 into a staging directory beside it and renamed onto it when the run completes, ``outdir.publish``):
 report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md and
 report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
@@ -95,7 +97,8 @@ def run_kind(args, profile: str, invariance: bool, mutation: bool):
         partial.append(f"shard {args.shard} (merge the shards: python -m flint_moe.conformance.merge)")
     if args.filter:
         partial.append("filtered (" + ", ".join(args.filter) + ")")
-    for flag, on in (("--rerun-failed", args.rerun_failed), ("--black-box", args.black_box),
+    for flag, on in (("--shape", getattr(args, "shape", None)), ("--route", getattr(args, "route", None)),
+                     ("--rerun-failed", args.rerun_failed), ("--black-box", args.black_box),
                      ("--checkpoint", args.checkpoint is not None), ("--no-html", not args.html),
                      ("--no-invariance", profile == "gpu" and not invariance),
                      ("--no-mutation", profile == "gpu" and not mutation)):  # fmt: skip
@@ -151,6 +154,39 @@ def select(profile: str, filters: list[str]) -> list:
     from flint_moe.conformance.inputs.cases import matrix
 
     return [c for c in matrix(profile) if all(f in c.id for f in filters)]
+
+
+def shape_route_selection(shape: str | None, route: str | None, profile: str, filters: list[str]) -> list:
+    """The cases of ``--shape`` / ``--route``: ``cases.shape_cases`` of the shape ``shape`` names (any
+    ``cases.shape_spec`` text) or the ``profile`` matrix, filtered like the matrix, each with the route
+    ``route`` (``routing.parse_route`` text) when given; cases whose data profile sets the routing itself are
+    left out, and duplicates once. Raises ValueError for a bad shape or route, or a route no selected case
+    can hold (naming the first such case and why)."""
+    from dataclasses import replace
+
+    from flint_moe.conformance.inputs.cases import matrix, shape_cases, shape_spec
+    from flint_moe.conformance.inputs.routing import ROUTE_EXCLUSIVE_PROFILES, parse_route
+
+    base = shape_cases(shape_spec(shape)) if shape is not None else matrix(profile)
+    cases = [c for c in base if all(f in c.id for f in filters)]
+    if route is None:
+        return cases
+    r = parse_route(route)
+    out, seen, errors = [], set(), []
+    for c in cases:
+        if c.profile in ROUTE_EXCLUSIVE_PROFILES:
+            continue
+        try:
+            rc = replace(c, route=r)
+        except ValueError as e:
+            errors.append(f"{c.id}: {e}")
+            continue
+        if rc.id not in seen:
+            seen.add(rc.id)
+            out.append(rc)
+    if not out and errors:
+        raise ValueError(f"--route {route}: no selected case can hold it ({errors[0]})")
+    return out
 
 
 def checkpoint_selection(path: str, layer: int, profile: str, filters: list[str], device: torch.device):
@@ -321,6 +357,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--layer", type=int, default=None, metavar="N", help="MoE layer index for --checkpoint")
     ap.add_argument(
+        "--shape",
+        default=None,
+        metavar="NAME|E,H,I,k[,SI]",
+        help="run any layer shape instead of the matrix: a flint_moe/shapes.py name (deepseek-v3, ...; cpu-<name> "
+        "for its scaled-down copy) or sizes E,H,I,k[,SI] (SI: shared expert size, for the record); gaussian "
+        "data on nvfp4_decode (M 1, 8), nvfp4_grouped (9, 64), nvfp4_dispatch (8, 9) and bf16_decode (1, 8) "
+        "where H and I are multiples of 64 (cases.shape_cases; --filter narrows it). On the CPU a real-size "
+        "shape runs under the Triton interpreter: minutes per case (a DeepSeek-V3 layer: tens of minutes); "
+        "use a scaled-down one there (cpu-deepseek-v3)",
+    )
+    ap.add_argument(
+        "--route",
+        default=None,
+        metavar="SPEC",
+        help="force the routing of every selected case by its router weights and tokens (the golden model routes "
+        "them as usual; inputs/routing.py): experts=5,7 (these experts lead every token), last[=N] (the last N "
+        "experts, N = top_k by default), count=128@5 (exactly the first 128 tokens go to expert 5); the case "
+        "ids get /r-<route> (experts-5-7, last-3, count-128-5) and rebuild with it; cases whose data profile "
+        "sets the routing itself (tied_logits, skewed_routing, tiny_sigmoids, subnormal_tokens) are left out",
+    )
+    ap.add_argument(
         "--rerun-failed",
         default=None,
         metavar="REPORT",
@@ -362,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
             cases, given_inputs = checkpoint_selection(args.checkpoint, args.layer, profile, args.filter, device)
         except CHECKPOINT_ERRORS as e:
             print(checkpoint_error_line(args.checkpoint, args.layer, e), file=sys.stderr)
+            return 2
+    elif args.shape is not None or args.route is not None:
+        try:
+            cases = shape_route_selection(args.shape, args.route, profile, args.filter)
+        except ValueError as e:
+            print(e, file=sys.stderr)
             return 2
     else:
         cases = select(profile, args.filter)
@@ -434,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     env = environment()
     env["profile"] = profile
-    env["filters"] = list(args.filter)
+    env["filters"] = list(args.filter) + [f"{flag}={v}" for flag, v in (("--shape", args.shape),
+                                                                         ("--route", args.route)) if v is not None]
     now = datetime.datetime.now(datetime.UTC)
     env["date_utc"] = now.isoformat(timespec="seconds")
     env["command"] = " ".join(["python -m flint_moe.conformance", *(sys.argv[1:] if argv is None else argv)])

@@ -91,7 +91,7 @@ def oracle_available(profile: str) -> bool:
 #: (its loader repacks them), forward with the shared output on both sides of DECODE_MAX_TOKENS.
 PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
 PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
-PATH_PROFILES["nvfp4_dispatch"] = ("gaussian", "skewed_routing")
+PATH_PROFILES["nvfp4_dispatch"] = ("gaussian",)  # the data profiles run on the paths it dispatches to
 
 #: Launch configurations a path can pick besides its default (every kernel configuration a path can
 #: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
@@ -314,7 +314,7 @@ def _cpu_matrix() -> list[Case]:
 
 
 def _derived_cpu_cases() -> list[Case]:
-    """One ``nvfp4_decode`` case (M = 2, gaussian) per distinct size of ``DERIVED_CPU_SHAPES`` (the first model
+    """One ``nvfp4_decode`` case (M = 1, gaussian) per distinct size of ``DERIVED_CPU_SHAPES`` (the first model
     of each size in ``MODEL_SHAPES`` order names it) that no hand-picked CPU shape already has: a new real shape
     brings its scaled-down case unless an earlier one runs the same kernels on the same sizes."""
     seen = {(s.E, s.H, s.I, s.k, s.pad_to) for s in (*CPU_SHAPES["nvfp4_decode"], *CPU_SHAPES["bf16_decode"])}
@@ -323,7 +323,7 @@ def _derived_cpu_cases() -> list[Case]:
         key = (s.E, s.H, s.I, s.k, s.pad_to)
         if key not in seen:
             seen.add(key)
-            cases.append(Case.make("nvfp4_decode", s, 2, "gaussian"))
+            cases.append(Case.make("nvfp4_decode", s, 1, "gaussian"))
     return cases
 
 
