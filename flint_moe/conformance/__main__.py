@@ -156,39 +156,6 @@ def select(profile: str, filters: list[str]) -> list:
     return [c for c in matrix(profile) if all(f in c.id for f in filters)]
 
 
-def shape_route_selection(shape: str | None, route: str | None, profile: str, filters: list[str]) -> list:
-    """The cases of ``--shape`` / ``--route``: ``cases.shape_cases`` of the shape ``shape`` names (any
-    ``cases.shape_spec`` text) or the ``profile`` matrix, filtered like the matrix, each with the route
-    ``route`` (``routing.parse_route`` text) when given; cases whose data profile sets the routing itself are
-    left out, and duplicates once. Raises ValueError for a bad shape or route, or a route no selected case
-    can hold (naming the first such case and why)."""
-    from dataclasses import replace
-
-    from flint_moe.conformance.inputs.cases import matrix, shape_cases, shape_spec
-    from flint_moe.conformance.inputs.routing import ROUTE_EXCLUSIVE_PROFILES, parse_route
-
-    base = shape_cases(shape_spec(shape)) if shape is not None else matrix(profile)
-    cases = [c for c in base if all(f in c.id for f in filters)]
-    if route is None:
-        return cases
-    r = parse_route(route)
-    out, seen, errors = [], set(), []
-    for c in cases:
-        if c.profile in ROUTE_EXCLUSIVE_PROFILES:
-            continue
-        try:
-            rc = replace(c, route=r)
-        except ValueError as e:
-            errors.append(f"{c.id}: {e}")
-            continue
-        if rc.id not in seen:
-            seen.add(rc.id)
-            out.append(rc)
-    if not out and errors:
-        raise ValueError(f"--route {route}: no selected case can hold it ({errors[0]})")
-    return out
-
-
 def checkpoint_selection(path: str, layer: int, profile: str, filters: list[str], device: torch.device):
     """(cases, {case id: CaseInputs}) for ``--checkpoint PATH --layer N``: one case per distinct token count of
     the ``profile`` matrix's NVFP4 paths (decode up to ``ops.DECODE_MAX_TOKENS``, grouped above), on that
@@ -356,27 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         "or GGUF file) instead of the case matrix; needs --layer",
     )
     ap.add_argument("--layer", type=int, default=None, metavar="N", help="MoE layer index for --checkpoint")
-    ap.add_argument(
-        "--shape",
-        default=None,
-        metavar="NAME|E,H,I,k[,SI]",
-        help="run any layer shape instead of the matrix: a flint_moe/shapes.py name (deepseek-v3, ...; cpu-<name> "
-        "for its scaled-down copy) or sizes E,H,I,k[,SI] (SI: shared expert size, for the record); gaussian "
-        "data on nvfp4_decode (M 1, 8), nvfp4_grouped (9, 64), nvfp4_dispatch (8, 9) and bf16_decode (1, 8) "
-        "where H and I are multiples of 64 (cases.shape_cases; --filter narrows it). On the CPU a real-size "
-        "shape runs under the Triton interpreter: minutes per case (a DeepSeek-V3 layer: tens of minutes); "
-        "use a scaled-down one there (cpu-deepseek-v3)",
-    )
-    ap.add_argument(
-        "--route",
-        default=None,
-        metavar="SPEC",
-        help="force the routing of every selected case by its router weights and tokens (the golden model routes "
-        "them as usual; inputs/routing.py): experts=5,7 (these experts lead every token), last[=N] (the last N "
-        "experts, N = top_k by default), count=128@5 (exactly the first 128 tokens go to expert 5); the case "
-        "ids get /r-<route> (experts-5-7, last-3, count-128-5) and rebuild with it; cases whose data profile "
-        "sets the routing itself (tied_logits, skewed_routing, tiny_sigmoids, subnormal_tokens) are left out",
-    )
+    from flint_moe.conformance.selection import add_selection_args
+
+    add_selection_args(ap)
     ap.add_argument(
         "--rerun-failed",
         default=None,
@@ -421,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             print(checkpoint_error_line(args.checkpoint, args.layer, e), file=sys.stderr)
             return 2
     elif args.shape is not None or args.route is not None:
+        from flint_moe.conformance.selection import shape_route_selection
+
         try:
             cases = shape_route_selection(args.shape, args.route, profile, args.filter)
         except ValueError as e:
