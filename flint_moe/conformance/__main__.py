@@ -8,10 +8,10 @@
 For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
 (``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
 (``stages.compare_case``); ``--shape`` replaces the matrix by ``cases.shape_cases`` of any shape, ``--route``
-forces the routing of every selected case (``inputs/routing.py``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
-into a staging directory beside it and renamed onto it when the run completes, ``outdir.publish``):
-report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md and
-report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
+forces the routing of every selected case (``inputs/routing.py``); then ``report.write_report`` into
+``--out`` (default ``reports/<run-id>/``; written into a staging directory beside it and renamed onto it
+when the run completes, ``outdir.publish``): report.json (env with the git commit and the source digest,
+``digest.source_digest``), summary.md and report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
 OTHER`` (a report directory or report.json) the verdict changes and changed output digests
 (``baseline.compare_reports``). Every run ends with the freshness line of the committed GPU report
 (``digest.check_report``, default reports/h200/report.json), also in summary.md. A rich progress bar

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     si = "none" if shape.shared_intermediate is None else str(shape.shared_intermediate)
     title = (
         f"golden model, {shape.name}: E={shape.num_experts} H={shape.hidden} I={shape.intermediate} "
-        f"k={shape.top_k} shared expert I={si} M={args.tokens}, backend: reference ({args.device}, torch {torch.__version__})"
+        f"k={shape.top_k} shared expert I={si} M={args.tokens}, "
+        f"backend: reference ({args.device}, torch {torch.__version__})"
     )
     table = Table(title=title)
     for column in ("stage", "shape", "dtype", "summary"):

@@ -317,7 +317,8 @@ def test_shape_and_route_options(tmp_path, fake_run, capsys):
     assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3,32", "--route", "count=5@2", "--list"]) == 0
     ids = capsys.readouterr().out.split()
     assert ids == [  # M = 1 cannot send 5 tokens: left out
-        "nvfp4_decode/E6-H96-I64-k3/M8/gaussian/s0/r-count-5-2", "nvfp4_grouped/E6-H96-I64-k3/M9/gaussian/s0/r-count-5-2",
+        "nvfp4_decode/E6-H96-I64-k3/M8/gaussian/s0/r-count-5-2",
+        "nvfp4_grouped/E6-H96-I64-k3/M9/gaussian/s0/r-count-5-2",
         "nvfp4_grouped/E6-H96-I64-k3/M64/gaussian/s0/r-count-5-2",
         "nvfp4_dispatch/E6-H96-I64-k3/M8/gaussian/s0/r-count-5-2",
         "nvfp4_dispatch/E6-H96-I64-k3/M9/gaussian/s0/r-count-5-2",

@@ -24,7 +24,8 @@ per-file digests are kept, so a check can say which files changed.
 ``GPU REPORT CURRENT (...)``, ``GPU REPORT STALE since <files> changed (...)``, or ``GPU REPORT MISSING
 (...)``; a CURRENT or STALE line of a gpu-profile report ends with the gpu-matrix cases the report lacks
 (``; not run on the GPU: shape <new shape> xN, <path> xN (of N gpu cases)``: a shape added to
-``flint_moe/shapes.py`` is named there), and exits 0 (``--strict``: 1 unless current). ``--print`` writes the current digest as JSON.
+``flint_moe/shapes.py`` is named there), and exits 0 (``--strict``: 1 unless current). ``--print`` writes the
+current digest as JSON.
 """
 
 from __future__ import annotations
