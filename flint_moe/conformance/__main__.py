@@ -11,8 +11,9 @@ For each case (``cases.matrix(profile)``, only ids containing every ``--filter``
 forces the routing of every selected case (``inputs/routing.py``); then ``report.write_report`` into
 ``--out`` (default ``reports/<run-id>/``; written into a staging directory beside it and renamed onto it
 when the run completes, ``outdir.publish``): report.json (env with the git commit and the source digest,
-``digest.source_digest``), summary.md and report.html; with ``--mutation`` the mutation kill rate (``mutation.run_mutations``), with ``--baseline
-OTHER`` (a report directory or report.json) the verdict changes and changed output digests
+``digest.source_digest``), summary.md and report.html; with ``--mutation`` the mutation kill rate
+(``mutation.run_mutations``), with ``--baseline OTHER`` (a report directory or report.json) the verdict changes
+and changed output digests
 (``baseline.compare_reports``). Every run ends with the freshness line of the committed GPU report
 (``digest.check_report``, default reports/h200/report.json), also in summary.md. A rich progress bar
 runs during the cases and a rich summary table follows; exit status 1 on any FAIL (or a case that raised),
