@@ -1,26 +1,23 @@
 """``python -m flint_moe.conformance``: run the conformance matrix and write the report.
 
     python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR [--overwrite]] [--list]
+                                    [--shape NAME|E,H,I,k[,SI]] [--route SPEC]
                                     [--invariance | --no-invariance] [--mutation | --no-mutation]
                                     [--baseline OTHER] [--no-html] [--gpu-report REPORT] [--black-box]
 
-For each case (``cases.matrix(profile)``, only ids containing every ``--filter`` substring): build its inputs
-(``cases.make_inputs``), run its kernel path with taps (``paths.PATHS``), compare with the golden model
-(``stages.compare_case``); then ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``; written
-into a staging directory beside it and renamed onto it when the run completes, ``outdir.publish``):
-report.json (env with the git commit and the source digest, ``digest.source_digest``), summary.md (the short
-pull-request summary), summary-full.md (every table) and report.html; with ``--mutation`` the mutation kill rate
-(``mutation.run_mutations``), with ``--baseline OTHER`` (a report directory or report.json) the verdict changes
-and changed output digests (``baseline.compare_reports``). Every run ends with the freshness line of the
-committed GPU report (``digest.check_report``, default reports/h200/report.json), also in summary.md. A rich
-progress bar runs during the cases and a rich summary table follows; exit status 1 on any FAIL (or a case that raised),
-2 for a bad baseline, a refused gpu profile or a refused ``--out`` (an existing file, a non-empty directory
-without ``--overwrite``, the committed GPU evidence from a run that is not a complete gpu-profile GPU run:
-``outdir.evidence_guard``), all before the first case; 3 for a run stopped by SIGTERM / SIGINT (the report then
-covers the cases done, says INCOMPLETE and stays in the staging directory, whose path is printed; ``--out`` is
-left as it was), else 0. Every string printed to the console is printed literally (no rich markup).
-Without CUDA the kernels run under Triton's interpreter: TRITON_INTERPRET=1 is set here before triton is
-imported (bit-exactness is then NOT claimed; the report says so).
+For each case (``cases.matrix(profile)``, ids containing every ``--filter`` substring; ``--shape`` /
+``--route``: ``cases.shape_cases`` of any shape, forced routing, ``inputs/routing.py``): build its inputs, run
+its kernel path with taps (``paths.PATHS``), compare with the golden model (``stages.compare_case``); then
+``report.write_report`` into ``--out`` (default ``reports/<run-id>/``, staged beside it and renamed when the
+run completes, ``outdir.publish``): report.json, summary.md (the short pull-request summary), summary-full.md
+and report.html; ``--mutation`` adds the self-test (``mutation.self_test``), ``--baseline OTHER`` the verdict
+and output digest changes (``baseline.compare_reports``). Every run ends with the freshness line of the
+committed GPU report (``digest.check_report``, default reports/h200/report.json). Exit status 1 on any FAIL
+(or a case that raised); 2 for a bad baseline, a refused gpu profile or a refused ``--out`` (an existing file,
+a non-empty directory without ``--overwrite``, the committed GPU evidence from a run that is not a complete
+gpu-profile GPU run: ``outdir.evidence_guard``), all before the first case; 3 for a run stopped by SIGTERM /
+SIGINT (the report covers the cases done, says INCOMPLETE and stays staged); else 0. Console strings are
+printed literally. Without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set here).
 """
 
 from __future__ import annotations
@@ -95,7 +92,8 @@ def run_kind(args, profile: str, invariance: bool, mutation: bool):
         partial.append(f"shard {args.shard} (merge the shards: python -m flint_moe.conformance.merge)")
     if args.filter:
         partial.append("filtered (" + ", ".join(args.filter) + ")")
-    for flag, on in (("--rerun-failed", args.rerun_failed), ("--black-box", args.black_box),
+    for flag, on in (("--shape", getattr(args, "shape", None)), ("--route", getattr(args, "route", None)),
+                     ("--rerun-failed", args.rerun_failed), ("--black-box", args.black_box),
                      ("--checkpoint", args.checkpoint is not None), ("--no-html", not args.html),
                      ("--no-invariance", profile == "gpu" and not invariance),
                      ("--no-mutation", profile == "gpu" and not mutation)):  # fmt: skip
@@ -321,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         "or GGUF file) instead of the case matrix; needs --layer",
     )
     ap.add_argument("--layer", type=int, default=None, metavar="N", help="MoE layer index for --checkpoint")
+    from flint_moe.conformance.selection import add_selection_args
+
+    add_selection_args(ap)
     ap.add_argument(
         "--rerun-failed",
         default=None,
@@ -363,6 +364,14 @@ def main(argv: list[str] | None = None) -> int:
             cases, given_inputs = checkpoint_selection(args.checkpoint, args.layer, profile, args.filter, device)
         except CHECKPOINT_ERRORS as e:
             print(checkpoint_error_line(args.checkpoint, args.layer, e), file=sys.stderr)
+            return 2
+    elif args.shape is not None or args.route is not None:
+        from flint_moe.conformance.selection import shape_route_selection
+
+        try:
+            cases = shape_route_selection(args.shape, args.route, profile, args.filter)
+        except ValueError as e:
+            print(e, file=sys.stderr)
             return 2
     else:
         cases = select(profile, args.filter)
@@ -443,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
     env["profile"] = profile
-    env["filters"] = list(args.filter)
+    env["filters"] = list(args.filter) + [f"{flag}={v}" for flag, v in (("--shape", args.shape),
+                                                                         ("--route", args.route)) if v is not None]
     now = datetime.datetime.now(datetime.UTC)
     env["date_utc"] = now.isoformat(timespec="seconds")
     env["command"] = " ".join(["python -m flint_moe.conformance", *(sys.argv[1:] if argv is None else argv)])

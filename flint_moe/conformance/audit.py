@@ -253,7 +253,7 @@ def _case_launches(case, counter) -> list[Launch]:
     inputs = _fake_inputs(case)
     runs = [(path, inputs, {}), (path, inputs, None)]
     if case.M >= 2:
-        runs.append((path, _fake_inputs(replace(case, M=1)), {}))
+        runs.append((path, _fake_inputs(replace(case, M=1, route=None)), {}))
     if run_case.config != "default":
         runs.append((PATHS[run_case.path], inputs, {}))
     launches: list[Launch] = []

@@ -7,6 +7,10 @@ in memory): random E2M1 codes, block scales drawn from the E4M3 binades a ModelO
 N(0, 0.02) weights, and per-expert global scales near ``amax / (6 * 448)``. A look at the golden model alone;
 the main job is the conformance harness (``nox -s conformance``). A DeepSeek-V3 layer needs ~10 GB of memory:
 ``--model qwen3-30b-a3b`` is a small one.
+
+The shared expert is the shape's own (``MoEShape.shared_intermediate``): a model with one gets a synthesised
+NVFP4 shared expert of that intermediate size whose output (rule steps 5-8 on the same tokens) is added in
+step 10; a model without one (Qwen3, gpt-oss, Mixtral, ...) gets no shared output (``out = routed``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flint_moe.reference import model as golden
+from flint_moe.reference.experts import nvfp4_expert
 from flint_moe.reference.weights import NVFP4Experts
 from flint_moe.shapes import MODEL_SHAPES, MoEShape
 
@@ -52,6 +57,17 @@ def synthesize_nvfp4_experts(shape: MoEShape, generator: torch.Generator, device
     )
 
 
+def shared_expert_output(shape: MoEShape, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor | None:
+    """The shape's own shared expert applied to ``x`` bf16 [M, H]: None when ``shape.shared_intermediate`` is
+    None (the model has no shared expert), else ``y`` bf16 [M, H] of one synthesised NVFP4 expert (see
+    :func:`synthesize_nvfp4_experts`) of intermediate size ``shape.shared_intermediate`` (rule steps 5-8)."""
+    if shape.shared_intermediate is None:
+        return None
+    one = MoEShape(f"{shape.name}-shared", 1, shape.hidden, shape.shared_intermediate, 1)
+    ex = synthesize_nvfp4_experts(one, generator, str(x.device))
+    return nvfp4_expert(x, ex.w13[0], ex.w13_scale[0], ex.w13_gs[0], ex.w2[0], ex.w2_scale[0], ex.w2_gs[0]).y
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flint_moe.tools.golden", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="deepseek-v3", choices=sorted(MODEL_SHAPES),
@@ -73,15 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = sum(t.numel() * t.element_size() for t in (experts.w13, experts.w13_scale, experts.w2, experts.w2_scale))
     router_weight = (torch.randn(shape.num_experts, shape.hidden, generator=gen) * 0.02).to(torch.bfloat16)
     x = torch.randn(args.tokens, shape.hidden, generator=gen).to(torch.bfloat16)
-    shared = (torch.randn(args.tokens, shape.hidden, generator=gen) * 0.1).to(torch.bfloat16)
-    router_weight, x, shared = (t.to(args.device) for t in (router_weight, x, shared))
+    router_weight, x = (t.to(args.device) for t in (router_weight, x))
+    shared = shared_expert_output(shape, x, gen)
     t1 = time.perf_counter()
     result = golden.moe_nvfp4(x, router_weight, experts, shape.top_k, shared=shared)
     t2 = time.perf_counter()
 
+    si = "none" if shape.shared_intermediate is None else str(shape.shared_intermediate)
     title = (
         f"golden model, {shape.name}: E={shape.num_experts} H={shape.hidden} I={shape.intermediate} "
-        f"k={shape.top_k} M={args.tokens}, backend: reference ({args.device}, torch {torch.__version__})"
+        f"k={shape.top_k} shared expert I={si} M={args.tokens}, "
+        f"backend: reference ({args.device}, torch {torch.__version__})"
     )
     table = Table(title=title)
     for column in ("stage", "shape", "dtype", "summary"):

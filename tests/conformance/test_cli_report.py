@@ -107,8 +107,7 @@ def test_mutation_flag_puts_the_kill_rate_in_the_report(tmp_path, fake_run, monk
     from flint_moe.conformance.judge import mutation
     from tests.conformance._report_data import MUTATION
 
-    monkeypatch.setattr(mutation, "run_mutations", lambda *a, **k: ["ran"])
-    monkeypatch.setattr(mutation, "mutation_report", lambda res: dict(MUTATION) if res == ["ran"] else None)
+    monkeypatch.setattr(mutation, "self_test", lambda *a, **k: dict(MUTATION))
     assert cli.main(_argv(tmp_path, "--no-html", "--mutation")) == 0
     assert json.loads((tmp_path / "out" / "report.json").read_text())["mutation"] == MUTATION
     assert "Mutation kill rate: 50.0% (3 of 4" in (tmp_path / "out" / "summary.md").read_text()
@@ -307,3 +306,67 @@ def test_gpu_run_refuses_a_cpu_baseline(tmp_path, monkeypatch, capsys):
     (base / "report.json").write_text(json.dumps({"schema": "x", "env": {"gpu": None}, "cases": []}))
     assert cli.main(_argv(tmp_path, "--baseline", str(base))) == 2
     assert "that is a CPU report (cpu); a GPU run can only be diffed against a GPU run" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("state", ["current", "stale"])
+def test_run_line_equals_the_standalone_check(tmp_path, fake_run, capsys, monkeypatch, state):
+    """The run's last line and ``python -m flint_moe.conformance.digest --check REPORT`` print the same
+    freshness line (incl. the gpu cases the report lacks), for a current and for a stale report."""
+    from flint_moe.conformance.inputs.cases import matrix
+    from flint_moe.conformance.report import digest
+
+    fixed = source_digest()
+    monkeypatch.setattr(digest, "source_digest", lambda *a, **k: fixed)
+    old = fixed
+    if state == "stale":
+        old = json.loads(json.dumps(fixed))
+        old["files"]["flint_moe/shapes.py"] = "0" * 64
+        old["digest"] = "1" * 64
+    gpu = tmp_path / "h200" / "report.json"
+    gpu.parent.mkdir()
+    lacking = [{"case_id": c.id} for c in matrix("gpu") if c.path != "nvfp4_dispatch"]
+    gpu.write_text(json.dumps({"env": {"source_digest": old, "git_commit": "c0ffee", "profile": "gpu",
+                                       "gpu": "NVIDIA H200"}, "totals": {"cases": len(lacking), "FAIL": 0},
+                               "cases": lacking}))  # fmt: skip
+    assert cli.main(_argv(tmp_path, "--no-html", "--gpu-report", str(gpu))) == 0
+    run_line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert digest.main(["--check", str(gpu)]) == 0
+    check_line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert run_line == check_line
+    assert run_line.startswith("GPU REPORT " + state.upper())
+    n = sum(c.path == "nvfp4_dispatch" for c in matrix("gpu"))
+    assert run_line.endswith(f"; not run on the GPU: nvfp4_dispatch x{n} (of {len(matrix('gpu'))} gpu cases))")
+
+
+def test_shape_and_route_options(tmp_path, fake_run, capsys):
+    """--shape runs any shape (E,H,I,k[,SI] or a name), --route forces the routing; the ids rebuild; the run is
+    marked as a selection (never the GPU evidence)."""
+    from flint_moe.conformance.inputs.cases import Case
+
+    assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3,32", "--route", "count=5@2", "--list"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert ids == [  # M = 1 cannot send 5 tokens: left out
+        "nvfp4_decode/E6-H96-I64-k3/M8/gaussian/s0/r-count-5-2",
+        "nvfp4_grouped/E6-H96-I64-k3/M9/gaussian/s0/r-count-5-2",
+        "nvfp4_grouped/E6-H96-I64-k3/M64/gaussian/s0/r-count-5-2",
+        "nvfp4_dispatch/E6-H96-I64-k3/M8/gaussian/s0/r-count-5-2",
+        "nvfp4_dispatch/E6-H96-I64-k3/M9/gaussian/s0/r-count-5-2",
+    ]  # fmt: skip
+    assert all(Case.from_id(i).id == i for i in ids)
+    assert cli.main(["--profile", "cpu", "--filter", "tied_logits", "--route", "last", "--list"]) == 0
+    assert capsys.readouterr().out.split() == []  # tied_logits sets the routing itself
+    argv = ["--profile", "cpu", "--shape", "cpu-E6-H96-I64-k3", "--filter", "nvfp4_dispatch/", "--filter", "M9",
+            "--route", "experts=4", "--out", str(tmp_path / "out"), "--no-html"]  # fmt: skip
+    assert cli.main(argv) == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_dispatch/cpu-E6-H96-I64-k3/M9/gaussian/s0/r-experts-4"]
+    assert data["env"]["filters"] == ["nvfp4_dispatch/", "M9", "--shape=cpu-E6-H96-I64-k3", "--route=experts=4"]
+    capsys.readouterr()
+    for bad, why in (
+        (["--shape", "6,96"], "shape '6,96': expected a model name"),
+        (["--route", "first=2"], "route 'first=2': expected experts=E1"),
+        (["--route", "experts=9", "--filter", "cpu-E6-H96-I64-k3"], "--route experts=9: no selected case can hold it"),
+    ):
+        assert cli.main(["--profile", "cpu", "--list", *bad]) == 2
+        assert capsys.readouterr().err.startswith(why)

@@ -84,6 +84,7 @@ EXPECTED_KERNELS = {
     "nvfp4_module": _NVFP4_DECODE | _GROUPED,
     "bf16_decode": _BF16,
     "bf16_module": _BF16,
+    "nvfp4_dispatch": _NVFP4_DECODE | _GROUPED,
 }
 
 

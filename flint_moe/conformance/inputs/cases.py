@@ -1,12 +1,16 @@
 """The conformance case matrix: path x shape x token count x data profile x seed, each case reproducible from
 its id (docs/ARCHITECTURE.md section 2).
 
-- ``Case``: frozen dataclass; ``Case.id`` is ``<path>/<shape>/M<m>/<profile>/s<seed>`` (e.g.
-  ``nvfp4_decode/deepseek-v3/M1/gaussian/s0``) and ``Case.from_id(id)`` rebuilds it (sizes from ``SHAPES``).
-- ``SHAPES``: the real layers of ``flint_moe.shapes.MODEL_SHAPES`` (plus an intermediate-padded gpt-oss
-  variant) and scaled-down CPU shapes keeping the production divisibility (E not a power of two; H a
-  multiple of 32 (NVFP4) or 64 (BF16 BlockMajorK), not a power of two; I a multiple of 64 only, or padded).
-- ``matrix("cpu" | "gpu")``: the case list of a profile.
+- ``Case``: frozen dataclass; ``Case.id`` is ``<path>/<shape>/M<m>/<profile>/s<seed>[/r-<route>][/c-<config>]``
+  (e.g. ``nvfp4_decode/deepseek-v3/M1/gaussian/s0``) and ``Case.from_id(id)`` rebuilds it (sizes from ``SHAPES``,
+  or from a shape name that spells them, ``flint_moe.shapes.sizes_name``); ``route``: forced routing
+  (``flint_moe.conformance.inputs.routing``).
+- ``SHAPES``: the real layers of ``flint_moe.shapes.MODEL_SHAPES`` (``REAL_SHAPES``), their scaled-down copies
+  ``cpu-<model>`` (``DERIVED_CPU_SHAPES``, ``MoEShape.scaled_down``) and hand-picked CPU shapes keeping the
+  production divisibility (``CPU_SHAPES``: E not a power of two; H a multiple of 32 (NVFP4) or 64 (BF16
+  BlockMajorK), not a power of two; I a multiple of 64 only, or padded).
+- ``matrix("cpu" | "gpu")``: the case list of a profile; ``shape_cases(shape)``: the cases the CLI's
+  ``--shape`` runs on any shape.
 - ``make_inputs(case, device) -> profiles.CaseInputs``: deterministic inputs (data profiles in
   ``flint_moe.conformance.inputs.profiles``).
 """
@@ -19,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flint_moe.shapes import MODEL_SHAPES
+from flint_moe.conformance.inputs.routing import ROUTE_EXCLUSIVE_PROFILES, check_route
+from flint_moe.shapes import MODEL_SHAPES, MoEShape, sizes_name
 
 if TYPE_CHECKING:
     from flint_moe.conformance.inputs.profiles import CaseInputs
@@ -30,10 +35,15 @@ __all__ = [
     "ORACLE_PROFILES",
     "oracle_available",
     "SHAPES",
+    "REAL_SHAPES",
+    "DERIVED_CPU_SHAPES",
     "Case",
     "ShapeSpec",
     "make_inputs",
     "matrix",
+    "shape_cases",
+    "shape_spec",
+    "SHAPE_CASE_M",
 ]
 
 #: Kernel paths of the matrix (``flint_moe.conformance.run.paths.PATHS`` keys). A path's name starts with the
@@ -41,7 +51,9 @@ __all__ = [
 #: ``nvfp4_grouped``: ``flint_moe.ops.flint_moe_grouped`` on both sides of DECODE_MAX_TOKENS.
 #: ``bf16_module``: ``modules.FlintBf16DecodeMoE`` over the case's TRT-LLM-layout BF16 layer (read in
 #: place), forward with the shared output.
-PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module")
+#: ``nvfp4_dispatch``: ``flint_moe.ops.flint_moe`` itself at any M (the shipped dispatch: the decode kernels up to
+#: DECODE_MAX_TOKENS, the grouped path above), judged with the summation models of the path it dispatches to.
+PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module", "nvfp4_dispatch")
 
 #: Data profiles each path supports (generators in ``profiles.py``).
 #: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
@@ -79,6 +91,7 @@ def oracle_available(profile: str) -> bool:
 #: (its loader repacks them), forward with the shared output on both sides of DECODE_MAX_TOKENS.
 PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
 PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
+PATH_PROFILES["nvfp4_dispatch"] = ("gaussian",)  # the data profiles run on the paths it dispatches to
 
 #: Launch configurations a path can pick besides its default (every kernel configuration a path can
 #: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
@@ -101,6 +114,7 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
     "nvfp4_grouped": {"default": {}, "bm64": {"BM": 64}, "bm128": {"BM": 128}},
     "nvfp4_module": {"default": {}},
     "bf16_module": {"default": {}},
+    "nvfp4_dispatch": {"default": {}},
 }
 
 
@@ -116,10 +130,15 @@ class ShapeSpec:
     k: int
     pad_to: int | None = None
 
+    @classmethod
+    def of(cls, shape: MoEShape) -> ShapeSpec:
+        """The spec of a ``flint_moe.shapes.MoEShape`` (same name, sizes and padding; the shared expert's size
+        does not enter a case: the shared output is an input of the layer)."""
+        return cls(shape.name, shape.num_experts, shape.hidden, shape.intermediate, shape.top_k, shape.pad_to)
+
 
 def _cpu(E: int, H: int, I: int, k: int, pad_to: int | None = None) -> ShapeSpec:  # noqa: E741
-    name = f"cpu-E{E}-H{H}-I{I}" + (f"-P{pad_to}" if pad_to else "") + f"-k{k}"
-    return ShapeSpec(name, E, H, I, k, pad_to)
+    return ShapeSpec(sizes_name(E, H, I, k, pad_to, prefix="cpu"), E, H, I, k, pad_to)
 
 
 #: Scaled-down CPU shapes (interpreter-sized): NVFP4 needs H % 32 == 0, BF16 H % 64 == 0, both I % 64 == 0
@@ -130,19 +149,25 @@ CPU_SHAPES = {
 }
 CPU_SHAPES["nvfp4_grouped"] = CPU_SHAPES["nvfp4_decode"]
 
-#: Real layers (shared/notes/models-and-formats.md) and one padded variant (gpt-oss I = 2880 padded to 128,
-#: as FlashInfer's TRT-LLM BF16 launcher needs).
-REAL_SHAPES = tuple(
-    ShapeSpec(s.name, s.num_experts, s.hidden, s.intermediate, s.top_k) for s in MODEL_SHAPES.values()
-) + (ShapeSpec("gpt-oss-120b-p128", 128, 2880, 2880, 4, pad_to=128),)
+#: Real layers: every ``flint_moe.shapes.MODEL_SHAPES`` entry (shared/notes/models-and-formats.md; incl. the
+#: padded gpt-oss variant, I = 2880 padded to 128, as FlashInfer's TRT-LLM BF16 launcher needs).
+REAL_SHAPES = tuple(ShapeSpec.of(s) for s in MODEL_SHAPES.values())
+
+#: The scaled-down copy of every real layer (``cpu-<model>``, ``MoEShape.scaled_down``: same top_k, padding and
+#: divisibility at interpreter size). The cpu profile runs the first of each distinct size (``_derived_cpu_cases``).
+DERIVED_CPU_SHAPES = tuple(ShapeSpec.of(s.scaled_down()) for s in MODEL_SHAPES.values())
 
 SHAPES: dict[str, ShapeSpec] = {
-    s.name: s for s in (*REAL_SHAPES, *CPU_SHAPES["nvfp4_decode"], *CPU_SHAPES["bf16_decode"])
+    s.name: s
+    for s in (*REAL_SHAPES, *CPU_SHAPES["nvfp4_decode"], *CPU_SHAPES["bf16_decode"], *DERIVED_CPU_SHAPES)
 }
+
+#: A shape name that spells its sizes (``flint_moe.shapes.sizes_name``): rebuilt without a ``SHAPES`` entry.
+_SIZES_NAME_RE = re.compile(r"^(?:[A-Za-z0-9_.]+-)*E(\d+)-H(\d+)-I(\d+)(?:-P(\d+))?-k(\d+)$")
 
 _ID_RE = re.compile(
     r"^(?P<path>[a-z0-9_]+)/(?P<shape>[A-Za-z0-9_.\-]+)/M(?P<M>\d+)/(?P<profile>[a-z0-9_]+)/s(?P<seed>\d+)"
-    r"(?:/c-(?P<config>[a-z0-9\-]+))?$"
+    r"(?:/r-(?P<route>[a-z0-9\-]+))?(?:/c-(?P<config>[a-z0-9\-]+))?$"
 )
 
 
@@ -151,7 +176,10 @@ class Case:
     """One conformance case. ``shape`` names a ``SHAPES`` entry; E, H, I, k, pad_to are copied from it.
 
     Fields: path (``PATH_NAMES``), shape, E, H, I (logical intermediate), k, M (tokens), profile (data
-    profile, ``PATH_PROFILES[path]``), seed (int >= 0), pad_to (stored intermediate alignment or None).
+    profile, ``PATH_PROFILES[path]``), seed (int >= 0), pad_to (stored intermediate alignment or None),
+    config (``PATH_CONFIGS[path]``), route (None, or a canonical route of
+    ``flint_moe.conformance.inputs.routing``: forced routing on top of the profile's tokens; ValueError for a
+    route the sizes cannot hold or a profile that sets the routing itself).
     """
 
     path: str
@@ -165,6 +193,7 @@ class Case:
     seed: int = 0
     pad_to: int | None = None
     config: str = "default"
+    route: str | None = None
 
     def __post_init__(self) -> None:
         if self.path in PATH_CONFIGS and self.config not in PATH_CONFIGS[self.path]:
@@ -182,20 +211,28 @@ class Case:
         if self.M < 1 or self.seed < 0 or not 1 <= self.k <= self.E:
             raise ValueError(f"Case: need M >= 1, seed >= 0, 1 <= k <= E; got M={self.M} seed={self.seed} "
                              f"k={self.k} E={self.E}")  # fmt: skip
+        if self.route is not None:
+            if self.profile in ROUTE_EXCLUSIVE_PROFILES:
+                raise ValueError(f"Case: profile {self.profile!r} sets the routing itself; it takes no route "
+                                 f"(got route {self.route!r})")  # fmt: skip
+            check_route(self.route, self.E, self.k, self.M)
 
     @classmethod
     def make(
-        cls, path: str, shape: str | ShapeSpec, M: int, profile: str, seed: int = 0, config: str = "default"
+        cls, path: str, shape: str | ShapeSpec, M: int, profile: str, seed: int = 0, config: str = "default",
+        route: str | None = None,
     ) -> Case:
-        """Case of a registered shape (sizes from ``SHAPES``)."""
+        """Case of a registered shape (sizes from ``SHAPES``, or spelled by its name: ``_shape``)."""
         s = shape if isinstance(shape, ShapeSpec) else _shape(shape)
-        return cls(path, s.name, s.E, s.H, s.I, s.k, M, profile, seed, s.pad_to, config)
+        return cls(path, s.name, s.E, s.H, s.I, s.k, M, profile, seed, s.pad_to, config, route)
 
     @property
     def id(self) -> str:
-        """``<path>/<shape>/M<m>/<profile>/s<seed>``, plus ``/c-<config>`` for a non-default launch
-        configuration (``PATH_CONFIGS``)."""
+        """``<path>/<shape>/M<m>/<profile>/s<seed>``, plus ``/r-<route>`` for forced routing and
+        ``/c-<config>`` for a non-default launch configuration (``PATH_CONFIGS``)."""
         base = f"{self.path}/{self.shape}/M{self.M}/{self.profile}/s{self.seed}"
+        if self.route is not None:
+            base += f"/r-{self.route}"
         return base if self.config == "default" else f"{base}/c-{self.config}"
 
     @property
@@ -209,14 +246,21 @@ class Case:
         m = _ID_RE.match(case_id)
         if m is None:
             raise ValueError(f"case id {case_id!r}: expected <path>/<shape>/M<m>/<profile>/s<seed>")
-        return cls.make(m["path"], m["shape"], int(m["M"]), m["profile"], int(m["seed"]), m["config"] or "default")
+        return cls.make(m["path"], m["shape"], int(m["M"]), m["profile"], int(m["seed"]), m["config"] or "default",
+                        m["route"])  # fmt: skip
 
 
 def _shape(name: str) -> ShapeSpec:
-    try:
+    """``SHAPES[name]``, else the shape a sizes name spells (``E6-H96-I64-k3``, ``cpu-E6-H96-I48-P64-k3``).
+    ValueError for any other name."""
+    if name in SHAPES:
         return SHAPES[name]
-    except KeyError:
-        raise ValueError(f"unknown shape {name!r} (known: {', '.join(SHAPES)})") from None
+    m = _SIZES_NAME_RE.match(name)
+    if m is None:
+        raise ValueError(f"unknown shape {name!r} (known: {', '.join(SHAPES)}; or a name spelling its sizes, "
+                         "E<E>-H<H>-I<I>[-P<pad>]-k<k>)")  # fmt: skip
+    e, h, i, pad, k = (None if g is None else int(g) for g in m.groups())
+    return ShapeSpec(name, e, h, i, k, pad)
 
 
 def matrix(profile: str) -> list[Case]:
@@ -263,7 +307,55 @@ def _cpu_matrix() -> list[Case]:
         + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
         + [Case.make("nvfp4_module", a, 2, "gaussian"), Case.make("nvfp4_module", c, 9, "modelopt")]
         + [Case.make("bf16_module", f, 3, "skewed_routing")]
+        # the shipped dispatch on both sides of DECODE_MAX_TOKENS (8): decode at 8, grouped at 9
+        + [Case.make("nvfp4_dispatch", a, m, "gaussian") for m in (8, 9)]
+        + _derived_cpu_cases()
     )
+
+
+def _derived_cpu_cases() -> list[Case]:
+    """One ``nvfp4_decode`` case (M = 1, gaussian) per distinct size of ``DERIVED_CPU_SHAPES`` (the first model
+    of each size in ``MODEL_SHAPES`` order names it) that no hand-picked CPU shape already has: a new real shape
+    brings its scaled-down case unless an earlier one runs the same kernels on the same sizes."""
+    seen = {(s.E, s.H, s.I, s.k, s.pad_to) for s in (*CPU_SHAPES["nvfp4_decode"], *CPU_SHAPES["bf16_decode"])}
+    cases = []
+    for s in DERIVED_CPU_SHAPES:
+        key = (s.E, s.H, s.I, s.k, s.pad_to)
+        if key not in seen:
+            seen.add(key)
+            cases.append(Case.make("nvfp4_decode", s, 1, "gaussian"))
+    return cases
+
+
+def shape_spec(text: str) -> ShapeSpec:
+    """The shape the CLI's ``--shape`` names: a ``SHAPES`` name, a sizes name (``E6-H96-I64-k3``), or what
+    ``flint_moe.shapes.parse_shape`` reads (``E,H,I,k[,SI]``; the shared expert's size SI is accepted and does
+    not enter the cases: the shared output is a layer input). Raises ValueError naming the text."""
+    from flint_moe.shapes import parse_shape
+
+    try:
+        return _shape(text)
+    except ValueError:
+        return ShapeSpec.of(parse_shape(text))
+
+
+#: Token counts ``shape_cases`` runs per path: both sides of DECODE_MAX_TOKENS (8).
+SHAPE_CASE_M = {"nvfp4_decode": (1, 8), "bf16_decode": (1, 8), "nvfp4_grouped": (9, 64), "nvfp4_dispatch": (8, 9)}
+
+
+def shape_cases(shape: ShapeSpec) -> list[Case]:
+    """The cases ``--shape`` runs on any shape: gaussian data at ``SHAPE_CASE_M`` on ``nvfp4_decode``,
+    ``nvfp4_grouped``, ``nvfp4_dispatch`` and, where the BF16 BlockMajorK layout holds the shape (H and the
+    stored I multiples of 64), ``bf16_decode``. Under the Triton interpreter a real-size shape takes minutes
+    per case."""
+    cases = []
+    for path, ms in SHAPE_CASE_M.items():
+        if path.startswith("bf16_"):
+            ip = shape.I if shape.pad_to is None else -(-shape.I // shape.pad_to) * shape.pad_to
+            if shape.H % 64 or ip % 64:
+                continue
+        cases += [Case.make(path, shape, m, "gaussian") for m in ms]
+    return cases
 
 
 #: Real shapes small enough to quantize with the ModelOpt recipe (``modelopt`` profile) on the device.
@@ -309,7 +401,8 @@ def _gpu_matrix() -> list[Case]:
             group += [Case.make(path, s, _GPU_M_CYCLE[j % 8], p) for j, p in enumerate(profs)]
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
-    everything = cases + _gpu_grouped_cases() + _gpu_config_cases() + _gpu_module_cases()
+    everything = (cases + _gpu_grouped_cases() + _gpu_config_cases() + _gpu_module_cases() + _gpu_dispatch_cases()
+                  + _gpu_route_cases())  # fmt: skip
     # Run order: the core shapes first (all paths and configurations), then the others; within a shape and
     # path, cases sharing weights stay adjacent (one-entry weight cache). A run stopped by a time limit then
     # still covers the core shapes on every path.
@@ -343,6 +436,24 @@ def _gpu_module_cases() -> list[Case]:
         cases += [Case.make("bf16_module", s, m, "gaussian") for m in (1, 8)]
         cases.append(Case.make("bf16_module", s, 4, "skewed_routing"))
     return cases
+
+
+#: ``nvfp4_dispatch`` (``ops.flint_moe`` itself) on the core shapes at the last decode and the first grouped
+#: token count (DECODE_MAX_TOKENS = 8): the other token counts of both kernel sets are the decode / grouped paths'.
+_GPU_DISPATCH_M = (8, 9)
+
+
+def _gpu_dispatch_cases() -> list[Case]:
+    return [Case.make("nvfp4_dispatch", name, m, "gaussian") for name in GPU_CORE_SHAPES for m in _GPU_DISPATCH_M]
+
+
+#: Forced routing (``routing.py``) on the largest layer: an expert boundary in the grouped path (exactly 128 of
+#: 256 tokens to expert 5) and every decode token on the last experts.
+_GPU_ROUTE_CASES = (("nvfp4_grouped", 256, "count-128-5"), ("nvfp4_decode", 8, "last"))
+
+
+def _gpu_route_cases() -> list[Case]:
+    return [Case.make(p, "deepseek-v3", m, "gaussian", route=r) for p, m, r in _GPU_ROUTE_CASES]
 
 
 def _gpu_config_cases() -> list[Case]:

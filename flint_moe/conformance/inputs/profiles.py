@@ -15,6 +15,7 @@ scale byte incl. subnormals and 448), ``zero_blocks`` (zero codes / zero scales 
 ModelOpt recipe, ``reference.quantize_experts``), ``modelopt_quantizer`` (the same quantized by nvidia-modelopt
 itself). BF16 weights are random bf16 then ``to_trtllm_bf16``. ``flashinfer_layout`` (both formats): the stored
 weights made by FlashInfer's own preparation functions instead of ``flint_moe.layouts`` (cases.ORACLE_PROFILES).
+A case's ``route`` (``routing.py``) then steers the tokens and router weights so that the routing follows it.
 """
 
 from __future__ import annotations
@@ -145,6 +146,11 @@ def _tokens(case, g: torch.Generator, dev: torch.device):
         rows = torch.arange(M, device=dev)[:, None] % 2 == 0
         x = torch.where(rows | (torch.rand(M, H, **f32) < 0.25), sub, x)
         notes["subnormal_rows"] = list(range(0, M, 2))
+    if getattr(case, "route", None) is not None:  # forced routing on top of the profile's tokens (routing.py)
+        from flint_moe.conformance.inputs.routing import apply_route
+
+        x, router, rnotes = apply_route(case.route, x, router, k)
+        notes.update(rnotes)
     return _bf16(x), _bf16(router), _bf16(shared), notes
 
 

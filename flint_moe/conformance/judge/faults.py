@@ -298,7 +298,7 @@ def _w_halves(case, inputs):
 
 
 #: Paths reading NVFP4 experts in the CuTe-DSL W4A16 layout (FlintMoEWeights).
-_NV = ("nvfp4_decode", "nvfp4_grouped", "nvfp4_module")
+_NV = ("nvfp4_decode", "nvfp4_grouped", "nvfp4_module", "nvfp4_dispatch")
 
 FAULTS: tuple[Fault, ...] = (
     Fault("w13_halves_swapped", "gate_acc", "gate/up swapped (w13 halves read the wrong way round)", _w_halves,

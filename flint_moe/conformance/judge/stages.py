@@ -131,6 +131,7 @@ PATH_MODELS: dict[str, SummationModel] = {
     "nvfp4_grouped": FP32_TRUNCATE,
     "nvfp4_module": block_model(16),  # modules.FlintNvfp4Experts: decode or grouped by M (expert_models)
     "bf16_module": FP32_RN,  # modules.FlintBf16DecodeMoE: the BF16 decode kernels
+    "nvfp4_dispatch": block_model(16),  # ops.flint_moe at any M: decode or grouped by M (expert_models)
 }
 
 
@@ -142,8 +143,10 @@ def expert_models(path: str, config: str = "default", M: int | None = None) -> t
     ``flint_moe.kernels.nvfp4.gate_up.accumulation_model()`` / ``nvfp4_down.accumulation_model()``
     (``block_model(16)`` on CUDA cores, ``FP32_TRUNCATE`` on the tensor-core (MMA) path; imported lazily, so
     TRITON_INTERPRET must be settled first, as for any kernel import). Other paths, or kernels without
-    the declaration: :data:`PATH_MODELS` for both. Raises KeyError for an unknown path."""
-    if path == "nvfp4_module":  # the module runs flint_moe: the decode kernels up to DECODE_MAX_TOKENS, then grouped
+    the declaration: :data:`PATH_MODELS` for both. ``nvfp4_module`` and ``nvfp4_dispatch`` (both run
+    ``ops.flint_moe``): the ``nvfp4_decode`` models up to ``ops.DECODE_MAX_TOKENS`` tokens (``M``; None counts as
+    decode), the ``nvfp4_grouped`` ones above. Raises KeyError for an unknown path."""
+    if path in ("nvfp4_module", "nvfp4_dispatch"):  # flint_moe: decode kernels up to DECODE_MAX_TOKENS, then grouped
         from flint_moe.ops import DECODE_MAX_TOKENS
 
         return expert_models("nvfp4_decode" if M is None or M <= DECODE_MAX_TOKENS else "nvfp4_grouped")

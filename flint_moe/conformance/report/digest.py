@@ -1,9 +1,11 @@
 """Source digest of the kernels and the golden model, and the freshness check of a committed GPU report.
 
 :func:`source_digest` hashes every file under :data:`DIGEST_DIRS` (``flint_moe/kernels``, ``flint_moe/ops``,
-``flint_moe/reference``, and the code the harness's paths also run: ``flint_moe/layouts`` (the stored
-weights the kernels read) and ``flint_moe/modules`` (the module paths); data files included; ``__pycache__``
-and ``*.pyc`` excluded) with SHA-256:
+``flint_moe/reference``, the code the harness's paths also run: ``flint_moe/layouts`` (the stored
+weights the kernels read) and ``flint_moe/modules`` (the module paths), and the case matrix definition:
+``flint_moe/conformance/inputs`` (cases, data profiles, routing); data files included; ``__pycache__`` and
+``*.pyc`` excluded) and the files of :data:`DIGEST_FILES` (``flint_moe/shapes.py``, the model shapes the matrix
+is made of) with SHA-256:
 
 - a ``.py`` file is hashed in a normalised form, so that comments, docstrings, blank lines and formatting do
   not count: it is parsed with :mod:`ast`, the docstrings (a string constant as the first statement of the
@@ -20,7 +22,10 @@ per-file digests are kept, so a check can say which files changed.
 
 ``python -m flint_moe.conformance.digest --check reports/h200/report.json`` prints one loud line:
 ``GPU REPORT CURRENT (...)``, ``GPU REPORT STALE since <files> changed (...)``, or ``GPU REPORT MISSING
-(...)`` and exits 0 (``--strict``: 1 unless current). ``--print`` writes the current digest as JSON.
+(...)``; a CURRENT or STALE line of a gpu-profile report ends with the gpu-matrix cases the report lacks
+(``; not run on the GPU: shape <new shape> xN, <path> xN (of N gpu cases)``: a shape added to
+``flint_moe/shapes.py`` is named there), and exits 0 (``--strict``: 1 unless current). ``--print`` writes the
+current digest as JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 __all__ = [
     "ALGORITHM",
     "DIGEST_DIRS",
+    "DIGEST_FILES",
     "DEFAULT_GPU_REPORT",
     "normalized_source",
     "file_digest",
@@ -46,7 +52,12 @@ __all__ = [
 #: Name of the normalisation + hashing scheme; a report made with another one is reported stale.
 ALGORITHM = "sha256/ast-canonical-v2"
 #: Directories (relative to the repository root) whose files make up the digest.
-DIGEST_DIRS = ("flint_moe/kernels", "flint_moe/ops", "flint_moe/reference", "flint_moe/layouts", "flint_moe/modules")
+DIGEST_DIRS = (
+    "flint_moe/kernels", "flint_moe/ops", "flint_moe/reference", "flint_moe/layouts", "flint_moe/modules",
+    "flint_moe/conformance/inputs",
+)  # fmt: skip
+#: Single files (relative to the repository root) that are part of the digest too.
+DIGEST_FILES = ("flint_moe/shapes.py",)
 #: Where the lead commits the latest H200 run.
 DEFAULT_GPU_REPORT = "reports/h200/report.json"
 #: Files named in the stale line before "and N more".
@@ -122,8 +133,8 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _files(root: Path, dirs) -> list[Path]:
-    out = []
+def _files(root: Path, dirs, files=()) -> list[Path]:
+    out = [root / f for f in files if (root / f).is_file()]
     for d in dirs:
         base = root / d
         if not base.is_dir():
@@ -134,13 +145,16 @@ def _files(root: Path, dirs) -> list[Path]:
     return out
 
 
-def source_digest(root: Path | str | None = None, dirs=DIGEST_DIRS) -> dict:
-    """Digest of the kernels' and golden model's sources under ``root`` (default: this checkout).
+def source_digest(root: Path | str | None = None, dirs=DIGEST_DIRS, files=DIGEST_FILES) -> dict:
+    """Digest of the kernels', golden model's and case matrix's sources under ``root`` (default: this checkout):
+    every file under ``dirs`` and each of ``files`` that exists.
 
     Returns ``{"algorithm": ALGORITHM, "digest": hex, "dirs": [...], "files": {relpath: hex}}`` with POSIX
     relative paths. Raises FileNotFoundError if none of ``dirs`` exists under ``root``."""
     root = repo_root() if root is None else Path(root)
-    files = _files(root, dirs)
+    if not any((root / d).is_dir() for d in dirs):
+        raise FileNotFoundError(f"source_digest: none of {list(dirs)} exists under {root}")
+    files = _files(root, dirs, files)
     if not files:
         raise FileNotFoundError(f"source_digest: none of {list(dirs)} exists under {root}")
     per = {p.relative_to(root).as_posix(): file_digest(p) for p in files}
@@ -224,8 +238,10 @@ def _not_evidence(env: dict, totals: dict | None) -> list[str]:
 
 
 def _coverage(data: dict) -> str:
-    """``"; not run on the GPU: <path> x<n>, ... (of N gpu cases)"`` for the gpu-profile cases missing from the
-    report (the matrix grew since it ran), or "" (also without torch: this module stays standard library)."""
+    """``"; not run on the GPU: shape <name> x<n>, ..., <path> x<n>, ... (of N gpu cases)"`` for the gpu-profile
+    cases missing from the report (the matrix grew since it ran): first per shape of which the report has no
+    case at all (a shape added since), then the others per path; or "" (also without torch: this module stays
+    standard library)."""
     if (data.get("env") or {}).get("profile") != "gpu" or not isinstance(data.get("cases"), list):
         return ""
     try:
@@ -233,11 +249,14 @@ def _coverage(data: dict) -> str:
     except ImportError:
         return ""
     have = {c.get("case_id") for c in data["cases"] if isinstance(c, dict)}
+    have_shapes = {str(i).split("/")[1] for i in have if isinstance(i, str) and i.count("/") >= 2}
     want = matrix("gpu")
     missing: dict[str, int] = {}
     for c in want:
         if c.id not in have:
-            missing[c.path] = missing.get(c.path, 0) + 1
+            key = f"shape {c.shape}" if c.shape not in have_shapes else c.path
+            missing[key] = missing.get(key, 0) + 1
+    missing = dict(sorted(missing.items(), key=lambda kv: not kv[0].startswith("shape ")))  # new shapes first
     if not missing:
         return ""
     return (
@@ -303,7 +322,8 @@ def check_report(report: Path | str | dict | None = None, current: dict | None =
     what = [f"{f} changed" for f in changed] + [f"{f} added" for f in added] + [f"{f} removed" for f in removed]
     return Freshness(
         "STALE",
-        f"GPU REPORT STALE since {_names(what)} ({_stamp(env, dig, totals)}; now sources {cur['digest'][:12]})",
+        f"GPU REPORT STALE since {_names(what)} ({_stamp(env, dig, totals)}; now sources {cur['digest'][:12]}"
+        f"{_coverage(data)})",
         changed,
         added,
         removed,

@@ -133,6 +133,8 @@ def _build() -> dict[str, KernelPath]:
         "nvfp4_grouped": KernelPath("nvfp4_grouped", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_grouped),
         "nvfp4_module": KernelPath("nvfp4_module", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_module),
         "bf16_module": KernelPath("bf16_module", DECODE_BF16_MAX_TOKENS, "bf16", _bf16_module),
+        # the shipped dispatch: ops.flint_moe at any M (decode kernels up to DECODE_MAX_TOKENS, grouped above)
+        "nvfp4_dispatch": KernelPath("nvfp4_dispatch", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4),
     }
 
 

@@ -107,14 +107,24 @@ def test_gpu_matrix_coverage():
 
 
 def test_cpu_matrix_divisibility():
-    # cpu profile: 5-minute budget (the 29 base cases took 196 s under `nox -s conformance` on a fresh clone,
-    # 2 cores); the oracle-tool cases (ORACLE_PROFILES, only where installed) add at most 4 small ones
+    # cpu profile: 5-minute budget (the 29 hand-picked cases of then took 196 s under `nox -s conformance` on a fresh
+    # clone, 2 cores; the 2 nvfp4_dispatch cases add ~9 s, the 6 scaled-down real shapes at M = 1 ~2-12 s each);
+    # the oracle-tool cases (ORACLE_PROFILES, only where installed) add at most 4 small ones
+    from flint_moe.conformance.inputs.cases import DERIVED_CPU_SHAPES
+    from flint_moe.shapes import MODEL_SHAPES
+
     base = [c for c in CPU if c.profile not in ORACLE_PROFILES]
-    assert 12 <= len(base) <= 30 and len(CPU) - len(base) <= 4
+    derived = {s.name for s in DERIVED_CPU_SHAPES}
+    assert 12 <= len(base) <= 38 and len(CPU) - len(base) <= 4
+    assert len([c for c in base if c.shape in derived]) <= 6
     assert {c.path for c in CPU} == set(PATH_NAMES)
     pow2 = lambda n: n & (n - 1) == 0  # noqa: E731
     for c in CPU:
-        assert not pow2(c.E) and not pow2(c.H) and not pow2(c.k), c.id
+        assert not pow2(c.E) and not pow2(c.H), c.id
+        if c.shape in derived:  # a real layer's top_k, whatever it is
+            assert c.k == MODEL_SHAPES[c.shape.removeprefix("cpu-")].top_k
+        else:
+            assert not pow2(c.k), c.id
         assert c.H % (64 if c.path.startswith("bf16_") else 32) == 0
         assert c.Ip % 64 == 0
     assert any(c.pad_to for c in CPU if c.path == "nvfp4_decode")
@@ -156,6 +166,50 @@ def test_distinct_seeds_differ():
     a, b = make_inputs(c0), make_inputs(c1)
     assert not torch.equal(a.x, b.x)
     assert not torch.equal(a.stored.w1, b.stored.w1)
+
+
+def test_real_shapes_bring_their_scaled_down_cpu_cases():
+    """Every distinct scaled-down size of flint_moe/shapes.py runs in the cpu profile (the first model of each
+    size names it), and a new shape with new sizes adds a case without touching cases.py."""
+    from flint_moe.conformance.inputs import cases as C
+    from flint_moe.shapes import MoEShape
+
+    got = [c.id for c in CPU if c.shape.startswith("cpu-") and not c.shape.startswith("cpu-E")]
+    assert got == [
+        "nvfp4_decode/cpu-deepseek-v3/M1/gaussian/s0", "nvfp4_decode/cpu-qwen3-next-80b/M1/gaussian/s0",
+        "nvfp4_decode/cpu-gpt-oss-120b/M1/gaussian/s0", "nvfp4_decode/cpu-llama-4-maverick/M1/gaussian/s0",
+        "nvfp4_decode/cpu-mixtral-8x7b/M1/gaussian/s0", "nvfp4_decode/cpu-gpt-oss-120b-p128/M1/gaussian/s0",
+    ]  # fmt: skip
+    for i in got:
+        assert Case.from_id(i).id == i
+    new = MoEShape("new-model", 96, 3136, 1344, 6, 1344)  # 3136 % 128 = 64, 1344 % 128 = 64, k = 6
+    spec = C.ShapeSpec.of(new.scaled_down())
+    assert (spec.name, spec.E, spec.H, spec.I, spec.k) == ("cpu-new-model", 9, 192, 192, 6)
+    old = C.DERIVED_CPU_SHAPES
+    try:
+        C.DERIVED_CPU_SHAPES = (*old, spec)
+        assert C._derived_cpu_cases()[-1].id == "nvfp4_decode/cpu-new-model/M1/gaussian/s0"
+        C.DERIVED_CPU_SHAPES = (*old, C.ShapeSpec.of(MoEShape("same-as-glm", 96, 4096, 1024, 8).scaled_down()))
+        assert [c.id for c in C._derived_cpu_cases()] == got  # same sizes as cpu-deepseek-v3: no new case
+    finally:
+        C.DERIVED_CPU_SHAPES = old
+
+
+def test_shapes_named_by_sizes_and_shape_cases():
+    from flint_moe.conformance.inputs.cases import SHAPES, shape_cases, shape_spec
+
+    assert shape_spec("6,96,64,3,32") == shape_spec("E6-H96-I64-k3") != SHAPES["cpu-E6-H96-I64-k3"]
+    c = Case.from_id("nvfp4_grouped/mut-E6-H96-I48-P64-k3/M9/gaussian/s0")  # rebuilt from the name alone
+    assert (c.E, c.H, c.I, c.k, c.pad_to, c.Ip) == (6, 96, 48, 3, 64, 64)
+    ids = [c.id for c in shape_cases(shape_spec("deepseek-v3"))]
+    assert ids == [f"{p}/deepseek-v3/M{m}/gaussian/s0" for p, ms in (
+        ("nvfp4_decode", (1, 8)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (9, 64)), ("nvfp4_dispatch", (8, 9)))
+        for m in ms]  # fmt: skip
+    # H = 96: no BF16 BlockMajorK layout (H % 64), so no bf16_decode case
+    assert {c.path for c in shape_cases(shape_spec("6,96,64,3"))} == {"nvfp4_decode", "nvfp4_grouped",
+                                                                       "nvfp4_dispatch"}  # fmt: skip
+    with pytest.raises(ValueError, match="expected a model name"):
+        shape_spec("7168")
 
 
 def test_tied_logits_straddle_kth():

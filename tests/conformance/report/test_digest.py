@@ -163,8 +163,50 @@ def test_cli_prints_the_line_and_strict_exit(tmp_path, capsys, monkeypatch):
 def test_real_checkout_digest_covers_the_code_the_harness_runs():
     d = dg.source_digest()
     tops = {f.split("/")[1] for f in d["files"]}
-    assert tops == {"kernels", "ops", "reference", "layouts", "modules"}
+    assert tops == {"kernels", "ops", "reference", "layouts", "modules", "conformance", "shapes.py"}
     assert any(f.startswith("flint_moe/reference/data/") for f in d["files"])
+    # the case matrix definition: the model shapes and the case / data-profile / routing modules
+    assert {"flint_moe/shapes.py", "flint_moe/conformance/inputs/cases.py", "flint_moe/conformance/inputs/profiles.py",
+            "flint_moe/conformance/inputs/routing.py"} <= set(d["files"])  # fmt: skip
+    assert not any(f.startswith(("flint_moe/conformance/judge", "flint_moe/conformance/report")) for f in d["files"])
+
+
+def test_a_new_shape_makes_the_report_stale_and_names_its_missing_cases(tmp_path, monkeypatch):
+    """Adding a shape to flint_moe/shapes.py changes the digest (STALE since flint_moe/shapes.py changed) and the
+    line names the new shape's gpu cases the report lacks."""
+    import shutil
+
+    from flint_moe.conformance.inputs import cases as C
+
+    root = tmp_path / "repo"
+    for rel in (*dg.DIGEST_DIRS, *dg.DIGEST_FILES):
+        src = dg.repo_root() / rel
+        if src.is_dir():
+            shutil.copytree(src, root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, root / rel)
+    before = dg.source_digest(root)
+    gpu = C.matrix("gpu")
+    report = {"env": {"source_digest": before, "profile": "gpu", "gpu": "NVIDIA H200"}, "totals": {"FAIL": 0},
+              "cases": [{"case_id": c.id} for c in gpu]}  # fmt: skip
+    assert dg.check_report(report, current=before).status == "CURRENT"
+    shapes = root / "flint_moe/shapes.py"
+    line = '        MoEShape("ling-mini-2.0", 256, 2048, 512, 8, 512),\n'
+    text = shapes.read_text()
+    assert line in text
+    shapes.write_text(text.replace(line, line + '        MoEShape("new-model", 96, 3136, 1344, 6, 1344),\n'))
+    after = dg.source_digest(root)
+    # the matrix as it would be with the new shape (this process imported the unedited module)
+    new = C.ShapeSpec("new-model", 96, 3136, 1344, 6)
+    monkeypatch.setattr(C, "REAL_SHAPES", (*C.REAL_SHAPES, new))
+    monkeypatch.setitem(C.SHAPES, new.name, new)
+    n_new = sum(c.shape == "new-model" for c in C.matrix("gpu"))
+    assert n_new >= 4
+    fresh = dg.check_report(report, current=after)
+    assert fresh.status == "STALE" and fresh.changed == ["flint_moe/shapes.py"]
+    assert fresh.line.startswith("GPU REPORT STALE since flint_moe/shapes.py changed (")
+    assert fresh.line.endswith(f"; not run on the GPU: shape new-model x{n_new} (of {len(gpu) + n_new} gpu cases))")
 
 
 # Constructs whose ASTs differ between Python versions (f-string pieces, 3.12's type_params, match, walrus...).

@@ -43,3 +43,24 @@ def test_bf16_module_path_fails_a_wrong_layer():
     out = path_for(case).run(inputs, make_route_counter(dev), taps)
     res = compare_case(case, inputs, taps, out)
     assert res.verdict == FAIL
+
+
+def test_dispatch_path_is_the_op_and_is_judged_like_its_target():
+    """``nvfp4_dispatch`` runs ``ops.flint_moe`` at any M: bitwise the decode path's output and taps at
+    DECODE_MAX_TOKENS, the grouped path's above; its stages are bounded by that path's summation models."""
+    from flint_moe.conformance.judge.stages import expert_models
+    from flint_moe.conformance.run.paths import PATHS
+    from flint_moe.ops import DECODE_MAX_TOKENS, make_route_counter
+
+    assert PATHS["nvfp4_dispatch"].max_tokens > DECODE_MAX_TOKENS == 8
+    for m, target in ((DECODE_MAX_TOKENS, "nvfp4_decode"), (DECODE_MAX_TOKENS + 1, "nvfp4_grouped")):
+        assert expert_models("nvfp4_dispatch", M=m) == expert_models(target)
+        case = Case.make("nvfp4_dispatch", "cpu-E6-H96-I64-k3", m, "gaussian")
+        inp = make_inputs(case)
+        taps, ref_taps = {}, {}
+        out = PATHS["nvfp4_dispatch"].run(inp, make_route_counter("cpu"), taps)
+        ref = PATHS[target].run(inp, make_route_counter("cpu"), ref_taps)
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+        assert sorted(taps) == sorted(ref_taps)
+        for name, t in taps.items():
+            assert torch.equal(_bits(t), _bits(ref_taps[name])), (m, name)

@@ -1,0 +1,69 @@
+"""Case selection by shape and route for the CLI (``python -m flint_moe.conformance --shape ... --route ...``).
+
+- ``add_selection_args(parser)``: the ``--shape`` and ``--route`` options.
+- ``shape_route_selection(shape, route, profile, filters)``: the cases they select.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_selection_args", "shape_route_selection"]
+
+
+def add_selection_args(ap: argparse.ArgumentParser) -> None:
+    """Add ``--shape NAME|E,H,I,k[,SI]`` and ``--route SPEC`` (both default None) to ``ap``."""
+    ap.add_argument(
+        "--shape",
+        default=None,
+        metavar="NAME|E,H,I,k[,SI]",
+        help="run any layer shape instead of the matrix: a flint_moe/shapes.py name (deepseek-v3, ...; cpu-<name> "
+        "for its scaled-down copy) or sizes E,H,I,k[,SI] (SI: shared expert size, for the record); gaussian "
+        "data on nvfp4_decode (M 1, 8), nvfp4_grouped (9, 64), nvfp4_dispatch (8, 9) and bf16_decode (1, 8) "
+        "where H and I are multiples of 64 (cases.shape_cases; --filter narrows it). On the CPU a real-size "
+        "shape runs under the Triton interpreter and is slow (minutes per case, longer for the largest layers); "
+        "use its scaled-down copy there (cpu-deepseek-v3)",
+    )
+    ap.add_argument(
+        "--route",
+        default=None,
+        metavar="SPEC",
+        help="force the routing of every selected case by its router weights and tokens (the golden model routes "
+        "them as usual; inputs/routing.py): experts=5,7 (these experts lead every token), last[=N] (the last N "
+        "experts, N = top_k by default), count=128@5 (exactly the first 128 tokens go to expert 5); the case "
+        "ids get /r-<route> (experts-5-7, last-3, count-128-5) and rebuild with it; cases whose data profile "
+        "sets the routing itself (tied_logits, skewed_routing, tiny_sigmoids, subnormal_tokens) are left out",
+    )
+
+
+def shape_route_selection(shape: str | None, route: str | None, profile: str, filters: list[str]) -> list:
+    """The cases of ``--shape`` / ``--route``: ``cases.shape_cases`` of the shape ``shape`` names (any
+    ``cases.shape_spec`` text) or the ``profile`` matrix, filtered like the matrix, each with the route
+    ``route`` (``routing.parse_route`` text) when given; cases whose data profile sets the routing itself are
+    left out, and duplicates once. Raises ValueError for a bad shape or route, or a route no selected case
+    can hold (naming the first such case and why)."""
+    from dataclasses import replace
+
+    from flint_moe.conformance.inputs.cases import matrix, shape_cases, shape_spec
+    from flint_moe.conformance.inputs.routing import ROUTE_EXCLUSIVE_PROFILES, parse_route
+
+    base = shape_cases(shape_spec(shape)) if shape is not None else matrix(profile)
+    cases = [c for c in base if all(f in c.id for f in filters)]
+    if route is None:
+        return cases
+    r = parse_route(route)
+    out, seen, errors = [], set(), []
+    for c in cases:
+        if c.profile in ROUTE_EXCLUSIVE_PROFILES:
+            continue
+        try:
+            rc = replace(c, route=r)
+        except ValueError as e:
+            errors.append(f"{c.id}: {e}")
+            continue
+        if rc.id not in seen:
+            seen.add(rc.id)
+            out.append(rc)
+    if not out and errors:
+        raise ValueError(f"--route {route}: no selected case can hold it ({errors[0]})")
+    return out
