@@ -215,7 +215,8 @@ def path_for(case) -> KernelPath:
 def declared_orders(case) -> dict:
     """Stage (``"router"``, ``"gate_up"``, ``"down"``) -> the summation order the kernels of ``case`` declare
     (``flint_moe.kernels.orders``: data built from the launch configuration and the case's shape), for the
-    golden model's order replay. The module paths follow the op they dispatch to: ``nvfp4_module`` the decode
+    golden model's order replay. The module and dispatch paths follow the op they call: ``nvfp4_module`` and
+    ``nvfp4_dispatch`` the decode
     kernels up to ``DECODE_MAX_TOKENS``, then the grouped ones; ``bf16_module`` the BF16 decode kernels.
     Raises KeyError for an unknown path or configuration, ``OrderError`` for a configuration without a
     declared order (a kernel variant must declare its order before the harness can judge it bitwise)."""
@@ -224,7 +225,7 @@ def declared_orders(case) -> dict:
 
     path, config = case.path, getattr(case, "config", "default")
     H, I, M = int(case.H), int(case.I), int(case.M)  # noqa: E741
-    if path == "nvfp4_module":
+    if path in ("nvfp4_module", "nvfp4_dispatch"):  # ops.flint_moe: decode kernels up to the threshold
         path, config = ("nvfp4_decode" if M <= DECODE_MAX_TOKENS else "nvfp4_grouped"), "default"
     elif path == "bf16_module":
         path, config = "bf16_decode", "default"
