@@ -11,6 +11,8 @@
 - :func:`check_out`: an ``out=`` buffer: bf16, the output's shape, the op's device, contiguous, and no byte shared
   with any input (``ValueError`` naming the input; :func:`op_inputs` names the NVFP4 ops' inputs); the message
   starts with ``out:``.
+- :func:`check_nvfp4_entry` / :func:`check_nvfp4_operands`: the NVFP4 ops' (decode and grouped) checks of
+  their arguments, in two parts so that each op may refuse or redirect by token count between them.
 - :func:`check_row_map_status`: the check no write can bypass: every map tensor the op has checked is compared
   with the expected map again, on demand (the BF16 decode kernels themselves only keep every loaded value in
   range: ``flint_moe.kernels.bf16.gemv.checked_row``).
@@ -22,12 +24,14 @@ import weakref
 
 import torch
 
-from flint_moe.kernels._launch import INTERPRET
+from flint_moe.kernels._launch import INTERPRET, check_op_tensor
 
 __all__ = [
     "check_top_k",
     "check_kernel_device",
     "check_shared_ready",
+    "check_nvfp4_entry",
+    "check_nvfp4_operands",
     "check_out",
     "op_inputs",
     "checked_row_maps",
@@ -112,6 +116,44 @@ def op_inputs(x, router_weight, counter, shared_output, weights) -> dict:
 _CHECKED: dict[int, tuple[weakref.ref, int, tuple[int, int, int]]] = {}
 #: (H, Ip, device) -> the expected maps on that device.
 _EXPECTED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def check_nvfp4_entry(x: torch.Tensor, weights, shared_ready: object) -> torch.device:
+    """First checks of an NVFP4 op; returns the weights' device.
+
+    ``weights`` must be a ``flint_moe.layouts.FlintMoEWeights`` (TypeError) whose metadata still holds
+    (``check_metadata``); ``x`` bf16 [M, H] contiguous on that device with H = ``weights.hidden_size``
+    (``check_op_tensor``), not on the CPU without the interpreter (:func:`check_kernel_device`);
+    ``shared_ready`` as :func:`check_shared_ready`.
+    """
+    from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
+
+    if not isinstance(weights, FlintMoEWeights):
+        raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
+    weights.check_metadata()
+    dev = weights.w1.device
+    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
+    check_kernel_device("x", x)
+    check_shared_ready(shared_ready, dev)
+    return dev
+
+
+def check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weights, out, dev) -> None:
+    """The other checks of an NVFP4 op, after :func:`check_nvfp4_entry` (same ``dev``).
+
+    ``router_weight`` bf16 [E, H] contiguous on ``dev`` (E = ``weights.num_experts``); ``top_k`` as
+    :func:`check_top_k` with limit E; ``shared_output`` bf16 of ``x``'s shape on ``dev``; the weights' sizes
+    as the kernels take them (``flint_moe.kernels.nvfp4.gate_up.decode_sizes``, ValueError); ``out`` as
+    :func:`check_out` against every input (:func:`op_inputs`).
+    """
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+
+    E = weights.num_experts
+    check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
+    check_top_k(top_k, E, f"E = {E}")
+    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
+    decode_sizes(weights)
+    check_out(out, tuple(x.shape), dev, op_inputs(x, router_weight, counter, shared_output, weights))
 
 
 def _is_checked(t: torch.Tensor) -> bool:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._launch import check_op_tensor
 from flint_moe.kernels.nvfp4.down_combine import launch_down
-from flint_moe.kernels.nvfp4.gate_up import decode_sizes, launch_gate_up
-from flint_moe.ops._checks import check_kernel_device, check_out, check_shared_ready, check_top_k, op_inputs
+from flint_moe.kernels.nvfp4.gate_up import launch_gate_up
+from flint_moe.ops._checks import check_nvfp4_entry, check_nvfp4_operands
 
 __all__ = ["DECODE_MAX_TOKENS", "flint_moe"]
 
@@ -71,27 +70,14 @@ def flint_moe(
         ``weights`` different, ``shared_ready`` not None or a CUDA event.
         RuntimeError: CPU tensors without TRITON_INTERPRET=1 (the Triton interpreter).
     """
-    from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
-
-    if not isinstance(weights, FlintMoEWeights):
-        raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
-    weights.check_metadata()
-    dev = weights.w1.device
-    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
-    check_kernel_device("x", x)
-    check_shared_ready(shared_ready, dev)
+    dev = check_nvfp4_entry(x, weights, shared_ready)
     M = x.shape[0]
     if M > DECODE_MAX_TOKENS:
         from flint_moe.ops.moe_nvfp4_grouped import flint_moe_grouped
 
         return flint_moe_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps=taps,
                                  out=out)  # fmt: skip
-    E = weights.num_experts
-    check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
-    check_top_k(top_k, E, f"E = {E}")
-    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
-    decode_sizes(weights)
-    check_out(out, tuple(x.shape), dev, op_inputs(x, router_weight, counter, shared_output, weights))
+    check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weights, out, dev)
     from flint_moe.ops.route import route
 
     # validated once, here: the launchers below take the checked inputs and route's own outputs as they are

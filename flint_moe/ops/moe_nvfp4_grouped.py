@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._launch import check_op_tensor
-from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 from flint_moe.kernels.nvfp4.grouped_down import launch_grouped_down
 from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, launch_grouped_gate_up
 from flint_moe.kernels.nvfp4.permute import moe_permute
-from flint_moe.ops._checks import check_kernel_device, check_out, check_shared_ready, check_top_k, op_inputs
+from flint_moe.ops._checks import check_nvfp4_entry, check_nvfp4_operands
 
 __all__ = ["GROUPED_MAX_TOKENS", "flint_moe_grouped"]
 
@@ -68,24 +66,12 @@ def flint_moe_grouped(
         ``out`` that overlaps an input);
         ValueError for M > GROUPED_MAX_TOKENS; RuntimeError for CPU tensors without TRITON_INTERPRET=1.
     """
-    from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
-
-    if not isinstance(weights, FlintMoEWeights):
-        raise TypeError(f"weights: expected FlintMoEWeights, got {type(weights).__name__}")
-    weights.check_metadata()
-    dev = weights.w1.device
-    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, weights.hidden_size), device=dev)
-    check_kernel_device("x", x)
-    check_shared_ready(shared_ready, dev)
+    dev = check_nvfp4_entry(x, weights, shared_ready)
     M = int(x.shape[0])
     if M > GROUPED_MAX_TOKENS:
         raise ValueError(f"x: {M} tokens exceed GROUPED_MAX_TOKENS = {GROUPED_MAX_TOKENS}")
     E = weights.num_experts
-    check_op_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(E, x.shape[1]), device=dev)
-    check_top_k(top_k, E, f"E = {E}")
-    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
-    decode_sizes(weights)
-    check_out(out, tuple(x.shape), dev, op_inputs(x, router_weight, counter, shared_output, weights))
+    check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weights, out, dev)
     if taps is not None and not isinstance(taps, dict):
         raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
     cfg = dict(config or {})

@@ -68,7 +68,14 @@ from flint_moe.conformance.judge.metrics import (
     tensor_digest,
     ulp_distance,
 )
-from flint_moe.conformance.judge.pairs import _gate_up_rows, _Pairs, _split_models
+from flint_moe.conformance.judge.pairs import (
+    _expert_down,
+    _expert_gate_up,
+    _expert_y,
+    _gate_up_rows,
+    _Pairs,
+    _split_models,
+)
 from flint_moe.conformance.judge.replay import case_orders, replay_sampled
 from flint_moe.conformance.judge.results import (
     ACCUMULATION_STAGES,
@@ -90,16 +97,7 @@ from flint_moe.reference.exact import (
     check_accumulator,
     ulp_fp32,
 )
-from flint_moe.reference.experts import (
-    apply_global_scale,
-    down_accumulate,
-    down_accumulate_bf16,
-    down_output,
-    down_output_bf16,
-    gate_up_accumulate,
-    gate_up_accumulate_bf16,
-    swiglu,
-)
+from flint_moe.reference.experts import apply_global_scale, down_output_bf16, swiglu
 from flint_moe.reference.formats import to_bf16
 from flint_moe.reference.model import _AccBuffer  # per-(token, slot) assembly, shared with the golden model
 from flint_moe.reference.orders import order_summary
@@ -505,11 +503,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None)
 
     def compute_gu(e):
         def run(tokens):
-            xs = x[tokens].contiguous()
-            w13 = wl.w13[e].to(dev)
-            if nv:
-                return gate_up_accumulate(xs, w13, wl.w13_scale[e].to(dev), model=gu_model, order=o_gu)
-            return gate_up_accumulate_bf16(xs, w13, model=gu_model, order=o_gu)
+            return _expert_gate_up(wl, e, x[tokens].contiguous(), nv, dev, model=gu_model, order=o_gu)
 
         return run
 
@@ -555,11 +549,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None)
         for e in experts:
             tokens, slots = where[e]
             act_e = a_tap[tokens, slots, :I].contiguous()
-            w2 = wl.w2[e].to(dev)
-            if nv:
-                acc = down_accumulate(act_e, w2, wl.w2_scale[e].to(dev), model=d_model, order=o_dn)
-            else:
-                acc = down_accumulate_bf16(act_e, w2, model=d_model, order=o_dn)
+            acc = _expert_down(wl, e, act_e, nv, dev, model=d_model, order=o_dn)
             d_acc.put(tokens, slots, acc)
             cache["down"][e] = (routing.pairs[e], act_e, acc)
         res["down_acc"] = compare_accumulation("down_acc", d_tap, d_acc.get(), order=o_dn)
@@ -569,11 +559,10 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None)
     # y from the kernel's own down accumulator.
     if _usable(d_tap, (M, k, H), torch.float32):
         if nv:
-            gs2 = wl.w2_gs.to(dev)
             gold_y = torch.zeros((M, k, H), dtype=torch.bfloat16, device=dev)
             for e in experts:
                 tokens, slots = where[e]
-                gold_y[tokens, slots] = down_output(d_tap[tokens, slots].contiguous(), gs2[e : e + 1])
+                gold_y[tokens, slots] = _expert_y(wl, e, d_tap[tokens, slots].contiguous(), True, dev)
         else:
             gold_y = down_output_bf16(d_tap.contiguous())
         res["y"] = compare_bits("y", y_tap, gold_y)
