@@ -27,11 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
+
+from benchmarks.runner import replay_median
 
 MODELS = {
     "deepseek-v3": dict(E=256, H=7168, I=2048, k=8),
@@ -190,16 +191,9 @@ def time_fn(fn, target_s: float = 0.03, max_calls: int = 20) -> float:
     graph.replay()
     torch.cuda.synchronize()
     reps = 5 if t0 * calls > 0.02 else 15
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3 / calls)
+    t = replay_median(graph, calls, reps)
     del graph
-    return statistics.median(ts)
+    return t
 
 
 def _grouped(layer, x, router, shared, counter, config=None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.reference._checks import check_tensor
+from flint_moe.reference._checks import check_same_device, check_tensor
 
 __all__ = [
     "SCALE_DTYPES",
@@ -21,6 +21,8 @@ __all__ = [
     "check_scales",
     "check_no_nan_e4m3",
     "check_global_scales",
+    "check_nvfp4_rest",
+    "check_bf16_experts",
     "has_data",
     "gather_rows",
     "gather_rows_inplace",
@@ -85,6 +87,32 @@ def check_global_scales(name: str, t: torch.Tensor) -> None:
         raise ValueError(
             f"{name}: global scales must be finite and >= +0.0 (sign bit clear), expert {idx} has {float(t[idx])!r}"
         )
+
+
+def check_nvfp4_rest(w13: torch.Tensor, w13_scale: object, w2: object, w2_scale: object, hidden: int) -> None:
+    """The NVFP4 expert tensors after ``w13`` (uint8 [E, 2I, H/2], already checked): ``w13_scale`` E4M3
+    [E, 2I, H/16], ``w2`` uint8 [E, H, I/2], ``w2_scale`` E4M3 [E, H, I/16], all on ``w13``'s device, no NaN
+    scale byte. TypeError / ValueError naming the tensor."""
+    E, two_i = w13.shape[0], w13.shape[1]
+    inter = two_i // 2
+    check_scales("w13_scale", w13_scale, (E, two_i, hidden // 16))
+    check_codes("w2", w2, (E, hidden, inter // 2))
+    check_scales("w2_scale", w2_scale, (E, hidden, inter // 16))
+    check_same_device(w13=w13, w13_scale=w13_scale, w2=w2, w2_scale=w2_scale)
+    check_no_nan_e4m3("w13_scale", w13_scale)
+    check_no_nan_e4m3("w2_scale", w2_scale)
+
+
+def check_bf16_experts(w13: object, w2: object) -> tuple[int, int, int]:
+    """BF16 experts ``w13`` bf16 [E, 2I, H] ([gate; up]) and ``w2`` bf16 [E, H, I] -> (E, I, H).
+    TypeError (dtype) / ValueError (shape, odd 2I) naming the tensor; devices are not compared."""
+    check_tensor("w13", w13, dtype=torch.bfloat16, ndim=3)
+    E, two_i, H = w13.shape
+    if two_i % 2:
+        raise ValueError(f"w13: dimension 1 (2I) must be even, got {two_i}")
+    inter = two_i // 2
+    check_tensor("w2", w2, dtype=torch.bfloat16, shape=(E, H, inter))
+    return E, inter, H
 
 
 def has_data(t: torch.Tensor) -> bool:

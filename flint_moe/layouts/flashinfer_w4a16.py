@@ -24,7 +24,7 @@ from flint_moe.layouts._core import (
     check_codes,
     check_global_scales,
     check_no_nan_e4m3,
-    check_scales,
+    check_nvfp4_rest,
     gather_rows,
     gather_rows_inplace,
     has_data,
@@ -32,7 +32,7 @@ from flint_moe.layouts._core import (
 from flint_moe.layouts.padding import pad_columns, padded_intermediate
 from flint_moe.layouts.rows import w13_rows_cutedsl
 from flint_moe.layouts.swizzle import mma_view, swizzle_block_scales, swizzled_scale_shape
-from flint_moe.reference._checks import check_same_device, check_tensor
+from flint_moe.reference._checks import check_tensor
 
 __all__ = ["FlintMoEWeights", "INTERLEAVE_ROWS", "TENSOR_FIELDS", "merge_gate_up_global_scales"]
 
@@ -317,12 +317,7 @@ class FlintMoEWeights:
             )
         if inter % 16:
             raise ValueError(f"w13: intermediate size I = {inter} must be a multiple of 16 (NVFP4 block)")
-        check_scales("w13_scale", w13_scale, (E, two_i, hidden // 16))
-        check_codes("w2", w2, (E, hidden, inter // 2))
-        check_scales("w2_scale", w2_scale, (E, hidden, inter // 16))
-        check_same_device(w13=w13, w13_scale=w13_scale, w2=w2, w2_scale=w2_scale)
-        check_no_nan_e4m3("w13_scale", w13_scale)
-        check_no_nan_e4m3("w2_scale", w2_scale)
+        check_nvfp4_rest(w13, w13_scale, w2, w2_scale, hidden)
         alpha1 = merge_gate_up_global_scales(w13_scale_2, E).to(w13.device)
         alpha2 = _check_global("w2_scale_2", w2_scale_2, E).clone().to(w13.device)
         if pad_intermediate_to is None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.layouts._core import check_codes, check_scales, gather_rows, round_up
-from flint_moe.reference._checks import check_tensor
+from flint_moe.layouts._core import check_bf16_experts, check_codes, check_scales, gather_rows, round_up
 
 __all__ = [
     "padded_intermediate",
@@ -66,12 +65,7 @@ def pad_intermediate_bf16(
     Raises:
         TypeError / ValueError naming the tensor (dtype, shape).
     """
-    check_tensor("w13", w13, dtype=torch.bfloat16, ndim=3)
-    E, two_i, H = w13.shape
-    if two_i % 2:
-        raise ValueError(f"w13: dimension 1 (2I) must be even, got {two_i}")
-    inter = two_i // 2
-    check_tensor("w2", w2, dtype=torch.bfloat16, shape=(E, H, inter))
+    inter = check_bf16_experts(w13, w2)[1]
     ip = padded_intermediate(inter, alignment)
     w13p = gather_rows(w13.view(torch.int16), w13_padding_rows(inter, ip, w13.device)).view(torch.bfloat16)
     return w13p, pad_columns(w2, ip), ip

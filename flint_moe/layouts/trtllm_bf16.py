@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.layouts._core import DEFAULT_SCRATCH_BYTES, GATHER_CHUNK_BYTES, expert_groups
+from flint_moe.layouts._core import DEFAULT_SCRATCH_BYTES, GATHER_CHUNK_BYTES, check_bf16_experts, expert_groups
 from flint_moe.layouts.rows import invert_rows, shuffle_rows, w13_rows_trtllm_gated
-from flint_moe.reference._checks import check_same_device, check_tensor
+from flint_moe.reference._checks import check_same_device
 
 __all__ = ["BLOCK_K_ELEMS", "EPILOGUE_TILE_M", "trtllm_bf16_row_maps", "to_trtllm_bf16", "block_major_k"]
 
@@ -104,12 +104,7 @@ def to_trtllm_bf16(
     Raises:
         TypeError (dtype) / ValueError (shape, alignment, device) naming the tensor.
     """
-    check_tensor("w13", w13, dtype=torch.bfloat16, ndim=3)
-    E, two_i, H = w13.shape
-    if two_i % 2:
-        raise ValueError(f"w13: dimension 1 (2I) must be even, got {two_i}")
-    inter = two_i // 2
-    check_tensor("w2", w2, dtype=torch.bfloat16, shape=(E, H, inter))
+    E, inter, H = check_bf16_experts(w13, w2)
     check_same_device(w13=w13, w2=w2)
     if H % BLOCK_K_ELEMS:
         raise ValueError(f"w13: hidden size H = {H} must be a multiple of {BLOCK_K_ELEMS} (BlockMajorK)")

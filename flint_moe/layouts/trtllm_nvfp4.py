@@ -17,14 +17,12 @@ import torch
 from flint_moe.layouts._core import (
     DEFAULT_SCRATCH_BYTES,
     check_codes,
-    check_no_nan_e4m3,
-    check_scales,
+    check_nvfp4_rest,
     gather_rows,
 )
 from flint_moe.layouts.padding import pad_columns, padded_intermediate
 from flint_moe.layouts.rows import shuffle_rows, w13_rows_trtllm_gated
 from flint_moe.layouts.swizzle import swizzle_block_scales
-from flint_moe.reference._checks import check_same_device
 
 __all__ = ["to_trtllm_nvfp4", "EPILOGUE_TILE_M"]
 
@@ -60,12 +58,7 @@ def to_trtllm_nvfp4(
         raise ValueError(f"w13: dimension 1 (2I = {two_i}) must be 2 x a positive multiple of 16")
     if hidden % 32:
         raise ValueError(f"w13: hidden size H = {hidden} must be a multiple of 32 (row shuffle of w2)")
-    check_scales("w13_scale", w13_scale, (E, two_i, hidden // 16))
-    check_codes("w2", w2, (E, hidden, inter // 2))
-    check_scales("w2_scale", w2_scale, (E, hidden, inter // 16))
-    check_same_device(w13=w13, w13_scale=w13_scale, w2=w2, w2_scale=w2_scale)
-    check_no_nan_e4m3("w13_scale", w13_scale)
-    check_no_nan_e4m3("w2_scale", w2_scale)
+    check_nvfp4_rest(w13, w13_scale, w2, w2_scale, hidden)
     if pad_intermediate_to is not None and (pad_intermediate_to <= 0 or pad_intermediate_to % 16):
         raise ValueError(f"pad_intermediate_to: {pad_intermediate_to} must be a positive multiple of 16")
     ip = inter if pad_intermediate_to is None else padded_intermediate(inter, pad_intermediate_to)
