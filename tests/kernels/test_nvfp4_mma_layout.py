@@ -13,28 +13,13 @@ the GPU.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
+
+from tests.kernels._sm90_build import PREAMBLE, run_build_script
 
 BACKEND = "any"
-ROOT = Path(__file__).resolve().parents[2]
 
-_SCRIPT = r"""
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from flint_moe.kernels.nvfp4 import down_combine as D, gate_up as G
-
-GSIG = {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32",
-        "act_ptr": "*bf16", "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}
-DSIG = {"act_ptr": "*i32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*u8",
-        "alpha_ptr": "*fp32", "shared_ptr": "*bf16", "out_ptr": "*bf16", "dacc_ptr": "*fp32", "y_ptr": "*bf16",
-        "cnt_ptr": "*i32"}
+_SCRIPT = PREAMBLE + r"""
 
 
 def ttgir(K, sig, ce, nw, maxnreg=0):
@@ -65,13 +50,7 @@ print(json.dumps(out))
 
 
 def test_mma_asm_operands_have_the_assumed_layout():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    specs = json.loads(proc.stdout.strip().splitlines()[-1])
+    specs = run_build_script(_SCRIPT, timeout=600)
     assert len(specs) == 9
     for spec in specs:
         ir = spec["ttgir"]

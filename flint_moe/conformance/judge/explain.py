@@ -16,15 +16,9 @@ import math
 
 import torch
 
+from flint_moe.conformance.judge.expert_steps import expert_down, expert_gate_up, expert_y
 from flint_moe.conformance.judge.metrics import _bits_equal, _coords, _hist, _map, _tap, _usable, ulp_distance
-from flint_moe.conformance.judge.pairs import (
-    _expert_down,
-    _expert_gate_up,
-    _expert_y,
-    _gate_up_rows,
-    _Pairs,
-    _split_models,
-)
+from flint_moe.conformance.judge.pairs import _gate_up_rows, _Pairs, _split_models
 from flint_moe.conformance.judge.results import CAUSES, EXACT, EXPLAINED, FAIL, STAGES, EndToEndResult
 from flint_moe.reference.combine import add_shared, combine
 from flint_moe.reference.exact import Accumulation
@@ -117,7 +111,7 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache, orders=Non
         tokens, slots = routing.tokens[e], routing.slots[e]
 
         def run(rows, e=e):
-            return _expert_gate_up(wl, e, x[rows].contiguous(), nv, dev, model=gu_model, order=o_gu)
+            return expert_gate_up(wl, e, x[rows].contiguous(), nv, dev, model=gu_model, order=o_gu)
 
         uniq, inv = routing.uniq[e], routing.inv[e]
         r = _fp32(_gate_up_rows(cache, e, uniq, run, routing.uniq_host[e]))[inv]
@@ -135,9 +129,9 @@ def _golden_own(path, model, wl, x, router_w, shared, k, racc, cache, orders=Non
             redo = ~_bits_equal(prev[1], a_e).all(dim=1)
             dr[~redo] = _fp32(prev[2])[~redo]
         if bool(redo.any()):
-            d = _expert_down(wl, e, a_e[redo].contiguous(), nv, dev, model=d_model, order=o_dn)
+            d = expert_down(wl, e, a_e[redo].contiguous(), nv, dev, model=d_model, order=o_dn)
             dr[redo] = _fp32(d)
-        y_e = _expert_y(wl, e, dr, nv, dev)
+        y_e = expert_y(wl, e, dr, nv, dev)
         gacc[tokens, slots], uacc[tokens, slots], act[tokens, slots] = g_e, u_e, a_e
         dacc[tokens, slots], y[tokens, slots] = dr, y_e
     out = add_shared(combine(tw, y), shared)

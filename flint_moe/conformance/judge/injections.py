@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from flint_moe.conformance.judge.pairs import _expert_down, _expert_gate_up, _expert_y
+from flint_moe.conformance.judge.expert_steps import expert_down, expert_gate_up, expert_y
 from flint_moe.reference.combine import add_shared, fma_f32
 from flint_moe.reference.experts import SWIGLU_C, apply_global_scale, gate_up_accumulate, swiglu
 from flint_moe.reference.formats import round_bf16, to_bf16
@@ -43,7 +43,7 @@ def _resimulate(case, inputs, t: dict, after: str) -> None:
         t["weights"] = renormalize(routing_scores(torch.gather(t["logits"], 1, t["ids"].long())))
         for m, j, e in pairs:
             xr = x[m : m + 1]
-            r = _expert_gate_up(wl, e, xr, nv).exact.to(torch.float32)[0]
+            r = expert_gate_up(wl, e, xr, nv).exact.to(torch.float32)[0]
             t["gate_acc"][m, j, :I], t["up_acc"][m, j, :I] = r[:I], r[I:]
             g, u = r[:I].contiguous(), r[I:].contiguous()
             if nv:
@@ -52,8 +52,8 @@ def _resimulate(case, inputs, t: dict, after: str) -> None:
     if after in ("ids", "act"):
         for m, j, e in pairs:
             a = t["act"][m, j, :I].contiguous()[None]
-            d = _expert_down(wl, e, a, nv).exact.to(torch.float32)[0]
-            t["y"][m, j] = _expert_y(wl, e, d, nv)
+            d = expert_down(wl, e, a, nv).exact.to(torch.float32)[0]
+            t["y"][m, j] = expert_y(wl, e, d, nv)
             t["down_acc"][m, j] = d
     acc = torch.zeros_like(t["y"][:, 0], dtype=torch.float32)
     for j in range(k):  # step 9 (also for routing weights that are not bf16 values, unlike reference.combine)

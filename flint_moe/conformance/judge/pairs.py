@@ -1,9 +1,7 @@
 """Golden-side work shared by the stage checks (:mod:`~flint_moe.conformance.judge.stages`, teacher-forced)
 and the golden model's own run (:mod:`~flint_moe.conformance.judge.explain`): a routing ``ids`` [M, k] grouped
 by expert (:class:`_Pairs`), the per-expert golden gate/up accumulations cached between the two
-(:func:`_gate_up_rows`), the split of a summation model into its (gate/up, down) pair, and one expert's golden
-steps 6-8 on either weight format (:func:`_expert_gate_up`, :func:`_expert_down`, :func:`_expert_y`; also used
-by the fault injections, :mod:`~flint_moe.conformance.judge.injections`).
+(:func:`_gate_up_rows`) and the split of a summation model into its (gate/up, down) pair.
 """
 
 from __future__ import annotations
@@ -11,14 +9,6 @@ from __future__ import annotations
 import torch
 
 from flint_moe.reference.exact import Accumulation, SummationModel
-from flint_moe.reference.experts import (
-    down_accumulate,
-    down_accumulate_bf16,
-    down_output,
-    down_output_bf16,
-    gate_up_accumulate,
-    gate_up_accumulate_bf16,
-)
 
 
 def _split_models(model) -> tuple[SummationModel, SummationModel]:
@@ -80,30 +70,3 @@ def _gate_up_rows(cache: dict, e: int, tokens: torch.Tensor, compute, host: tupl
     acc = compute(tokens)
     gu[e] = (host, acc)
     return acc
-
-
-def _on(t: torch.Tensor, dev) -> torch.Tensor:
-    return t if dev is None else t.to(dev)
-
-
-def _expert_gate_up(wl, e: int, x: torch.Tensor, nv: bool, dev=None, **kw) -> Accumulation:
-    """Step 6 golden sum of expert ``e``: ``x`` bf16 [M, H] against ``wl.w13[e]`` -> :class:`Accumulation`
-    [M, 2I]; NVFP4 (``nv``, with ``wl.w13_scale[e]``) or BF16 weights, moved to ``dev`` unless it is None;
-    ``kw`` (``model``, ``order``) goes to ``gate_up_accumulate`` / ``gate_up_accumulate_bf16``."""
-    if nv:
-        return gate_up_accumulate(x, _on(wl.w13[e], dev), _on(wl.w13_scale[e], dev), **kw)
-    return gate_up_accumulate_bf16(x, _on(wl.w13[e], dev), **kw)
-
-
-def _expert_down(wl, e: int, act: torch.Tensor, nv: bool, dev=None, **kw) -> Accumulation:
-    """Step 8 golden sum of expert ``e``: ``act`` bf16 [M, I] against ``wl.w2[e]`` -> :class:`Accumulation`
-    [M, H]; weights and ``kw`` as :func:`_expert_gate_up` (``down_accumulate`` / ``down_accumulate_bf16``)."""
-    if nv:
-        return down_accumulate(act, _on(wl.w2[e], dev), _on(wl.w2_scale[e], dev), **kw)
-    return down_accumulate_bf16(act, _on(wl.w2[e], dev), **kw)
-
-
-def _expert_y(wl, e: int, d: torch.Tensor, nv: bool, dev=None) -> torch.Tensor:
-    """Step 8 output of expert ``e``: fp32 down sums ``d`` (any shape ending in H) -> bf16, scaled by
-    ``wl.w2_gs[e]`` first when ``nv`` (``down_output`` / ``down_output_bf16``)."""
-    return down_output(d, _on(wl.w2_gs[e : e + 1], dev)) if nv else down_output_bf16(d)

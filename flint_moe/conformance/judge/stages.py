@@ -56,6 +56,7 @@ import math
 import torch
 
 from flint_moe.conformance.judge import replay as _replay
+from flint_moe.conformance.judge.expert_steps import expert_down, expert_gate_up, expert_y
 from flint_moe.conformance.judge.explain import end_to_end_taps
 from flint_moe.conformance.judge.metrics import (
     MAX_COORDS,
@@ -68,14 +69,7 @@ from flint_moe.conformance.judge.metrics import (
     tensor_digest,
     ulp_distance,
 )
-from flint_moe.conformance.judge.pairs import (
-    _expert_down,
-    _expert_gate_up,
-    _expert_y,
-    _gate_up_rows,
-    _Pairs,
-    _split_models,
-)
+from flint_moe.conformance.judge.pairs import _gate_up_rows, _Pairs, _split_models
 from flint_moe.conformance.judge.replay import case_orders, replay_sampled
 from flint_moe.conformance.judge.results import (
     ACCUMULATION_STAGES,
@@ -503,7 +497,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None)
 
     def compute_gu(e):
         def run(tokens):
-            return _expert_gate_up(wl, e, x[tokens].contiguous(), nv, dev, model=gu_model, order=o_gu)
+            return expert_gate_up(wl, e, x[tokens].contiguous(), nv, dev, model=gu_model, order=o_gu)
 
         return run
 
@@ -549,7 +543,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None)
         for e in experts:
             tokens, slots = where[e]
             act_e = a_tap[tokens, slots, :I].contiguous()
-            acc = _expert_down(wl, e, act_e, nv, dev, model=d_model, order=o_dn)
+            acc = expert_down(wl, e, act_e, nv, dev, model=d_model, order=o_dn)
             d_acc.put(tokens, slots, acc)
             cache["down"][e] = (routing.pairs[e], act_e, acc)
         res["down_acc"] = compare_accumulation("down_acc", d_tap, d_acc.get(), order=o_dn)
@@ -562,7 +556,7 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None)
             gold_y = torch.zeros((M, k, H), dtype=torch.bfloat16, device=dev)
             for e in experts:
                 tokens, slots = where[e]
-                gold_y[tokens, slots] = _expert_y(wl, e, d_tap[tokens, slots].contiguous(), True, dev)
+                gold_y[tokens, slots] = expert_y(wl, e, d_tap[tokens, slots].contiguous(), True, dev)
         else:
             gold_y = down_output_bf16(d_tap.contiguous())
         res["y"] = compare_bits("y", y_tap, gold_y)

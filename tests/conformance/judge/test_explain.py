@@ -6,9 +6,6 @@ with and without the reused teacher-forced sums; logit intervals and the routing
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,17 +18,8 @@ from flint_moe.reference import combine as ref_combine
 from flint_moe.reference.exact import Accumulation
 from flint_moe.reference.experts import swiglu
 from flint_moe.reference.formats import to_bf16
+from tests.conformance.judge import test_stages as TC
 
-
-def _tc():
-    spec = importlib.util.spec_from_file_location("_conf_test_stages", Path(__file__).with_name("test_stages.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, mod)
-    spec.loader.exec_module(mod)
-    return sys.modules[spec.name]
-
-
-TC = _tc()
 M, K = TC.M, TC.K
 _clone, _redo_y, _redo_from_act, _redo_out = TC._clone, TC._redo_y, TC._redo_from_act, TC._redo_out
 _gate_up_scaled, _down_acc, _gate_up_acc = TC._gate_up_scaled, TC._down_acc, TC._gate_up_acc

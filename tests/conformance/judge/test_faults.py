@@ -9,9 +9,6 @@ paths themselves, is test_mutation.py.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -25,17 +22,8 @@ from flint_moe.reference.formats import round_bf16, to_bf16
 from flint_moe.reference.mufu import ex2_approx_ftz, rcp_approx_ftz
 from flint_moe.reference.routing import routing_scores, total_order_key
 from flint_moe.reference.weights import BF16Experts, NVFP4Experts
+from tests.conformance.judge import test_stages as TC
 
-
-def _tc():
-    spec = importlib.util.spec_from_file_location("_conf_test_stages", Path(__file__).with_name("test_stages.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, mod)
-    spec.loader.exec_module(mod)
-    return sys.modules[spec.name]
-
-
-TC = _tc()
 _ROUTER = TC._router
 
 

@@ -7,10 +7,7 @@ the CPU; batch invariance is measured, never a FAIL.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,17 +24,7 @@ from flint_moe.conformance.judge.invariance import (
     row_independence,
 )
 from flint_moe.conformance.judge.stages import compare_case
-
-
-def _tc():
-    spec = importlib.util.spec_from_file_location("_conf_test_stages", Path(__file__).with_name("test_stages.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-TC = _tc()
+from tests.conformance.judge import test_stages as TC
 
 
 class _Path:
