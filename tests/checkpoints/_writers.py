@@ -13,6 +13,8 @@
   ``.scale`` / ``.input_scale`` F32 [E] written unless all within 1e-6 of 1.0.
 - ``random_experts``: ModelOpt-layout per-expert tensors of random bytes (no quantizer: fast), for rejections.
 - ``patch_gguf``: edit a written GGUF file in place through gguf-py's own reader (mode ``r+``).
+- ``rejection`` and ``NOT_CANONICAL``: the message of the ``CheckpointError`` a reader raises, and the wording
+  of an expert index that is not canonical.
 """
 
 from __future__ import annotations
@@ -20,9 +22,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
+from flint_moe.checkpoints import CheckpointError
+
 FP8 = torch.float8_e4m3fn
+#: How a reader words an expert index that is not canonical (after ``expert index '<index>' ``).
+NOT_CANONICAL = (
+    "is not a canonical decimal integer (ASCII digits 0-9 without sign, leading zero, whitespace or underscore)"
+)
 PROJ_GGUF = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 
 
@@ -196,3 +205,10 @@ def write_gguf_nvfp4(
         w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", router.float().numpy())
     _finish(w, edit_writer)
     return path
+
+
+def rejection(read, *args) -> str:
+    """The message of the ``CheckpointError`` that ``read(*args)`` raises (the test fails if it raises none)."""
+    with pytest.raises(CheckpointError) as exc:
+        read(*args)
+    return str(exc.value)

@@ -10,11 +10,7 @@ import torch
 
 from flint_moe.checkpoints import CheckpointError
 from flint_moe.checkpoints.experts import ExpertStack, check_stack_fits, expert_count, parse_expert_name
-from tests.checkpoints._writers import random_experts
-
-NOT_CANONICAL = (
-    "is not a canonical decimal integer (ASCII digits 0-9 without sign, leading zero, whitespace or underscore)"
-)
+from tests.checkpoints._writers import NOT_CANONICAL, random_experts
 
 
 def test_parse_expert_name_accepts_canonical_indices() -> None:

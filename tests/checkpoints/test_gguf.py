@@ -16,13 +16,17 @@ import pytest
 import torch
 
 from flint_moe.checkpoints import CheckpointError, read_gguf_layer
-from tests.checkpoints._writers import patch_gguf, random_experts, write_gguf_modelopt, write_gguf_nvfp4
+from tests.checkpoints._writers import (
+    NOT_CANONICAL,
+    patch_gguf,
+    random_experts,
+    rejection,
+    write_gguf_modelopt,
+    write_gguf_nvfp4,
+)
 
 E, H, I, K = 4, 64, 64, 2  # noqa: E741  (multiples of 64: the NVFP4 block)
 EX = "model.layers.0.mlp.experts."
-NOT_CANONICAL = (
-    "is not a canonical decimal integer (ASCII digits 0-9 without sign, leading zero, whitespace or underscore)"
-)
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +35,7 @@ def layer() -> tuple[dict, torch.Tensor]:
 
 
 def _message(path: Path) -> str:
-    with pytest.raises(CheckpointError) as exc:
-        read_gguf_layer(path, 0)
-    return str(exc.value)
+    return rejection(read_gguf_layer, path, 0)
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from flint_moe.checkpoints import CheckpointError, read_layer, read_modelopt_layer
-from tests.checkpoints._writers import random_experts, write_modelopt_dir
+from flint_moe.checkpoints import read_layer, read_modelopt_layer
+from tests.checkpoints._writers import NOT_CANONICAL, random_experts, rejection, write_modelopt_dir
 
 E, H, I, K = 4, 32, 32, 2  # noqa: E741
 EX = "model.layers.0.mlp.experts."
 ROUTER = "model.layers.0.mlp.gate.weight"
-NOT_CANONICAL = (
-    "is not a canonical decimal integer (ASCII digits 0-9 without sign, leading zero, whitespace or underscore)"
-)
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +29,7 @@ def layer() -> tuple[dict, torch.Tensor]:
 
 
 def _message(path: Path) -> str:
-    with pytest.raises(CheckpointError) as exc:
-        read_modelopt_layer(path, 0)
-    return str(exc.value)
+    return rejection(read_modelopt_layer, path, 0)
 
 
 def _index(d: Path) -> tuple[Path, dict]:
