@@ -217,8 +217,9 @@ def _apply_overrides(
 # correctly rounded bases
 
 
-def _raw_base(name: str, x: torch.Tensor) -> torch.Tensor:
-    """RN32 of the f64 computation, before overrides (``"rsqrt"``, ``"exp2"``, ``"exp"``); fp32 x -> fp32."""
+def _base64(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The f64 computation of a base (``"rsqrt"``, ``"exp2"``, ``"exp"``): fp32 x -> float64, on x's device;
+    ValueError for another name. Also read by the table capture (``flint_moe.tools.mufu``)."""
     x64 = x.double()
     if name == "rsqrt":
         v = 1.0 / torch.sqrt(x64)
@@ -228,7 +229,12 @@ def _raw_base(name: str, x: torch.Tensor) -> torch.Tensor:
         v = torch.exp(x64)
     else:
         raise ValueError(f"name: unknown base {name!r}")
-    return v.to(torch.float32)
+    return v
+
+
+def _raw_base(name: str, x: torch.Tensor) -> torch.Tensor:
+    """RN32 of the f64 computation, before overrides (``"rsqrt"``, ``"exp2"``, ``"exp"``); fp32 x -> fp32."""
+    return _base64(name, x).to(torch.float32)
 
 
 def rcp_rn(x: torch.Tensor) -> torch.Tensor:

@@ -195,14 +195,7 @@ def build_overrides(base: str, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]
 
 
 def _raw64(base: str, x: torch.Tensor) -> np.ndarray:
-    x64 = x.double()
-    if base == "rsqrt":
-        v = 1.0 / torch.sqrt(x64)
-    elif base == "exp2":
-        v = torch.exp2(x64)
-    else:
-        v = torch.exp(x64)
-    return v.cpu().numpy()
+    return mufu._base64(base, x).cpu().numpy()
 
 
 # ------------------------------------------------------------------------------------------------------------
