@@ -12,12 +12,11 @@ its kernel path with taps (``paths.PATHS``), compare with the golden model (``st
 run completes, ``outdir.publish``): report.json, summary.md (the short pull-request summary), summary-full.md
 and report.html; ``--mutation`` adds the self-test (``mutation.self_test``), ``--baseline OTHER`` the verdict
 and output digest changes (``baseline.compare_reports``). Every run ends with the freshness line of the
-committed GPU report (``digest.check_report``, default reports/h200/report.json). Exit status 1 on any FAIL
-(or a case that raised); 2 for a bad baseline, a refused gpu profile or a refused ``--out`` (an existing file,
-a non-empty directory without ``--overwrite``, the committed GPU evidence from a run that is not a complete
-gpu-profile GPU run: ``outdir.evidence_guard``), all before the first case; 3 for a run stopped by SIGTERM /
-SIGINT (the report covers the cases done, says INCOMPLETE and stays staged); else 0. Console strings are
-printed literally. Without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set here).
+committed GPU report (``digest.check_report``). Exit status 1 on any FAIL (or a case that raised); 2 for a bad
+baseline, a refused gpu profile or ``--out`` (a file, a non-empty directory without ``--overwrite``, the GPU
+evidence from a run that is not a complete gpu-profile GPU run), before the first case; 3 for a run stopped by SIGTERM /
+SIGINT (the report covers the cases done, says INCOMPLETE, stays staged); else 0. Without CUDA the kernels
+run under Triton's interpreter (TRITON_INTERPRET=1, set here); console strings are printed literally.
 """
 
 from __future__ import annotations

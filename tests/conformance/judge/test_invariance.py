@@ -144,7 +144,7 @@ def test_report_lists_invariances(tmp_path, built) -> None:
     cr = compare_case(case, inputs, taps, out)
     cr.invariance = check_invariances(case, inputs, _Path(case), _counter(), out, taps, repeats=2)
     paths = write_report([cr], {"backend": "cpu"}, tmp_path)
-    md = paths["summary"].read_text()
+    md = paths["summary_full"].read_text()
     assert "## Invariances" in md and "No required invariance failed." in md and "Batch invariance:" in md
     data = json.loads(paths["json"].read_text())
     assert {i["name"] for i in data["cases"][0]["invariance"]} == {
@@ -166,7 +166,7 @@ def test_cli_invariance_flag(tmp_path) -> None:
     assert by == {"production_build": PASS, "determinism": PASS, "row_independence": SKIP, "cuda_graph": SKIP,
                   "batch_invariance": SKIP}  # fmt: skip
     assert case["diagnosis"] == []
-    assert "## Invariances" in (tmp_path / "summary.md").read_text()
+    assert "## Invariances" in (tmp_path / "summary-full.md").read_text()
 
 
 def test_batch_invariance_samples_rows_of_large_batches(built, monkeypatch) -> None:

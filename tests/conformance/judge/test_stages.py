@@ -407,7 +407,7 @@ def test_report_roundtrip(tmp_path, nvfp4, bf16) -> None:
     assert [c["case_id"] for c in data["cases"]] == [r.case_id for r in results]
     assert data["cases"][2]["verdict"] == FAIL and data["cases"][0]["digests"]["out"] == results[0].digests["out"]
     assert data["totals"]["FAIL"] == 1
-    md = paths["summary"].read_text()
+    md = paths["summary_full"].read_text()
     assert "| path | shape | M |" in md and "bit-exactness is not claimed" in md
     assert "act" in md.split("## Failures")[1]
     for p in paths.values():
