@@ -212,17 +212,12 @@ def nvfp4_grouped_order(config: dict | None, K: int, *, kernel: str = "nvfp4_gro
 
 def nvfp4_decode_orders(H: int, I: int, *, M: int = 1, gate_up: dict | None = None, down: dict | None = None):  # noqa: E741
     """Stage -> order of ``ops.flint_moe`` decode (``router``, ``gate_up``, ``down``) at (H, I) with the
-    launchers' default configurations (``default_config(H, I)``) updated by ``gate_up`` / ``down``; ``gate_up``
-    is None on the CUDA-core path (its declaration does not yet match the sm_90 build)."""
+    launchers' default configurations (``default_config(H, I)``) updated by ``gate_up`` / ``down``."""
     from flint_moe.kernels.nvfp4 import down_combine, gate_up as gu
 
     cg = {**gu.default_config(H, I), **(gate_up or {})}
     cd = {**down_combine.default_config(H, I), **(down or {})}
-    # CUDA-core gate/up: nvfp4_gate_up_order's block order is not yet what the sm_90 build runs (the H200 order
-    # test differs on ~2/3 of the accumulators by 1-64 ulp), so it is not offered for judging: None = the
-    # any-order bound alone for that stage until the declaration is corrected.
-    o_gu = nvfp4_gate_up_order(cg, H) if cg.get("MMA") else None
-    return {"router": router_order(H, M), "gate_up": o_gu, "down": nvfp4_down_order(cd, I)}
+    return {"router": router_order(H, M), "gate_up": nvfp4_gate_up_order(cg, H), "down": nvfp4_down_order(cd, I)}
 
 
 def nvfp4_grouped_orders(H: int, I: int, *, M: int, config: dict | None = None) -> dict:  # noqa: E741

@@ -181,17 +181,7 @@ _NVFP4_SHAPES = {  # name: (E, H, I, pad_to, M, k)
 #: (configuration, shape) pairs: every configuration once with a partial step or a small shape, the two
 #: measured paths also at DeepSeek-V3 (each pair compiles its own kernels: H, I and the config are constexprs).
 _NVFP4_CASES = [
-    pytest.param(
-        cfg,
-        shp,
-        marks=([needs_mma] if _nvfp4_configs()[cfg][2] else [])
-        + (
-            [pytest.mark.xfail(strict=True, reason="the CUDA-core gate/up declaration differs from the sm_90 build")]
-            if cfg == "cuda-core"
-            else []
-        ),
-        id=f"{cfg}-{shp}",
-    )
+    pytest.param(cfg, shp, marks=[needs_mma] if _nvfp4_configs()[cfg][2] else [], id=f"{cfg}-{shp}")
     for cfg, shp in (
         ("default", "small"),
         ("default", "partial-steps"),
