@@ -144,7 +144,8 @@ def check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weight
     ``router_weight`` bf16 [E, H] contiguous on ``dev`` (E = ``weights.num_experts``); ``top_k`` as
     :func:`check_top_k` with limit E; ``shared_output`` bf16 of ``x``'s shape on ``dev``; the weights' sizes
     as the kernels take them (``flint_moe.kernels.nvfp4.gate_up.decode_sizes``, ValueError); ``out`` as
-    :func:`check_out` against every input (:func:`op_inputs`).
+    :func:`check_out` against every input (:func:`op_inputs`); every tensor 16-byte aligned
+    (:func:`check_aligned`).
     """
     from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 
@@ -153,7 +154,25 @@ def check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weight
     check_top_k(top_k, E, f"E = {E}")
     check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=tuple(x.shape), device=dev)
     decode_sizes(weights)
-    check_out(out, tuple(x.shape), dev, op_inputs(x, router_weight, counter, shared_output, weights))
+    inputs = op_inputs(x, router_weight, counter, shared_output, weights)
+    check_out(out, tuple(x.shape), dev, inputs)
+    check_aligned(inputs | ({"out": out} if out is not None else {}))
+
+
+#: Byte alignment every tensor of an NVFP4 op must have: Triton specialises a launch on 16-byte-aligned pointers
+#: (vector loads, and the layout that fixes the CUDA-core decode path's declared summation order).
+ALIGN = 16
+
+
+def check_aligned(tensors: dict) -> None:
+    """ValueError naming the first tensor whose data pointer is not :data:`ALIGN`-byte aligned (a view at an odd
+    offset). torch's allocations always are; the kernels' vector loads and declared orders assume it."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.data_ptr() % ALIGN:
+            raise ValueError(
+                f"{name}: data pointer {t.data_ptr():#x} is not {ALIGN}-byte aligned (a view at an offset); "
+                f"pass a contiguous copy (.clone())"
+            )
 
 
 def _is_checked(t: torch.Tensor) -> bool:

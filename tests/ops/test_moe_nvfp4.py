@@ -107,3 +107,17 @@ def test_shared_ready_of_a_wrong_type_launches_nothing(no_launch, path, op, m, b
 def test_shared_ready_event_with_cpu_tensors_launches_nothing(no_launch, path, op, m) -> None:
     with pytest.raises(ValueError, match=r"^shared_ready: a CUDA event only makes sense for CUDA tensors"):
         _call(op, _weights(), m, shared_ready=mock.Mock(spec=torch.cuda.Event))
+
+
+@pytest.mark.parametrize("path,op,m", PATHS, ids=[p[0] for p in PATHS])
+@pytest.mark.parametrize("arg", ["x", "shared_output"])
+def test_misaligned_tensor_launches_nothing(no_launch, path, op, m, arg) -> None:
+    """A view 2 bytes into its storage (bf16 [M, H] at offset 1) is refused by name before any launch."""
+    base = torch.zeros(m * H + 1, dtype=torch.bfloat16)
+    bad = base[1:].view(m, H)
+    assert bad.data_ptr() % 16 != 0
+    x = bad if arg == "x" else torch.zeros(m, H, dtype=torch.bfloat16)
+    shared = bad if arg == "shared_output" else torch.zeros(m, H, dtype=torch.bfloat16)
+    router = torch.zeros(E, H, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"^{arg}: data pointer 0x[0-9a-f]+ is not 16-byte aligned"):
+        op(x, router, _weights(), K, make_route_counter("cpu"), shared)
