@@ -6,6 +6,7 @@
 # profile as FLINT_SHARDS shards one after another, merged).
 # FLINT_GIT_COMMIT names the commit the tree was sent from (the device copy has no .git).
 # The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
+# FLINT_BASELINE=reports/h200/report.json: compare the conformance outputs' digests with that report.
 # FLINT_TAR=1: write everything to a scratch folder and pack it as $OUT/h200-run.tgz (one file to fetch).
 set -uo pipefail
 FINAL_OUT=${OUT:-reports/h200-run}
@@ -30,7 +31,7 @@ for step in $steps; do
               > "$OUT/pytest-gpu.txt" 2>&1 || rc=1
             tail -15 "$OUT/pytest-gpu.txt" ;;
     conformance) t0=$(date +%s); timeout "${FLINT_CONFORMANCE_TIMEOUT:-3000}" python3 -m flint_moe.conformance --profile gpu \
-              --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1 || rc=1
+              --out "$OUT/conformance" ${FLINT_BASELINE:+--baseline "$FLINT_BASELINE"} > "$OUT/conformance.log" 2>&1 || rc=1
             echo "conformance wall: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/conformance.log"
             tail -5 "$OUT/conformance.log" ;;
     shards) # the gpu profile as FLINT_SHARDS (default 2) shards run one after another, then merged: the merged
