@@ -111,8 +111,8 @@ def mma_bf16_f32(
     return _fused_dot(acc_e, a_e, b_e, **_PARAMS[instruction])
 
 
-def _bf16_fields(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    bits = x.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+def _bf16_fields(bits16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    bits = bits16.to(torch.int64) & 0xFFFF
     sign = bits >> 15
     ef = (bits >> 7) & 0xFF
     mf = bits & 0x7F
@@ -128,10 +128,57 @@ def _shift(v: torch.Tensor, sh: torch.Tensor) -> torch.Tensor:
     return torch.where(sh >= 0, left, right)
 
 
-def _fused_dot(
-    acc: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
+def _msb(mag: torch.Tensor) -> torch.Tensor:
+    """Position of the most significant set bit of ``mag`` (int64, 0 < mag < 2^63); 0 for mag <= 1. Integer
+    shifts only (a binary search), so an elementwise fusion of the model computes the same bits."""
+    p = torch.zeros_like(mag)
+    m = mag
+    for s in (32, 16, 8, 4, 2, 1):
+        big = (m >> s) > 0
+        m = torch.where(big, m >> s, m)
+        p = p + torch.where(big, s, 0)
+    return p
+
+
+def _fused_dot(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, **params) -> torch.Tensor:
+    """fp32 result of the model on fp32 ``acc`` [...] and bf16 ``a``, ``b`` [..., 16] of one shape;
+    ``params``: the fitted constants' alternatives (:func:`_fused_dot_bits`), for the fitting tool.
+
+    On CUDA with the fitted constants the integer model runs as one fused kernel (``torch.compile`` of
+    :func:`_fused_dot_bits`: integer arithmetic only, so the fusion cannot change a bit; the GPU tests compare
+    it with the eager evaluation); ``FLINT_MMA_COMPILE=0`` keeps the eager evaluation."""
+    shape = acc.shape
+    abits = a.view(torch.int16).reshape(-1, MMA_K)
+    bbits = b.view(torch.int16).reshape(-1, MMA_K)
+    cbits = acc.view(torch.int32).reshape(-1)
+    fn = _fused_dot_bits
+    if not params and acc.is_cuda:
+        fn = _compiled_bits()
+    return fn(abits, bbits, cbits, **params).view(torch.float32).reshape(shape)
+
+
+_COMPILED: list = []
+
+
+def _compiled_bits():
+    """The fused (``torch.compile``) :func:`_fused_dot_bits` with the fitted constants, or the eager function
+    when compiling is switched off (``FLINT_MMA_COMPILE=0``) or unavailable."""
+    import os
+
+    if os.environ.get("FLINT_MMA_COMPILE", "1") == "0":
+        return _fused_dot_bits
+    if not _COMPILED:
+        try:
+            _COMPILED.append(torch.compile(_fused_dot_bits, dynamic=True, fullgraph=True))
+        except Exception:  # pragma: no cover - a torch build without a working compiler
+            _COMPILED.append(_fused_dot_bits)
+    return _COMPILED[0]
+
+
+def _fused_dot_bits(
+    abits: torch.Tensor,
+    bbits: torch.Tensor,
+    cbits32: torch.Tensor,
     *,
     frac_bits: int = 25,
     term_round: str = "trunc",
@@ -141,7 +188,9 @@ def _fused_dot(
     zero_sign: str = "plus",
     align_floor: int | None = -133,
 ) -> torch.Tensor:
-    """The model with its fitted constants as keywords (the defaults); variants exist for the fitting tool.
+    """The model on bit patterns: ``abits``, ``bbits`` int16 [..., 16] (bf16 bits), ``cbits32`` int32 [...]
+    (fp32 bits) -> int32 [...] (fp32 bits). The fitted constants are the keyword defaults; the variants exist
+    for the fitting tool.
 
     frac_bits: F; term_round: "trunc" (magnitude toward zero) or "floor" (two's complement); zero_exponent:
     zero terms take part in the largest exponent with exponent -126 + the partner's (MMA-Sim's reading);
@@ -149,9 +198,9 @@ def _fused_dot(
     is +0) or "all_negative_zero" (IEEE-like: -0 if every term is -0, a non-zero sum keeps its sign);
     align_floor: the alignment exponent is max(emax, align_floor) (None: no floor).
     """
-    sa, eaf, maf, Ma, ea = _bf16_fields(a)
-    sb, ebf, mbf, Mb, eb = _bf16_fields(b)
-    cbits = acc.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    sa, eaf, maf, Ma, ea = _bf16_fields(abits)
+    sb, ebf, mbf, Mb, eb = _bf16_fields(bbits)
+    cbits = cbits32.to(torch.int64) & 0xFFFFFFFF
     sc = cbits >> 31
     ecf = (cbits >> 23) & 0xFF
     mcf = cbits & 0x7FFFFF
@@ -208,7 +257,7 @@ def _fused_dot(
     mag = S.abs()
 
     # 6. normalise, round to fp32
-    p = (mag.to(torch.float64).view(torch.int64) >> 52) - 1023  # msb position (mag > 0)
+    p = _msb(mag)  # msb position (mag > 0)
     E = p + emax - frac_bits
     normal = E >= -126
     # normal: 24 significant bits
@@ -249,5 +298,4 @@ def _fused_dot(
     inf_bits = torch.where(neg_inf, _INF_BITS | (1 << 31), _INF_BITS)
     bits = torch.where(is_inf, inf_bits, bits)
     bits = torch.where(is_nan, torch.full_like(bits, _NAN_BITS), bits)
-    out = (bits - ((bits >> 31) << 32)).to(torch.int32)
-    return out.view(torch.float32)
+    return (bits - ((bits >> 31) << 32)).to(torch.int32)

@@ -273,6 +273,26 @@ def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return s.float()
 
 
+_FMA32_COMPILED: list = []
+
+
+def _fma32_on(t: torch.Tensor):
+    """:func:`_fma32` for operands on ``t``'s device: on CUDA one fused kernel (``torch.compile``; the
+    float64 operations are the same IEEE operations fused, and a contraction of ``a * b`` into an fma leaves
+    every value unchanged because the float64 product is exact), eager elsewhere or with
+    ``FLINT_MMA_COMPILE=0``."""
+    import os
+
+    if not t.is_cuda or os.environ.get("FLINT_MMA_COMPILE", "1") == "0":
+        return _fma32
+    if not _FMA32_COMPILED:
+        try:
+            _FMA32_COMPILED.append(torch.compile(_fma32, dynamic=True, fullgraph=True))
+        except Exception:  # pragma: no cover - a torch build without a working compiler
+            _FMA32_COMPILED.append(_fma32)
+    return _FMA32_COMPILED[0]
+
+
 def _tree(v: torch.Tensor, shape: str) -> torch.Tensor:
     """Pairwise tree over the last dim (a power of two)."""
     while v.shape[-1] > 1:
@@ -351,8 +371,9 @@ def _run(order: dict, w: torch.Tensor, x: torch.Tensor, sc: torch.Tensor | None,
                 acc, start = torch.zeros(wv.shape[:-1], dtype=torch.float32, device=w.device), 0
             else:
                 acc, start = wv[..., 0] * xv[..., 0], 1
+            fma = _fma32_on(acc)
             for i in range(start, n):
-                acc = _fma32(wv[..., i], xv[..., i], acc)
+                acc = fma(wv[..., i], xv[..., i], acc)
             if stt.s is not None:
                 stt.s = stt.move_last(stt.s, [a])[..., 0]
             stt.drop([a])
@@ -374,8 +395,9 @@ def _run(order: dict, w: torch.Tensor, x: torch.Tensor, sc: torch.Tensor | None,
             a = st["axis"]
             vv, sv = stt.move_last(stt.v, [a]), stt.move_last(stt.s, [a])
             acc = torch.zeros(vv.shape[:-1], dtype=torch.float32, device=w.device)
+            fma = _fma32_on(acc)
             for i in range(vv.shape[-1]):
-                acc = _fma32(vv[..., i], sv[..., i], acc)
+                acc = fma(vv[..., i], sv[..., i], acc)
             stt.drop([a])
             stt.v, stt.s = acc, None
         elif op == "add_chain":
