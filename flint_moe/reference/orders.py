@@ -75,7 +75,7 @@ _OPS = ("fma_chain", "scale_fma_chain", "add_chain", "tree", "mma_chain", "add_z
 _PRODUCT_OPS = ("fma_chain", "mma_chain")
 #: Elements per evaluation chunk (rows x padded length) on the CPU / on a GPU: bounds the float64 temporaries.
 _CHUNK_ELEMENTS = 1 << 25
-_CHUNK_ELEMENTS_CUDA = 1 << 28
+_CHUNK_ELEMENTS_CUDA = 1 << 26
 
 MmaStep = Callable[..., torch.Tensor]
 

@@ -13,12 +13,27 @@ import torch
 
 from flint_moe.conformance.judge.results import EXACT, FAIL, CaseResult, worst_verdict
 
-__all__ = ["REPLAY_ROWS", "case_orders", "replay_rows", "replay_sampled"]
+__all__ = ["REPLAY_ROWS", "case_orders", "replay_row_count", "replay_rows", "replay_sampled"]
 
 
 #: Token rows replayed in full; a larger case replays this many rows, evenly spaced (rows are independent:
-#: the ``row_independence`` invariance checks it), and keeps the any-order bound for the others.
-REPLAY_ROWS = 64
+#: the ``row_independence`` invariance checks it), and keeps the any-order bound for the others. Every row of
+#: a replayed row is replayed: all its experts and all their output columns. ``FLINT_REPLAY_ROWS=N`` replays
+#: N rows instead (a deeper run, e.g. 64: every row of the M <= 64 cases; minutes more on the H200).
+REPLAY_ROWS = 8
+
+
+def replay_row_count() -> int:
+    """Rows a case replays in full: ``FLINT_REPLAY_ROWS`` (a positive integer) or :data:`REPLAY_ROWS`.
+    Raises ValueError for any other value of the variable."""
+    import os
+
+    v = os.environ.get("FLINT_REPLAY_ROWS")
+    if v is None or v == "":
+        return REPLAY_ROWS
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"FLINT_REPLAY_ROWS: expected a positive integer, got {v!r}")
+    return int(v)
 
 
 def case_orders(case, device: torch.device) -> dict | None:
@@ -36,8 +51,8 @@ def case_orders(case, device: torch.device) -> dict | None:
 
 def replay_rows(m: int, n: int | None = None) -> torch.Tensor:
     """The deterministic sample of ``n`` token rows of an M = ``m`` case: evenly spaced, first and last
-    included (int64, ascending, distinct); ``n`` defaults to :data:`REPLAY_ROWS`."""
-    n = REPLAY_ROWS if n is None else n
+    included (int64, ascending, distinct); ``n`` defaults to :func:`replay_row_count`."""
+    n = replay_row_count() if n is None else n
     if m <= n:
         return torch.arange(m)
     return torch.unique(torch.linspace(0, m - 1, n).round().to(torch.int64))

@@ -370,7 +370,7 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor, *, orders="auto") 
 
     if isinstance(orders, str) and orders == "auto":
         orders = case_orders(case, dev)
-    if orders is not None and M > _replay.REPLAY_ROWS:  # replay a deterministic sample of whole token rows
+    if orders is not None and M > _replay.replay_row_count():  # replay a deterministic sample of whole token rows
         return replay_sampled(compare_case, case, inputs, taps, out, orders, _logical_weights(inputs))
     orders = orders or {}
 

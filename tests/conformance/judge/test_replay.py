@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flint_moe.conformance.judge.replay import replay_rows
+from flint_moe.conformance.judge.replay import REPLAY_ROWS, replay_row_count, replay_rows
 from flint_moe.conformance.judge.results import ACCUMULATION_STAGES, EXACT, FAIL
 from flint_moe.conformance.judge.stages import compare_case
 from flint_moe.kernels import orders as K
@@ -82,8 +82,19 @@ def test_changed_declaration_fails_with_order_differs(bf16_m3, stage, tap):
 
 def test_replay_rows_sample():
     assert replay_rows(5).tolist() == [0, 1, 2, 3, 4]
-    r = replay_rows(4096)
+    r = replay_rows(4096, 64)
     assert len(r) == 64 and r[0] == 0 and r[-1] == 4095 and bool((r[1:] > r[:-1]).all())
+
+
+def test_replay_row_count(monkeypatch):
+    monkeypatch.delenv("FLINT_REPLAY_ROWS", raising=False)
+    assert replay_row_count() == REPLAY_ROWS == len(replay_rows(4096))
+    monkeypatch.setenv("FLINT_REPLAY_ROWS", "64")
+    assert replay_row_count() == 64 and replay_rows(64).tolist() == list(range(64))
+    for bad in ("0", "-3", "x"):
+        monkeypatch.setenv("FLINT_REPLAY_ROWS", bad)
+        with pytest.raises(ValueError, match="FLINT_REPLAY_ROWS"):
+            replay_row_count()
 
 
 def test_large_case_replays_sampled_rows(monkeypatch):
