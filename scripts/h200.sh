@@ -19,7 +19,7 @@ rc=0
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
-  echo "git commit: $(git rev-parse HEAD 2>/dev/null || echo "${FLINT_GIT_COMMIT:-unknown} (device copy, as sent)")"
+  echo "git commit: ${FLINT_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 for step in $steps; do
