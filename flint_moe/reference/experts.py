@@ -28,6 +28,7 @@ __all__ = [
     "swiglu",
     "down_accumulate",
     "down_accumulate_bf16",
+    "replay_experts",
     "down_output",
     "down_output_bf16",
     "ExpertStages",
@@ -138,6 +139,53 @@ def _with_replay(acc: Accumulation, order: dict | None, x: torch.Tensor, w: torc
     if pad > 0:  # a kernel that runs over a padded K: the extra terms are +0 * +0
         x, w = torch.nn.functional.pad(x.float(), (0, pad)), torch.nn.functional.pad(w.float(), (0, pad))
     return dataclasses.replace(acc, replay=replay_matmul(order, x, w, mma=mma))
+
+
+def replay_experts(
+    order: dict,
+    xs: list[torch.Tensor],
+    weights: list[torch.Tensor],
+    scales: list[torch.Tensor] | None = None,
+    *,
+    mma=None,
+) -> list[torch.Tensor]:
+    """The ``replay`` of :func:`gate_up_accumulate` / :func:`down_accumulate` (``scales`` given: NVFP4) or of
+    the ``_bf16`` variants (``scales`` None) for many experts at once: per expert fp32 [len(xs[i]), N], bit for
+    bit what the single-expert call puts in ``Accumulation.replay`` (``orders_batched.replay_matmuls``: a
+    tensor-core order advances a group of experts per k16 step).
+
+    xs: per expert bf16 [m_i, K]; weights: per expert uint8 codes [N, K/2] with ``scales`` E4M3 [N, K/16], or
+    bf16 [N, K] (K zero-padded to the order's length, as the kernels' padded K runs +0 * +0 terms). Raises
+    TypeError / ValueError naming the tensor, OrderError for a declaration that does not fit.
+    """
+    from .orders import check_order
+    from .orders_batched import group_size, replay_matmuls
+
+    if scales is None:
+        pad = check_order(order)["length"]
+        for i, (x, w) in enumerate(zip(xs, weights, strict=True)):
+            check_tensor(f"xs[{i}]", x, dtype=torch.bfloat16, ndim=2)
+            check_tensor(f"weights[{i}]", w, dtype=torch.bfloat16, shape=(None, x.shape[1]))
+        fx = [torch.nn.functional.pad(x.float(), (0, pad - x.shape[1])) for x in xs]
+        fw = [torch.nn.functional.pad(w.float(), (0, pad - w.shape[1])) for w in weights]
+        return replay_matmuls(order, fx, fw, mma=mma)
+    for i, (x, codes, scale) in enumerate(zip(xs, weights, scales, strict=True)):
+        _, k = _check_nvfp4(f"weights[{i}]", codes, f"scales[{i}]", scale)
+        check_tensor(f"xs[{i}]", x, dtype=torch.bfloat16, shape=(None, k))
+    out: list = [None] * len(xs)
+    if not xs:
+        return []
+    # decoded a group at a time (the E2M1 values of one expert are N x K fp32), experts sorted by token count
+    todo = sorted(range(len(xs)), key=lambda i: xs[i].shape[0])
+    per = group_size(check_order(order), weights[0].shape[0], weights[0].device)
+    for g0 in range(0, len(todo), per):
+        grp = todo[g0 : g0 + per]
+        values = [_decode_codes(_unpack_codes(weights[i]), torch.float32) for i in grp]
+        blocks = [e4m3_to_float(scale_bytes(scales[i])).to(torch.float32) for i in grp]
+        done = replay_matmuls(order, [xs[i] for i in grp], values, block_scales=blocks, mma=mma)
+        for i, r in zip(grp, done, strict=True):
+            out[i] = r
+    return out
 
 
 def gate_up_accumulate(

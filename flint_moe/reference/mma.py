@@ -53,7 +53,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["mma_bf16_f32", "MMA_INSTRUCTIONS", "MMA_K"]
+from ._fused import fused
+
+__all__ = ["mma_bf16_f32", "mma_bf16_f32_outer", "MMA_INSTRUCTIONS", "MMA_K"]
 
 #: The instruction names accepted by ``mma_bf16_f32`` (measured identical on the H200).
 MMA_INSTRUCTIONS = ("mma.sync.m16n8k16", "wgmma.m64nNk16")
@@ -111,6 +113,43 @@ def mma_bf16_f32(
     return _fused_dot(acc_e, a_e, b_e, **_PARAMS[instruction])
 
 
+def mma_bf16_f32_outer(
+    acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, instruction: str = "mma.sync.m16n8k16"
+) -> torch.Tensor:
+    """One tensor-core k16 step for every (row of ``b``, row of ``a``) pair of each group, as
+    :func:`mma_bf16_f32` computes it: ``out[g, i, j] = mma(acc[g, i, j], a[g, j, :], b[g, i, :])``.
+
+    acc: fp32 [G, R, N]; a: bf16 [G, N, 16] (the weights' k slots); b: bf16 [G, R, 16] (the activations').
+    The broadcast happens inside the evaluation (nothing of size G x R x N x 16 is materialised); on CUDA one
+    fused kernel (``FLINT_MMA_COMPILE=0``: eager). Returns a new fp32 [G, R, N]. Raises TypeError / ValueError
+    as :func:`mma_bf16_f32` for dtypes, a last dimension other than 16, mismatched G / R / N, devices or an
+    unknown instruction.
+    """
+    if instruction not in _PARAMS:
+        raise ValueError(f"instruction: must be one of {MMA_INSTRUCTIONS}, got {instruction!r}")
+    for name, t, dt, nd in (("acc", acc, torch.float32, 3), ("a", a, torch.bfloat16, 3), ("b", b, torch.bfloat16, 3)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dt or t.dim() != nd:
+            raise TypeError(f"{name}: expected {dt} with {nd} dimensions, got {t.dtype} {tuple(t.shape)}")
+    if a.shape[-1] != MMA_K or b.shape[-1] != MMA_K:
+        raise ValueError(f"a, b: last dimension must be {MMA_K}, got {tuple(a.shape)}, {tuple(b.shape)}")
+    g, r, n = acc.shape
+    if tuple(a.shape[:2]) != (g, n) or tuple(b.shape[:2]) != (g, r):
+        raise ValueError(f"acc {tuple(acc.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}: expected [G, R, N], "
+                         "[G, N, 16], [G, R, 16]")  # fmt: skip
+    if not (acc.device == a.device == b.device):
+        raise ValueError(f"acc, a, b: must be on one device, got {acc.device}, {a.device}, {b.device}")
+    return _outer_fused(a.view(torch.int16), b.view(torch.int16), acc.view(torch.int32)).view(torch.float32)
+
+
+def _outer_bits(abits: torch.Tensor, bbits: torch.Tensor, cbits: torch.Tensor) -> torch.Tensor:
+    return _fused_dot_bits(abits[:, None, :, :], bbits[:, :, None, :], cbits)
+
+
+_outer_fused = fused(_outer_bits)
+
+
 def _bf16_fields(bits16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     bits = bits16.to(torch.int64) & 0xFFFF
     sign = bits >> 15
@@ -151,28 +190,9 @@ def _fused_dot(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, **params) ->
     abits = a.view(torch.int16).reshape(-1, MMA_K)
     bbits = b.view(torch.int16).reshape(-1, MMA_K)
     cbits = acc.view(torch.int32).reshape(-1)
-    fn = _fused_dot_bits
-    if not params and acc.is_cuda:
-        fn = _compiled_bits()
-    return fn(abits, bbits, cbits, **params).view(torch.float32).reshape(shape)
-
-
-_COMPILED: list = []
-
-
-def _compiled_bits():
-    """The fused (``torch.compile``) :func:`_fused_dot_bits` with the fitted constants, or the eager function
-    when compiling is switched off (``FLINT_MMA_COMPILE=0``) or unavailable."""
-    import os
-
-    if os.environ.get("FLINT_MMA_COMPILE", "1") == "0":
-        return _fused_dot_bits
-    if not _COMPILED:
-        try:
-            _COMPILED.append(torch.compile(_fused_dot_bits, dynamic=True, fullgraph=True))
-        except Exception:  # pragma: no cover - a torch build without a working compiler
-            _COMPILED.append(_fused_dot_bits)
-    return _COMPILED[0]
+    if params:
+        return _fused_dot_bits(abits, bbits, cbits, **params).view(torch.float32).reshape(shape)
+    return _dot_fused(abits, bbits, cbits).view(torch.float32).reshape(shape)
 
 
 def _fused_dot_bits(
@@ -299,3 +319,6 @@ def _fused_dot_bits(
     bits = torch.where(is_inf, inf_bits, bits)
     bits = torch.where(is_nan, torch.full_like(bits, _NAN_BITS), bits)
     return (bits - ((bits >> 31) << 32)).to(torch.int32)
+
+
+_dot_fused = fused(_fused_dot_bits)

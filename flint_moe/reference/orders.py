@@ -56,6 +56,8 @@ from collections.abc import Callable
 
 import torch
 
+from ._fused import fused
+
 __all__ = [
     "FORMAT",
     "MMA_INSTRUCTIONS",
@@ -273,24 +275,11 @@ def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return s.float()
 
 
-_FMA32_COMPILED: list = []
-
-
 def _fma32_on(t: torch.Tensor):
-    """:func:`_fma32` for operands on ``t``'s device: on CUDA one fused kernel (``torch.compile``; the
-    float64 operations are the same IEEE operations fused, and a contraction of ``a * b`` into an fma leaves
-    every value unchanged because the float64 product is exact), eager elsewhere or with
-    ``FLINT_MMA_COMPILE=0``."""
-    import os
-
-    if not t.is_cuda or os.environ.get("FLINT_MMA_COMPILE", "1") == "0":
-        return _fma32
-    if not _FMA32_COMPILED:
-        try:
-            _FMA32_COMPILED.append(torch.compile(_fma32, dynamic=True, fullgraph=True))
-        except Exception:  # pragma: no cover - a torch build without a working compiler
-            _FMA32_COMPILED.append(_fma32)
-    return _FMA32_COMPILED[0]
+    """:func:`_fma32` for operands on ``t``'s device: on CUDA one fused kernel (``_fused.fused``: the float64
+    operations fused are the same IEEE operations, and a contraction of ``a * b`` into an fma leaves every
+    value unchanged because the float64 product is exact), eager elsewhere."""
+    return _fma32_fused if t.is_cuda else _fma32
 
 
 def _tree(v: torch.Tensor, shape: str) -> torch.Tensor:
@@ -532,3 +521,6 @@ def replay_matmul(
         sc = None if block_scales is None else block_scales[j : j + step][None]
         out[:, j : j + step] = replay_dot(order, w[j : j + step][None], x[:, None], block_scales=sc, mma=mma)
     return out
+
+
+_fma32_fused = fused(_fma32)

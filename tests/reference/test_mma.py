@@ -331,3 +331,22 @@ def test_argument_errors() -> None:
         mma_bf16_f32(torch.zeros(3), a, a)
     with pytest.raises(ValueError, match="instruction"):
         mma_bf16_f32(acc, a, a, instruction="mma.sync.m16n8k8")
+
+
+def test_outer_step_equals_the_broadcast_step() -> None:
+    """``mma_bf16_f32_outer`` (every activation row against every weight row of each group) gives the bits of
+    ``mma_bf16_f32`` on the materialised broadcast, for every input class of the probe generator."""
+    from flint_moe.reference import mma_bf16_f32_outer
+    from flint_moe.tools.mma import CLASSES, generate
+
+    g, r, n = 2, 3, 5
+    for klass in CLASSES:
+        acc, a, b = generate(klass, 64, 9, "cpu")
+        w, x, c = a[: g * n].reshape(g, n, 16), b[: g * r].reshape(g, r, 16), acc[: g * r * n].reshape(g, r, n)
+        got = mma_bf16_f32_outer(c, w, x, instruction="wgmma.m64nNk16")
+        want = mma_bf16_f32(c, w[:, None].expand(g, r, n, 16), x[:, :, None].expand(g, r, n, 16))
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), klass
+    with pytest.raises(ValueError, match=r"expected \[G, R, N\]"):
+        mma_bf16_f32_outer(c, w[:, :2], x)
+    with pytest.raises(TypeError, match="acc: expected torch.float32 with 3 dimensions"):
+        mma_bf16_f32_outer(c[0], w, x)

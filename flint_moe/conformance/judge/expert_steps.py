@@ -13,7 +13,7 @@ import torch
 from flint_moe.reference import experts as ref
 from flint_moe.reference.exact import Accumulation
 
-__all__ = ["expert_down", "expert_gate_up", "expert_y"]
+__all__ = ["expert_down", "expert_gate_up", "expert_replays", "expert_y"]
 
 
 def _on(t: torch.Tensor, dev) -> torch.Tensor:
@@ -37,6 +37,17 @@ def expert_down(wl, e: int, act: torch.Tensor, nv: bool, dev=None, **kw) -> Accu
     if nv:
         return ref.down_accumulate(act, _on(wl.w2[e], dev), _on(wl.w2_scale[e], dev), **kw)
     return ref.down_accumulate_bf16(act, _on(wl.w2[e], dev), **kw)
+
+
+def expert_replays(wl, experts: list, xs: list, nv: bool, dev, order: dict, which: str) -> list:
+    """The replays of the declared ``order`` for ``experts`` (``which`` = "w13": gate/up against
+    ``wl.w13[e]``, "w2": down against ``wl.w2[e]``), each against its rows ``xs[i]`` (bf16 [m_i, K]), a group
+    of experts per tensor-core step (``reference.experts.replay_experts``): per expert fp32 [m_i, N], the
+    ``Accumulation.replay`` the single-expert step would carry."""
+    w = getattr(wl, which)
+    weights = [_on(w[e], dev) for e in experts]
+    scales = [_on(getattr(wl, which + "_scale")[e], dev) for e in experts] if nv else None
+    return ref.replay_experts(order, xs, weights, scales)
 
 
 def expert_y(wl, e: int, d: torch.Tensor, nv: bool, dev=None) -> torch.Tensor:

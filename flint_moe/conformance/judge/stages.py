@@ -51,12 +51,13 @@ on ``inputs.x``'s device. Result types and verdicts: ``results.py``; element met
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from flint_moe.conformance.judge import replay as _replay
-from flint_moe.conformance.judge.expert_steps import expert_down, expert_gate_up, expert_y
+from flint_moe.conformance.judge.expert_steps import expert_down, expert_gate_up, expert_replays, expert_y
 from flint_moe.conformance.judge.explain import end_to_end_taps
 from flint_moe.conformance.judge.metrics import (
     MAX_COORDS,
@@ -496,17 +497,24 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None)
     where = {e: (routing.tokens[e], routing.slots[e]) for e in experts}  # (tokens, slots), row-major
 
     def compute_gu(e):
-        def run(tokens):
-            return expert_gate_up(wl, e, x[tokens].contiguous(), nv, dev, model=gu_model, order=o_gu)
+        def run(tokens):  # the any-order sums; the declared order's replay is added for all experts at once
+            return expert_gate_up(wl, e, x[tokens].contiguous(), nv, dev, model=gu_model)
 
         return run
 
     # gate/up accumulations: one golden call per distinct expert over its tokens, rows scattered per pair.
     g_acc, u_acc = _AccBuffer(M, k, dev), _AccBuffer(M, k, dev)  # the golden model's own assembler
+    gu = {e: _gate_up_rows(cache, e, routing.uniq[e], compute_gu(e), routing.uniq_host[e]) for e in experts}
+    if o_gu is not None:
+        need = [e for e in experts if gu[e].replay is None]
+        reps = expert_replays(wl, need, [x[routing.uniq[e]].contiguous() for e in need], nv, dev, o_gu, "w13")
+        for e, r in zip(need, reps, strict=True):
+            gu[e] = dataclasses.replace(gu[e], replay=r)
+            if cache["gu"].get(e, (None,))[0] == routing.uniq_host[e]:
+                cache["gu"][e] = (routing.uniq_host[e], gu[e])
     for e in experts:
         tokens, slots = where[e]
-        uniq, inv = routing.uniq[e], routing.inv[e]
-        acc = _gate_up_rows(cache, e, uniq, compute_gu(e), routing.uniq_host[e])[inv]
+        acc = gu[e][routing.inv[e]]
         g_acc.put(tokens, slots, acc[..., :I])
         u_acc.put(tokens, slots, acc[..., I:])
     cache.setdefault("down", {})
@@ -540,12 +548,15 @@ def _expert_stages(path, model, wl, x, ids, t, M, k, H, cache=None, orders=None)
     d_tap, y_tap = t["down_acc"], t["y"]
     if _usable(a_tap, shape3, torch.bfloat16):
         d_acc = _AccBuffer(M, k, dev)
+        acts = {e: a_tap[where[e][0], where[e][1], :I].contiguous() for e in experts}
+        downs = {e: expert_down(wl, e, acts[e], nv, dev, model=d_model) for e in experts}
+        if o_dn is not None:
+            reps = expert_replays(wl, experts, [acts[e] for e in experts], nv, dev, o_dn, "w2")
+            downs = {e: dataclasses.replace(downs[e], replay=r) for e, r in zip(experts, reps, strict=True)}
         for e in experts:
             tokens, slots = where[e]
-            act_e = a_tap[tokens, slots, :I].contiguous()
-            acc = expert_down(wl, e, act_e, nv, dev, model=d_model, order=o_dn)
-            d_acc.put(tokens, slots, acc)
-            cache["down"][e] = (routing.pairs[e], act_e, acc)
+            d_acc.put(tokens, slots, downs[e])
+            cache["down"][e] = (routing.pairs[e], acts[e], downs[e])
         res["down_acc"] = compare_accumulation("down_acc", d_tap, d_acc.get(), order=o_dn)
     else:
         res["down_acc"] = StageResult("down_acc", "accumulation", FAIL, note="act tap unusable: not checked")
