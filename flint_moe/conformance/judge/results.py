@@ -48,7 +48,8 @@ class StageResult:
         verdict: EXACT / WITHIN-BOUND / FAIL.
         elements: elements compared. mismatches: elements failing the stage's criterion (bits differ, or
             outside the bound for accumulations). exact: elements bitwise equal to the golden value (for
-            accumulations: to RN32 of the exact sum).
+            accumulations: to the replay of the kernel's declared order where the stage replays one, else to
+            RN32 of the exact sum).
         max_ulp: largest ulp distance kernel vs golden over all elements (ordered-integer keys of the
             kernel's dtype; inf where exactly one is NaN; None for integer stages such as ``ids``).
         first_failures: up to 5 coordinates (index lists) of failing elements, in row-major order.

@@ -287,7 +287,7 @@ def compare_accumulation(
         verdict,
         elements=n,
         mismatches=bad,
-        exact=int(exact_bits.sum()),
+        exact=int(same.sum()) if acc.replay is not None else int(exact_bits.sum()),
         max_ulp=float(dist.max()) if n else None,
         map=_map(~ok) if bad else (_map(~same) if replay_bad else None),
         ulp_hist=_hist(dist) if n else None,

@@ -56,7 +56,11 @@ def test_declared_orders_replayed_bitwise_give_exact(bf16_m3):
         assert st.verdict == EXACT, (st.stage, st.verdict, st.note)
         if st.stage in ACCUMULATION_STAGES:
             assert "bitwise equal to the replay of the declared order" in st.note
+            assert st.exact == st.elements > 0  # exact counts agreement with the replay
     assert res.end_to_end.verdict == EXACT and res.verdict == EXACT
+    bound_only = compare_case(case, inputs, taps, out)
+    fewer = [s for s in bound_only.stages if s.stage in ACCUMULATION_STAGES and s.exact < s.elements]
+    assert fewer, "some accumulators differ from RN32 of the exact sum (what exact counts without a replay)"
 
 
 def test_without_orders_the_bound_alone_judges(bf16_m3):
