@@ -95,9 +95,7 @@ def pertoken_global_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax == 0, torch.ones_like(g), g)
 
 
-def quantize_nvfp4_rows(
-    x: torch.Tensor, g: torch.Tensor, *, name: str = "x"
-) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_nvfp4_rows(x: torch.Tensor, g: torch.Tensor, *, name: str = "x") -> tuple[torch.Tensor, torch.Tensor]:
     """P3-P5 with given global encode scales: quantize each row of ``x`` with its ``g`` (module docstring).
 
     Args:
