@@ -54,13 +54,10 @@ def _nearest_even(v: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.where(tie & (lo % 2 == 1), lo + 1, lo)
 
 
-def oracle(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """x float32 [M, K] -> (unpacked codes uint8 [M, K], scale bytes uint8 [M, K/16], d [M], g [M])."""
+def oracle_rows(x: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """P3-P5: x float32 [M, K], g float32 [M] -> (unpacked codes uint8 [M, K], scale bytes uint8 [M, K/16])."""
     m, k = x.shape
     with np.errstate(divide="ignore", over="ignore"):
-        amax = np.abs(x).max(1)
-        g = np.where(amax == 0, F32(1), np.minimum(F32(2688) / np.where(amax == 0, F32(1), amax), FLT_MAX))
-        g = g.astype(F32)
         d = (F32(1) / g).astype(F32)
         c6 = F32(1.0 / 6.0)
         blocks = x.reshape(m, k // 16, 16)
@@ -71,7 +68,18 @@ def oracle(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
         q = (blocks * enc[..., None]).astype(F32)
     mag = _nearest_even(np.minimum(np.abs(q), F32(6)), E2M1).astype(np.uint8)
     codes = mag | ((q < 0).astype(np.uint8) << 3)
-    return codes.reshape(m, k), sbyte, d, g
+    return codes.reshape(m, k), sbyte
+
+
+def oracle(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """P1-P5: x float32 [M, K] -> (unpacked codes uint8 [M, K], scale bytes uint8 [M, K/16], d [M], g [M])."""
+    with np.errstate(divide="ignore", over="ignore"):
+        amax = np.abs(x).max(1)
+        g = np.where(amax == 0, F32(1), np.minimum(F32(2688) / np.where(amax == 0, F32(1), amax), FLT_MAX))
+        g = g.astype(F32)
+        d = (F32(1) / g).astype(F32)
+    codes, sbyte = oracle_rows(x, g)
+    return codes, sbyte, d, g
 
 
 def _unpack(packed: torch.Tensor) -> np.ndarray:
