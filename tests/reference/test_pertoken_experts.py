@@ -118,13 +118,15 @@ def _dot(a: np.ndarray, b: np.ndarray) -> F32:
 
 
 def restated(x, routing, prob, fc1, fc2, offset, activation):
-    """P1-P12 for bf16-valued float32 arrays: x [T, H], fc1 [E, N1, H], fc2 [E, H, I]; returns out bf16 bits."""
+    """P1-P12 for bf16-valued float32 arrays: x [T, H], fc1 [E, N1, H], fc2 [E, H, I]; returns the bf16 bits
+    of out [T, H] and P8's h of each computed (token, slot)."""
     t, hdim = x.shape
     idim = fc2.shape[2]
     w1, w2 = _quantize_stack(fc1), _quantize_stack(fc2)
     codes, sbytes, d, _ = _oracle_full(x)
     xq = _decode(codes, sbytes)
     out = np.zeros((t, hdim), dtype=np.int64)
+    hs = {}
     for r in range(t):
         acc = [F32(0)] * hdim
         for j in range(routing.shape[1]):
@@ -133,6 +135,7 @@ def restated(x, routing, prob, fc1, fc2, offset, activation):
                 continue
             wq1, a1 = w1[e]
             h = np.array([F32(F32(_dot(wq1[n], xq[r]) * a1) * d[r]) for n in range(wq1.shape[0])], dtype=F32)
+            hs[r, j] = h
             if activation == "relu2":
                 rr = np.where(h > 0, h, F32(0)).astype(F32)
                 act = (rr * rr).astype(F32)
@@ -147,7 +150,7 @@ def restated(x, routing, prob, fc1, fc2, offset, activation):
                 y = F32(_dot(wq2[c], aq) * a2)
                 acc[c] = _rn32(Fraction(float(wj)) * Fraction(float(y)) + Fraction(float(acc[c])))
         out[r] = [_bf16_bits(v) for v in acc]
-    return out
+    return out, hs
 
 
 @pytest.mark.parametrize("activation", ["relu2", "swiglu"])
@@ -165,11 +168,13 @@ def test_against_restatement(activation):
     prob = torch.rand(t, 2, generator=gen)
     w = quantize_pertoken_experts(fc1, fc2)
     st = routed_nvfp4_moe_reference(x, routing, prob, w, num_experts=5, local_expert_offset=1, activation=activation)
-    want = restated(
+    want, hs = restated(
         x.float().numpy(), routing.numpy(), prob.numpy(), fc1.float().numpy(), fc2.float().numpy(), 1, activation
     )
     got = st.out.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
     np.testing.assert_array_equal(got, want)
+    for (r, j), h in hs.items():  # P8: alpha first, then the token scale (the other order differs in places)
+        np.testing.assert_array_equal(st.h[r, j].numpy().view(np.int32), h.view(np.int32))
     assert st.local.tolist() == [[True, True], [False, True], [True, True], [False, False], [True, False]]
     assert st.out[3].abs().max().item() == 0.0  # no local expert: +0
 
