@@ -14,7 +14,7 @@ its own fp32 global encode scale; every value below is binary32 and every operat
   1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; sign bit set iff ``q < 0`` (so
   -0.0 gives code 0 and -0.1 code 8); two codes a byte, low nibble = even element.
 
-Decoding: ``E2M1(code) * E4M3(S_b)`` is exact and fits bf16 (at most 5 significant bits, magnitudes in
+Decoding: ``E2M1(code) * E4M3(S_b)`` is exact and fits bf16 (at most 6 significant bits, magnitudes in
 [2^-10, 2688]); the value the recipe stands for is that times ``d_r``.
 
 Sources (facts only): FlashInfer ``NVFP4QuantizePerTokenKernel`` with ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH``
@@ -159,7 +159,7 @@ def dequantize_nvfp4_rows(codes: torch.Tensor, block_scale: torch.Tensor) -> tor
         codes: uint8 [M, K/2] packed E2M1 (low nibble = even element); block_scale: uint8 or
             float8_e4m3fn [M, K/16] with no NaN byte.
     Returns:
-        torch.bfloat16 [M, K] (every such product is a bf16 value: at most 5 significant bits).
+        torch.bfloat16 [M, K] (every such product is a bf16 value: at most 6 significant bits).
     Raises:
         TypeError / ValueError naming ``codes`` or ``block_scale``.
     """
