@@ -107,6 +107,8 @@ FINITE_BF16 = _ALL[(_ALL & 0x7F80) != 0x7F80]
 
 def test_oracle_constants():
     assert F32(1.0 / 6.0).view(np.int32) == 0x3E2AAAAB
+    # FlashInfer's exact mode inverts the fp32 constant 1/2688 it is passed: the round trip is exact
+    assert F32(1) / (F32(1) / F32(2688)) == F32(2688)
     assert np.float32(PERTOKEN_INV6).view(np.int32) == 0x3E2AAAAB
     assert E4M3[-1] == 448.0 and E4M3[1] == 2.0**-9 and len(E4M3) == 127
 
