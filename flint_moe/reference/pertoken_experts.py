@@ -226,6 +226,8 @@ class PerTokenMoEStages:
 
 
 def _value(policy: AccumulatePolicy, stage: str, acc: Accumulation, operands: dict) -> torch.Tensor:
+    if acc.replay is not None:  # a declared order was replayed: that is the accumulator's fp32 value
+        return acc.replay
     v = policy(stage, acc, operands)
     check_tensor(f"accumulate({stage})", v, dtype=torch.float32, shape=tuple(acc.shape))
     return v
@@ -268,6 +270,8 @@ def routed_nvfp4_moe_reference(
     token_capacity: int | None = None,
     accumulate: AccumulatePolicy = round_exact,
     model: SummationModel = FP32_RN,
+    orders: dict | None = None,
+    mma=None,
 ) -> PerTokenMoEStages:
     """P1-P12: the golden twin of ``routed_nvfp4_moe`` (module docstring).
 
@@ -284,6 +288,8 @@ def routed_nvfp4_moe_reference(
         token_capacity: None (all T rows) or 0 <= int <= T: only rows below it are computed.
         accumulate: the fp32 value of an accumulation (stages ``"fc1"`` [n, N1] and ``"fc2"`` [n, H] per
             expert; default: RN32 of the exact sum); ``model``: the summation model of the bounds.
+        orders: None or ``{"fc1": declaration, "fc2": declaration}`` (:mod:`.orders`): a declared stage's
+            accumulator value is the replay of that order instead (``mma``: its tensor-core step).
     Returns:
         :class:`PerTokenMoEStages`.
     Raises:
@@ -320,6 +326,9 @@ def routed_nvfp4_moe_reference(
         weights=weights.fc1,
         **({} if out is None else {"out": out}),
     )
+    orders = orders or {}
+    if set(orders) - {"fc1", "fc2"}:
+        raise ValueError(f"orders: keys must be 'fc1' and / or 'fc2', got {sorted(orders)}")
     k = routing_map.shape[1]
     n1 = weights.fc1.shape[1]
     x = hidden_states[:cap]
@@ -351,7 +360,9 @@ def routed_nvfp4_moe_reference(
         if rows.numel() == 0:
             continue
         xe = xq[rows]
-        acc1 = gate_up_accumulate(xe, weights.fc1[e], weights.fc1_scale[e], model=model)  # P7
+        acc1 = gate_up_accumulate(  # P7
+            xe, weights.fc1[e], weights.fc1_scale[e], model=model, order=orders.get("fc1"), mma=mma
+        )
         v1 = _value(accumulate, "fc1", acc1, {"x": xe, "expert": e})
         he = (v1 * weights.fc1_alpha[e]) * x_d[rows].unsqueeze(1)  # P8
         if activation == "relu2":  # P9
@@ -367,7 +378,9 @@ def routed_nvfp4_moe_reference(
             )
         ce, se, de, _ = quantize_nvfp4_pertoken(ae, name="act")  # P10
         aq = dequantize_nvfp4_rows(ce, se)
-        acc2 = down_accumulate(aq, weights.fc2[e], weights.fc2_scale[e], model=model)  # P11
+        acc2 = down_accumulate(  # P11
+            aq, weights.fc2[e], weights.fc2_scale[e], model=model, order=orders.get("fc2"), mma=mma
+        )
         v2 = _value(accumulate, "fc2", acc2, {"act": aq, "expert": e})
         fc1_acc[rows, slots] = v1
         fc1_bound[rows, slots] = acc1.bound

@@ -4,7 +4,7 @@ Checks: hand-derived layers whose every fp32 error is far below bf16's half ulp;
 numpy and exact rationals (the quantizer of test_pertoken's numpy oracle, accumulations summed as
 ``fractions.Fraction`` and rounded once to binary32, the combine's fma rounded once from the exact rational)
 compared bit for bit with the golden model for both activations; -1 slots, other ranks' experts and
-``token_capacity``; bad input. SwiGLU's ex2 / rcp approximations come from ``reference.mufu`` (checked
+``token_capacity``; declared summation orders replayed; bad input. SwiGLU's ex2 / rcp approximations come from ``reference.mufu`` (checked
 against the H200 tables in test_mufu.py), the only shared piece.
 """
 
@@ -273,3 +273,59 @@ def test_non_finite_fc2_input_is_refused():
         routed_nvfp4_moe_reference(
             x, torch.tensor([[0]]), torch.tensor([[1.0]]), w, num_experts=1, local_expert_offset=0, activation="relu2"
         )
+
+
+def _sequential(n: int) -> dict:
+    return {
+        "format": "flint-order/1",
+        "length": n,
+        "parts": [[0, n]],
+        "part_length": n,
+        "axes": [["k", n]],
+        "operands": {"w_scale_log2": 0, "w_dtype": "fp32"},
+        "program": [{"op": "fma_chain", "axis": "k", "init": "zero"}],
+    }
+
+
+def test_declared_orders_are_replayed():
+    """With a sequential fma order declared for FC1 and FC2, the accumulators are that order's fp32 values:
+    acc = fma(w_k, x_k, acc) from +0 over k, each step rounded once from the exact rational here."""
+    gen = torch.Generator().manual_seed(3)
+    spread = torch.exp2(torch.randint(-9, 9, (1, 16), generator=gen).float()).repeat_interleave(16, 1)
+    w = quantize_pertoken_experts(
+        (torch.randn(2, 32, 256, generator=gen) * spread).bfloat16(),
+        (torch.randn(2, 256, 32, generator=gen) * 0.1).bfloat16(),
+    )
+    x = (torch.randn(2, 256, generator=gen) * spread).bfloat16()
+    p = torch.rand(2, 3, generator=gen)
+    routing = torch.tensor([[0, 1, -1], [1, -1, -1]])
+    st = routed_nvfp4_moe_reference(
+        x, routing, p, w, num_experts=2, local_expert_offset=0, activation="relu2",
+        orders={"fc1": _sequential(256), "fc2": _sequential(32)},
+    )  # fmt: skip
+    plain = routed_nvfp4_moe_reference(x, routing, p, w, num_experts=2, local_expert_offset=0, activation="relu2")
+    assert bool((plain.fc1_acc != st.fc1_acc).any())  # the order's roundings show somewhere
+    xq = _decode(_unpack_rows(st.x_codes), st.x_scale.view(torch.uint8).numpy())
+    for r, j in ((0, 0), (0, 1), (1, 0)):
+        e = int(routing[r, j])
+        wq1 = _decode(_unpack_rows(w.fc1[e]), w.fc1_scale[e].view(torch.uint8).numpy())
+        aq = _decode(_unpack_rows(st.a_codes[r, j][None]), st.a_scale[r, j][None].view(torch.uint8).numpy())[0]
+        wq2 = _decode(_unpack_rows(w.fc2[e]), w.fc2_scale[e].view(torch.uint8).numpy())
+        for n in (0, 7, 31):
+            assert st.fc1_acc[r, j, n].item() == float(_fma_chain(wq1[n], xq[r]))
+            assert st.fc2_acc[r, j, n].item() == float(_fma_chain(wq2[n], aq))
+    with pytest.raises(ValueError, match="orders: keys must be"):
+        routed_nvfp4_moe_reference(x, routing, p, w, num_experts=2, local_expert_offset=0, activation="relu2",
+                                   orders={"down": _sequential(256)})  # fmt: skip
+
+
+def _unpack_rows(packed: torch.Tensor) -> np.ndarray:
+    b = packed.numpy()
+    return np.stack((b & 0xF, b >> 4), -1).reshape(*b.shape[:-1], -1)
+
+
+def _fma_chain(w: np.ndarray, x: np.ndarray) -> F32:
+    acc = F32(0)
+    for a, b in zip(w, x, strict=True):
+        acc = _rn32(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(acc)))
+    return acc
