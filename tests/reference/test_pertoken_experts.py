@@ -4,8 +4,8 @@ Checks: hand-derived layers whose every fp32 error is far below bf16's half ulp;
 numpy and exact rationals (the quantizer of test_pertoken's numpy oracle, accumulations summed as
 ``fractions.Fraction`` and rounded once to binary32, the combine's fma rounded once from the exact rational)
 compared bit for bit with the golden model for both activations; -1 slots, other ranks' experts and
-``token_capacity``; declared summation orders replayed; bad input. SwiGLU's ex2 / rcp approximations come from ``reference.mufu`` (checked
-against the H200 tables in test_mufu.py), the only shared piece.
+``token_capacity``; declared summation orders replayed; bad input. SwiGLU's ex2 / rcp approximations come
+from ``reference.mufu`` (checked against the H200 tables in test_mufu.py), the only shared piece.
 """
 
 from __future__ import annotations
