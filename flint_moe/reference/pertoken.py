@@ -9,7 +9,8 @@ its own fp32 global encode scale; every value below is binary32 and every operat
 - P2 the per-token decode scale ``d_r = div_rn(1, g_r)`` (the row scale the GEMM epilogue applies).
 - P3 block decode scale, per 16-element block b: ``S_b = E4M3_satfinite(RN(bamax_b * RN(g_r * C6)))`` with
   ``C6 = RN32(1/6)`` (0x3E2AAAAB) and E4M3 round-to-nearest-even saturating at 448.
-- P4 encode scale ``e_b = 0`` if ``S_b == 0``, else ``min(div_rn(1, RN(S_b * d_r)), FLT_MAX)``.
+- P4 encode scale ``e_b = min(div_rn(1, RN(S_b * d_r)), FLT_MAX)`` (``S_b == 0`` gives ``FLT_MAX``: the
+  block decodes to zero whatever its codes, and its non-zero elements saturate to +-6).
 - P5 ``q = RN(x * e_b)``; E2M1 code of ``q``: round to nearest, ties to even (0.25 -> 0, 0.75 -> 1,
   1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at 6; sign bit set iff ``q < 0`` (so
   -0.0 gives code 0 and -0.1 code 8); two codes a byte, low nibble = even element.
@@ -18,10 +19,10 @@ Decoding: ``E2M1(code) * E4M3(S_b)`` is exact and fits bf16 (at most 6 significa
 [2^-10, 2688]); the value the recipe stands for is that times ``d_r``.
 
 Sources (facts only): FlashInfer ``NVFP4QuantizePerTokenKernel`` with ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH``
-(P1, P2, P3 and P4's formula; its default build uses ``rcp.approx.ftz`` instead of the divisions), FlashInfer's
-test reference ``ref_fp4_quant`` (P4's zero rule, P5's table), TransformerEngine
-``NVFP4QuantizerPerTokenRef`` (P1 and P3; it computes P4 as ``div_rn(g_r, S_b)``). numerics.md lists where
-they disagree and why the rule picks what it picks. Errors: ``TypeError`` for a wrong dtype, ``ValueError``
+(P1-P4; its default build uses ``rcp.approx.ftz`` instead of the divisions), TransformerEngine 2.20.2
+``NVFP4QuantizerRef(row_scaled_nvfp4=True)`` (P1-P5 except a zero row's scale; the CPU oracle), FlashInfer's
+test reference ``ref_fp4_quant`` (P5's table). numerics.md lists where the sources disagree and why the rule
+picks what it picks. Errors: ``TypeError`` for a wrong dtype, ``ValueError``
 for a bad shape or a non-finite value, each naming the tensor.
 """
 
@@ -124,9 +125,8 @@ def quantize_nvfp4_rows(x: torch.Tensor, g: torch.Tensor, *, name: str = "x") ->
     pre = blocks.abs().amax(-1) * (g_col * PERTOKEN_INV6)
     s_bytes = float_to_e4m3(pre, saturate=True)
     s = e4m3_to_float(s_bytes)
-    # P4: 0 for a zero decode scale, else min(div_rn(1, RN(S * d)), FLT_MAX) (RN(S * d) may underflow to 0)
+    # P4: min(div_rn(1, RN(S * d)), FLT_MAX); a zero decode scale gives 1/0 = inf -> FLT_MAX
     enc = torch.minimum(torch.ones_like(s) / (s * d_col), torch.full_like(s, _FLT_MAX))
-    enc = torch.where(s == 0, torch.zeros_like(enc), enc)
     # P5: one rounding of the product, E2M1 RNE saturating at 6 (an infinite q saturates too)
     q = blocks * enc.unsqueeze(-1)
     codes = _e2m1_magnitude_code(q.abs()) | ((q < 0).to(torch.uint8) << 3)

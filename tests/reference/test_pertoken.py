@@ -1,18 +1,27 @@
-"""Per-token NVFP4 quantizer (flint_moe/reference/pertoken.py): hand-derived rows and a CPU oracle.
+"""Per-token NVFP4 quantizer (flint_moe/reference/pertoken.py): hand-derived rows and two CPU oracles.
 
-The oracle is a separate numpy float32 statement of the published formulas (numerics.md "Per-token NVFP4
-experts", P1-P5), written from the formulas and not from the torch code: nearest-value searches in fp64 over
-the E4M3 and E2M1 magnitudes (ties to the even code) instead of the torch code's bit arithmetic and
-threshold counts. No reference implementation runs on this CPU: TransformerEngine's
-``NVFP4QuantizerPerTokenRef`` is plain PyTorch but lives in ``transformer_engine.pytorch``, which loads the
-CUDA-built ``transformer_engine_torch`` extension (PyPI carries only its source distribution, 2.20.2, built
-against CUDA); FlashInfer's per-token quantizer is a CuTe-DSL kernel for sm_100 and its ``ref_fp4_quant``
-lives in FlashInfer's test tree, not in the wheel; nvidia-modelopt 0.47.0 installs but has no per-token
-quantizer. The oracle runs on every finite bf16 value, in rows where the value is the row max and in rows
-whose max is set by another block (zero, 1, 2688, the bf16 maximum, subnormal row maxima).
+1. TransformerEngine 2.20.2's ``NVFP4QuantizerRef`` with ``row_scaled_nvfp4=True`` (one amax per row, 1x16
+   blocks), plain PyTorch from the pure-Python ``transformer-engine`` wheel (oracle extra), loaded from its
+   file because the package ``__init__`` files load CUDA libraries (marked ``oracle``). TransformerEngine's
+   newer ``NVFP4QuantizerPerTokenRef`` is not in a released wheel; FlashInfer's per-token quantizer is an sm_100
+   CuTe-DSL kernel and its ``ref_fp4_quant`` lives in FlashInfer's test tree; nvidia-modelopt 0.47.0 has no
+   per-token quantizer.
+2. A separate numpy float32 statement of the published formulas (numerics.md "Per-token NVFP4 experts",
+   P1-P5), written from the formulas and not from the torch code: nearest-value searches in fp64 over the E4M3
+   and E2M1 magnitudes (ties to the even code) instead of the torch code's bit arithmetic and threshold counts.
+   It runs everywhere and also checks the row scales.
+
+Both run on every finite bf16 value, in rows where the value is the row max and in rows whose max is set by
+another block (zero, 1, 448, 2688, the bf16 maximum, subnormal row maxima), and on random rows.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,7 +73,7 @@ def oracle_rows(x: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pre = (np.abs(blocks).max(-1) * (g * c6)[:, None]).astype(F32)
         sbyte = _nearest_even(np.minimum(pre, F32(448)), E4M3).astype(np.uint8)
         s = E4M3[sbyte].astype(F32)
-        enc = np.where(s == 0, F32(0), np.minimum(F32(1) / (s * d[:, None]), FLT_MAX)).astype(F32)
+        enc = np.minimum(F32(1) / (s * d[:, None]), FLT_MAX).astype(F32)
         q = (blocks * enc[..., None]).astype(F32)
     mag = _nearest_even(np.minimum(np.abs(q), F32(6)), E2M1).astype(np.uint8)
     codes = mag | ((q < 0).astype(np.uint8) << 3)
@@ -146,6 +155,97 @@ def test_random_rows_against_oracle():
 
 
 # ------------------------------------------------------------------------------------------------------
+# TransformerEngine 2.20.2's row-scaled NVFP4 reference, run on the CPU
+# ------------------------------------------------------------------------------------------------------
+
+TE_VERSION = "2.20.2"
+
+
+def _te_reference_module() -> types.ModuleType:
+    """``transformer_engine/pytorch/custom_recipes/reference_nvfp4.py`` of the installed (pure-Python) wheel,
+    loaded from its file: the package ``__init__`` files load CUDA libraries, so they are not executed;
+    ``reference_utils`` and ``gemm`` are TransformerEngine's own files, the framework base classes
+    (``quantized_tensor``) and ``tensor.utils.is_custom`` are stand-ins the row-scaled quantizer never calls."""
+    spec = importlib.util.find_spec("transformer_engine")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("transformer-engine is not installed (oracle extra)")
+    if metadata.version("transformer_engine") != TE_VERSION:
+        pytest.skip(f"transformer-engine {metadata.version('transformer_engine')} installed, oracle pins {TE_VERSION}")
+    root = Path(list(spec.submodule_search_locations)[0]) / "pytorch" / "custom_recipes"
+    names = [
+        "transformer_engine",
+        "transformer_engine.pytorch",
+        "transformer_engine.pytorch.custom_recipes",
+        "transformer_engine.pytorch.tensor",
+        "transformer_engine.pytorch.tensor.utils",
+        "transformer_engine.pytorch.quantized_tensor",
+        "transformer_engine.pytorch.custom_recipes.reference_utils",
+        "transformer_engine.pytorch.custom_recipes.gemm",
+    ]
+    saved = {n: sys.modules.get(n) for n in names}
+    try:
+        for n in names[:4]:
+            sys.modules[n] = types.ModuleType(n)
+            sys.modules[n].__path__ = []
+        tu = sys.modules[names[4]] = types.ModuleType(names[4])
+        tu.is_custom = lambda *args, **kwargs: False
+        qt = sys.modules[names[5]] = types.ModuleType(names[5])
+        qt.QuantizedTensorStorage = type("QuantizedTensorStorage", (), {})
+        qt.Quantizer = type("Quantizer", (), {})
+        loaded = []
+        for n, f in ((names[6], "reference_utils.py"), (names[7], "gemm.py")):  # TransformerEngine's own files
+            spec_n = importlib.util.spec_from_file_location(n, root / f)
+            mod = sys.modules[n] = importlib.util.module_from_spec(spec_n)
+            spec_n.loader.exec_module(mod)
+            loaded.append(mod)
+        ru, gemm = loaded
+        sys.modules[names[2]].gemm, sys.modules[names[2]].reference_utils = gemm, ru
+        ref_spec = importlib.util.spec_from_file_location("te_reference_nvfp4", root / "reference_nvfp4.py")
+        ref = importlib.util.module_from_spec(ref_spec)
+        ref_spec.loader.exec_module(ref)
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+    return ref
+
+
+def _te_row_scaled(ref: types.ModuleType, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """TE's 1x16 row-scaled quantizer: ``NVFP4QuantizerRef._quantize_blockwise_reference`` with the row
+    amax (as its ``_quantize`` computes it) -> (unpacked codes [M, K], scale bytes [M, K/16])."""
+    amax = torch.max(torch.abs(x), dim=1).values.to(torch.float32)
+    packed, scale = ref.NVFP4QuantizerRef._quantize_blockwise_reference(
+        x, amax, 16, 1, pow_2_scales=False, row_scaled_nvfp4=True, eps=0.0
+    )
+    return _unpack(packed), scale.view(torch.uint8).numpy()
+
+
+@pytest.mark.oracle
+def test_bit_identical_to_transformer_engine_row_scaled_reference():
+    """Every finite bf16 value, alone in its row and beside the context blocks above, plus random rows with
+    an outlier and a zero row: codes and block-scale bytes equal TransformerEngine's bit for bit (its zero row
+    uses g = FLT_MAX, the rule g = 1: the codes and scale bytes agree there too)."""
+    ref = _te_reference_module()
+    vals = FINITE_BF16.reshape(-1, 16)
+    cases = [_bf16(vals)]
+    for ctx in (0x0000, 0x3F80, 0x4528, 0x7F7F, 0x0001, 0x0080, 0x43E0):
+        cases.append(_bf16(np.concatenate([vals, np.full_like(vals, ctx)], 1)))
+    gen = torch.Generator().manual_seed(1)
+    rnd = (torch.randn(512, 256, generator=gen) * torch.exp2(torch.randint(-30, 30, (512, 1), generator=gen))).to(
+        torch.bfloat16
+    )
+    rnd[7, 100], rnd[9] = 3.0e38, 0.0
+    cases.append(rnd)
+    for x in cases:
+        codes, scale, _, _ = quantize_nvfp4_pertoken(x)
+        te_codes, te_scale = _te_row_scaled(ref, x)
+        np.testing.assert_array_equal(_unpack(codes), te_codes)
+        np.testing.assert_array_equal(scale.view(torch.uint8).numpy(), te_scale)
+
+
+# ------------------------------------------------------------------------------------------------------
 # hand-derived rows
 # ------------------------------------------------------------------------------------------------------
 
@@ -167,7 +267,8 @@ def test_e2m1_ties_with_unit_scales():
 
 
 def test_all_zero_row():
-    """amax 0 -> g = 1, d = 1; every block amax 0 -> S = E4M3(0) = 0x00, e = 0, codes 0."""
+    """amax 0 -> g = 1, d = 1; every block amax 0 -> S = E4M3(0) = 0x00, e = min(1/0, FLT_MAX) = FLT_MAX,
+    q = 0 * FLT_MAX = 0: codes 0."""
     codes, scale, d, g = quantize_nvfp4_pertoken(torch.zeros(2, 32, dtype=torch.bfloat16))
     assert g.tolist() == [1.0, 1.0] and d.tolist() == [1.0, 1.0]
     assert scale.view(torch.uint8).tolist() == [[0, 0], [0, 0]]
@@ -179,17 +280,19 @@ def test_all_zero_row():
 
 def test_single_huge_outlier():
     """x[0] = bf16 max 3.3895e38, the other 31 values 1.0. g = RN(2688 / 3.3895e38) ~ 7.93e-36; block 1
-    (bamax 1): RN(1 * RN(g / 6)) ~ 1.3e-36, far below half the smallest E4M3 subnormal (2^-10) -> S = 0 ->
-    e = 0 -> codes 0 (the whole block decodes to zero). Block 0: RN(3.3895e38 * RN(g * RN32(1/6))) is 448
-    within a few ulps -> S = 448 (0x7E); the outlier's q is 6 within an ulp -> code 7, the ones -> 0."""
+    (bamax 1): RN(1 * RN(g / 6)) ~ 1.3e-36, far below half the smallest E4M3 subnormal (2^-10) -> S = 0 (the
+    block decodes to zero) -> e = min(1/0, FLT_MAX) = FLT_MAX -> q = FLT_MAX: the ones saturate to code 7.
+    Block 0: RN(3.3895e38 * RN(g * RN32(1/6))) is 448 within a few ulps -> S = 448 (0x7E); the outlier's q is
+    6 within an ulp -> code 7, the ones there (q ~ 1.8e-38) -> 0."""
     x = torch.ones(1, 32, dtype=torch.bfloat16)
     x[0, 0] = torch.finfo(torch.bfloat16).max
     codes, scale, d, g = quantize_nvfp4_pertoken(x)
     assert scale.view(torch.uint8).tolist() == [[0x7E, 0x00]]
-    assert _unpack(codes)[0].tolist() == [7] + [0] * 31
+    assert _unpack(codes)[0].tolist() == [7] + [0] * 15 + [7] * 16
     amax = torch.tensor(torch.finfo(torch.bfloat16).max, dtype=torch.float32)
     assert float(g[0]) == float(torch.tensor(2688.0) / amax)
     assert float(d[0]) == float(torch.tensor(1.0) / g[0])
+    assert dequantize_nvfp4_rows(codes, scale)[0, 16:].abs().max().item() == 0.0
 
 
 def test_e4m3_clamp_at_448_and_the_flt_max_clamp_of_g():
