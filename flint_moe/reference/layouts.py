@@ -31,6 +31,7 @@ __all__ = [
     "decode_trtllm_fp8_per_tensor",
     "decode_trtllm_deepseek_fp8",
     "decode_trtllm_mxfp8",
+    "decode_routed_nvfp4",
 ]
 
 
@@ -316,3 +317,53 @@ def decode_trtllm_mxfp8(
         _u8(g1)[:, p13, :hidden].view(torch.float8_e4m3fn), s1[:, p13, : hidden // 32].contiguous(),
         _u8(g2)[:, p2, :intermediate].view(torch.float8_e4m3fn), s2[:, p2, : intermediate // 32].contiguous(),
     )  # fmt: skip
+
+
+def decode_routed_nvfp4(weights: object):
+    """Per-token NVFP4 grouped-GEMM layout (``RoutedNVFP4Weights``-like object) -> logical
+    :class:`~flint_moe.reference.pertoken_experts.PerTokenNVFP4Experts`.
+
+    Reads the attributes ``hidden_size``, ``intermediate_size``, ``gated``, ``fc1_data`` uint8 [E, N1p, Hp/2],
+    ``fc1_scale`` (the 6-D MMA view, or ``fc1_scale_swizzled`` [E, N1p, Hp/16] when the view is absent),
+    ``fc1_alpha`` fp32 [E], ``fc2_data`` uint8 [E, Hp, Ip/2], ``fc2_scale`` (or ``fc2_scale_swizzled``),
+    ``fc2_alpha``. Forward map of logical FC1 row l (gated, [gate; up], I rows each): up row u -> physical
+    ``(u // 64) * 128 + u % 64``, gate row g -> ``(g // 64) * 128 + 64 + g % 64``; non-gated row l -> l. The
+    scales are read through the 128x4 swizzle formula (``unswizzle_scales``); padding is never read.
+    Raises TypeError for a missing attribute, ValueError for inconsistent sizes.
+    """
+    from flint_moe.reference.pertoken_experts import PerTokenNVFP4Experts
+
+    try:
+        h, inter, gated = int(weights.hidden_size), int(weights.intermediate_size), bool(weights.gated)
+        d1, d2 = weights.fc1_data, weights.fc2_data
+        a1, a2 = weights.fc1_alpha, weights.fc2_alpha
+        st1 = getattr(weights, "fc1_scale", None)
+        st2 = getattr(weights, "fc2_scale", None)
+        st1 = weights.fc1_scale_swizzled if st1 is None else st1
+        st2 = weights.fc2_scale_swizzled if st2 is None else st2
+    except AttributeError as exc:
+        raise TypeError(f"weights: not a RoutedNVFP4Weights-like object ({exc})") from None
+    check_tensor("fc1_data", d1, dtype=torch.uint8, ndim=3)
+    e, n1p, hp2 = d1.shape
+    hp = 2 * hp2
+    ip = n1p // 2 if gated else n1p
+    check_tensor("fc2_data", d2, dtype=torch.uint8, shape=(e, hp, ip // 2))
+    if not (0 < h <= hp and 0 < inter <= ip) or h % 16 or inter % 16:
+        raise ValueError(f"weights: logical sizes H = {h}, I = {inter} do not fit the stored Hp = {hp}, Ip = {ip}")
+    if gated:
+        if ip % 64:
+            raise ValueError(f"fc1_data: stored intermediate {ip} must be a multiple of 64 (64-row interleave)")
+        phys = cutedsl_w13_phys_rows(inter, ip, 64, d1.device)
+    else:
+        phys = torch.arange(inter, dtype=torch.long, device=d1.device)
+    s1 = unswizzle_scales(st1, n1p, hp // 16, name="fc1_scale")
+    s2 = unswizzle_scales(st2, hp, ip // 16, name="fc2_scale")
+    return PerTokenNVFP4Experts(
+        fc1=d1[:, phys, : h // 2].contiguous(),
+        fc1_scale=s1[:, phys, : h // 16].contiguous(),
+        fc1_alpha=a1.clone(),
+        fc2=d2[:, :h, : inter // 2].contiguous(),
+        fc2_scale=s2[:, :h, : inter // 16].contiguous(),
+        fc2_alpha=a2.clone(),
+        gated=gated,
+    )
