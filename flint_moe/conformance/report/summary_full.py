@@ -253,10 +253,10 @@ def full_summary_markdown(results, env: dict, *, mutation=None, baseline=None, g
         "One row per path x shape x M over its cases (data profiles x seeds; each case is in report.json and "
         "report.html). verdict: the worst, with the counts when they differ; exact %: elements bitwise equal to "
         "the golden value over all stages (accumulations: to the replay of the declared order where the stage "
-        "replays one, on every row of a case that replays all rows; else to RN32 of the exact sum); max ulp: order-free stages "
-        "and the end-to-end output; worst accumulation: the largest max |kernel - exact| as a fraction of the "
-        "certified bound (with its fp32 ulps); end to end: the returned output vs the golden model run on its "
-        "own (differing / unexplained elements); failures: failing case (profile/seed) with stage:count.",
+        "replays one, on every row of a case that replays all rows; else to RN32 of the exact sum); max ulp: "
+        "order-free stages and the end-to-end output; worst accumulation: the largest max |kernel - exact| as a "
+        "fraction of the certified bound (with its fp32 ulps); end to end: the returned output vs the golden model "
+        "run on its own (differing / unexplained elements); failures: failing case (profile/seed) with stage:count.",
         "",
     ]
     failing = [c for c in cases if c["verdict"] == FAIL or _warnings(c)]
