@@ -157,22 +157,28 @@ def _fused_dot(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, **params) ->
     return fn(abits, bbits, cbits, **params).view(torch.float32).reshape(shape)
 
 
-_COMPILED: list = []
+_COMPILED: dict = {}
+
+
+def compiled_once(fn):
+    """``torch.compile(fn, dynamic=True, fullgraph=True)``, built on the first call and kept for the process;
+    ``fn`` itself when compiling is switched off (``FLINT_MMA_COMPILE=0``) or unavailable."""
+    import os
+
+    if os.environ.get("FLINT_MMA_COMPILE", "1") == "0":
+        return fn
+    if fn not in _COMPILED:
+        try:
+            _COMPILED[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
+        except Exception:  # pragma: no cover - a torch build without a working compiler
+            _COMPILED[fn] = fn
+    return _COMPILED[fn]
 
 
 def _compiled_bits():
     """The fused (``torch.compile``) :func:`_fused_dot_bits` with the fitted constants, or the eager function
     when compiling is switched off (``FLINT_MMA_COMPILE=0``) or unavailable."""
-    import os
-
-    if os.environ.get("FLINT_MMA_COMPILE", "1") == "0":
-        return _fused_dot_bits
-    if not _COMPILED:
-        try:
-            _COMPILED.append(torch.compile(_fused_dot_bits, dynamic=True, fullgraph=True))
-        except Exception:  # pragma: no cover - a torch build without a working compiler
-            _COMPILED.append(_fused_dot_bits)
-    return _COMPILED[0]
+    return compiled_once(_fused_dot_bits)
 
 
 def _fused_dot_bits(

@@ -56,6 +56,8 @@ from collections.abc import Callable
 
 import torch
 
+from flint_moe.reference.mma import compiled_once
+
 __all__ = [
     "FORMAT",
     "MMA_INSTRUCTIONS",
@@ -273,24 +275,12 @@ def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return s.float()
 
 
-_FMA32_COMPILED: list = []
-
-
 def _fma32_on(t: torch.Tensor):
     """:func:`_fma32` for operands on ``t``'s device: on CUDA one fused kernel (``torch.compile``; the
     float64 operations are the same IEEE operations fused, and a contraction of ``a * b`` into an fma leaves
     every value unchanged because the float64 product is exact), eager elsewhere or with
     ``FLINT_MMA_COMPILE=0``."""
-    import os
-
-    if not t.is_cuda or os.environ.get("FLINT_MMA_COMPILE", "1") == "0":
-        return _fma32
-    if not _FMA32_COMPILED:
-        try:
-            _FMA32_COMPILED.append(torch.compile(_fma32, dynamic=True, fullgraph=True))
-        except Exception:  # pragma: no cover - a torch build without a working compiler
-            _FMA32_COMPILED.append(_fma32)
-    return _FMA32_COMPILED[0]
+    return compiled_once(_fma32) if t.is_cuda else _fma32
 
 
 def _tree(v: torch.Tensor, shape: str) -> torch.Tensor:
