@@ -14,10 +14,17 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._launch import check_op_tensor, check_taps, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, combine_fma, shared_add
-from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
+from flint_moe.kernels.audit.registry import BF16_CVT
+from flint_moe.kernels.bf16.gemv import (
+    LANES,
+    checked_row,
+    register_gemv_audits,
+    sum64_pairwise,
+    tile_config,
+    trtllm_row,
+)
 
 __all__ = ["DOWN_CONFIG", "bf16_down_combine", "launch_bf16_down_combine", "check_g2", "audit_specs"]
 
@@ -100,21 +107,6 @@ def _bf16_down_combine_kernel(
     sh = tl.load(shared_ptr + t * H + rows).to(tl.float32)
     out = shared_add(routed, sh)
     tl.store(out_ptr + t * H + rows, out)
-
-
-def _config(config: dict | None) -> dict:
-    cfg = dict(DOWN_CONFIG)
-    if config:
-        unknown = set(config) - set(cfg)
-        if unknown:
-            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: {sorted(cfg)})")
-        cfg.update(config)
-    bh = cfg["BH"]
-    if not (isinstance(bh, int) and 1 <= bh <= 64 and 64 % bh == 0):
-        raise ValueError(f"config: BH = {bh!r} must be a power of two dividing 64")
-    if not (isinstance(cfg["UNROLL"], int) and cfg["UNROLL"] >= 1):
-        raise ValueError(f"config: UNROLL = {cfg['UNROLL']!r} must be a positive int")
-    return cfg
 
 
 def check_g2(w2: torch.Tensor, hidden: int, inter: int, n_exp: int | None, device: torch.device) -> None:
@@ -202,14 +194,12 @@ def launch_bf16_down_combine(
     m_tok, top_k, inter = (int(s) for s in act.shape)
     dev = act.device
     hidden = int(shared_output.shape[1])
-    cfg = _config(config)
+    cfg = tile_config(config, DOWN_CONFIG, "BH")
     if out is None:
         out = torch.empty((m_tok, hidden), dtype=torch.bfloat16, device=dev)
     check_op_tensor("out", out, dtype=torch.bfloat16, shape=(m_tok, hidden), device=dev)
-    tap = taps is not None
+    tap = check_taps(taps)
     if tap:
-        if not isinstance(taps, dict):
-            raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
         d_acc = torch.empty((m_tok, top_k, hidden), dtype=torch.float32, device=dev)
         y = torch.empty((m_tok, top_k, hidden), dtype=torch.bfloat16, device=dev)
     else:
@@ -254,7 +244,6 @@ AUDIT_CONFIGS = ({"BH": 8, "UNROLL": 8},)
 
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit specialisations (every AUDIT_SHAPES entry, TAP off and on)."""
-    names = []
     sig = {
         "act_ptr": "*bf16",
         "ids_ptr": "*i32",
@@ -266,23 +255,9 @@ def audit_specs() -> list[str]:
         "dacc_ptr": "*fp32",
         "y_ptr": "*bf16",
     }
-    runs = [(h, i, k, DOWN_CONFIG, "") for h, i, k in AUDIT_SHAPES]
-    h0, i0, k0 = AUDIT_SHAPES[0]
-    runs += [(h0, i0, k0, {**DOWN_CONFIG, **c}, f"_cfg{j}") for j, c in enumerate(AUDIT_CONFIGS)]
-    for h, i, k, cfg, suffix in runs:
-        for tap in (False, True):
-            name = f"bf16_down_combine.H{h}_I{i}_k{k}{suffix}" + ("_tap" if tap else "")
-            consts = dict(H=h, INTER=i, TOPK=k, BH=cfg["BH"], UNROLL=cfg["UNROLL"], TAP=tap)
-            register_audit(
-                name,
-                _bf16_down_combine_kernel,
-                dict(sig),
-                consts,
-                list(REQUIRE),
-                options={"num_warps": cfg["num_warps"]},
-            )
-            names.append(name)
-    return names
+    return register_gemv_audits(
+        "bf16_down_combine", _bf16_down_combine_kernel, sig, DOWN_CONFIG, "BH", REQUIRE, AUDIT_SHAPES, AUDIT_CONFIGS
+    )
 
 
 audit_specs()

@@ -13,10 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._launch import check_op_tensor, check_taps, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import SWIGLU_C, swiglu
-from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
+from flint_moe.kernels.audit.registry import BF16_CVT
+from flint_moe.kernels.bf16.gemv import (
+    LANES,
+    checked_row,
+    register_gemv_audits,
+    sum64_pairwise,
+    tile_config,
+    trtllm_row,
+)
 
 __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "launch_bf16_gate_up", "check_g1", "audit_specs"]
 
@@ -109,21 +116,6 @@ def _bf16_gate_up_kernel(
     tl.store(act_ptr + out_off, act)
 
 
-def _config(config: dict | None) -> dict:
-    cfg = dict(GATE_UP_CONFIG)
-    if config:
-        unknown = set(config) - set(cfg)
-        if unknown:
-            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: {sorted(cfg)})")
-        cfg.update(config)
-    bn = cfg["BN"]
-    if not (isinstance(bn, int) and 1 <= bn <= 64 and 64 % bn == 0):
-        raise ValueError(f"config: BN = {bn!r} must be a power of two dividing 64")
-    if not (isinstance(cfg["UNROLL"], int) and cfg["UNROLL"] >= 1):
-        raise ValueError(f"config: UNROLL = {cfg['UNROLL']!r} must be a positive int")
-    return cfg
-
-
 def check_g1(w13: torch.Tensor, hidden: int, device: torch.device) -> tuple[int, int]:
     """Validate a TRT-LLM BF16 g1 tensor for hidden size ``hidden``; returns (E, Ip)."""
     check_op_tensor("w13", w13, dtype=torch.bfloat16, device=device)
@@ -198,12 +190,10 @@ def launch_bf16_gate_up(
     dev = x.device
     top_k = int(ids.shape[1])
     inter = int(w13.shape[2]) // 2
-    cfg = _config(config)
+    cfg = tile_config(config, GATE_UP_CONFIG, "BN")
     act = torch.empty((m_tok, top_k, inter), dtype=torch.bfloat16, device=dev)
-    tap = taps is not None
+    tap = check_taps(taps)
     if tap:
-        if not isinstance(taps, dict):
-            raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
         g_acc = torch.empty((m_tok, top_k, inter), dtype=torch.float32, device=dev)
         u_acc = torch.empty_like(g_acc)
     else:
@@ -249,7 +239,6 @@ AUDIT_CONFIGS = ({"BN": 4, "num_warps": 1, "UNROLL": 8},)
 
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit specialisations (every AUDIT_SHAPES entry, TAP off and on)."""
-    names = []
     sig = {
         "x_ptr": "*bf16",
         "ids_ptr": "*i32",
@@ -259,23 +248,9 @@ def audit_specs() -> list[str]:
         "gacc_ptr": "*fp32",
         "uacc_ptr": "*fp32",
     }
-    runs = [(h, i, k, GATE_UP_CONFIG, "") for h, i, k in AUDIT_SHAPES]
-    h0, i0, k0 = AUDIT_SHAPES[0]
-    runs += [(h0, i0, k0, {**GATE_UP_CONFIG, **c}, f"_cfg{j}") for j, c in enumerate(AUDIT_CONFIGS)]
-    for h, i, k, cfg, suffix in runs:
-        for tap in (False, True):
-            name = f"bf16_gate_up.H{h}_I{i}_k{k}{suffix}" + ("_tap" if tap else "")
-            consts = dict(H=h, INTER=i, TOPK=k, BN=cfg["BN"], UNROLL=cfg["UNROLL"], TAP=tap)
-            register_audit(
-                name,
-                _bf16_gate_up_kernel,
-                dict(sig),
-                consts,
-                list(REQUIRE),
-                options={"num_warps": cfg["num_warps"]},
-            )
-            names.append(name)
-    return names
+    return register_gemv_audits(
+        "bf16_gate_up", _bf16_gate_up_kernel, sig, GATE_UP_CONFIG, "BN", REQUIRE, AUDIT_SHAPES, AUDIT_CONFIGS
+    )
 
 
 audit_specs()

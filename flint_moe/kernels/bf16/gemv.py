@@ -26,7 +26,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["LANES", "checked_row", "sum64_pairwise", "trtllm_row"]
+from flint_moe.kernels.audit.registry import register_audit
+
+__all__ = ["LANES", "checked_row", "sum64_pairwise", "trtllm_row", "tile_config", "register_gemv_audits"]
 
 #: Lanes of one reduction = elements of one TRT-LLM BF16 BlockMajorK block (128 bytes).
 LANES = 64
@@ -86,3 +88,44 @@ def checked_row(v, expected, ROWS: tl.constexpr):
     """Row of a loaded map value ``v`` (int32): ``v`` where it lies in ``[0, ROWS)``, else ``expected`` (the
     layout's own row, always in range). One unsigned compare and one select per loaded index."""
     return tl.where(v.to(tl.uint32, bitcast=True) < ROWS, v, expected)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launch configurations and the PTX audit of both kernels
+# ---------------------------------------------------------------------------------------------------------
+
+
+def tile_config(config: dict | None, defaults: dict, tile: str) -> dict:
+    """``defaults`` updated by ``config`` (launch overrides), checked: only known keys, ``tile`` (rows per
+    program) a power of two dividing 64, ``UNROLL`` a positive int. Raises ``ValueError`` naming the key."""
+    cfg = dict(defaults)
+    if config:
+        unknown = set(config) - set(cfg)
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: {sorted(cfg)})")
+        cfg.update(config)
+    rows = cfg[tile]
+    if not (isinstance(rows, int) and 1 <= rows <= 64 and 64 % rows == 0):
+        raise ValueError(f"config: {tile} = {rows!r} must be a power of two dividing 64")
+    if not (isinstance(cfg["UNROLL"], int) and cfg["UNROLL"] >= 1):
+        raise ValueError(f"config: UNROLL = {cfg['UNROLL']!r} must be a positive int")
+    return cfg
+
+
+def register_gemv_audits(
+    prefix: str, kernel, sig: dict, defaults: dict, tile: str, require: list, shapes: tuple, configs: tuple
+) -> list[str]:
+    """Register the sm_90 PTX audit specialisations of a BF16 decode kernel: every ``(H, Ip, k)`` of ``shapes``
+    at ``defaults``, and each of ``configs`` (overrides) at ``shapes[0]``, TAP off and on; names
+    ``{prefix}.H{H}_I{Ip}_k{k}[_cfg{j}][_tap]``. Returns the names."""
+    names = []
+    runs = [(h, i, k, defaults, "") for h, i, k in shapes]
+    h0, i0, k0 = shapes[0]
+    runs += [(h0, i0, k0, {**defaults, **c}, f"_cfg{j}") for j, c in enumerate(configs)]
+    for h, i, k, cfg, suffix in runs:
+        for tap in (False, True):
+            name = f"{prefix}.H{h}_I{i}_k{k}{suffix}" + ("_tap" if tap else "")
+            consts = {"H": h, "INTER": i, "TOPK": k, tile: cfg[tile], "UNROLL": cfg["UNROLL"], "TAP": tap}
+            register_audit(name, kernel, dict(sig), consts, list(require), options={"num_warps": cfg["num_warps"]})
+            names.append(name)
+    return names

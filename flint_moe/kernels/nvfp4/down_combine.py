@@ -17,7 +17,7 @@ import triton.language as tl
 
 from flint_moe.kernels._launch import INTERPRET, check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, combine_fma, global_scale, shared_add
-from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.audit.registry import BF16_CVT
 from flint_moe.kernels.nvfp4.config import DownConfig, Early, check_shape_overrides
 from flint_moe.kernels.nvfp4.cuda_core import cuda_core_row_sums
 from flint_moe.kernels.nvfp4.mma import mma_gemv, mma_sum_parts, mma_tile_rows
@@ -347,9 +347,8 @@ def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
     tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
     there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
-    from flint_moe.kernels.nvfp4.gate_up import MMA_PTX, audit_runs
+    from flint_moe.kernels.nvfp4.gate_up import audit_runs, register_decode_audits
 
-    names = []
     sig = {
         "act_ptr": "*i32",
         "ids_ptr": "*i32",
@@ -365,19 +364,25 @@ def audit_specs() -> list[str]:
     }
     from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
-    for h, i, ip, cfg, suffix, tap in audit_runs(
-        resolve_config, _TUNED_DOWN_BY_SHAPE, nvfp4_tuned.DOWN_CUDA_CORE, ".cuda_core"
-    ):
-        sk, nw = cfg.mma_launch(i)  # the K-split and warps the launcher uses at this shape
-        name = f"nvfp4_down.H{h}.I{i}{suffix}"
-        require = [BF16_CVT, "fma.rn.f32", "griddepcontrol.wait", "atom.global.gpu.acq_rel.add"]
-        require[2:2] = MMA_PTX if cfg.MMA else ["mul.rn.f16x2"]
-        options = {"num_warps": nw, "num_stages": 1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})}
-        register_audit(
-            name, _nvfp4_down_split_kernel, sig, _constexprs(cfg, h, ip, i, 8, sk, nw, tap), require, options=options
-        )
-        names.append(name)
-    return names
+    runs = audit_runs(resolve_config, _TUNED_DOWN_BY_SHAPE, nvfp4_tuned.DOWN_CUDA_CORE, ".cuda_core")
+    return register_decode_audits(
+        "nvfp4_down",
+        _nvfp4_down_split_kernel,
+        sig,
+        _constexprs,
+        runs,
+        _require,
+        lambda h, i: i,
+        lambda cfg: {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {},
+    )
+
+
+def _require(cfg) -> list:
+    """PTX a down build must contain (the tensor-core path's MMA or the CUDA-core path's f16 decode)."""
+    from flint_moe.kernels.nvfp4.gate_up import MMA_PTX
+
+    mma = MMA_PTX if cfg.MMA else ["mul.rn.f16x2"]
+    return [BF16_CVT, "fma.rn.f32", *mma, "griddepcontrol.wait", "atom.global.gpu.acq_rel.add"]
 
 
 audit_specs()

@@ -309,11 +309,33 @@ def audit_runs(resolve, by_shape: dict, other: dict, other_suffix: str):
             yield h, i, (i + 63) // 64 * 64, cfg, suffix + (".tap" if tap else ""), tap
 
 
+def register_decode_audits(
+    prefix: str, kernel, sig: dict, constexprs, runs, require, k_size, extra_options=None
+) -> list[str]:
+    """Register the sm_90 PTX audit of the decode kernel ``kernel`` for every build of ``runs``
+    (``audit_runs``): name ``{prefix}.H{H}.I{I}{suffix}``, constexprs ``constexprs(cfg, H, Ip, I, 8, SK,
+    num_warps, TAP)`` with the K-split and warps the launcher runs at K = ``k_size(H, I)``
+    (``cfg.mma_launch``), ``require(cfg)`` and ``num_stages`` 1 plus ``extra_options(cfg)``. Returns the names."""
+    names = []
+    for h, i, ip, cfg, suffix, tap in runs:
+        sk, nw = cfg.mma_launch(k_size(h, i))
+        name = f"{prefix}.H{h}.I{i}{suffix}"
+        options = {"num_warps": nw, "num_stages": 1, **(extra_options(cfg) if extra_options else {})}
+        register_audit(name, kernel, sig, constexprs(cfg, h, ip, i, 8, sk, nw, tap), require(cfg), options=options)
+        names.append(name)
+    return names
+
+
+def _require(cfg) -> list:
+    """PTX a gate/up build must contain (the tensor-core path's MMA or the CUDA-core path's f16 decode)."""
+    mma = MMA_PTX if cfg.MMA else ["mul.rn.f16x2"]
+    return [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", *mma, "griddepcontrol.wait"]
+
+
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
     tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
     there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
-    names = []
     sig = {
         "x_ptr": "*i32",
         "ids_ptr": "*i32",
@@ -326,19 +348,10 @@ def audit_specs() -> list[str]:
     }
     from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
-    for h, i, ip, cfg, suffix, tap in audit_runs(
-        resolve_config, _TUNED_GATE_UP_BY_SHAPE, nvfp4_tuned.GATE_UP_MMA, ".mma"
-    ):
-        sk, nw = cfg.mma_launch(h)  # the K-split and warps the launcher uses at this shape
-        name = f"nvfp4_gate_up.H{h}.I{i}{suffix}"
-        require = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "griddepcontrol.wait"]
-        require[3:3] = MMA_PTX if cfg.MMA else ["mul.rn.f16x2"]
-        options = {"num_warps": nw, "num_stages": 1}
-        register_audit(
-            name, _nvfp4_gate_up_kernel, sig, _constexprs(cfg, h, ip, i, 8, sk, nw, tap), require, options=options
-        )
-        names.append(name)
-    return names
+    runs = audit_runs(resolve_config, _TUNED_GATE_UP_BY_SHAPE, nvfp4_tuned.GATE_UP_MMA, ".mma")
+    return register_decode_audits(
+        "nvfp4_gate_up", _nvfp4_gate_up_kernel, sig, _constexprs, runs, _require, lambda h, i: h
+    )
 
 
 audit_specs()
