@@ -14,17 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._launch import check_op_tensor, check_taps, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._launch import check_op_tensor, check_taps, gdc_launch_dependents, gdc_wait
 from flint_moe.kernels._rule import bf16_rn, combine_fma, shared_add
 from flint_moe.kernels.audit.registry import BF16_CVT
-from flint_moe.kernels.bf16.gemv import (
-    LANES,
-    checked_row,
-    register_gemv_audits,
-    sum64_pairwise,
-    tile_config,
-    trtllm_row,
-)
+from flint_moe.kernels.bf16 import gemv
+from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
 __all__ = ["DOWN_CONFIG", "bf16_down_combine", "launch_bf16_down_combine", "check_g2", "audit_specs"]
 
@@ -194,7 +188,7 @@ def launch_bf16_down_combine(
     m_tok, top_k, inter = (int(s) for s in act.shape)
     dev = act.device
     hidden = int(shared_output.shape[1])
-    cfg = tile_config(config, DOWN_CONFIG, "BH")
+    cfg = gemv.tile_config(config, DOWN_CONFIG, "BH")
     if out is None:
         out = torch.empty((m_tok, hidden), dtype=torch.bfloat16, device=dev)
     check_op_tensor("out", out, dtype=torch.bfloat16, shape=(m_tok, hidden), device=dev)
@@ -206,57 +200,28 @@ def launch_bf16_down_combine(
         d_acc, y = out, out  # never written (TAP=False)
     if m_tok > 0:
         _bf16_down_combine_kernel[(m_tok, hidden // cfg["BH"])](
-            act,
-            ids,
-            weights,
-            w2,
-            map2,
-            shared_output,
-            out,
-            d_acc,
-            y,
-            H=hidden,
-            INTER=inter,
-            TOPK=top_k,
-            BH=cfg["BH"],
-            UNROLL=cfg["UNROLL"],
-            TAP=tap,
-            num_warps=cfg["num_warps"],
-            **launch_options(),
+            act, ids, weights, w2, map2, shared_output, out, d_acc, y,
+            **gemv.gemv_launch_kwargs(hidden, inter, top_k, cfg, "BH", tap),
         )
     if tap:
-        taps["down_acc"] = d_acc
-        taps["y"] = y
-        taps["out"] = out
+        taps.update(down_acc=d_acc, y=y, out=out)
     return out
 
-
-#: (H, Ip, k) of the conformance matrix's BF16 specialisations (see ``bf16_gate_up.AUDIT_SHAPES``).
-AUDIT_SHAPES = ((2048, 768, 8), (2880, 2880, 4), (2880, 2944, 4), (7168, 2048, 8), (5120, 704, 8))
 
 REQUIRE = [BF16_CVT, "fma.rn.f32"]
 
 
 #: Launch configurations besides the default that the conformance matrix runs
-#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
+#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first gemv.AUDIT_SHAPES entry.
 AUDIT_CONFIGS = ({"BH": 8, "UNROLL": 8},)
 
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit specialisations (every AUDIT_SHAPES entry, TAP off and on)."""
-    sig = {
-        "act_ptr": "*bf16",
-        "ids_ptr": "*i32",
-        "tw_ptr": "*fp32",
-        "w_ptr": "*bf16",
-        "map_ptr": "*i32",
-        "shared_ptr": "*bf16",
-        "out_ptr": "*bf16",
-        "dacc_ptr": "*fp32",
-        "y_ptr": "*bf16",
-    }
-    return register_gemv_audits(
-        "bf16_down_combine", _bf16_down_combine_kernel, sig, DOWN_CONFIG, "BH", REQUIRE, AUDIT_SHAPES, AUDIT_CONFIGS
+    """Register the sm_90 PTX audit specialisations (every ``gemv.AUDIT_SHAPES`` entry, TAP off and on)."""
+    sig = {"act_ptr": "*bf16", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*bf16", "map_ptr": "*i32",
+        "shared_ptr": "*bf16", "out_ptr": "*bf16", "dacc_ptr": "*fp32", "y_ptr": "*bf16"}
+    return gemv.register_gemv_audits(
+        "bf16_down_combine", _bf16_down_combine_kernel, sig, DOWN_CONFIG, "BH", REQUIRE, AUDIT_CONFIGS
     )
 
 

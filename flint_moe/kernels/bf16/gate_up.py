@@ -13,17 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._launch import check_op_tensor, check_taps, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._launch import check_op_tensor, check_taps, gdc_launch_dependents, gdc_wait
 from flint_moe.kernels._rule import SWIGLU_C, swiglu
 from flint_moe.kernels.audit.registry import BF16_CVT
-from flint_moe.kernels.bf16.gemv import (
-    LANES,
-    checked_row,
-    register_gemv_audits,
-    sum64_pairwise,
-    tile_config,
-    trtllm_row,
-)
+from flint_moe.kernels.bf16 import gemv
+from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
 __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "launch_bf16_gate_up", "check_g1", "audit_specs"]
 
@@ -190,7 +184,7 @@ def launch_bf16_gate_up(
     dev = x.device
     top_k = int(ids.shape[1])
     inter = int(w13.shape[2]) // 2
-    cfg = tile_config(config, GATE_UP_CONFIG, "BN")
+    cfg = gemv.tile_config(config, GATE_UP_CONFIG, "BN")
     act = torch.empty((m_tok, top_k, inter), dtype=torch.bfloat16, device=dev)
     tap = check_taps(taps)
     if tap:
@@ -202,54 +196,27 @@ def launch_bf16_gate_up(
         return act
     grid = (m_tok * top_k, inter // cfg["BN"])
     _bf16_gate_up_kernel[grid](
-        x,
-        ids,
-        w13,
-        map13,
-        act,
-        g_acc,
-        u_acc,
-        H=hidden,
-        INTER=inter,
-        TOPK=top_k,
-        BN=cfg["BN"],
-        UNROLL=cfg["UNROLL"],
-        TAP=tap,
-        num_warps=cfg["num_warps"],
-        **launch_options(),
+        x, ids, w13, map13, act, g_acc, u_acc, **gemv.gemv_launch_kwargs(hidden, inter, top_k, cfg, "BN", tap)
     )
     if tap:
-        taps["gate_acc"] = g_acc
-        taps["up_acc"] = u_acc
-        taps["act"] = act
+        taps.update(gate_acc=g_acc, up_acc=u_acc, act=act)
     return act
 
-
-#: (H, Ip, k) of the conformance matrix's BF16 specialisations: Qwen3-30B-A3B, gpt-oss-120b (I = 2880 read
-#: as is, and padded to 2944 for the TRT-LLM launcher), DeepSeek-V3-like, and the issue's odd sizes.
-AUDIT_SHAPES = ((2048, 768, 8), (2880, 2880, 4), (2880, 2944, 4), (7168, 2048, 8), (5120, 704, 8))
 
 REQUIRE = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "fma.rn.f32"]
 
 
 #: Launch configurations besides the default that the conformance matrix runs
-#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
+#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first gemv.AUDIT_SHAPES entry.
 AUDIT_CONFIGS = ({"BN": 4, "num_warps": 1, "UNROLL": 8},)
 
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit specialisations (every AUDIT_SHAPES entry, TAP off and on)."""
-    sig = {
-        "x_ptr": "*bf16",
-        "ids_ptr": "*i32",
-        "w_ptr": "*bf16",
-        "map_ptr": "*i32",
-        "act_ptr": "*bf16",
-        "gacc_ptr": "*fp32",
-        "uacc_ptr": "*fp32",
-    }
-    return register_gemv_audits(
-        "bf16_gate_up", _bf16_gate_up_kernel, sig, GATE_UP_CONFIG, "BN", REQUIRE, AUDIT_SHAPES, AUDIT_CONFIGS
+    """Register the sm_90 PTX audit specialisations (every ``gemv.AUDIT_SHAPES`` entry, TAP off and on)."""
+    sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*bf16", "map_ptr": "*i32", "act_ptr": "*bf16",
+        "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}
+    return gemv.register_gemv_audits(
+        "bf16_gate_up", _bf16_gate_up_kernel, sig, GATE_UP_CONFIG, "BN", REQUIRE, AUDIT_CONFIGS
     )
 
 

@@ -344,9 +344,8 @@ def _constexprs(cfg: DownConfig, H: int, IP: int, INTER: int, top_k: int, sk: in
 
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
-    tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
-    there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
+    """Register the sm_90 PTX audit of the down kernel at the builds ``gate_up.audit_specs`` audits (its
+    ``audit_runs``: every matrix and tuned shape, the CUDA-core path and the tapped build at DeepSeek-V3)."""
     from flint_moe.kernels.nvfp4.gate_up import audit_runs, register_decode_audits
 
     sig = {
