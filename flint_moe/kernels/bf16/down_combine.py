@@ -128,6 +128,7 @@ def bf16_down_combine(
     taps: dict | None = None,
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10 (BF16 experts): ``out`` bf16 [M, H] from the SwiGLU outputs of the k selected experts.
 
@@ -145,46 +146,31 @@ def bf16_down_combine(
         config: launch overrides (``DOWN_CONFIG`` keys); never change the result.
         out: None, or a bf16 [M, H] contiguous tensor written and returned (no overlap with any input: the op
             checks that, ``ops._checks.check_out``).
+        check: False skips the tensor checks, for a caller that made them (``launch_bf16_down_combine``); the config
+            and ``taps`` are checked either way.
 
     Returns: new bf16 tensor [M, H], or ``out``. Inputs are never modified.
     Raises: TypeError (dtype) / ValueError (shape, contiguity, device, config) naming the argument.
     PTX: ``fma.rn.f32``, ``cvt.rn.bf16.f32``, ``add.rn.f32``; PDL on the GPU.
     """
-    check_op_tensor("act", act, dtype=torch.bfloat16)
-    if act.dim() != 3:
-        raise ValueError(f"act: expected [M, k, I], got shape {tuple(act.shape)}")
-    m_tok, top_k, inter = (int(s) for s in act.shape)
-    dev = act.device
-    if top_k < 1 or inter <= 0 or inter % LANES:
-        raise ValueError(f"act: need k >= 1 and I a positive multiple of 64, got shape {tuple(act.shape)}")
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(m_tok, top_k), device=dev)
-    check_op_tensor("weights", weights, dtype=torch.float32, shape=(m_tok, top_k), device=dev)
-    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, device=dev)
-    if shared_output.dim() != 2 or shared_output.shape[0] != m_tok:
-        raise ValueError(f"shared_output: expected [M = {m_tok}, H], got shape {tuple(shared_output.shape)}")
-    hidden = int(shared_output.shape[1])
-    if hidden <= 0 or hidden % LANES:
-        raise ValueError(f"shared_output: hidden size H = {hidden} must be a positive multiple of 64")
-    check_g2(w2, hidden, inter, None, dev)
-    check_op_tensor("map2", map2, dtype=torch.int32, shape=(hidden,), device=dev)
-    return launch_bf16_down_combine(act, ids, weights, w2, map2, shared_output, taps=taps, config=config, out=out)
-
-
-def launch_bf16_down_combine(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
-    w2: torch.Tensor,
-    map2: torch.Tensor,
-    shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``bf16_down_combine`` on arguments already checked by the caller (the op ``flint_moe_bf16_decode``: its
-    inputs at its boundary, ``ids`` / ``weights`` from ``route``, ``act`` from ``launch_bf16_gate_up``): no
-    tensor checks here; the config and ``taps`` are checked."""
+    if check:
+        check_op_tensor("act", act, dtype=torch.bfloat16)
+        if act.dim() != 3:
+            raise ValueError(f"act: expected [M, k, I], got shape {tuple(act.shape)}")
+        m_tok, top_k, inter = (int(s) for s in act.shape)
+        dev = act.device
+        if top_k < 1 or inter <= 0 or inter % LANES:
+            raise ValueError(f"act: need k >= 1 and I a positive multiple of 64, got shape {tuple(act.shape)}")
+        check_op_tensor("ids", ids, dtype=torch.int32, shape=(m_tok, top_k), device=dev)
+        check_op_tensor("weights", weights, dtype=torch.float32, shape=(m_tok, top_k), device=dev)
+        check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, device=dev)
+        if shared_output.dim() != 2 or shared_output.shape[0] != m_tok:
+            raise ValueError(f"shared_output: expected [M = {m_tok}, H], got shape {tuple(shared_output.shape)}")
+        hidden = int(shared_output.shape[1])
+        if hidden <= 0 or hidden % LANES:
+            raise ValueError(f"shared_output: hidden size H = {hidden} must be a positive multiple of 64")
+        check_g2(w2, hidden, inter, None, dev)
+        check_op_tensor("map2", map2, dtype=torch.int32, shape=(hidden,), device=dev)
     m_tok, top_k, inter = (int(s) for s in act.shape)
     dev = act.device
     hidden = int(shared_output.shape[1])
@@ -206,6 +192,13 @@ def launch_bf16_down_combine(
     if tap:
         taps.update(down_acc=d_acc, y=y, out=out)
     return out
+
+
+def launch_bf16_down_combine(*args, **kwargs) -> torch.Tensor:
+    """``bf16_down_combine(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe_bf16_decode``: its inputs at its boundary, ``ids`` / ``weights`` from ``route``, ``act`` from
+    ``launch_bf16_gate_up``): no tensor checks here; the config and ``taps`` are checked."""
+    return bf16_down_combine(*args, check=False, **kwargs)
 
 
 REQUIRE = [BF16_CVT, "fma.rn.f32"]

@@ -134,6 +134,7 @@ def bf16_gate_up(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 6-7 (BF16 experts) for every (token, selected expert): ``act`` bf16 [M, k, Ip].
 
@@ -149,37 +150,26 @@ def bf16_gate_up(
         taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, Ip] (raw
             accumulators, before any rounding) and ``act`` bf16 [M, k, Ip] into it.
         config: launch overrides (``GATE_UP_CONFIG`` keys); never change the result.
+        check: False skips the tensor checks, for a caller that made them (``launch_bf16_gate_up``); the config
+            and ``taps`` are checked either way.
 
     Returns: new bf16 tensor [M, k, Ip]. Inputs are never modified.
     Raises: TypeError (dtype) / ValueError (shape, contiguity, device, config) naming the argument.
     PTX: ``fma.rn.f32``, ``ex2.approx.ftz.f32``, ``rcp.approx.ftz.f32``, ``cvt.rn.bf16.f32``; PDL on the GPU.
     """
-    check_op_tensor("x", x, dtype=torch.bfloat16)
-    if x.dim() != 2:
-        raise ValueError(f"x: expected [M, H], got shape {tuple(x.shape)}")
-    m_tok, hidden = int(x.shape[0]), int(x.shape[1])
-    dev = x.device
-    if hidden <= 0 or hidden % LANES:
-        raise ValueError(f"x: hidden size H = {hidden} must be a positive multiple of 64")
-    check_op_tensor("ids", ids, dtype=torch.int32, device=dev)
-    if ids.dim() != 2 or ids.shape[0] != m_tok or ids.shape[1] < 1:
-        raise ValueError(f"ids: expected [M = {m_tok}, k >= 1], got shape {tuple(ids.shape)}")
-    _, inter = check_g1(w13, hidden, dev)
-    check_op_tensor("map13", map13, dtype=torch.int32, shape=(2 * inter,), device=dev)
-    return launch_bf16_gate_up(x, ids, w13, map13, taps=taps, config=config)
-
-
-def launch_bf16_gate_up(
-    x: torch.Tensor,
-    ids: torch.Tensor,
-    w13: torch.Tensor,
-    map13: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-) -> torch.Tensor:
-    """``bf16_gate_up`` on arguments already checked by the caller (the op ``flint_moe_bf16_decode``: its inputs
-    at its boundary, ``ids`` from ``route``): no tensor checks here; the config and ``taps`` are checked."""
+    if check:
+        check_op_tensor("x", x, dtype=torch.bfloat16)
+        if x.dim() != 2:
+            raise ValueError(f"x: expected [M, H], got shape {tuple(x.shape)}")
+        m_tok, hidden = int(x.shape[0]), int(x.shape[1])
+        dev = x.device
+        if hidden <= 0 or hidden % LANES:
+            raise ValueError(f"x: hidden size H = {hidden} must be a positive multiple of 64")
+        check_op_tensor("ids", ids, dtype=torch.int32, device=dev)
+        if ids.dim() != 2 or ids.shape[0] != m_tok or ids.shape[1] < 1:
+            raise ValueError(f"ids: expected [M = {m_tok}, k >= 1], got shape {tuple(ids.shape)}")
+        _, inter = check_g1(w13, hidden, dev)
+        check_op_tensor("map13", map13, dtype=torch.int32, shape=(2 * inter,), device=dev)
     m_tok, hidden = int(x.shape[0]), int(x.shape[1])
     dev = x.device
     top_k = int(ids.shape[1])
@@ -201,6 +191,13 @@ def launch_bf16_gate_up(
     if tap:
         taps.update(gate_acc=g_acc, up_acc=u_acc, act=act)
     return act
+
+
+def launch_bf16_gate_up(*args, **kwargs) -> torch.Tensor:
+    """``bf16_gate_up(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe_bf16_decode``: its inputs at its boundary, ``ids`` from ``route``): no tensor checks here; the
+    config and ``taps`` are checked."""
+    return bf16_gate_up(*args, check=False, **kwargs)
 
 
 REQUIRE = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "fma.rn.f32"]

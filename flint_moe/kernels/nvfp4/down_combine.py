@@ -223,6 +223,22 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+def check_down_inputs(act: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, shared_output: torch.Tensor, weights):
+    """Check the inputs of an NVFP4 down call against ``weights`` (``_weights_common``): ``ids`` int32 [M, k],
+    ``tw`` fp32 [M, k], ``act`` bf16 [M * k, I], ``shared_output`` bf16 [M, H], contiguous, on the weights'
+    device. Returns (E, M, k); TypeError / ValueError naming the tensor."""
+    from flint_moe.kernels.nvfp4.gate_up import _weights_common
+
+    E, H, _, INTER = _weights_common(weights)
+    dev = weights.w2.device
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(None, None), device=dev)
+    M, top_k = (int(n) for n in ids.shape)
+    check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
+    check_op_tensor("act", act, dtype=torch.bfloat16, shape=(M * top_k, INTER), device=dev)
+    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
+    return E, M, top_k
+
+
 def nvfp4_down(
     act: torch.Tensor,
     ids: torch.Tensor,
@@ -233,6 +249,7 @@ def nvfp4_down(
     taps: dict | None = None,
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_gate_up``), ids, tw and shared.
 
@@ -246,6 +263,8 @@ def nvfp4_down(
         config: overrides of ``default_config(H, I)`` (keys: ``nvfp4.config``).
         out: None (a new tensor is returned) or a bf16 [M, H] contiguous tensor written and returned (it must
             not overlap any input: the op checks that, ``ops._checks.check_out``).
+        check: False skips the tensor checks, for a caller that made them (``launch_down``); the config
+            is checked either way.
 
     Raises:
         TypeError / ValueError naming the offending tensor or config key.
@@ -255,34 +274,10 @@ def nvfp4_down(
     in ``nvfp4_gate_up`` -> ``nvfp4_down`` (gate/up triggers its dependents only after its own wait, i.e. after
     the router, or whatever wrote ``ids``, completed); ``act``, ``tw`` and ``shared_output`` are read after it.
     """
-    from flint_moe.kernels.nvfp4.gate_up import _weights_common
-
-    E, H, IP, INTER = _weights_common(weights)
-    dev = weights.w2.device
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(None, None), device=dev)
-    M, top_k = ids.shape
-    check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
-    check_op_tensor("act", act, dtype=torch.bfloat16, shape=(M * top_k, INTER), device=dev)
-    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
-    if out is not None:
-        check_op_tensor("out", out, dtype=torch.bfloat16, shape=(M, H), device=dev)
-    return launch_down(act, ids, tw, weights, shared_output, taps=taps, config=config, out=out)
-
-
-def launch_down(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    tw: torch.Tensor,
-    weights,
-    shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``nvfp4_down`` on arguments already checked by the caller (the op ``flint_moe.ops.flint_moe``: its inputs
-    at its boundary, ``ids`` / ``tw`` from ``route``, ``act`` from ``launch_gate_up``): no tensor checks here (a
-    wrong dtype, shape or device reads out of bounds); the config is checked (ValueError)."""
+    if check:
+        _, M, _ = check_down_inputs(act, ids, tw, shared_output, weights)
+        if out is not None:
+            check_op_tensor("out", out, dtype=torch.bfloat16, shape=(M, weights.hidden_size), device=weights.w2.device)
     from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 
     E, H, IP, INTER = decode_sizes(weights)
@@ -321,6 +316,14 @@ def launch_down(
         taps["y"] = y.view(M, top_k, H)
         taps["out"] = out
     return out
+
+
+def launch_down(*args, **kwargs) -> torch.Tensor:
+    """``nvfp4_down(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``act`` from
+    ``launch_gate_up``): no tensor checks here (a wrong dtype, shape or device reads out of bounds); the config is
+    checked (ValueError)."""
+    return nvfp4_down(*args, check=False, **kwargs)
 
 
 def _constexprs(cfg: DownConfig, H: int, IP: int, INTER: int, top_k: int, sk: int, nw: int, tap: bool) -> dict:

@@ -198,6 +198,17 @@ def decode_sizes(weights) -> tuple[int, int, int, int]:
     return E, H, IP, INTER
 
 
+def check_gate_up_inputs(x: torch.Tensor, ids: torch.Tensor, weights) -> tuple[int, int, int]:
+    """Check the inputs of an NVFP4 gate/up call against ``weights`` (``_weights_common``): ``x`` bf16 [M, H] and
+    ``ids`` int32 [M, k], contiguous, on the weights' device. Returns (E, M, k); TypeError / ValueError naming
+    the tensor."""
+    E, H, _, _ = _weights_common(weights)
+    dev = weights.w1.device
+    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(x.shape[0], None), device=dev)
+    return E, int(x.shape[0]), int(ids.shape[1])
+
+
 def nvfp4_gate_up(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -205,6 +216,7 @@ def nvfp4_gate_up(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 5-7 for every (token, selected expert) pair: act bf16 [M * k, I] (I = valid intermediate).
 
@@ -217,24 +229,15 @@ def nvfp4_gate_up(
         taps: if a dict, the kernel is compiled with ``TAP=True``; ``taps["gate_acc"]`` / ``taps["up_acc"]``
             (fp32 [M, k, I], before the global scale) and ``taps["act"]`` (bf16 [M, k, I]) are stored.
         config: overrides of ``default_config(H, I)`` (keys: ``nvfp4.config``).
+        check: False skips the tensor checks, for a caller that made them (``launch_gate_up``); the config
+            is checked either way.
 
     Raises:
         TypeError / ValueError: wrong dtype, shape, device or contiguity (message names the tensor), H not a
         multiple of 32, a config key unknown or out of range.
     """
-    E, H, IP, INTER = _weights_common(weights)
-    dev = weights.w1.device
-    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(x.shape[0], None), device=dev)
-    return launch_gate_up(x, ids, weights, taps=taps, config=config)
-
-
-def launch_gate_up(
-    x: torch.Tensor, ids: torch.Tensor, weights, *, taps: dict | None = None, config: dict | None = None
-) -> torch.Tensor:
-    """``nvfp4_gate_up`` on arguments already checked by the caller (the op ``flint_moe.ops.flint_moe``: its
-    inputs at its boundary, ``ids`` from ``route``): no tensor checks here (a wrong dtype, shape or device reads
-    out of bounds); the config is checked (ValueError)."""
+    if check:
+        check_gate_up_inputs(x, ids, weights)
     E, H, IP, INTER = decode_sizes(weights)
     dev = weights.w1.device
     M = x.shape[0]
@@ -269,6 +272,13 @@ def launch_gate_up(
         taps["up_acc"] = uacc.view(M, top_k, INTER)
         taps["act"] = act.view(M, top_k, INTER)
     return act
+
+
+def launch_gate_up(*args, **kwargs) -> torch.Tensor:
+    """``nvfp4_gate_up(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe``: its inputs at its boundary, ``ids`` from ``route``): no tensor checks here (a wrong
+    dtype, shape or device reads out of bounds); the config is checked (ValueError)."""
+    return nvfp4_gate_up(*args, check=False, **kwargs)
 
 
 def _constexprs(cfg: GateUpConfig, H: int, IP: int, INTER: int, top_k: int, sk: int, nw: int, tap: bool) -> dict:

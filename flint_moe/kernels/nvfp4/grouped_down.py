@@ -174,6 +174,7 @@ def nvfp4_grouped_down(
     taps: dict | None = None,
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_grouped_gate_up``), grouped by expert.
 
@@ -188,41 +189,16 @@ def nvfp4_grouped_down(
         config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK``, ``num_warps``, ``num_stages``, ``DECODE``).
         out: None, or a bf16 [M, H] contiguous tensor the combine writes and that is returned (no overlap with
             any input: the op checks that, ``ops._checks.check_out``).
+        check: False skips the tensor checks, for a caller that made them (``launch_grouped_down``); the config
+            is checked either way.
     Returns: a new bf16 [M, H] tensor, or ``out`` (inputs never modified).
     Raises: TypeError / ValueError naming the bad argument.
     """
-    from flint_moe.kernels.nvfp4.gate_up import _weights_common
+    if check:
+        from flint_moe.kernels.nvfp4.down_combine import check_down_inputs
 
-    E, H, IP, INTER = _weights_common(weights)
-    dev = weights.w2.device
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(None, None), device=dev)
-    M, top_k = ids.shape
-    P = M * top_k
-    check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
-    check_op_tensor("act", act, dtype=torch.bfloat16, shape=(P, INTER), device=dev)
-    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
-    _check_perm(perm, P, E, dev)
-    if perm.top_k != top_k:
-        raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
-    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=config, out=out)
-
-
-def launch_grouped_down(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    tw: torch.Tensor,
-    perm,
-    weights,
-    shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``nvfp4_grouped_down`` on arguments already checked by the caller (the op
-    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``perm``
-    from ``moe_permute``, ``act`` from ``launch_grouped_gate_up``): no tensor checks here; the config is checked
-    (ValueError)."""
+        E, M, top_k = check_down_inputs(act, ids, tw, shared_output, weights)
+        _check_perm(perm, M, top_k, E, weights.w2.device)
     from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 
     E, H, IP, INTER = decode_sizes(weights)
@@ -271,6 +247,14 @@ def launch_grouped_down(
         taps["y"] = y.view(M, top_k, H)
         taps["out"] = out
     return out
+
+
+def launch_grouped_down(*args, **kwargs) -> torch.Tensor:
+    """``nvfp4_grouped_down(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``perm`` from
+    ``moe_permute``, ``act`` from ``launch_grouped_gate_up``): no tensor checks here; the config is checked
+    (ValueError)."""
+    return nvfp4_grouped_down(*args, check=False, **kwargs)
 
 
 def accumulation_model(config: dict | None = None):

@@ -219,17 +219,20 @@ def _grouped_gate_up_kernel(
         tl.store(uacc_ptr + off, acc_u, mask=ok)
 
 
-def _check_perm(perm, pairs: int, num_experts: int, dev: torch.device) -> None:
+def _check_perm(perm, tokens: int, top_k: int, num_experts: int, dev: torch.device) -> None:
+    """Check ``perm`` (``moe_permute``) against ``tokens`` x ``top_k`` pairs and ``num_experts`` experts."""
     from flint_moe.kernels.nvfp4.permute import MoEPermutation
 
     if not isinstance(perm, MoEPermutation):
         raise TypeError(f"perm: expected a MoEPermutation (moe_permute), got {type(perm).__name__}")
     if perm.num_experts != num_experts:
         raise ValueError(f"perm: built for {perm.num_experts} experts, weights hold {num_experts}")
-    check_op_tensor("perm.order", perm.order, dtype=torch.int32, shape=(pairs,), device=dev)
+    check_op_tensor("perm.order", perm.order, dtype=torch.int32, shape=(tokens * top_k,), device=dev)
     nb = perm.num_blocks
     for name in ("block_expert", "block_start", "block_end"):
         check_op_tensor(f"perm.{name}", getattr(perm, name), dtype=torch.int32, shape=(nb,), device=dev)
+    if perm.top_k != top_k:
+        raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
 
 
 def _cfg(config: dict | None, default: dict, name: str) -> dict:
@@ -257,6 +260,7 @@ def nvfp4_grouped_gate_up(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 5-7 for every (token, slot) pair, grouped by expert: act bf16 [M * k, I] (row = pair).
 
@@ -271,29 +275,16 @@ def nvfp4_grouped_gate_up(
             ``DECODE`` (GPU: 3 = one inline-PTX call per code word giving bf16 weights times the scale (default),
             2 / 1 = the decode kernels' fp16x2 / bf16x2 E2M1 decodes, 0 = plain integer ops; identical values,
             hence identical bits; the interpreter always takes the plain path).
+        check: False skips the tensor checks, for a caller that made them (``launch_grouped_gate_up``); the config
+            is checked either way.
     Raises:
         TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, config).
     """
-    from flint_moe.kernels.nvfp4.gate_up import _weights_common
+    if check:
+        from flint_moe.kernels.nvfp4.gate_up import check_gate_up_inputs
 
-    E, H, IP, INTER = _weights_common(weights)
-    dev = weights.w1.device
-    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
-    M = x.shape[0]
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(M, None), device=dev)
-    top_k = ids.shape[1]
-    _check_perm(perm, M * top_k, E, dev)
-    if perm.top_k != top_k:
-        raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
-    return launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=config)
-
-
-def launch_grouped_gate_up(
-    x: torch.Tensor, ids: torch.Tensor, perm, weights, *, taps: dict | None = None, config: dict | None = None
-) -> torch.Tensor:
-    """``nvfp4_grouped_gate_up`` on arguments already checked by the caller (the op
-    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` from ``route``, ``perm`` from
-    ``moe_permute``): no tensor checks here; the config is checked (ValueError)."""
+        E, M, top_k = check_gate_up_inputs(x, ids, weights)
+        _check_perm(perm, M, top_k, E, weights.w1.device)
     from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 
     E, H, IP, INTER = decode_sizes(weights)
@@ -344,6 +335,13 @@ def launch_grouped_gate_up(
         taps["up_acc"] = uacc.view(M, top_k, INTER)
         taps["act"] = act.view(M, top_k, INTER)
     return act
+
+
+def launch_grouped_gate_up(*args, **kwargs) -> torch.Tensor:
+    """``nvfp4_grouped_gate_up(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` from ``route``, ``perm`` from
+    ``moe_permute``): no tensor checks here; the config is checked (ValueError)."""
+    return nvfp4_grouped_gate_up(*args, check=False, **kwargs)
 
 
 #: (H, I, k, BM) specialisations of the conformance matrix's real shapes audited for sm_90.
