@@ -327,23 +327,11 @@ def launch_down(*args, **kwargs) -> torch.Tensor:
 
 
 def _constexprs(cfg: DownConfig, H: int, IP: int, INTER: int, top_k: int, sk: int, nw: int, tap: bool) -> dict:
-    """The kernel's constexpr arguments for ``cfg`` as launched (K-split ``sk`` on ``nw`` warps)."""
-    return {
-        "H": H,
-        "IP": IP,
-        "INTER": INTER,
-        "TOPK": top_k,
-        "BH": cfg.BH,
-        "BKB": cfg.BKB,
-        "MMA": cfg.MMA,
-        "RT": cfg.RT,
-        "S": cfg.S,
-        "SK": sk,
-        "NW": nw,
-        "FENCE": cfg.FENCE and cfg.MMA,
-        "TAP": tap,
-        "EARLY": int(cfg.early),
-    }
+    """The kernel's constexpr arguments for ``cfg`` as launched (K-split ``sk`` on ``nw`` warps): the decode
+    kernels' common ones (``gate_up.decode_constexprs``) and ``EARLY``."""
+    from flint_moe.kernels.nvfp4.gate_up import decode_constexprs
+
+    return {**decode_constexprs(cfg, "BH", H, IP, INTER, top_k, sk, nw, tap), "EARLY": int(cfg.early)}
 
 
 def audit_specs() -> list[str]:

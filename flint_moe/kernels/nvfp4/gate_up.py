@@ -281,23 +281,16 @@ def launch_gate_up(*args, **kwargs) -> torch.Tensor:
     return nvfp4_gate_up(*args, check=False, **kwargs)
 
 
+def decode_constexprs(cfg, tile: str, H: int, IP: int, INTER: int, top_k: int, sk: int, nw: int, tap: bool) -> dict:
+    """The constexpr arguments both NVFP4 decode kernels take for ``cfg`` (``GateUpConfig`` / ``DownConfig``,
+    rows per program ``tile`` = ``"BN"`` / ``"BH"``) as launched (K-split ``sk`` on ``nw`` warps)."""
+    return {"H": H, "IP": IP, "INTER": INTER, "TOPK": top_k, tile: getattr(cfg, tile), "BKB": cfg.BKB, "MMA": cfg.MMA,
+            "RT": cfg.RT, "S": cfg.S, "SK": sk, "NW": nw, "FENCE": cfg.FENCE and cfg.MMA, "TAP": tap}  # fmt: skip
+
+
 def _constexprs(cfg: GateUpConfig, H: int, IP: int, INTER: int, top_k: int, sk: int, nw: int, tap: bool) -> dict:
     """The kernel's constexpr arguments for ``cfg`` as launched (K-split ``sk`` on ``nw`` warps)."""
-    return {
-        "H": H,
-        "IP": IP,
-        "INTER": INTER,
-        "TOPK": top_k,
-        "BN": cfg.BN,
-        "BKB": cfg.BKB,
-        "MMA": cfg.MMA,
-        "RT": cfg.RT,
-        "S": cfg.S,
-        "SK": sk,
-        "NW": nw,
-        "FENCE": cfg.FENCE and cfg.MMA,
-        "TAP": tap,
-    }
+    return decode_constexprs(cfg, "BN", H, IP, INTER, top_k, sk, nw, tap)
 
 
 #: PTX the tensor-core path must contain (the exact bf16 dequantisation and the fp32-accumulating MMA).
