@@ -48,6 +48,7 @@ __all__ = [
     "DEQUANT_BF16_PTX",
     "decode_e2m1",
     "decode_e2m1_words",
+    "asm8",
     "join4",
     "decode_probe",
 ]
@@ -160,6 +161,15 @@ def decode_e2m1(codes):
 
 
 @triton.jit
+def asm8(word, operand, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, DT: tl.constexpr):
+    """The 8 outputs, each of dtype ``DT``, of the pure inline-PTX body ``ASM`` ($0..$7 by ``CONSTRAINTS``) on
+    the 32-bit ``word`` ($8) and ``operand`` ($9), elementwise (``pack=1``). GPU only."""
+    return tl.inline_asm_elementwise(
+        ASM, CONSTRAINTS, [word, operand], dtype=(DT.value,) * 8, is_pure=True, pack=1
+    )
+
+
+@triton.jit
 def decode_e2m1_words(words, DECODE: tl.constexpr):
     """int32 code words (any shape; word = 4 code bytes, byte j at bits 8j..8j+7) -> 8 fp32 tensors of the
     same shape: ``(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3)``, E2M1 of the low / high nibble of byte j.
@@ -169,23 +179,12 @@ def decode_e2m1_words(words, DECODE: tl.constexpr):
     so no byte is unpacked into its own register and re-packed (``prmt``) before the decode. Identical values.
     """
     if DECODE == 2 and not _INTERPRET:
-        return tl.inline_asm_elementwise(
-            DECODE_F16_PTX,
-            "=f,=f,=f,=f,=f,=f,=f,=f,r,r",
-            [words, tl.full(words.shape, 0x74007400, tl.int32)],
-            dtype=(tl.float32,) * 8,
-            is_pure=True,
-            pack=1,
-        )
+        f16_scale = tl.full(words.shape, 0x74007400, tl.int32)
+        return asm8(words, f16_scale, DECODE_F16_PTX, "=f,=f,=f,=f,=f,=f,=f,=f,r,r", tl.float32)
     elif DECODE == 1 and not _INTERPRET:
-        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            DECODE_BF16_PTX,
-            "=r,=r,=r,=r,=r,=r,=r,=r,r,r",
-            [words, tl.full(words.shape, 0x7E807E80, tl.int32)],
-            dtype=(tl.int32,) * 8,
-            is_pure=True,
-            pack=1,
-        )
+        bf16_scale = tl.full(words.shape, 0x7E807E80, tl.int32)
+        bits = asm8(words, bf16_scale, DECODE_BF16_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", tl.int32)
+        o0, o1, o2, o3, o4, o5, o6, o7 = bits
         return (
             o0.to(tl.float32, bitcast=True),
             o1.to(tl.float32, bitcast=True),

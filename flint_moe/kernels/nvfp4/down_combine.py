@@ -339,19 +339,9 @@ def audit_specs() -> list[str]:
     ``audit_runs``: every matrix and tuned shape, the CUDA-core path and the tapped build at DeepSeek-V3)."""
     from flint_moe.kernels.nvfp4.gate_up import audit_runs, register_decode_audits
 
-    sig = {
-        "act_ptr": "*i32",
-        "ids_ptr": "*i32",
-        "tw_ptr": "*fp32",
-        "w_ptr": "*u8",
-        "s_ptr": "*u8",
-        "alpha_ptr": "*fp32",
-        "shared_ptr": "*bf16",
-        "out_ptr": "*bf16",
-        "dacc_ptr": "*fp32",
-        "y_ptr": "*bf16",
-        "cnt_ptr": "*i32",
-    }
+    sig = {"act_ptr": "*i32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*u8",
+        "alpha_ptr": "*fp32", "shared_ptr": "*bf16", "out_ptr": "*bf16", "dacc_ptr": "*fp32", "y_ptr": "*bf16",
+        "cnt_ptr": "*i32"}
     from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
     runs = audit_runs(resolve_config, _TUNED_DOWN_BY_SHAPE, nvfp4_tuned.DOWN_CUDA_CORE, ".cuda_core")

@@ -339,16 +339,8 @@ def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
     tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
     there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
-    sig = {
-        "x_ptr": "*i32",
-        "ids_ptr": "*i32",
-        "w_ptr": "*u8",
-        "s_ptr": "*u8",
-        "alpha_ptr": "*fp32",
-        "act_ptr": "*bf16",
-        "gacc_ptr": "*fp32",
-        "uacc_ptr": "*fp32",
-    }
+    sig = {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32",
+        "act_ptr": "*bf16", "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}
     from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
     runs = audit_runs(resolve_config, _TUNED_GATE_UP_BY_SHAPE, nvfp4_tuned.GATE_UP_MMA, ".mma")

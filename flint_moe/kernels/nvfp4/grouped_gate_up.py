@@ -22,7 +22,7 @@ import triton.language as tl
 from flint_moe.kernels._launch import INTERPRET, check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import global_scale, swiglu
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4.decode_ptx import DEQUANT_BF16_PTX, decode_e2m1_words, join4
+from flint_moe.kernels.nvfp4.decode_ptx import DEQUANT_BF16_PTX, asm8, decode_e2m1_words, join4
 from flint_moe.kernels.nvfp4.scales import e4m3_to_f32, swizzled_scale_offsets
 
 __all__ = [
@@ -85,14 +85,7 @@ def dequant_tile(words, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.conste
     if DECODE == 3 and not _INTERPRET:
         sc16 = e4m3_to_f32(sb).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         sc2 = tl.reshape(tl.join(sc16, sc16), [R, BK // 8]) * 0x10001  # word 2c, 2c + 1: block c's scale
-        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            DEQUANT_BF16_PTX,
-            "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
-            [words, sc2],
-            dtype=(tl.bfloat16,) * 8,
-            is_pure=True,
-            pack=1,
-        )
+        o0, o1, o2, o3, o4, o5, o6, o7 = asm8(words, sc2, DEQUANT_BF16_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", tl.bfloat16)
         return tl.reshape(_join8(o0, o1, o2, o3, o4, o5, o6, o7), [R, BK])
     l0, l1, l2, l3, h0, h1, h2, h3 = decode_e2m1_words(words, 2 if DECODE == 3 else DECODE)
     lo = tl.reshape(join4(l0, l1, l2, l3), [R, BK // 2])
