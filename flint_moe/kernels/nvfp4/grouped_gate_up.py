@@ -111,6 +111,47 @@ def mma(w, xt, acc):
 
 
 @triton.jit
+def row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM: tl.constexpr):
+    """Row block ``b`` of the schedule (``moe_permute``): (its expert, int64; start and end positions in
+    ``order``; the BM positions from start; the mask of those below end)."""
+    e = tl.load(bexp_ptr + b).to(tl.int64)
+    start = tl.load(bstart_ptr + b)
+    end = tl.load(bend_ptr + b)
+    pos = start + tl.arange(0, BM)
+    return e, start, end, pos, pos < end
+
+
+@triton.jit
+def k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr,
+           BK: tl.constexpr, DECODE: tl.constexpr):  # fmt: skip
+    """The main loop of both grouped GEMMs: ``acc`` fp32 [ROWS, BM] plus, for K steps of ``BK`` in increasing
+    order, ``mma(dequant_tile(codes, scales), activations^T)`` (module docstrings: the summation order).
+
+    ``w_row`` int32 pointers [ROWS] to each weight row's code words, ``s_base`` the expert's swizzled scales,
+    ``srow`` [ROWS] the rows' scale rows, ``a_row`` pointers [BM] to each pair's activation row (length K);
+    ``w_ok`` [ROWS] / ``r_ok`` [BM] mask weight rows / pairs. Masks along K only when ``K % BK`` != 0."""
+    for k0 in tl.range(0, K, BK):
+        kw = k0 // 8 + tl.arange(0, BK // 8)
+        kc = k0 // 16 + tl.arange(0, BK // 16)
+        kx = k0 + tl.arange(0, BK)
+        if K % BK == 0:  # masks constant along K: vector loads
+            wmask = w_ok[:, None]
+            amask = r_ok[:, None]
+        else:
+            wmask = w_ok[:, None] & (kw < K // 8)[None, :]
+            amask = r_ok[:, None] & (kx < K)[None, :]
+        words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
+        sb = tl.load(
+            s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+            mask=w_ok[:, None] & (kc < K // 16)[None, :],
+            other=0,
+        )
+        at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
+        acc = mma(dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE), tl.trans(at), acc)
+    return acc
+
+
+@triton.jit
 def _grouped_gate_up_kernel(
     x_ptr,  # bf16 [M, H]
     order_ptr,  # int32 [P]: pair ids sorted by expert
@@ -161,11 +202,7 @@ def _grouped_gate_up_kernel(
     MP: tl.constexpr = (2 * IP + 127) // 128 * 128
     q = tl.program_id(0)
     b = tl.program_id(1)
-    e = tl.load(bexp_ptr + b).to(tl.int64)
-    start = tl.load(bstart_ptr + b)
-    end = tl.load(bend_ptr + b)
-    pos = start + tl.arange(0, BM)
-    r_ok = pos < end
+    e, start, end, pos, r_ok = row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM)
     pair = tl.load(order_ptr + pos, mask=r_ok, other=0)
     tok = (pair // TOPK).to(tl.int64)
     R: tl.constexpr = 2 * BC
@@ -181,24 +218,7 @@ def _grouped_gate_up_kernel(
     x_row = x_ptr + tl.multiple_of(tok * H, 16)
     acc = tl.zeros([R, BM], dtype=tl.float32)
     if end > start:
-        for k0 in tl.range(0, H, BK):
-            kw = k0 // 8 + tl.arange(0, BK // 8)
-            kc = k0 // 16 + tl.arange(0, BK // 16)
-            kx = k0 + tl.arange(0, BK)
-            if H % BK == 0:  # masks constant along K: vector loads
-                wmask = r_c_ok[:, None]
-                xmask = r_ok[:, None]
-            else:
-                wmask = r_c_ok[:, None] & (kw < HB // 4)[None, :]
-                xmask = r_ok[:, None] & (kx < H)[None, :]
-            words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
-            sb = tl.load(
-                s_base + swizzled_scale_offsets(prow[:, None], kc[None, :], KP),
-                mask=r_c_ok[:, None] & (kc < H // 16)[None, :],
-                other=0,
-            )
-            xt = tl.load(x_row[:, None] + kx[None, :], mask=xmask, other=0.0)
-            acc = mma(dequant_tile(words, sb.to(tl.int32), R, BK, DECODE), tl.trans(xt), acc)
+        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE)
     acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, BM]), (1, 2, 0)))
     cols = q * BC + tl.arange(0, BC)
     c_ok = cols < INTER
@@ -226,6 +246,15 @@ def _check_perm(perm, tokens: int, top_k: int, num_experts: int, dev: torch.devi
         check_op_tensor(f"perm.{name}", getattr(perm, name), dtype=torch.int32, shape=(nb,), device=dev)
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+
+
+def grouped_launch_kwargs(cfg: dict, block_m: int, tap: bool) -> dict:
+    """The launch keywords both grouped GEMMs share: ``BM`` (the permutation's ``block_m``), ``BK``, ``DECODE``,
+    ``TAP``, ``num_warps`` (``default_warps(block_m)`` unless set) and ``num_stages`` of the checked ``cfg``,
+    and ``launch_options()``."""
+    return {"BM": block_m, "BK": int(cfg["BK"]), "DECODE": cfg["DECODE"], "TAP": tap,
+            "num_warps": int(cfg["num_warps"] or default_warps(block_m)), "num_stages": int(cfg["num_stages"]),
+            **launch_options()}  # fmt: skip
 
 
 def _cfg(config: dict | None, default: dict, name: str) -> dict:
@@ -310,23 +339,11 @@ def nvfp4_grouped_gate_up(
             act,
             gacc,
             uacc,
-            H=H,
-            IP=IP,
-            INTER=INTER,
-            TOPK=top_k,
-            BM=perm.block_m,
-            BC=bc,
-            BK=int(cfg["BK"]),
-            DECODE=cfg["DECODE"],
-            TAP=tap,
-            num_warps=int(cfg["num_warps"] or default_warps(perm.block_m)),
-            num_stages=int(cfg["num_stages"]),
-            **launch_options(),
-        )
+            H=H, IP=IP, INTER=INTER, TOPK=top_k, BC=bc, **grouped_launch_kwargs(cfg, perm.block_m, tap),
+        )  # fmt: skip
     if tap:
-        taps["gate_acc"] = gacc.view(M, top_k, INTER)
-        taps["up_acc"] = uacc.view(M, top_k, INTER)
-        taps["act"] = act.view(M, top_k, INTER)
+        shape = (M, top_k, INTER)
+        taps.update(gate_acc=gacc.view(shape), up_acc=uacc.view(shape), act=act.view(shape))
     return act
 
 
@@ -360,54 +377,31 @@ def accumulation_model(config: dict | None = None):
     return FP32_TRUNCATE
 
 
-def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit of the grouped gate/up kernel (production builds, and the tapped build of
-    DeepSeek-V3): the rule's instructions present, wgmma present (tensor cores), no fp64 / div.full."""
-    sig = {
-        "x_ptr": "*bf16",
-        "order_ptr": "*i32",
-        "bexp_ptr": "*i32",
-        "bstart_ptr": "*i32",
-        "bend_ptr": "*i32",
-        "w_ptr": "*u8",
-        "s_ptr": "*u8",
-        "alpha_ptr": "*fp32",
-        "act_ptr": "*bf16",
-        "gacc_ptr": "*fp32",
-        "uacc_ptr": "*fp32",
-    }
-    names = []
+def grouped_audit_runs():
+    """The audited builds of both grouped GEMMs: ``(H, I, Ip, k, BM, name suffix, TAP)`` for every
+    ``AUDIT_CASES`` entry (production builds), and the tapped build of DeepSeek-V3 (H 7168, I 2048, BM 128)."""
     for h, i, k, bm in AUDIT_CASES:
         ip = (i + 63) // 64 * 64
         for tap in (False, True) if (h, i, bm) == (7168, 2048, 128) else (False,):
-            name = f"nvfp4_grouped_gate_up.H{h}.I{i}.BM{bm}{'.tap' if tap else ''}"
-            warps = default_warps(bm)
-            register_audit(
-                name,
-                _grouped_gate_up_kernel,
-                sig,
-                {
-                    "H": h,
-                    "IP": ip,
-                    "INTER": i,
-                    "TOPK": k,
-                    "BM": bm,
-                    "BC": GROUPED_GATE_UP_CONFIG["BC"],
-                    "BK": GROUPED_GATE_UP_CONFIG["BK"],
-                    "DECODE": 3,
-                    "TAP": tap,
-                },
-                [
-                    BF16_CVT,
-                    "rcp.approx.ftz.f32",
-                    "ex2.approx.ftz.f32",
-                    "mul.rn.bf16x2",
-                    "wgmma.mma_async",
-                    "griddepcontrol.wait",
-                ],
-                options={"num_warps": warps, "num_stages": GROUPED_GATE_UP_CONFIG["num_stages"]},
-            )
-            names.append(name)
+            yield h, i, ip, k, bm, f".H{h}.I{i}.BM{bm}{'.tap' if tap else ''}", tap
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of the grouped gate/up kernel (production builds, and the tapped build of
+    DeepSeek-V3): the rule's instructions present, wgmma present (tensor cores), no fp64 / div.full."""
+    sig = {"x_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
+        "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16", "gacc_ptr": "*fp32",
+        "uacc_ptr": "*fp32"}
+    require = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "mul.rn.bf16x2", "wgmma.mma_async",
+               "griddepcontrol.wait"]  # fmt: skip
+    cfg = GROUPED_GATE_UP_CONFIG
+    names = []
+    for h, i, ip, k, bm, suffix, tap in grouped_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "BC": cfg["BC"], "BK": cfg["BK"], "DECODE": 3,
+                  "TAP": tap}  # fmt: skip
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit("nvfp4_grouped_gate_up" + suffix, _grouped_gate_up_kernel, sig, consts, require,
+                                    options=options).name)  # fmt: skip
     return names
 
 
