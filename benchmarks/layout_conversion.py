@@ -17,18 +17,11 @@ import sys
 import time
 
 
-def _hwm_kib() -> int:
+def _status_kib(field: str) -> int:
+    """``field`` (``VmHWM``: peak RSS, ``VmRSS``: current RSS) of /proc/self/status in KiB; -1 if absent."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return -1
-
-
-def _rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return -1
 
@@ -49,7 +42,7 @@ def run_case(case: str) -> dict:
         gs = torch.rand(E)
         inputs = [w13, s13, w2, s2]
         res["input_gb"] = sum(t.numel() * t.element_size() for t in inputs) / 1e9
-        base = _rss_kib()
+        base = _status_kib("VmRSS")
         t0 = time.perf_counter()
         W = FlintMoEWeights.from_modelopt(w13, s13, (gs, gs), w2, s2, gs, inplace=case.endswith("inplace"))
         res["seconds"] = time.perf_counter() - t0
@@ -59,14 +52,14 @@ def run_case(case: str) -> dict:
         w13 = torch.randn(E, 2 * I, H, dtype=torch.bfloat16)
         w2 = torch.randn(E, H, I, dtype=torch.bfloat16)
         res["input_gb"] = (w13.numel() + w2.numel()) * 2 / 1e9
-        base = _rss_kib()
+        base = _status_kib("VmRSS")
         t0 = time.perf_counter()
         out = to_trtllm_bf16(w13, w2, inplace=case.endswith("inplace"))
         res["seconds"] = time.perf_counter() - t0
         del out
     res["rss_before_gib"] = base / 2**20
-    res["peak_rss_gib"] = _hwm_kib() / 2**20
-    res["peak_extra_over_inputs_gib"] = (_hwm_kib() - base) / 2**20
+    res["peak_rss_gib"] = _status_kib("VmHWM") / 2**20
+    res["peak_extra_over_inputs_gib"] = (_status_kib("VmHWM") - base) / 2**20
     res["shape"] = {"E": E, "H": H, "I": I}
     return res
 

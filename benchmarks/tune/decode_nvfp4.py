@@ -295,9 +295,15 @@ PIN_EARLY = {"EARLY": 0, "MAXNREG": 0}
 
 def tuned_text(doc_extra: str, measured: str, values: list, gu_by_shape: str, dn_by_shape: str) -> str:
     """Text of nvfp4/tuned.py: the module docstring (the ``--tune`` paragraph, then ``doc_extra`` and the
-    ``measured`` line), ``values`` as ``(name, config, comment)`` assignments (comment "" for none) and the two
-    per-shape override dicts as source text. Shared by ``tune`` and ``tune_down_early``."""
-    body = "".join(f"{name} = {cfg!r}" + (f"  # {note}" if note else "") + "\n" for name, cfg, note in values)
+    ``measured`` line), ``values`` as ``(name, config, comment)`` assignments (comment "" for none; a config
+    equal to an earlier one is written as ``dict(EARLIER)``) and the two per-shape override dicts as source
+    text. Shared by ``tune`` and ``tune_down_early``."""
+    body, written = "", {}
+    for name, cfg, note in values:
+        # a value equal to one written above is written as a copy of it
+        same = next((n for n, c in written.items() if c == cfg), None)
+        body += f"{name} = " + (f"dict({same})" if same else repr(cfg)) + (f"  # {note}" if note else "") + "\n"
+        written[name] = cfg
     return (
         '"""Launch configurations of the NVFP4 decode kernels chosen on the H200.\n\n'
         "Written by ``python -m benchmarks.tune.decode_nvfp4 --tune --write-tuned`` (docs/kernels/nvfp4-decode.md):\n"

@@ -34,7 +34,7 @@ from triton.language.extra.cuda import gdc_launch_dependents as _gdc_launch_depe
 
 from flint_moe.reference._checks import check_tensor
 
-__all__ = ["INTERPRET", "gdc_wait", "gdc_launch_dependents", "launch_options", "check_op_tensor"]
+__all__ = ["INTERPRET", "gdc_wait", "gdc_launch_dependents", "launch_options", "check_op_tensor", "check_taps"]
 
 #: True when this module was imported with TRITON_INTERPRET=1 (then every ``@triton.jit`` of the process
 #: imported afterwards is an interpreter object and the helpers below take their shim branch).
@@ -100,3 +100,13 @@ def check_op_tensor(
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
     return t
+
+
+def check_taps(taps: object) -> bool:
+    """True when ``taps`` is a dict (the tapped build runs), False when it is None.
+
+    Raises ``TypeError`` naming ``taps`` for anything else.
+    """
+    if taps is not None and not isinstance(taps, dict):
+        raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+    return taps is not None

@@ -241,12 +241,7 @@ def _outputs(m: int, top_k: int, device: torch.device) -> tuple[torch.Tensor, to
 
 
 def launch_router_gemv_topk(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    top_k: int,
-    counter: torch.Tensor,
-    *,
-    taps: dict | None = None,
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int, counter: torch.Tensor, *, taps: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused router GEMV + top-k: x bf16 [M, H], router_weight bf16 [E, H], counter int32 [>= M] ->
     (ids int32 [M, k], weights fp32 [M, k]). Inputs are assumed valid (``flint_moe.ops.route`` checks them).

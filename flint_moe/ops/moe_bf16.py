@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._launch import check_op_tensor
+from flint_moe.kernels._launch import check_op_tensor, check_taps
 from flint_moe.kernels.bf16.down_combine import check_g2, launch_bf16_down_combine
 from flint_moe.kernels.bf16.gate_up import check_g1, launch_bf16_gate_up
 from flint_moe.ops._checks import (
@@ -152,8 +152,7 @@ def flint_moe_bf16_decode(
     inputs = {"x": x, "router_weight": router_weight, "w13": w13, "w2": w2, "row_maps[0]": maps[0],
               "row_maps[1]": maps[1], "counter": counter, "shared_output": shared_output}  # fmt: skip
     check_out(out, (m_tok, hidden), dev, inputs)
-    if taps is not None and not isinstance(taps, dict):
-        raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+    check_taps(taps)
     if m_tok == 0:
         return out if out is not None else torch.empty((0, hidden), dtype=torch.bfloat16, device=dev)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from flint_moe.kernels._launch import check_taps
 from flint_moe.kernels.nvfp4.grouped_down import launch_grouped_down
 from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, launch_grouped_gate_up
 from flint_moe.kernels.nvfp4.permute import moe_permute
@@ -72,8 +73,7 @@ def flint_moe_grouped(
         raise ValueError(f"x: {M} tokens exceed GROUPED_MAX_TOKENS = {GROUPED_MAX_TOKENS}")
     E = weights.num_experts
     check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weights, out, dev)
-    if taps is not None and not isinstance(taps, dict):
-        raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+    check_taps(taps)
     cfg = dict(config or {})
     unknown = set(cfg) - {"gate_up", "down", "BM"}
     if unknown:

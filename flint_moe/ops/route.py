@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from flint_moe.kernels._launch import check_op_tensor
+from flint_moe.kernels._launch import check_op_tensor, check_taps
 from flint_moe.kernels.router import (
     MAX_EXPERTS,
     MAX_TOP_K,
@@ -92,8 +92,7 @@ def route(
         raise ValueError(f"router_weight: at most {MAX_EXPERTS} experts, got E = {e}")
     if h < 1:
         raise ValueError(f"x: hidden size must be >= 1, got shape {tuple(x.shape)}")
-    if taps is not None and not isinstance(taps, dict):
-        raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+    check_taps(taps)
     if m <= ROUTE_GEMV_MAX_TOKENS:
         check_op_tensor("counter", counter, dtype=torch.int32, shape=(None,), device=dev)
         if counter.numel() < m:

@@ -207,6 +207,21 @@ def write_gguf_nvfp4(
     return path
 
 
+def layer_fixture(E: int, H: int, I: int, seed: int):  # noqa: E741
+    """A module-scoped pytest fixture returning ``random_experts(E, H, I, seed=seed)`` (assign it to ``layer``)."""
+
+    @pytest.fixture(scope="module")
+    def layer() -> tuple[dict, torch.Tensor]:
+        return random_experts(E, H, I, seed=seed)
+
+    return layer
+
+
+def layer0_rejection(read):
+    """``path -> rejection(read, path, 0)``: the message a reader's ``CheckpointError`` gives for layer 0."""
+    return lambda path: rejection(read, path, 0)
+
+
 def rejection(read, *args) -> str:
     """The message of the ``CheckpointError`` that ``read(*args)`` raises (the test fails if it raises none)."""
     with pytest.raises(CheckpointError) as exc:

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import gguf  # the test extra installs it: a missing gguf fails here, it is not skipped
 import pytest
-import torch
 
 from flint_moe.checkpoints import CheckpointError, read_gguf_layer
 from tests.checkpoints._writers import (
     NOT_CANONICAL,
+    layer0_rejection,
+    layer_fixture,
     patch_gguf,
-    random_experts,
-    rejection,
     write_gguf_modelopt,
     write_gguf_nvfp4,
 )
@@ -29,13 +28,8 @@ E, H, I, K = 4, 64, 64, 2  # noqa: E741  (multiples of 64: the NVFP4 block)
 EX = "model.layers.0.mlp.experts."
 
 
-@pytest.fixture(scope="module")
-def layer() -> tuple[dict, torch.Tensor]:
-    return random_experts(E, H, I, seed=11)
-
-
-def _message(path: Path) -> str:
-    return rejection(read_gguf_layer, path, 0)
+layer = layer_fixture(E, H, I, seed=11)
+_message = layer0_rejection(read_gguf_layer)
 
 
 @pytest.fixture(scope="module")

@@ -16,20 +16,20 @@ import pytest
 import torch
 
 from flint_moe.checkpoints import read_layer, read_modelopt_layer
-from tests.checkpoints._writers import NOT_CANONICAL, random_experts, rejection, write_modelopt_dir
+from tests.checkpoints._writers import (
+    NOT_CANONICAL,
+    layer0_rejection,
+    layer_fixture,
+    write_modelopt_dir,
+)
 
 E, H, I, K = 4, 32, 32, 2  # noqa: E741
 EX = "model.layers.0.mlp.experts."
 ROUTER = "model.layers.0.mlp.gate.weight"
 
 
-@pytest.fixture(scope="module")
-def layer() -> tuple[dict, torch.Tensor]:
-    return random_experts(E, H, I, seed=12)
-
-
-def _message(path: Path) -> str:
-    return rejection(read_modelopt_layer, path, 0)
+layer = layer_fixture(E, H, I, seed=12)
+_message = layer0_rejection(read_modelopt_layer)
 
 
 def _index(d: Path) -> tuple[Path, dict]:

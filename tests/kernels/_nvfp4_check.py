@@ -149,3 +149,46 @@ def _cpu_weights(weights):
         setattr(w, n, getattr(weights, n).detach())
     w.valid_intermediate = weights.valid_intermediate
     return w
+
+
+def run_op_checked(op, check, weights, x, router, k, counter, shared, *, acc_pairs=None):
+    """Run the op ``op`` (``flint_moe`` / ``flint_moe_grouped``) tapped and untapped on the same inputs: assert
+    the two outputs equal bit for bit, the routing steps 1-4 (``_router_check.check_route``) and steps 5-10
+    from the taps with ``check`` (``check_taps`` / ``check_grouped_taps``). Returns (taps, tapped out, out)."""
+    from ._router_check import check_route
+
+    taps: dict = {}
+    out_t = op(x, router, weights, k, counter, shared, taps=taps)
+    out = op(x, router, weights, k, counter, shared)
+    assert same(out, out_t), "the tapped build's output differs from the production build's"
+    check_route(x, router, k, taps["ids"], taps["weights"], taps)
+    check(weights, x, taps["ids"], taps["weights"], shared, taps, out_t, acc_pairs=acc_pairs)
+    return taps, out_t, out
+
+
+def capture_graph(fn):
+    """``fn()`` run once on a side stream (warm-up), then captured in a CUDA graph: returns (graph, the output
+    tensor the graph writes on every replay)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def check_graph_replays(run, eager: torch.Tensor, renew, equal) -> None:
+    """``run()`` captured in a CUDA graph (``capture_graph``): three replays each ``equal`` to ``eager``; then
+    ``renew()`` writes new inputs in place and one more replay is ``equal`` to a fresh eager ``run()``."""
+    graph, out = capture_graph(run)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert equal(out, eager)
+    renew()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert equal(out, run())

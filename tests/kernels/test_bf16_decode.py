@@ -30,8 +30,10 @@ from flint_moe import reference as R
 from flint_moe.kernels.bf16.down_combine import bf16_down_combine
 from flint_moe.kernels.bf16.gate_up import bf16_gate_up
 from flint_moe.kernels.bf16.gemv import trtllm_row
-from flint_moe.layouts import pad_intermediate_bf16, to_trtllm_bf16, trtllm_bf16_row_maps
+from flint_moe.layouts import to_trtllm_bf16, trtllm_bf16_row_maps
 from flint_moe.reference.layouts import decode_trtllm_bf16
+
+from ._bf16_check import _bits, assert_same, replay_order, trtllm_experts
 
 BACKEND = "interpreter"
 
@@ -47,72 +49,15 @@ SHAPES = [
 # --------------------------------------------------------------------------------------------------------
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
-def assert_same(kernel: torch.Tensor, golden: torch.Tensor, what: str) -> None:
-    """Bitwise equality, except that NaN positions must match and NaN bits are not compared (rule)."""
-    assert kernel.dtype == golden.dtype and kernel.shape == golden.shape, what
-    kn, gn = torch.isnan(kernel.float()), torch.isnan(golden.float())
-    assert torch.equal(kn, gn), f"{what}: NaN positions differ"
-    diff = (_bits(kernel) != _bits(golden)) & ~kn
-    assert not bool(diff.any()), f"{what}: {int(diff.sum())} elements differ, first at {diff.nonzero()[0].tolist()}"
-
-
-def replay_order(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The kernels' documented summation order (flint_moe/kernels/bf16/gemv.py), replayed in fp32.
-
-    ``w`` fp32 [R, K] (bf16 values), ``v`` fp32 [K] (bf16 values) -> fp32 [R]. Lane l = h % 64 adds its
-    terms in increasing h from +0 with fma; products of two bf16 values are exact in fp32 (asserted below for
-    finite data: no underflow), so ``fma(w, v, p) == p + RN(w * v)`` and plain fp32 adds replay it. Then the
-    neighbour-first pairwise tree over the 64 lanes.
-    """
-    prod = w * v
-    fin = torch.isfinite(prod)
-    exact = prod.double()[fin] == (w.double() * v.double())[fin]
-    assert bool(exact.all()), "replay_order: a product is inexact in fp32 (underflow); pick other data"
-    p = torch.zeros(w.shape[0], 64, dtype=torch.float32)
-    for b in range(w.shape[1] // 64):
-        p = p + prod[:, 64 * b : 64 * b + 64]
-    while p.shape[1] > 1:
-        p = p[:, 0::2] + p[:, 1::2]
-    return p[:, 0]
-
-
 def make_case(e: int, h: int, i: int, pad_to: int | None, k: int, m: int, seed: int) -> dict:
     """Random experts ([gate; up], gate and up asymmetric) in the TRT-LLM layout, tokens, routing, shared."""
     gen = torch.Generator().manual_seed(seed)
-    gate = torch.randn(e, i, h, generator=gen) * 0.05 + 0.01
-    up = torch.randn(e, i, h, generator=gen) * 0.25 - 0.03
-    w13 = torch.cat([gate, up], dim=1).to(torch.bfloat16)
-    w2 = (torch.randn(e, h, i, generator=gen) * 0.05).to(torch.bfloat16)
-    if pad_to is not None:
-        w13, w2, ip = pad_intermediate_bf16(w13, w2, pad_to)
-    else:
-        ip = i
-    g1, g2 = to_trtllm_bf16(w13, w2)
+    c = trtllm_experts(gen, e, h, i, pad_to, gate=(0.05, 0.01), up=(0.25, -0.03), w2_scale=0.05)
     x = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(m)]).to(torch.int32)
     tw = R.round_bf16(torch.rand(m, k, generator=gen) * 0.5 + 0.01)
     shared = (torch.randn(m, h, generator=gen) * 0.1).to(torch.bfloat16)
-    return dict(
-        E=e,
-        H=h,
-        I=i,
-        Ip=ip,
-        k=k,
-        M=m,
-        g1=g1,
-        g2=g2,
-        maps=trtllm_bf16_row_maps(h, ip),
-        x=x,
-        ids=ids,
-        tw=tw,
-        shared=shared,
-        golden=decode_trtllm_bf16(g1, g2, intermediate=i),  # logical [gate; up] experts, I columns
-        padded=decode_trtllm_bf16(g1, g2),  # the same with the Ip padded columns (for the replay)
-    )
+    return dict(c, k=k, M=m, x=x, ids=ids, tw=tw, shared=shared)
 
 
 def run_kernels(c: dict, taps: dict | None, gate_up_config=None, down_config=None) -> tuple:

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from flint_moe import reference as R
-from flint_moe.layouts import pad_intermediate_bf16, to_trtllm_bf16, trtllm_bf16_row_maps
-from flint_moe.reference.layouts import decode_trtllm_bf16
+
+from ._bf16_check import _bits, assert_same, replay_order, trtllm_experts
 
 BACKEND = "gpu"
 pytestmark = pytest.mark.gpu
@@ -36,37 +36,6 @@ SHAPES = [
 TOKENS = list(range(1, 9))
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
-def assert_same(kernel: torch.Tensor, golden: torch.Tensor, what: str) -> None:
-    """Bitwise equality, NaN positions matched (NaN bits are not compared, rule "Special values")."""
-    kernel, golden = kernel.cpu(), golden.cpu()
-    assert kernel.dtype == golden.dtype and kernel.shape == golden.shape, what
-    kn, gn = torch.isnan(kernel.float()), torch.isnan(golden.float())
-    assert torch.equal(kn, gn), f"{what}: NaN positions differ"
-    diff = (_bits(kernel) != _bits(golden)) & ~kn
-    assert not bool(diff.any()), (
-        f"{what}: {int(diff.sum())} elements differ, first at {diff.nonzero()[0].tolist()}"
-    )
-
-
-def replay_order(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Documented order (lane chains h % 64 in increasing h from +0, then the neighbour-first pairwise tree),
-    replayed with fp32 torch ops. ``fma(w, v, p) == p + RN(w * v)`` because products of two bf16 values are
-    exact in fp32 unless they underflow, which is asserted. ``w`` fp32 [R, K], ``v`` fp32 [K] -> fp32 [R]."""
-    prod = w * v
-    fin = torch.isfinite(prod)
-    assert bool((prod.double()[fin] == (w.double() * v.double())[fin]).all()), "inexact product (underflow)"
-    p = torch.zeros(w.shape[0], 64, dtype=torch.float32, device=w.device)
-    for b in range(w.shape[1] // 64):
-        p = p + prod[:, 64 * b : 64 * b + 64]
-    while p.shape[1] > 1:
-        p = p[:, 0::2] + p[:, 1::2]
-    return p[:, 0]
-
-
 @pytest.fixture(scope="module", params=SHAPES, ids=[s[0] for s in SHAPES])
 def model(request) -> dict:
     from flint_moe.ops.route import make_route_counter
@@ -74,33 +43,12 @@ def model(request) -> dict:
     name, e, h, i, pad_to, k = request.param
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(1234)
-    gate = torch.randn(e, i, h, generator=gen, device=dev) * 0.03 + 0.002
-    up = torch.randn(e, i, h, generator=gen, device=dev) * 0.05 - 0.003
-    w13 = torch.cat([gate, up], dim=1).to(torch.bfloat16)
-    del gate, up
-    w2 = (torch.randn(e, h, i, generator=gen, device=dev) * 0.03).to(torch.bfloat16)
-    ip = i
-    if pad_to is not None:
-        w13, w2, ip = pad_intermediate_bf16(w13, w2, pad_to)
-    g1, g2 = to_trtllm_bf16(w13, w2)
-    del w13, w2
+    c = trtllm_experts(gen, e, h, i, pad_to, gate=(0.03, 0.002), up=(0.05, -0.003), w2_scale=0.03)
     torch.cuda.empty_cache()
     return dict(
-        name=name,
-        E=e,
-        H=h,
-        I=i,
-        Ip=ip,
-        k=k,
-        g1=g1,
-        g2=g2,
-        maps=trtllm_bf16_row_maps(h, ip, dev),
-        router=(torch.randn(e, h, generator=gen, device=dev) * 0.05).to(torch.bfloat16),
-        counter=make_route_counter(dev),
-        gen=gen,
-        golden=decode_trtllm_bf16(g1, g2, intermediate=i),
-        padded=decode_trtllm_bf16(g1, g2) if ip != i else None,
-    )
+        c, name=name, k=k, router=(torch.randn(e, h, generator=gen, device=dev) * 0.05).to(torch.bfloat16),
+        counter=make_route_counter(dev), gen=gen,
+    )  # fmt: skip
 
 
 def _inputs(mdl: dict, m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +92,7 @@ def test_decode_conforms(model, m: int) -> None:
     sel = torch.gather(logits.cpu(), 1, ids.long().cpu())
     assert_same(tw, R.renormalize(R.routing_scores(sel)), "weights")
 
-    full = mdl["padded"] if mdl["padded"] is not None else mdl["golden"]  # with the Ip padded columns
+    full = mdl["padded"]  # with the Ip padded columns
     w13p, w2p = full.w13, full.w2
     for t in range(m):
         xt = x[t].float()

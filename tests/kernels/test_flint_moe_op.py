@@ -14,8 +14,7 @@ import torch
 
 from flint_moe.ops import flint_moe, make_route_counter
 
-from ._nvfp4_check import check_taps, make_weights, same
-from ._router_check import check_route
+from ._nvfp4_check import check_taps, make_weights, run_op_checked, same
 
 BACKEND = "any"
 
@@ -34,12 +33,7 @@ def _run_and_check(E, H, I, k, M, *, device, seed, pad_to=None, acc_pairs=None):
     shared = torch.randn(M, H, generator=g).to(torch.bfloat16).to(device)
     x0, r0, s0 = x.clone(), router.clone(), shared.clone()
     counter = make_route_counter(device)
-    taps: dict = {}
-    out_tapped = flint_moe(x, router, w, k, counter, shared, taps=taps)
-    out = flint_moe(x, router, w, k, counter, shared)
-    assert same(out, out_tapped), "the tapped build's output differs from the production build's"
-    check_route(x, router, k, taps["ids"], taps["weights"], taps)
-    check_taps(w, x, taps["ids"], taps["weights"], shared, taps, out_tapped, acc_pairs=acc_pairs)
+    _, _, out = run_op_checked(flint_moe, check_taps, w, x, router, k, counter, shared, acc_pairs=acc_pairs)
     assert same(x, x0) and same(router, r0) and same(shared, s0), "an input was modified"
     return out
 

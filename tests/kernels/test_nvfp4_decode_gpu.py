@@ -18,7 +18,7 @@ from flint_moe.kernels.nvfp4.down_combine import accumulation_model as dn_model,
 from flint_moe.kernels.nvfp4.gate_up import AUDIT_SHAPES, accumulation_model as gu_model, nvfp4_gate_up
 from flint_moe.reference.formats import E2M1_VALUES
 
-from ._nvfp4_check import check_taps, make_inputs, make_weights, same
+from ._nvfp4_check import capture_graph, check_taps, make_inputs, make_weights, same
 
 pytestmark = pytest.mark.gpu
 BACKEND = "gpu"
@@ -128,14 +128,7 @@ def test_op_graph_new_routing_every_replay():
     eager = [flint_moe(x, rw, w, k, counter, sh) for x in xs]
     assert not any(same(eager[i], eager[j]) for i in range(4) for j in range(i))
     static_x = xs[0].clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        flint_moe(static_x, rw, w, k, counter, sh)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = flint_moe(static_x, rw, w, k, counter, sh)
+    graph, out = capture_graph(lambda: flint_moe(static_x, rw, w, k, counter, sh))
     for i in (1, 2, 3, 0, 2, 1):
         static_x.copy_(xs[i])
         graph.replay()

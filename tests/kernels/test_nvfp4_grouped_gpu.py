@@ -19,8 +19,7 @@ from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.ops import flint_moe, flint_moe_grouped, make_route_counter
 
 from ._grouped_check import check_grouped_taps
-from ._nvfp4_check import same
-from ._router_check import check_route
+from ._nvfp4_check import capture_graph, run_op_checked, same
 
 pytestmark = pytest.mark.gpu
 BACKEND = "gpu"
@@ -54,12 +53,9 @@ def _op_case(E, H, I, k, M, seed, acc_pairs):
     w = _weights(E, H, I)
     x, router, shared = _tokens(M, H, E, seed)
     counter = make_route_counter("cuda")
-    taps: dict = {}
-    out_t = flint_moe_grouped(x, router, w, k, counter, shared, taps=taps)
-    out = flint_moe_grouped(x, router, w, k, counter, shared)
-    assert same(out, out_t), "the tapped build's output differs from the production build's"
-    check_route(x, router, k, taps["ids"], taps["weights"], taps)
-    check_grouped_taps(w, x, taps["ids"], taps["weights"], shared, taps, out_t, acc_pairs=acc_pairs)
+    taps, _, out = run_op_checked(
+        flint_moe_grouped, check_grouped_taps, w, x, router, k, counter, shared, acc_pairs=acc_pairs
+    )
     return w, x, router, shared, counter, taps, out
 
 
@@ -80,19 +76,11 @@ def test_real_shapes(E, H, I, k, M):
 def test_deepseek_m16384_and_graph_replay():
     E, H, I, k, M = 256, 7168, 2048, 8, 16384
     w, x, router, shared, counter, _taps, out = _op_case(E, H, I, k, M, 7, [(0, 0), (M - 1, k - 1), (8191, 3)])
-    static = {}
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        flint_moe_grouped(x, router, w, k, counter, shared)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static["out"] = flint_moe_grouped(x, router, w, k, counter, shared)
+    g, static_out = capture_graph(lambda: flint_moe_grouped(x, router, w, k, counter, shared))
     for _ in range(3):
         g.replay()
         torch.cuda.synchronize()
-        assert same(static["out"], out)
+        assert same(static_out, out)
 
 
 def test_decode_variants_and_block_sizes_same_bits():

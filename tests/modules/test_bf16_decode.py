@@ -14,6 +14,7 @@ from flint_moe.layouts import to_trtllm_bf16, trtllm_bf16_row_maps
 from flint_moe.modules import FlintBf16DecodeMoE
 from flint_moe.modules.bf16_decode import trtllm_bf16_views
 from flint_moe.ops import flint_moe_bf16_decode, make_route_counter
+from tests.kernels._nvfp4_check import check_graph_replays
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -116,22 +117,8 @@ def test_cuda_graph_replay_equals_eager(M: int) -> None:
     with torch.no_grad():
         eager = mod(x, router, layer, shared_mod)
         assert _same(eager, mod(x, router, layer, shared_mod(x)))
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            mod(x, router, layer, shared_mod)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = mod(x, router, layer, shared_mod)
-        for _ in range(3):
-            graph.replay()
-            torch.cuda.synchronize()
-            assert _same(out, eager)
-        x.copy_(torch.randn(M, H2, generator=g).bfloat16())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _same(out, mod(x, router, layer, shared_mod))
+        renew = lambda: x.copy_(torch.randn(M, H2, generator=g).bfloat16())  # noqa: E731
+        check_graph_replays(lambda: mod(x, router, layer, shared_mod), eager, renew, _same)
 
 
 def test_check_row_maps_reports_a_buffer_written_through_data() -> None:

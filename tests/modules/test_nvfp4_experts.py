@@ -16,6 +16,7 @@ from flint_moe.layouts import FlintMoEWeights
 from flint_moe.modules import FlintNvfp4Experts
 from flint_moe.modules.nvfp4_experts import warmup_token_counts
 from flint_moe.ops import flint_moe, make_route_counter
+from tests.kernels._nvfp4_check import check_graph_replays
 
 FP8 = torch.float8_e4m3fn
 
@@ -295,19 +296,5 @@ def test_cuda_graph_replay_equals_eager(M: int) -> None:
         eager_m = mod(x, router, shared_mod)
         eager_t = mod(x, router, shared_mod(x))
         assert _same(eager_m, eager_t)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # warm up on a side stream, as torch's graph docs do
-            mod(x, router, shared_mod)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = mod(x, router, shared_mod)
-        for _ in range(3):
-            graph.replay()
-            torch.cuda.synchronize()
-            assert _same(out, eager_m)
-        x.copy_(torch.randn(M, H2, generator=g).bfloat16())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _same(out, mod(x, router, shared_mod))
+        renew = lambda: x.copy_(torch.randn(M, H2, generator=g).bfloat16())  # noqa: E731
+        check_graph_replays(lambda: mod(x, router, shared_mod), eager_m, renew, _same)

@@ -26,6 +26,16 @@ def from_f32_bits(b: int) -> float:
     return struct.unpack("<f", struct.pack("<I", b & 0xFFFFFFFF))[0]
 
 
+def exponent(a: Fraction) -> int:
+    """The binade of a positive rational: the integer e with 2^e <= a < 2^(e+1)."""
+    e = math.floor(math.log2(a.numerator) - math.log2(a.denominator))
+    while Fraction(2) ** e > a:
+        e -= 1
+    while Fraction(2) ** (e + 1) <= a:
+        e += 1
+    return e
+
+
 def _round(q: Fraction, mant_bits: int, mode: str = "rn") -> float:
     """Round the exact rational q to a binary format with ``mant_bits`` fraction bits and binary32's
     exponent range (min normal 2^-126, subnormals kept, overflow to inf for RN / max for RZ)."""
@@ -33,12 +43,7 @@ def _round(q: Fraction, mant_bits: int, mode: str = "rn") -> float:
         return 0.0
     sign = -1.0 if q < 0 else 1.0
     a = abs(q)
-    e = math.floor(math.log2(a.numerator) - math.log2(a.denominator))
-    while Fraction(2) ** e > a:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= a:
-        e += 1
-    quantum = Fraction(2) ** (max(e, -126) - mant_bits)
+    quantum = Fraction(2) ** (max(exponent(a), -126) - mant_bits)
     n, rem = divmod(a, quantum)
     n = int(n)
     if mode == "rn":

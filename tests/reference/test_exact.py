@@ -22,7 +22,7 @@ from flint_moe.reference.exact import (
     gamma,
     sum_squares_accumulate,
 )
-from tests.reference._oracle import rn32, rz32, tbf
+from tests.reference._oracle import exponent, rn32, rz32, tbf
 
 U = 2.0**-24
 
@@ -342,12 +342,7 @@ def _ro53(q: Fraction) -> float:
         return 0.0
     sign = -1.0 if q < 0 else 1.0
     a = abs(q)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    while Fraction(2) ** e > a:
-        e -= 1
-    while Fraction(2) ** (e + 1) <= a:
-        e += 1
-    quantum = Fraction(2) ** (e - 52)
+    quantum = Fraction(2) ** (exponent(a) - 52)
     n, rem = divmod(a, quantum)
     n = int(n) | (1 if rem else 0)
     return sign * float(n * quantum)

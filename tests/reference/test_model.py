@@ -97,13 +97,19 @@ def _ref_moe_nvfp4(x, wr, ex, k):
     return out
 
 
-def test_moe_nvfp4_against_plain_reference(monkeypatch):
+def _nvfp4_layer(monkeypatch, m, e, h, i, seed, router_scale=1.0):
+    """Stub mufu installed; NVFP4 experts, then (torch seeded with ``seed``) x bf16 [m, h] and a router bf16
+    [e, h] of ``randn * router_scale``."""
     install_stub_mufu(monkeypatch)
-    m, e, h, i, k = 3, 6, 32, 16, 2
-    ex = _nvfp4_experts(e, h, i, seed=1)
-    torch.manual_seed(1)
+    ex = _nvfp4_experts(e, h, i, seed=seed)
+    torch.manual_seed(seed)
     x = torch.randn(m, h).bfloat16()
-    wr = (torch.randn(e, h) * 0.3).bfloat16()
+    return ex, x, (torch.randn(e, h) * router_scale).bfloat16()
+
+
+def test_moe_nvfp4_against_plain_reference(monkeypatch):
+    m, e, h, i, k = 3, 6, 32, 16, 2
+    ex, x, wr = _nvfp4_layer(monkeypatch, m, e, h, i, seed=1, router_scale=0.3)
     res = R.moe_nvfp4(x, wr, ex, k)
     ref = _ref_moe_nvfp4(x, wr, ex, k)
     for t, (ids, tw, ys, routed) in enumerate(ref):
@@ -116,12 +122,8 @@ def test_moe_nvfp4_against_plain_reference(monkeypatch):
 
 
 def test_moe_stage_consistency_and_shapes(monkeypatch):
-    install_stub_mufu(monkeypatch)
     m, e, h, i, k = 4, 10, 48, 32, 3
-    ex = _nvfp4_experts(e, h, i, seed=2)
-    torch.manual_seed(2)
-    x = torch.randn(m, h).bfloat16()
-    wr = torch.randn(e, h).bfloat16()
+    ex, x, wr = _nvfp4_layer(monkeypatch, m, e, h, i, seed=2)
     shared = torch.randn(m, h).bfloat16()
     r = R.moe_nvfp4(x, wr, ex, k, shared)
     assert r.logits.shape == (m, e) and r.ids.shape == (m, k) and r.ids.dtype == torch.int32

@@ -39,35 +39,12 @@ _BLOCK = 1024
 
 
 @triton.jit
-def _rcp_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _approx_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, ASM: tl.constexpr, OTHER: tl.constexpr):
+    """y = the one-operand fp32 instruction ``ASM`` of x, elementwise (masked lanes load ``OTHER``)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    x = tl.load(x_ptr + offs, mask=m, other=1.0)
-    y = tl.inline_asm_elementwise(
-        "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
-    tl.store(y_ptr + offs, y, mask=m)
-
-
-@triton.jit
-def _ex2_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    x = tl.load(x_ptr + offs, mask=m, other=0.0)
-    y = tl.inline_asm_elementwise(
-        "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
-    tl.store(y_ptr + offs, y, mask=m)
-
-
-@triton.jit
-def _rsqrt_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    x = tl.load(x_ptr + offs, mask=m, other=1.0)
-    y = tl.inline_asm_elementwise(
-        "rsqrt.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
+    x = tl.load(x_ptr + offs, mask=m, other=OTHER)
+    y = tl.inline_asm_elementwise(ASM, "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
     tl.store(y_ptr + offs, y, mask=m)
 
 
@@ -79,7 +56,13 @@ def _expf_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, libdevice.exp(x), mask=m)
 
 
-_KERNELS = {"rcp": _rcp_kernel, "ex2": _ex2_kernel, "rsqrt": _rsqrt_kernel, "expf": _expf_kernel}
+#: name -> (kernel, its constexprs besides BLOCK): the instruction probes share ``_approx_kernel``.
+_KERNELS = {
+    "rcp": (_approx_kernel, {"ASM": "rcp.approx.ftz.f32 $0, $1;", "OTHER": 1.0}),
+    "ex2": (_approx_kernel, {"ASM": "ex2.approx.ftz.f32 $0, $1;", "OTHER": 0.0}),
+    "rsqrt": (_approx_kernel, {"ASM": "rsqrt.approx.ftz.f32 $0, $1;", "OTHER": 1.0}),
+    "expf": (_expf_kernel, {}),
+}
 
 #: The PTX instruction each probe must contain (``expf``: libdevice's ftz path ends in ex2.approx.ftz.f32).
 PROBE_INSTRUCTIONS = {
@@ -102,7 +85,8 @@ def _launch(name: str, x: torch.Tensor) -> torch.Tensor:
     n = xc.numel()
     if n:
         grid = (triton.cdiv(n, _BLOCK),)
-        _KERNELS[name][grid](xc, y, n, BLOCK=_BLOCK, num_warps=4, enable_fp_fusion=True)
+        kernel, consts = _KERNELS[name]
+        kernel[grid](xc, y, n, BLOCK=_BLOCK, **consts, num_warps=4, enable_fp_fusion=True)
     return y.view(x.shape)
 
 
@@ -139,10 +123,12 @@ def probe_ptx(name: str, arch: int = 90) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    kernel, consts = _KERNELS[name]
     src = ASTSource(
-        fn=_KERNELS[name],
-        signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"},
-        constexprs={"BLOCK": _BLOCK},
+        fn=kernel,
+        signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i64", "BLOCK": "constexpr"}
+        | dict.fromkeys(consts, "constexpr"),
+        constexprs={"BLOCK": _BLOCK, **consts},
     )
     compiled = triton.compile(
         src, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": True, "num_warps": 4}

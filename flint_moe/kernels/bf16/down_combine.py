@@ -14,9 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._launch import check_op_tensor, check_taps, gdc_launch_dependents, gdc_wait
 from flint_moe.kernels._rule import bf16_rn, combine_fma, shared_add
-from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.audit.registry import BF16_CVT
+from flint_moe.kernels.bf16 import gemv
 from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
 __all__ = ["DOWN_CONFIG", "bf16_down_combine", "launch_bf16_down_combine", "check_g2", "audit_specs"]
@@ -102,21 +103,6 @@ def _bf16_down_combine_kernel(
     tl.store(out_ptr + t * H + rows, out)
 
 
-def _config(config: dict | None) -> dict:
-    cfg = dict(DOWN_CONFIG)
-    if config:
-        unknown = set(config) - set(cfg)
-        if unknown:
-            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: {sorted(cfg)})")
-        cfg.update(config)
-    bh = cfg["BH"]
-    if not (isinstance(bh, int) and 1 <= bh <= 64 and 64 % bh == 0):
-        raise ValueError(f"config: BH = {bh!r} must be a power of two dividing 64")
-    if not (isinstance(cfg["UNROLL"], int) and cfg["UNROLL"] >= 1):
-        raise ValueError(f"config: UNROLL = {cfg['UNROLL']!r} must be a positive int")
-    return cfg
-
-
 def check_g2(w2: torch.Tensor, hidden: int, inter: int, n_exp: int | None, device: torch.device) -> None:
     """Validate a TRT-LLM BF16 g2 tensor [E, Ip/64, H, 64] (E checked when ``n_exp`` is given)."""
     check_op_tensor("w2", w2, dtype=torch.bfloat16, device=device)
@@ -142,6 +128,7 @@ def bf16_down_combine(
     taps: dict | None = None,
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10 (BF16 experts): ``out`` bf16 [M, H] from the SwiGLU outputs of the k selected experts.
 
@@ -159,130 +146,76 @@ def bf16_down_combine(
         config: launch overrides (``DOWN_CONFIG`` keys); never change the result.
         out: None, or a bf16 [M, H] contiguous tensor written and returned (no overlap with any input: the op
             checks that, ``ops._checks.check_out``).
+        check: False skips the tensor checks, for a caller that made them (``launch_bf16_down_combine``); the config
+            and ``taps`` are checked either way.
 
     Returns: new bf16 tensor [M, H], or ``out``. Inputs are never modified.
     Raises: TypeError (dtype) / ValueError (shape, contiguity, device, config) naming the argument.
     PTX: ``fma.rn.f32``, ``cvt.rn.bf16.f32``, ``add.rn.f32``; PDL on the GPU.
     """
-    check_op_tensor("act", act, dtype=torch.bfloat16)
-    if act.dim() != 3:
-        raise ValueError(f"act: expected [M, k, I], got shape {tuple(act.shape)}")
-    m_tok, top_k, inter = (int(s) for s in act.shape)
-    dev = act.device
-    if top_k < 1 or inter <= 0 or inter % LANES:
-        raise ValueError(f"act: need k >= 1 and I a positive multiple of 64, got shape {tuple(act.shape)}")
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(m_tok, top_k), device=dev)
-    check_op_tensor("weights", weights, dtype=torch.float32, shape=(m_tok, top_k), device=dev)
-    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, device=dev)
-    if shared_output.dim() != 2 or shared_output.shape[0] != m_tok:
-        raise ValueError(f"shared_output: expected [M = {m_tok}, H], got shape {tuple(shared_output.shape)}")
-    hidden = int(shared_output.shape[1])
-    if hidden <= 0 or hidden % LANES:
-        raise ValueError(f"shared_output: hidden size H = {hidden} must be a positive multiple of 64")
-    check_g2(w2, hidden, inter, None, dev)
-    check_op_tensor("map2", map2, dtype=torch.int32, shape=(hidden,), device=dev)
-    return launch_bf16_down_combine(act, ids, weights, w2, map2, shared_output, taps=taps, config=config, out=out)
-
-
-def launch_bf16_down_combine(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
-    w2: torch.Tensor,
-    map2: torch.Tensor,
-    shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``bf16_down_combine`` on arguments already checked by the caller (the op ``flint_moe_bf16_decode``: its
-    inputs at its boundary, ``ids`` / ``weights`` from ``route``, ``act`` from ``launch_bf16_gate_up``): no
-    tensor checks here; the config and ``taps`` are checked."""
+    if check:
+        check_op_tensor("act", act, dtype=torch.bfloat16)
+        if act.dim() != 3:
+            raise ValueError(f"act: expected [M, k, I], got shape {tuple(act.shape)}")
+        m_tok, top_k, inter = (int(s) for s in act.shape)
+        dev = act.device
+        if top_k < 1 or inter <= 0 or inter % LANES:
+            raise ValueError(f"act: need k >= 1 and I a positive multiple of 64, got shape {tuple(act.shape)}")
+        check_op_tensor("ids", ids, dtype=torch.int32, shape=(m_tok, top_k), device=dev)
+        check_op_tensor("weights", weights, dtype=torch.float32, shape=(m_tok, top_k), device=dev)
+        check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, device=dev)
+        if shared_output.dim() != 2 or shared_output.shape[0] != m_tok:
+            raise ValueError(f"shared_output: expected [M = {m_tok}, H], got shape {tuple(shared_output.shape)}")
+        hidden = int(shared_output.shape[1])
+        if hidden <= 0 or hidden % LANES:
+            raise ValueError(f"shared_output: hidden size H = {hidden} must be a positive multiple of 64")
+        check_g2(w2, hidden, inter, None, dev)
+        check_op_tensor("map2", map2, dtype=torch.int32, shape=(hidden,), device=dev)
     m_tok, top_k, inter = (int(s) for s in act.shape)
     dev = act.device
     hidden = int(shared_output.shape[1])
-    cfg = _config(config)
+    cfg = gemv.tile_config(config, DOWN_CONFIG, "BH")
     if out is None:
         out = torch.empty((m_tok, hidden), dtype=torch.bfloat16, device=dev)
     check_op_tensor("out", out, dtype=torch.bfloat16, shape=(m_tok, hidden), device=dev)
-    tap = taps is not None
+    tap = check_taps(taps)
     if tap:
-        if not isinstance(taps, dict):
-            raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
         d_acc = torch.empty((m_tok, top_k, hidden), dtype=torch.float32, device=dev)
         y = torch.empty((m_tok, top_k, hidden), dtype=torch.bfloat16, device=dev)
     else:
         d_acc, y = out, out  # never written (TAP=False)
     if m_tok > 0:
         _bf16_down_combine_kernel[(m_tok, hidden // cfg["BH"])](
-            act,
-            ids,
-            weights,
-            w2,
-            map2,
-            shared_output,
-            out,
-            d_acc,
-            y,
-            H=hidden,
-            INTER=inter,
-            TOPK=top_k,
-            BH=cfg["BH"],
-            UNROLL=cfg["UNROLL"],
-            TAP=tap,
-            num_warps=cfg["num_warps"],
-            **launch_options(),
+            act, ids, weights, w2, map2, shared_output, out, d_acc, y,
+            **gemv.gemv_launch_kwargs(hidden, inter, top_k, cfg, "BH", tap),
         )
     if tap:
-        taps["down_acc"] = d_acc
-        taps["y"] = y
-        taps["out"] = out
+        taps.update(down_acc=d_acc, y=y, out=out)
     return out
 
 
-#: (H, Ip, k) of the conformance matrix's BF16 specialisations (see ``bf16_gate_up.AUDIT_SHAPES``).
-AUDIT_SHAPES = ((2048, 768, 8), (2880, 2880, 4), (2880, 2944, 4), (7168, 2048, 8), (5120, 704, 8))
+def launch_bf16_down_combine(*args, **kwargs) -> torch.Tensor:
+    """``bf16_down_combine(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe_bf16_decode``: its inputs at its boundary, ``ids`` / ``weights`` from ``route``, ``act`` from
+    ``launch_bf16_gate_up``): no tensor checks here; the config and ``taps`` are checked."""
+    return bf16_down_combine(*args, check=False, **kwargs)
+
 
 REQUIRE = [BF16_CVT, "fma.rn.f32"]
 
 
 #: Launch configurations besides the default that the conformance matrix runs
-#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
+#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first gemv.AUDIT_SHAPES entry.
 AUDIT_CONFIGS = ({"BH": 8, "UNROLL": 8},)
 
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit specialisations (every AUDIT_SHAPES entry, TAP off and on)."""
-    names = []
-    sig = {
-        "act_ptr": "*bf16",
-        "ids_ptr": "*i32",
-        "tw_ptr": "*fp32",
-        "w_ptr": "*bf16",
-        "map_ptr": "*i32",
-        "shared_ptr": "*bf16",
-        "out_ptr": "*bf16",
-        "dacc_ptr": "*fp32",
-        "y_ptr": "*bf16",
-    }
-    runs = [(h, i, k, DOWN_CONFIG, "") for h, i, k in AUDIT_SHAPES]
-    h0, i0, k0 = AUDIT_SHAPES[0]
-    runs += [(h0, i0, k0, {**DOWN_CONFIG, **c}, f"_cfg{j}") for j, c in enumerate(AUDIT_CONFIGS)]
-    for h, i, k, cfg, suffix in runs:
-        for tap in (False, True):
-            name = f"bf16_down_combine.H{h}_I{i}_k{k}{suffix}" + ("_tap" if tap else "")
-            consts = dict(H=h, INTER=i, TOPK=k, BH=cfg["BH"], UNROLL=cfg["UNROLL"], TAP=tap)
-            register_audit(
-                name,
-                _bf16_down_combine_kernel,
-                dict(sig),
-                consts,
-                list(REQUIRE),
-                options={"num_warps": cfg["num_warps"]},
-            )
-            names.append(name)
-    return names
+    """Register the sm_90 PTX audit specialisations (every ``gemv.AUDIT_SHAPES`` entry, TAP off and on)."""
+    sig = {"act_ptr": "*bf16", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*bf16", "map_ptr": "*i32",
+        "shared_ptr": "*bf16", "out_ptr": "*bf16", "dacc_ptr": "*fp32", "y_ptr": "*bf16"}
+    return gemv.register_gemv_audits(
+        "bf16_down_combine", _bf16_down_combine_kernel, sig, DOWN_CONFIG, "BH", REQUIRE, AUDIT_CONFIGS
+    )
 
 
 audit_specs()

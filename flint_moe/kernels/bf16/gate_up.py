@@ -13,9 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._launch import check_op_tensor, check_taps, gdc_launch_dependents, gdc_wait
 from flint_moe.kernels._rule import SWIGLU_C, swiglu
-from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.audit.registry import BF16_CVT
+from flint_moe.kernels.bf16 import gemv
 from flint_moe.kernels.bf16.gemv import LANES, checked_row, sum64_pairwise, trtllm_row
 
 __all__ = ["GATE_UP_CONFIG", "SWIGLU_C", "bf16_gate_up", "launch_bf16_gate_up", "check_g1", "audit_specs"]
@@ -109,21 +110,6 @@ def _bf16_gate_up_kernel(
     tl.store(act_ptr + out_off, act)
 
 
-def _config(config: dict | None) -> dict:
-    cfg = dict(GATE_UP_CONFIG)
-    if config:
-        unknown = set(config) - set(cfg)
-        if unknown:
-            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: {sorted(cfg)})")
-        cfg.update(config)
-    bn = cfg["BN"]
-    if not (isinstance(bn, int) and 1 <= bn <= 64 and 64 % bn == 0):
-        raise ValueError(f"config: BN = {bn!r} must be a power of two dividing 64")
-    if not (isinstance(cfg["UNROLL"], int) and cfg["UNROLL"] >= 1):
-        raise ValueError(f"config: UNROLL = {cfg['UNROLL']!r} must be a positive int")
-    return cfg
-
-
 def check_g1(w13: torch.Tensor, hidden: int, device: torch.device) -> tuple[int, int]:
     """Validate a TRT-LLM BF16 g1 tensor for hidden size ``hidden``; returns (E, Ip)."""
     check_op_tensor("w13", w13, dtype=torch.bfloat16, device=device)
@@ -148,6 +134,7 @@ def bf16_gate_up(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 6-7 (BF16 experts) for every (token, selected expert): ``act`` bf16 [M, k, Ip].
 
@@ -163,47 +150,34 @@ def bf16_gate_up(
         taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, Ip] (raw
             accumulators, before any rounding) and ``act`` bf16 [M, k, Ip] into it.
         config: launch overrides (``GATE_UP_CONFIG`` keys); never change the result.
+        check: False skips the tensor checks, for a caller that made them (``launch_bf16_gate_up``); the config
+            and ``taps`` are checked either way.
 
     Returns: new bf16 tensor [M, k, Ip]. Inputs are never modified.
     Raises: TypeError (dtype) / ValueError (shape, contiguity, device, config) naming the argument.
     PTX: ``fma.rn.f32``, ``ex2.approx.ftz.f32``, ``rcp.approx.ftz.f32``, ``cvt.rn.bf16.f32``; PDL on the GPU.
     """
-    check_op_tensor("x", x, dtype=torch.bfloat16)
-    if x.dim() != 2:
-        raise ValueError(f"x: expected [M, H], got shape {tuple(x.shape)}")
-    m_tok, hidden = int(x.shape[0]), int(x.shape[1])
-    dev = x.device
-    if hidden <= 0 or hidden % LANES:
-        raise ValueError(f"x: hidden size H = {hidden} must be a positive multiple of 64")
-    check_op_tensor("ids", ids, dtype=torch.int32, device=dev)
-    if ids.dim() != 2 or ids.shape[0] != m_tok or ids.shape[1] < 1:
-        raise ValueError(f"ids: expected [M = {m_tok}, k >= 1], got shape {tuple(ids.shape)}")
-    _, inter = check_g1(w13, hidden, dev)
-    check_op_tensor("map13", map13, dtype=torch.int32, shape=(2 * inter,), device=dev)
-    return launch_bf16_gate_up(x, ids, w13, map13, taps=taps, config=config)
-
-
-def launch_bf16_gate_up(
-    x: torch.Tensor,
-    ids: torch.Tensor,
-    w13: torch.Tensor,
-    map13: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-) -> torch.Tensor:
-    """``bf16_gate_up`` on arguments already checked by the caller (the op ``flint_moe_bf16_decode``: its inputs
-    at its boundary, ``ids`` from ``route``): no tensor checks here; the config and ``taps`` are checked."""
+    if check:
+        check_op_tensor("x", x, dtype=torch.bfloat16)
+        if x.dim() != 2:
+            raise ValueError(f"x: expected [M, H], got shape {tuple(x.shape)}")
+        m_tok, hidden = int(x.shape[0]), int(x.shape[1])
+        dev = x.device
+        if hidden <= 0 or hidden % LANES:
+            raise ValueError(f"x: hidden size H = {hidden} must be a positive multiple of 64")
+        check_op_tensor("ids", ids, dtype=torch.int32, device=dev)
+        if ids.dim() != 2 or ids.shape[0] != m_tok or ids.shape[1] < 1:
+            raise ValueError(f"ids: expected [M = {m_tok}, k >= 1], got shape {tuple(ids.shape)}")
+        _, inter = check_g1(w13, hidden, dev)
+        check_op_tensor("map13", map13, dtype=torch.int32, shape=(2 * inter,), device=dev)
     m_tok, hidden = int(x.shape[0]), int(x.shape[1])
     dev = x.device
     top_k = int(ids.shape[1])
     inter = int(w13.shape[2]) // 2
-    cfg = _config(config)
+    cfg = gemv.tile_config(config, GATE_UP_CONFIG, "BN")
     act = torch.empty((m_tok, top_k, inter), dtype=torch.bfloat16, device=dev)
-    tap = taps is not None
+    tap = check_taps(taps)
     if tap:
-        if not isinstance(taps, dict):
-            raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
         g_acc = torch.empty((m_tok, top_k, inter), dtype=torch.float32, device=dev)
         u_acc = torch.empty_like(g_acc)
     else:
@@ -212,70 +186,35 @@ def launch_bf16_gate_up(
         return act
     grid = (m_tok * top_k, inter // cfg["BN"])
     _bf16_gate_up_kernel[grid](
-        x,
-        ids,
-        w13,
-        map13,
-        act,
-        g_acc,
-        u_acc,
-        H=hidden,
-        INTER=inter,
-        TOPK=top_k,
-        BN=cfg["BN"],
-        UNROLL=cfg["UNROLL"],
-        TAP=tap,
-        num_warps=cfg["num_warps"],
-        **launch_options(),
+        x, ids, w13, map13, act, g_acc, u_acc, **gemv.gemv_launch_kwargs(hidden, inter, top_k, cfg, "BN", tap)
     )
     if tap:
-        taps["gate_acc"] = g_acc
-        taps["up_acc"] = u_acc
-        taps["act"] = act
+        taps.update(gate_acc=g_acc, up_acc=u_acc, act=act)
     return act
 
 
-#: (H, Ip, k) of the conformance matrix's BF16 specialisations: Qwen3-30B-A3B, gpt-oss-120b (I = 2880 read
-#: as is, and padded to 2944 for the TRT-LLM launcher), DeepSeek-V3-like, and the issue's odd sizes.
-AUDIT_SHAPES = ((2048, 768, 8), (2880, 2880, 4), (2880, 2944, 4), (7168, 2048, 8), (5120, 704, 8))
+def launch_bf16_gate_up(*args, **kwargs) -> torch.Tensor:
+    """``bf16_gate_up(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe_bf16_decode``: its inputs at its boundary, ``ids`` from ``route``): no tensor checks here; the
+    config and ``taps`` are checked."""
+    return bf16_gate_up(*args, check=False, **kwargs)
+
 
 REQUIRE = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "fma.rn.f32"]
 
 
 #: Launch configurations besides the default that the conformance matrix runs
-#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first AUDIT_SHAPES entry.
+#: (flint_moe/conformance/inputs/cases.py PATH_CONFIGS["bf16_decode"]), audited at the first gemv.AUDIT_SHAPES entry.
 AUDIT_CONFIGS = ({"BN": 4, "num_warps": 1, "UNROLL": 8},)
 
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit specialisations (every AUDIT_SHAPES entry, TAP off and on)."""
-    names = []
-    sig = {
-        "x_ptr": "*bf16",
-        "ids_ptr": "*i32",
-        "w_ptr": "*bf16",
-        "map_ptr": "*i32",
-        "act_ptr": "*bf16",
-        "gacc_ptr": "*fp32",
-        "uacc_ptr": "*fp32",
-    }
-    runs = [(h, i, k, GATE_UP_CONFIG, "") for h, i, k in AUDIT_SHAPES]
-    h0, i0, k0 = AUDIT_SHAPES[0]
-    runs += [(h0, i0, k0, {**GATE_UP_CONFIG, **c}, f"_cfg{j}") for j, c in enumerate(AUDIT_CONFIGS)]
-    for h, i, k, cfg, suffix in runs:
-        for tap in (False, True):
-            name = f"bf16_gate_up.H{h}_I{i}_k{k}{suffix}" + ("_tap" if tap else "")
-            consts = dict(H=h, INTER=i, TOPK=k, BN=cfg["BN"], UNROLL=cfg["UNROLL"], TAP=tap)
-            register_audit(
-                name,
-                _bf16_gate_up_kernel,
-                dict(sig),
-                consts,
-                list(REQUIRE),
-                options={"num_warps": cfg["num_warps"]},
-            )
-            names.append(name)
-    return names
+    """Register the sm_90 PTX audit specialisations (every ``gemv.AUDIT_SHAPES`` entry, TAP off and on)."""
+    sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*bf16", "map_ptr": "*i32", "act_ptr": "*bf16",
+        "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}
+    return gemv.register_gemv_audits(
+        "bf16_gate_up", _bf16_gate_up_kernel, sig, GATE_UP_CONFIG, "BN", REQUIRE, AUDIT_CONFIGS
+    )
 
 
 audit_specs()

@@ -26,7 +26,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["LANES", "checked_row", "sum64_pairwise", "trtllm_row"]
+from flint_moe.kernels._launch import launch_options
+from flint_moe.kernels.audit.registry import register_audit
+
+__all__ = [
+    "LANES",
+    "AUDIT_SHAPES",
+    "checked_row",
+    "sum64_pairwise",
+    "trtllm_row",
+    "tile_config",
+    "gemv_constexprs",
+    "gemv_launch_kwargs",
+    "register_gemv_audits",
+]
 
 #: Lanes of one reduction = elements of one TRT-LLM BF16 BlockMajorK block (128 bytes).
 LANES = 64
@@ -86,3 +99,62 @@ def checked_row(v, expected, ROWS: tl.constexpr):
     """Row of a loaded map value ``v`` (int32): ``v`` where it lies in ``[0, ROWS)``, else ``expected`` (the
     layout's own row, always in range). One unsigned compare and one select per loaded index."""
     return tl.where(v.to(tl.uint32, bitcast=True) < ROWS, v, expected)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launch configurations and the PTX audit of both kernels
+# ---------------------------------------------------------------------------------------------------------
+
+
+def tile_config(config: dict | None, defaults: dict, tile: str) -> dict:
+    """``defaults`` updated by ``config`` (launch overrides), checked: only known keys, ``tile`` (rows per
+    program) a power of two dividing 64, ``UNROLL`` a positive int. Raises ``ValueError`` naming the key."""
+    cfg = dict(defaults)
+    if config:
+        unknown = set(config) - set(cfg)
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: {sorted(cfg)})")
+        cfg.update(config)
+    rows = cfg[tile]
+    if not (isinstance(rows, int) and 1 <= rows <= 64 and 64 % rows == 0):
+        raise ValueError(f"config: {tile} = {rows!r} must be a power of two dividing 64")
+    if not (isinstance(cfg["UNROLL"], int) and cfg["UNROLL"] >= 1):
+        raise ValueError(f"config: UNROLL = {cfg['UNROLL']!r} must be a positive int")
+    return cfg
+
+
+def gemv_constexprs(hidden: int, inter: int, top_k: int, cfg: dict, tile: str, tap: bool) -> dict:
+    """The compile-time arguments of both BF16 decode kernels: ``H``, ``INTER``, ``TOPK``, the rows per program
+    ``tile`` (``BN`` / ``BH``) and ``UNROLL`` of the checked ``cfg`` (``tile_config``), ``TAP``."""
+    return {"H": hidden, "INTER": inter, "TOPK": top_k, tile: cfg[tile], "UNROLL": cfg["UNROLL"], "TAP": tap}
+
+
+def gemv_launch_kwargs(hidden: int, inter: int, top_k: int, cfg: dict, tile: str, tap: bool) -> dict:
+    """The keyword arguments of a BF16 decode launch: ``gemv_constexprs``, ``num_warps`` of ``cfg`` and
+    ``launch_options()``."""
+    return {**gemv_constexprs(hidden, inter, top_k, cfg, tile, tap), "num_warps": cfg["num_warps"], **launch_options()}
+
+
+#: (H, Ip, k) of the conformance matrix's BF16 specialisations, audited for both kernels: Qwen3-30B-A3B,
+#: gpt-oss-120b (I = 2880 read as is, and padded to 2944 for the TRT-LLM launcher), DeepSeek-V3-like, and odd
+#: sizes (H 5120, Ip 704).
+AUDIT_SHAPES = ((2048, 768, 8), (2880, 2880, 4), (2880, 2944, 4), (7168, 2048, 8), (5120, 704, 8))
+
+
+def register_gemv_audits(
+    prefix: str, kernel, sig: dict, defaults: dict, tile: str, require: list, configs: tuple
+) -> list[str]:
+    """Register the sm_90 PTX audit specialisations of a BF16 decode kernel: every ``(H, Ip, k)`` of
+    ``AUDIT_SHAPES`` at ``defaults``, and each of ``configs`` (overrides) at the first one, TAP off and on; names
+    ``{prefix}.H{H}_I{Ip}_k{k}[_cfg{j}][_tap]``. Returns the names."""
+    names = []
+    runs = [(h, i, k, defaults, "") for h, i, k in AUDIT_SHAPES]
+    h0, i0, k0 = AUDIT_SHAPES[0]
+    runs += [(h0, i0, k0, {**defaults, **c}, f"_cfg{j}") for j, c in enumerate(configs)]
+    for h, i, k, cfg, suffix in runs:
+        for tap in (False, True):
+            name = f"{prefix}.H{h}_I{i}_k{k}{suffix}" + ("_tap" if tap else "")
+            consts = gemv_constexprs(h, i, k, cfg, tile, tap)
+            register_audit(name, kernel, dict(sig), consts, list(require), options={"num_warps": cfg["num_warps"]})
+            names.append(name)
+    return names

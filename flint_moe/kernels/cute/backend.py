@@ -84,14 +84,10 @@ def prepare_cute_args(x: torch.Tensor, ids: torch.Tensor, weights) -> dict:
     Raises:
         TypeError / ValueError naming the bad argument.
     """
-    from flint_moe.kernels.nvfp4.gate_up import _weights_common
+    from flint_moe.kernels.nvfp4.gate_up import check_gate_up_inputs
 
-    E, H, _ip, _inter = _weights_common(weights)
+    E, M, k = check_gate_up_inputs(x, ids, weights)
     dev = weights.w1.device
-    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
-    M = x.shape[0]
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(M, None), device=dev)
-    k = ids.shape[1]
     pairs = M * k
     tokens = torch.arange(M, device=dev).repeat_interleave(k)
     return {

@@ -93,18 +93,43 @@ def _mma_launch(sk: int, num_warps: int, kbytes: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class GateUpConfig:
-    """Launch configuration of ``nvfp4_gate_up`` (module docstring for the keys). ``ValueError`` on a value
-    out of range."""
+class _PathConfig:
+    """The keys both decode kernels take (module docstring); ``GateUpConfig`` / ``DownConfig`` add their own
+    keys (rows per program first) and checks."""
 
     MMA: bool
-    BN: int
     BKB: int
     num_warps: int
     RT: int
     S: int
     SK: int
     FENCE: bool
+
+    @staticmethod
+    def _common(v: dict) -> dict:
+        """The shared keys of a checked dict (``_fields_from``) as the dataclass types."""
+        return {"MMA": bool(v["MMA"]), "BKB": int(v["BKB"]), "num_warps": int(v["num_warps"]), "RT": int(v["RT"]),
+                "S": int(v["S"]), "SK": int(v["SK"]), "FENCE": bool(v["FENCE"])}  # fmt: skip
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def mma_launch(self, K: int) -> tuple[int, int]:
+        """(SK, num_warps) the tensor-core launch runs at reduction length ``K`` (gate/up: the hidden size H;
+        down: the valid intermediate size I; K / 2 code bytes per row): a shape where SK parts would leave the
+        last one empty runs with SK / 2 on num_warps / 2 warps (same rows per program), halved again until it
+        is not; a function of the shape only, never of the token count. The CUDA-core path: (1, num_warps)."""
+        if not self.MMA:
+            return 1, self.num_warps
+        return _mma_launch(self.SK, self.num_warps, K // 2)
+
+
+@dataclass(frozen=True)
+class GateUpConfig(_PathConfig):
+    """Launch configuration of ``nvfp4_gate_up`` (module docstring for the keys). ``ValueError`` on a value
+    out of range."""
+
+    BN: int
 
     def __post_init__(self) -> None:
         if self.BN <= 0 or 64 % self.BN:
@@ -117,37 +142,15 @@ class GateUpConfig:
     def from_dict(cls, d: dict, name: str = "nvfp4_gate_up") -> GateUpConfig:
         """The configuration of dict ``d`` (every key of the dataclass, nothing else)."""
         v = _fields_from(cls, d, name)
-        return cls(
-            MMA=bool(v["MMA"]), BN=int(v["BN"]), BKB=int(v["BKB"]), num_warps=int(v["num_warps"]),
-            RT=int(v["RT"]), S=int(v["S"]), SK=int(v["SK"]), FENCE=bool(v["FENCE"]),
-        )  # fmt: skip
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def mma_launch(self, H: int) -> tuple[int, int]:
-        """(SK, num_warps) the tensor-core launch runs at hidden size ``H`` (H / 2 code bytes per row): a
-        shape where SK parts would leave the last one empty runs with SK / 2 on num_warps / 2 warps (same rows
-        per program), halved again until it is not; a function of the shape only, never of the token count.
-        The CUDA-core path: (1, num_warps)."""
-        if not self.MMA:
-            return 1, self.num_warps
-        return _mma_launch(self.SK, self.num_warps, H // 2)
+        return cls(**cls._common(v), BN=int(v["BN"]))
 
 
 @dataclass(frozen=True)
-class DownConfig:
+class DownConfig(_PathConfig):
     """Launch configuration of ``nvfp4_down`` (module docstring for the keys). ``ValueError`` on a value out
     of range."""
 
-    MMA: bool
     BH: int
-    BKB: int
-    num_warps: int
-    RT: int
-    S: int
-    SK: int
-    FENCE: bool
     EARLY: Early
     MAXNREG: int
 
@@ -169,21 +172,7 @@ class DownConfig:
             early = Early(int(v["EARLY"]))
         except ValueError:
             raise ValueError(f"config EARLY: {v['EARLY']!r} must be one of {[int(e) for e in Early]}") from None
-        return cls(
-            MMA=bool(v["MMA"]), BH=int(v["BH"]), BKB=int(v["BKB"]), num_warps=int(v["num_warps"]),
-            RT=int(v["RT"]), S=int(v["S"]), SK=int(v["SK"]), FENCE=bool(v["FENCE"]), EARLY=early,
-            MAXNREG=int(v["MAXNREG"]),
-        )  # fmt: skip
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def mma_launch(self, I: int) -> tuple[int, int]:  # noqa: E741
-        """(SK, num_warps) the tensor-core launch runs at valid intermediate size ``I`` (as
-        ``GateUpConfig.mma_launch``, over I / 2 code bytes per row); the CUDA-core path: (1, num_warps)."""
-        if not self.MMA:
-            return 1, self.num_warps
-        return _mma_launch(self.SK, self.num_warps, I // 2)
+        return cls(**cls._common(v), BH=int(v["BH"]), EARLY=early, MAXNREG=int(v["MAXNREG"]))
 
     @property
     def early(self) -> Early:

@@ -48,89 +48,70 @@ __all__ = [
     "DEQUANT_BF16_PTX",
     "decode_e2m1",
     "decode_e2m1_words",
+    "asm8",
     "join4",
     "decode_probe",
 ]
 
 _INTERPRET = tl.constexpr(INTERPRET)
 
+def _asm(*parts: str) -> str:
+    """One inline-PTX body: ``{``, the parts (lines joined by newlines), ``}``."""
+    return "\n".join(["", "{", *parts, "}", ""])
+
+
+def _field_pairs(shifts: tuple[int, ...], mask: str, sign: str, carry: int) -> str:
+    """The pair extraction of every body: for i = 0..3, ``a = $8 << shifts[i]`` (``shr`` by ``-shifts[i]``
+    when negative), ``v = a & mask``, ``s = a & sign``, ``p_i = s * carry + v`` (``mad.lo.u32``, which carries
+    each field's sign bit to bit 15 of its 16-bit half)."""
+    lines = []
+    for i, sh in enumerate(shifts):
+        lines += [
+            f"{'shl' if sh >= 0 else 'shr'}.b32 a, $8, {abs(sh)};",
+            f"and.b32 v, a, {mask};",
+            f"and.b32 s, a, {sign};",
+            f"mad.lo.u32 p{i}, s, {carry}, v;",
+        ]
+    return "\n".join(lines)
+
+
+def _scale_pairs(op: str, factor: str) -> str:
+    """``p_i = op(p_i, factor)`` for i = 0..3 (one packed two-field multiply each)."""
+    return "\n".join(f"{op} p{i}, p{i}, {factor};" for i in range(4))
+
+
+#: The bf16-field pairs p_i = (n_i, n_{i+4}) times 2^-126, shared by ``DECODE_BF16_PTX`` and ``DEQUANT_BF16_PTX``.
+_BF16_PAIRS = _field_pairs((6, 2, -2, -6), "0x03C003C0", "0x02000200", 63)
+
 # bf16 fields (see module docstring). Operand $8 = 4 packed code bytes, $9 = 0x7E807E80 (2^126 twice);
 # $0..$3 = even elements of bytes 0..3 (n0, n2, n4, n6), $4..$7 = odd elements (n1, n3, n5, n7).
-DECODE_BF16_PTX = tl.constexpr("""
-{
-.reg .b32 a, v, s, p0, p1, p2, p3;
-shl.b32 a, $8, 6;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p0, s, 63, v;
-shl.b32 a, $8, 2;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p1, s, 63, v;
-shr.b32 a, $8, 2;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p2, s, 63, v;
-shr.b32 a, $8, 6;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p3, s, 63, v;
-mul.rn.bf16x2 p0, p0, $9;
-mul.rn.bf16x2 p1, p1, $9;
-mul.rn.bf16x2 p2, p2, $9;
-mul.rn.bf16x2 p3, p3, $9;
-shl.b32 $0, p0, 16;
-shl.b32 $1, p2, 16;
-and.b32 $2, p0, 0xFFFF0000;
-and.b32 $3, p2, 0xFFFF0000;
-shl.b32 $4, p1, 16;
-shl.b32 $5, p3, 16;
-and.b32 $6, p1, 0xFFFF0000;
-and.b32 $7, p3, 0xFFFF0000;
-}
-""")
+DECODE_BF16_PTX = tl.constexpr(
+    _asm(
+        ".reg .b32 a, v, s, p0, p1, p2, p3;",
+        _BF16_PAIRS,
+        _scale_pairs("mul.rn.bf16x2", "$9"),
+        *(
+            f"shl.b32 ${o}, p{i}, 16;\nshl.b32 ${o + 1}, p{i + 2}, 16;\n"
+            f"and.b32 ${o + 2}, p{i}, 0xFFFF0000;\nand.b32 ${o + 3}, p{i + 2}, 0xFFFF0000;"
+            for o, i in ((0, 0), (4, 1))
+        ),
+    )
+)
 
 # fp16 fields (DECODE 2): magnitude bits on fp16 bits 9..11, sign carried from bit 12 to bit 15
 # (``p = s * 7 + v``), ``E2M1 * 2^-14`` fixed by ``mul.rn.f16x2`` with 2^14 ($9 = 0x74007400), then
 # ``cvt.f32.f16`` (runs on the FMA pipe, where the bf16 body's unpacks use the integer pipe). Outputs as above.
-DECODE_F16_PTX = tl.constexpr("""
-{
-.reg .b32 a, v, s, p0, p1, p2, p3;
-.reg .b16 h0, h1;
-shl.b32 a, $8, 9;
-and.b32 v, a, 0x1E001E00;
-and.b32 s, a, 0x10001000;
-mad.lo.u32 p0, s, 7, v;
-shl.b32 a, $8, 5;
-and.b32 v, a, 0x1E001E00;
-and.b32 s, a, 0x10001000;
-mad.lo.u32 p1, s, 7, v;
-shl.b32 a, $8, 1;
-and.b32 v, a, 0x1E001E00;
-and.b32 s, a, 0x10001000;
-mad.lo.u32 p2, s, 7, v;
-shr.b32 a, $8, 3;
-and.b32 v, a, 0x1E001E00;
-and.b32 s, a, 0x10001000;
-mad.lo.u32 p3, s, 7, v;
-mul.rn.f16x2 p0, p0, $9;
-mul.rn.f16x2 p1, p1, $9;
-mul.rn.f16x2 p2, p2, $9;
-mul.rn.f16x2 p3, p3, $9;
-mov.b32 {h0, h1}, p0;
-cvt.f32.f16 $0, h0;
-cvt.f32.f16 $2, h1;
-mov.b32 {h0, h1}, p2;
-cvt.f32.f16 $1, h0;
-cvt.f32.f16 $3, h1;
-mov.b32 {h0, h1}, p1;
-cvt.f32.f16 $4, h0;
-cvt.f32.f16 $6, h1;
-mov.b32 {h0, h1}, p3;
-cvt.f32.f16 $5, h0;
-cvt.f32.f16 $7, h1;
-}
-""")
+DECODE_F16_PTX = tl.constexpr(
+    _asm(
+        ".reg .b32 a, v, s, p0, p1, p2, p3;\n.reg .b16 h0, h1;",
+        _field_pairs((9, 5, 1, -3), "0x1E001E00", "0x10001000", 7),
+        _scale_pairs("mul.rn.f16x2", "$9"),
+        *(
+            f"mov.b32 {{h0, h1}}, p{i};\ncvt.f32.f16 ${o}, h0;\ncvt.f32.f16 ${o + 2}, h1;"
+            for i, o in ((0, 0), (2, 1), (1, 4), (3, 5))
+        ),
+    )
+)
 
 # DECODE = 3 (GPU): one asm call per code word (8 codes) -> 8 bf16 weights ``E2M1 * scale`` in element order.
 # $8 = code word, $9 = the block's E4M3 scale as a bf16x2 pair (both halves equal). The pairs p_i = (n_i,
@@ -138,44 +119,17 @@ cvt.f32.f16 $7, h1;
 # ``mul.rn.bf16x2`` by 2^126), multiplied by the scale (``mul.rn.bf16x2``: the product has <= 6 significant
 # bits and lies in [2^-10, 2688], exact), then regrouped into (n_{2j}, n_{2j+1}) with ``prmt`` and returned
 # as 16-bit halves $0..$7 = elements 0..7.
-DEQUANT_BF16_PTX = tl.constexpr("""
-{
-.reg .b32 a, v, s, c, p0, p1, p2, p3, q0, q1, q2, q3;
-mov.b32 c, 0x7E807E80;
-shl.b32 a, $8, 6;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p0, s, 63, v;
-shl.b32 a, $8, 2;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p1, s, 63, v;
-shr.b32 a, $8, 2;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p2, s, 63, v;
-shr.b32 a, $8, 6;
-and.b32 v, a, 0x03C003C0;
-and.b32 s, a, 0x02000200;
-mad.lo.u32 p3, s, 63, v;
-mul.rn.bf16x2 p0, p0, c;
-mul.rn.bf16x2 p1, p1, c;
-mul.rn.bf16x2 p2, p2, c;
-mul.rn.bf16x2 p3, p3, c;
-mul.rn.bf16x2 p0, p0, $9;
-mul.rn.bf16x2 p1, p1, $9;
-mul.rn.bf16x2 p2, p2, $9;
-mul.rn.bf16x2 p3, p3, $9;
-prmt.b32 q0, p0, p1, 0x5410;
-prmt.b32 q1, p2, p3, 0x5410;
-prmt.b32 q2, p0, p1, 0x7632;
-prmt.b32 q3, p2, p3, 0x7632;
-mov.b32 {$0, $1}, q0;
-mov.b32 {$2, $3}, q1;
-mov.b32 {$4, $5}, q2;
-mov.b32 {$6, $7}, q3;
-}
-""")
+DEQUANT_BF16_PTX = tl.constexpr(
+    _asm(
+        ".reg .b32 a, v, s, c, p0, p1, p2, p3, q0, q1, q2, q3;\nmov.b32 c, 0x7E807E80;",
+        _BF16_PAIRS,
+        _scale_pairs("mul.rn.bf16x2", "c"),
+        _scale_pairs("mul.rn.bf16x2", "$9"),
+        "prmt.b32 q0, p0, p1, 0x5410;\nprmt.b32 q1, p2, p3, 0x5410;",
+        "prmt.b32 q2, p0, p1, 0x7632;\nprmt.b32 q3, p2, p3, 0x7632;",
+        "\n".join(f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, q{j};" for j in range(4)),
+    )
+)
 
 
 @triton.jit
@@ -207,6 +161,15 @@ def decode_e2m1(codes):
 
 
 @triton.jit
+def asm8(word, operand, ASM: tl.constexpr, CONSTRAINTS: tl.constexpr, DT: tl.constexpr):
+    """The 8 outputs, each of dtype ``DT``, of the pure inline-PTX body ``ASM`` ($0..$7 by ``CONSTRAINTS``) on
+    the 32-bit ``word`` ($8) and ``operand`` ($9), elementwise (``pack=1``). GPU only."""
+    return tl.inline_asm_elementwise(
+        ASM, CONSTRAINTS, [word, operand], dtype=(DT.value,) * 8, is_pure=True, pack=1
+    )
+
+
+@triton.jit
 def decode_e2m1_words(words, DECODE: tl.constexpr):
     """int32 code words (any shape; word = 4 code bytes, byte j at bits 8j..8j+7) -> 8 fp32 tensors of the
     same shape: ``(lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3)``, E2M1 of the low / high nibble of byte j.
@@ -216,23 +179,12 @@ def decode_e2m1_words(words, DECODE: tl.constexpr):
     so no byte is unpacked into its own register and re-packed (``prmt``) before the decode. Identical values.
     """
     if DECODE == 2 and not _INTERPRET:
-        return tl.inline_asm_elementwise(
-            DECODE_F16_PTX,
-            "=f,=f,=f,=f,=f,=f,=f,=f,r,r",
-            [words, tl.full(words.shape, 0x74007400, tl.int32)],
-            dtype=(tl.float32,) * 8,
-            is_pure=True,
-            pack=1,
-        )
+        f16_scale = tl.full(words.shape, 0x74007400, tl.int32)
+        return asm8(words, f16_scale, DECODE_F16_PTX, "=f,=f,=f,=f,=f,=f,=f,=f,r,r", tl.float32)
     elif DECODE == 1 and not _INTERPRET:
-        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            DECODE_BF16_PTX,
-            "=r,=r,=r,=r,=r,=r,=r,=r,r,r",
-            [words, tl.full(words.shape, 0x7E807E80, tl.int32)],
-            dtype=(tl.int32,) * 8,
-            is_pure=True,
-            pack=1,
-        )
+        bf16_scale = tl.full(words.shape, 0x7E807E80, tl.int32)
+        bits = asm8(words, bf16_scale, DECODE_BF16_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", tl.int32)
+        o0, o1, o2, o3, o4, o5, o6, o7 = bits
         return (
             o0.to(tl.float32, bitcast=True),
             o1.to(tl.float32, bitcast=True),

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from flint_moe.kernels._launch import INTERPRET, check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, combine_fma, global_scale, shared_add
-from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
+from flint_moe.kernels.audit.registry import BF16_CVT
 from flint_moe.kernels.nvfp4.config import DownConfig, Early, check_shape_overrides
 from flint_moe.kernels.nvfp4.cuda_core import cuda_core_row_sums
 from flint_moe.kernels.nvfp4.mma import mma_gemv, mma_sum_parts, mma_tile_rows
@@ -223,6 +223,22 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+def check_down_inputs(act: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, shared_output: torch.Tensor, weights):
+    """Check the inputs of an NVFP4 down call against ``weights`` (``_weights_common``): ``ids`` int32 [M, k],
+    ``tw`` fp32 [M, k], ``act`` bf16 [M * k, I], ``shared_output`` bf16 [M, H], contiguous, on the weights'
+    device. Returns (E, M, k); TypeError / ValueError naming the tensor."""
+    from flint_moe.kernels.nvfp4.gate_up import _weights_common
+
+    E, H, _, INTER = _weights_common(weights)
+    dev = weights.w2.device
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(None, None), device=dev)
+    M, top_k = (int(n) for n in ids.shape)
+    check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
+    check_op_tensor("act", act, dtype=torch.bfloat16, shape=(M * top_k, INTER), device=dev)
+    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
+    return E, M, top_k
+
+
 def nvfp4_down(
     act: torch.Tensor,
     ids: torch.Tensor,
@@ -233,6 +249,7 @@ def nvfp4_down(
     taps: dict | None = None,
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_gate_up``), ids, tw and shared.
 
@@ -246,6 +263,8 @@ def nvfp4_down(
         config: overrides of ``default_config(H, I)`` (keys: ``nvfp4.config``).
         out: None (a new tensor is returned) or a bf16 [M, H] contiguous tensor written and returned (it must
             not overlap any input: the op checks that, ``ops._checks.check_out``).
+        check: False skips the tensor checks, for a caller that made them (``launch_down``); the config
+            is checked either way.
 
     Raises:
         TypeError / ValueError naming the offending tensor or config key.
@@ -255,34 +274,10 @@ def nvfp4_down(
     in ``nvfp4_gate_up`` -> ``nvfp4_down`` (gate/up triggers its dependents only after its own wait, i.e. after
     the router, or whatever wrote ``ids``, completed); ``act``, ``tw`` and ``shared_output`` are read after it.
     """
-    from flint_moe.kernels.nvfp4.gate_up import _weights_common
-
-    E, H, IP, INTER = _weights_common(weights)
-    dev = weights.w2.device
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(None, None), device=dev)
-    M, top_k = ids.shape
-    check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
-    check_op_tensor("act", act, dtype=torch.bfloat16, shape=(M * top_k, INTER), device=dev)
-    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
-    if out is not None:
-        check_op_tensor("out", out, dtype=torch.bfloat16, shape=(M, H), device=dev)
-    return launch_down(act, ids, tw, weights, shared_output, taps=taps, config=config, out=out)
-
-
-def launch_down(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    tw: torch.Tensor,
-    weights,
-    shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``nvfp4_down`` on arguments already checked by the caller (the op ``flint_moe.ops.flint_moe``: its inputs
-    at its boundary, ``ids`` / ``tw`` from ``route``, ``act`` from ``launch_gate_up``): no tensor checks here (a
-    wrong dtype, shape or device reads out of bounds); the config is checked (ValueError)."""
+    if check:
+        _, M, _ = check_down_inputs(act, ids, tw, shared_output, weights)
+        if out is not None:
+            check_op_tensor("out", out, dtype=torch.bfloat16, shape=(M, weights.hidden_size), device=weights.w2.device)
     from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 
     E, H, IP, INTER = decode_sizes(weights)
@@ -323,61 +318,51 @@ def launch_down(
     return out
 
 
+def launch_down(*args, **kwargs) -> torch.Tensor:
+    """``nvfp4_down(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``act`` from
+    ``launch_gate_up``): no tensor checks here (a wrong dtype, shape or device reads out of bounds); the config is
+    checked (ValueError)."""
+    return nvfp4_down(*args, check=False, **kwargs)
+
+
 def _constexprs(cfg: DownConfig, H: int, IP: int, INTER: int, top_k: int, sk: int, nw: int, tap: bool) -> dict:
-    """The kernel's constexpr arguments for ``cfg`` as launched (K-split ``sk`` on ``nw`` warps)."""
-    return {
-        "H": H,
-        "IP": IP,
-        "INTER": INTER,
-        "TOPK": top_k,
-        "BH": cfg.BH,
-        "BKB": cfg.BKB,
-        "MMA": cfg.MMA,
-        "RT": cfg.RT,
-        "S": cfg.S,
-        "SK": sk,
-        "NW": nw,
-        "FENCE": cfg.FENCE and cfg.MMA,
-        "TAP": tap,
-        "EARLY": int(cfg.early),
-    }
+    """The kernel's constexpr arguments for ``cfg`` as launched (K-split ``sk`` on ``nw`` warps): the decode
+    kernels' common ones (``gate_up.decode_constexprs``) and ``EARLY``."""
+    from flint_moe.kernels.nvfp4.gate_up import decode_constexprs
+
+    return {**decode_constexprs(cfg, "BH", H, IP, INTER, top_k, sk, nw, tap), "EARLY": int(cfg.early)}
 
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
-    tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
-    there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
-    from flint_moe.kernels.nvfp4.gate_up import MMA_PTX, audit_runs
+    """Register the sm_90 PTX audit of the down kernel at the builds ``gate_up.audit_specs`` audits (its
+    ``audit_runs``: every matrix and tuned shape, the CUDA-core path and the tapped build at DeepSeek-V3)."""
+    from flint_moe.kernels.nvfp4.gate_up import audit_runs, register_decode_audits
 
-    names = []
-    sig = {
-        "act_ptr": "*i32",
-        "ids_ptr": "*i32",
-        "tw_ptr": "*fp32",
-        "w_ptr": "*u8",
-        "s_ptr": "*u8",
-        "alpha_ptr": "*fp32",
-        "shared_ptr": "*bf16",
-        "out_ptr": "*bf16",
-        "dacc_ptr": "*fp32",
-        "y_ptr": "*bf16",
-        "cnt_ptr": "*i32",
-    }
+    sig = {"act_ptr": "*i32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*u8",
+        "alpha_ptr": "*fp32", "shared_ptr": "*bf16", "out_ptr": "*bf16", "dacc_ptr": "*fp32", "y_ptr": "*bf16",
+        "cnt_ptr": "*i32"}
     from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
-    for h, i, ip, cfg, suffix, tap in audit_runs(
-        resolve_config, _TUNED_DOWN_BY_SHAPE, nvfp4_tuned.DOWN_CUDA_CORE, ".cuda_core"
-    ):
-        sk, nw = cfg.mma_launch(i)  # the K-split and warps the launcher uses at this shape
-        name = f"nvfp4_down.H{h}.I{i}{suffix}"
-        require = [BF16_CVT, "fma.rn.f32", "griddepcontrol.wait", "atom.global.gpu.acq_rel.add"]
-        require[2:2] = MMA_PTX if cfg.MMA else ["mul.rn.f16x2"]
-        options = {"num_warps": nw, "num_stages": 1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})}
-        register_audit(
-            name, _nvfp4_down_split_kernel, sig, _constexprs(cfg, h, ip, i, 8, sk, nw, tap), require, options=options
-        )
-        names.append(name)
-    return names
+    runs = audit_runs(resolve_config, _TUNED_DOWN_BY_SHAPE, nvfp4_tuned.DOWN_CUDA_CORE, ".cuda_core")
+    return register_decode_audits(
+        "nvfp4_down",
+        _nvfp4_down_split_kernel,
+        sig,
+        _constexprs,
+        runs,
+        _require,
+        lambda h, i: i,
+        lambda cfg: {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {},
+    )
+
+
+def _require(cfg) -> list:
+    """PTX a down build must contain (the tensor-core path's MMA or the CUDA-core path's f16 decode)."""
+    from flint_moe.kernels.nvfp4.gate_up import MMA_PTX
+
+    mma = MMA_PTX if cfg.MMA else ["mul.rn.f16x2"]
+    return [BF16_CVT, "fma.rn.f32", *mma, "griddepcontrol.wait", "atom.global.gpu.acq_rel.add"]
 
 
 audit_specs()

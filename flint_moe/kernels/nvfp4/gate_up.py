@@ -198,6 +198,17 @@ def decode_sizes(weights) -> tuple[int, int, int, int]:
     return E, H, IP, INTER
 
 
+def check_gate_up_inputs(x: torch.Tensor, ids: torch.Tensor, weights) -> tuple[int, int, int]:
+    """Check the inputs of an NVFP4 gate/up call against ``weights`` (``_weights_common``): ``x`` bf16 [M, H] and
+    ``ids`` int32 [M, k], contiguous, on the weights' device. Returns (E, M, k); TypeError / ValueError naming
+    the tensor."""
+    E, H, _, _ = _weights_common(weights)
+    dev = weights.w1.device
+    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
+    check_op_tensor("ids", ids, dtype=torch.int32, shape=(x.shape[0], None), device=dev)
+    return E, int(x.shape[0]), int(ids.shape[1])
+
+
 def nvfp4_gate_up(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -205,6 +216,7 @@ def nvfp4_gate_up(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 5-7 for every (token, selected expert) pair: act bf16 [M * k, I] (I = valid intermediate).
 
@@ -217,24 +229,15 @@ def nvfp4_gate_up(
         taps: if a dict, the kernel is compiled with ``TAP=True``; ``taps["gate_acc"]`` / ``taps["up_acc"]``
             (fp32 [M, k, I], before the global scale) and ``taps["act"]`` (bf16 [M, k, I]) are stored.
         config: overrides of ``default_config(H, I)`` (keys: ``nvfp4.config``).
+        check: False skips the tensor checks, for a caller that made them (``launch_gate_up``); the config
+            is checked either way.
 
     Raises:
         TypeError / ValueError: wrong dtype, shape, device or contiguity (message names the tensor), H not a
         multiple of 32, a config key unknown or out of range.
     """
-    E, H, IP, INTER = _weights_common(weights)
-    dev = weights.w1.device
-    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(x.shape[0], None), device=dev)
-    return launch_gate_up(x, ids, weights, taps=taps, config=config)
-
-
-def launch_gate_up(
-    x: torch.Tensor, ids: torch.Tensor, weights, *, taps: dict | None = None, config: dict | None = None
-) -> torch.Tensor:
-    """``nvfp4_gate_up`` on arguments already checked by the caller (the op ``flint_moe.ops.flint_moe``: its
-    inputs at its boundary, ``ids`` from ``route``): no tensor checks here (a wrong dtype, shape or device reads
-    out of bounds); the config is checked (ValueError)."""
+    if check:
+        check_gate_up_inputs(x, ids, weights)
     E, H, IP, INTER = decode_sizes(weights)
     dev = weights.w1.device
     M = x.shape[0]
@@ -271,23 +274,23 @@ def launch_gate_up(
     return act
 
 
+def launch_gate_up(*args, **kwargs) -> torch.Tensor:
+    """``nvfp4_gate_up(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe``: its inputs at its boundary, ``ids`` from ``route``): no tensor checks here (a wrong
+    dtype, shape or device reads out of bounds); the config is checked (ValueError)."""
+    return nvfp4_gate_up(*args, check=False, **kwargs)
+
+
+def decode_constexprs(cfg, tile: str, H: int, IP: int, INTER: int, top_k: int, sk: int, nw: int, tap: bool) -> dict:
+    """The constexpr arguments both NVFP4 decode kernels take for ``cfg`` (``GateUpConfig`` / ``DownConfig``,
+    rows per program ``tile`` = ``"BN"`` / ``"BH"``) as launched (K-split ``sk`` on ``nw`` warps)."""
+    return {"H": H, "IP": IP, "INTER": INTER, "TOPK": top_k, tile: getattr(cfg, tile), "BKB": cfg.BKB, "MMA": cfg.MMA,
+            "RT": cfg.RT, "S": cfg.S, "SK": sk, "NW": nw, "FENCE": cfg.FENCE and cfg.MMA, "TAP": tap}  # fmt: skip
+
+
 def _constexprs(cfg: GateUpConfig, H: int, IP: int, INTER: int, top_k: int, sk: int, nw: int, tap: bool) -> dict:
     """The kernel's constexpr arguments for ``cfg`` as launched (K-split ``sk`` on ``nw`` warps)."""
-    return {
-        "H": H,
-        "IP": IP,
-        "INTER": INTER,
-        "TOPK": top_k,
-        "BN": cfg.BN,
-        "BKB": cfg.BKB,
-        "MMA": cfg.MMA,
-        "RT": cfg.RT,
-        "S": cfg.S,
-        "SK": sk,
-        "NW": nw,
-        "FENCE": cfg.FENCE and cfg.MMA,
-        "TAP": tap,
-    }
+    return decode_constexprs(cfg, "BN", H, IP, INTER, top_k, sk, nw, tap)
 
 
 #: PTX the tensor-core path must contain (the exact bf16 dequantisation and the fp32-accumulating MMA).
@@ -309,36 +312,41 @@ def audit_runs(resolve, by_shape: dict, other: dict, other_suffix: str):
             yield h, i, (i + 63) // 64 * 64, cfg, suffix + (".tap" if tap else ""), tap
 
 
+def register_decode_audits(
+    prefix: str, kernel, sig: dict, constexprs, runs, require, k_size, extra_options=None
+) -> list[str]:
+    """Register the sm_90 PTX audit of the decode kernel ``kernel`` for every build of ``runs``
+    (``audit_runs``): name ``{prefix}.H{H}.I{I}{suffix}``, constexprs ``constexprs(cfg, H, Ip, I, 8, SK,
+    num_warps, TAP)`` with the K-split and warps the launcher runs at K = ``k_size(H, I)``
+    (``cfg.mma_launch``), ``require(cfg)`` and ``num_stages`` 1 plus ``extra_options(cfg)``. Returns the names."""
+    names = []
+    for h, i, ip, cfg, suffix, tap in runs:
+        sk, nw = cfg.mma_launch(k_size(h, i))
+        name = f"{prefix}.H{h}.I{i}{suffix}"
+        options = {"num_warps": nw, "num_stages": 1, **(extra_options(cfg) if extra_options else {})}
+        register_audit(name, kernel, sig, constexprs(cfg, h, ip, i, 8, sk, nw, tap), require(cfg), options=options)
+        names.append(name)
+    return names
+
+
+def _require(cfg) -> list:
+    """PTX a gate/up build must contain (the tensor-core path's MMA or the CUDA-core path's f16 decode)."""
+    mma = MMA_PTX if cfg.MMA else ["mul.rn.f16x2"]
+    return [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", *mma, "griddepcontrol.wait"]
+
+
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of every (H, I) of the conformance matrix and of every shape with its own
     tuned defaults (production builds with ``default_config(H, I)`` and the K-split / warps the launcher runs
     there; the tapped build too for DeepSeek-V3, H 7168 x I 2048)."""
-    names = []
-    sig = {
-        "x_ptr": "*i32",
-        "ids_ptr": "*i32",
-        "w_ptr": "*u8",
-        "s_ptr": "*u8",
-        "alpha_ptr": "*fp32",
-        "act_ptr": "*bf16",
-        "gacc_ptr": "*fp32",
-        "uacc_ptr": "*fp32",
-    }
+    sig = {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32",
+        "act_ptr": "*bf16", "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}
     from flint_moe.kernels.nvfp4 import tuned as nvfp4_tuned
 
-    for h, i, ip, cfg, suffix, tap in audit_runs(
-        resolve_config, _TUNED_GATE_UP_BY_SHAPE, nvfp4_tuned.GATE_UP_MMA, ".mma"
-    ):
-        sk, nw = cfg.mma_launch(h)  # the K-split and warps the launcher uses at this shape
-        name = f"nvfp4_gate_up.H{h}.I{i}{suffix}"
-        require = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "griddepcontrol.wait"]
-        require[3:3] = MMA_PTX if cfg.MMA else ["mul.rn.f16x2"]
-        options = {"num_warps": nw, "num_stages": 1}
-        register_audit(
-            name, _nvfp4_gate_up_kernel, sig, _constexprs(cfg, h, ip, i, 8, sk, nw, tap), require, options=options
-        )
-        names.append(name)
-    return names
+    runs = audit_runs(resolve_config, _TUNED_GATE_UP_BY_SHAPE, nvfp4_tuned.GATE_UP_MMA, ".mma")
+    return register_decode_audits(
+        "nvfp4_gate_up", _nvfp4_gate_up_kernel, sig, _constexprs, runs, _require, lambda h, i: h
+    )
 
 
 audit_specs()

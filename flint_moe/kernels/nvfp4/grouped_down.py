@@ -19,8 +19,14 @@ import triton.language as tl
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, combine_fma, global_scale, shared_add
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, _check_perm, default_warps, dequant_tile, mma
-from flint_moe.kernels.nvfp4.scales import swizzled_scale_offsets
+from flint_moe.kernels.nvfp4.grouped_gate_up import (
+    _cfg,
+    _check_perm,
+    default_warps,
+    grouped_launch_kwargs,
+    k_loop,
+    row_block,
+)
 
 __all__ = [
     "accumulation_model",
@@ -86,16 +92,11 @@ def _grouped_down_kernel(
     gdc_wait()
     gdc_launch_dependents()
     IPB: tl.constexpr = IP // 2
-    IB: tl.constexpr = INTER // 2
     KP: tl.constexpr = (IP // 16 + 3) // 4 * 4
     MP: tl.constexpr = (H + 127) // 128 * 128
     q = tl.program_id(0)
     b = tl.program_id(1)
-    e = tl.load(bexp_ptr + b).to(tl.int64)
-    start = tl.load(bstart_ptr + b)
-    end = tl.load(bend_ptr + b)
-    pos = start + tl.arange(0, BM)
-    r_ok = pos < end
+    e, start, end, pos, r_ok = row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM)
     pair = tl.load(order_ptr + pos, mask=r_ok, other=0).to(tl.int64)
     h = q * BH + tl.arange(0, BH)
     h_ok = h < H
@@ -106,24 +107,7 @@ def _grouped_down_kernel(
     a_row = act_ptr + tl.multiple_of(pair * INTER, 16)
     acc = tl.zeros([BH, BM], dtype=tl.float32)
     if end > start:
-        for k0 in tl.range(0, INTER, BK):
-            kw = k0 // 8 + tl.arange(0, BK // 8)
-            kc = k0 // 16 + tl.arange(0, BK // 16)
-            kx = k0 + tl.arange(0, BK)
-            if INTER % BK == 0:  # masks constant along K: vector loads
-                wmask = h_ok[:, None]
-                amask = r_ok[:, None]
-            else:
-                wmask = h_ok[:, None] & (kw < IB // 4)[None, :]
-                amask = r_ok[:, None] & (kx < INTER)[None, :]
-            words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
-            sb = tl.load(
-                s_base + swizzled_scale_offsets(hc[:, None], kc[None, :], KP),
-                mask=h_ok[:, None] & (kc < INTER // 16)[None, :],
-                other=0,
-            )
-            at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
-            acc = mma(dequant_tile(words, sb.to(tl.int32), BH, BK, DECODE), tl.trans(at), acc)
+        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE)
     gs = tl.load(alpha_ptr + e)
     y = bf16_rn(global_scale(acc, gs))
     off = pair[None, :] * H + h[:, None]
@@ -174,6 +158,7 @@ def nvfp4_grouped_down(
     taps: dict | None = None,
     config: dict | None = None,
     out: torch.Tensor | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_grouped_gate_up``), grouped by expert.
 
@@ -188,41 +173,16 @@ def nvfp4_grouped_down(
         config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK``, ``num_warps``, ``num_stages``, ``DECODE``).
         out: None, or a bf16 [M, H] contiguous tensor the combine writes and that is returned (no overlap with
             any input: the op checks that, ``ops._checks.check_out``).
+        check: False skips the tensor checks, for a caller that made them (``launch_grouped_down``); the config
+            is checked either way.
     Returns: a new bf16 [M, H] tensor, or ``out`` (inputs never modified).
     Raises: TypeError / ValueError naming the bad argument.
     """
-    from flint_moe.kernels.nvfp4.gate_up import _weights_common
+    if check:
+        from flint_moe.kernels.nvfp4.down_combine import check_down_inputs
 
-    E, H, IP, INTER = _weights_common(weights)
-    dev = weights.w2.device
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(None, None), device=dev)
-    M, top_k = ids.shape
-    P = M * top_k
-    check_op_tensor("tw", tw, dtype=torch.float32, shape=(M, top_k), device=dev)
-    check_op_tensor("act", act, dtype=torch.bfloat16, shape=(P, INTER), device=dev)
-    check_op_tensor("shared_output", shared_output, dtype=torch.bfloat16, shape=(M, H), device=dev)
-    _check_perm(perm, P, E, dev)
-    if perm.top_k != top_k:
-        raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
-    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=config, out=out)
-
-
-def launch_grouped_down(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    tw: torch.Tensor,
-    perm,
-    weights,
-    shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``nvfp4_grouped_down`` on arguments already checked by the caller (the op
-    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``perm``
-    from ``moe_permute``, ``act`` from ``launch_grouped_gate_up``): no tensor checks here; the config is checked
-    (ValueError)."""
+        E, M, top_k = check_down_inputs(act, ids, tw, shared_output, weights)
+        _check_perm(perm, M, top_k, E, weights.w2.device)
     from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 
     E, H, IP, INTER = decode_sizes(weights)
@@ -251,26 +211,22 @@ def launch_grouped_down(
             weights.w2_alpha,
             y,
             dacc,
-            H=H,
-            IP=IP,
-            INTER=INTER,
-            BM=perm.block_m,
-            BH=bh,
-            BK=int(cfg["BK"]),
-            DECODE=cfg["DECODE"],
-            TAP=tap,
-            num_warps=int(cfg["num_warps"] or default_warps(perm.block_m)),
-            num_stages=int(cfg["num_stages"]),
-            **launch_options(),
-        )
+            H=H, IP=IP, INTER=INTER, BH=bh, **grouped_launch_kwargs(cfg, perm.block_m, tap),
+        )  # fmt: skip
         _grouped_combine_kernel[(M, triton.cdiv(H, COMBINE_BLOCK))](
             tw, y, shared_output, out, H=H, TOPK=top_k, BLOCK=COMBINE_BLOCK, num_warps=4, **launch_options()
         )
     if tap:
-        taps["down_acc"] = dacc.view(M, top_k, H)
-        taps["y"] = y.view(M, top_k, H)
-        taps["out"] = out
+        taps.update(down_acc=dacc.view(M, top_k, H), y=y.view(M, top_k, H), out=out)
     return out
+
+
+def launch_grouped_down(*args, **kwargs) -> torch.Tensor:
+    """``nvfp4_grouped_down(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` / ``tw`` from ``route``, ``perm`` from
+    ``moe_permute``, ``act`` from ``launch_grouped_gate_up``): no tensor checks here; the config is checked
+    (ValueError)."""
+    return nvfp4_grouped_down(*args, check=False, **kwargs)
 
 
 def accumulation_model(config: dict | None = None):
@@ -285,46 +241,19 @@ def accumulation_model(config: dict | None = None):
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the grouped down kernel (the real shapes' specialisations, the tapped
     DeepSeek-V3 build) and of the combine kernel (k = 8 and 4)."""
-    from flint_moe.kernels.nvfp4.grouped_gate_up import AUDIT_CASES
+    from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_audit_runs
 
-    sig = {
-        "act_ptr": "*bf16",
-        "order_ptr": "*i32",
-        "bexp_ptr": "*i32",
-        "bstart_ptr": "*i32",
-        "bend_ptr": "*i32",
-        "w_ptr": "*u8",
-        "s_ptr": "*u8",
-        "alpha_ptr": "*fp32",
-        "y_ptr": "*bf16",
-        "dacc_ptr": "*fp32",
-    }
+    sig = {"act_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
+        "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*bf16", "dacc_ptr": "*fp32"}
+    require = [BF16_CVT, "mul.rn.bf16x2", "wgmma.mma_async", "griddepcontrol.wait"]
+    cfg = GROUPED_DOWN_CONFIG
     names = []
-    for h, i, _k, bm in AUDIT_CASES:
-        ip = (i + 63) // 64 * 64
-        for tap in (False, True) if (h, i, bm) == (7168, 2048, 128) else (False,):
-            name = f"nvfp4_grouped_down.H{h}.I{i}.BM{bm}{'.tap' if tap else ''}"
-            register_audit(
-                name,
-                _grouped_down_kernel,
-                sig,
-                {
-                    "H": h,
-                    "IP": ip,
-                    "INTER": i,
-                    "BM": bm,
-                    "BH": default_bh(bm),
-                    "BK": GROUPED_DOWN_CONFIG["BK"],
-                    "DECODE": 3,
-                    "TAP": tap,
-                },
-                [BF16_CVT, "mul.rn.bf16x2", "wgmma.mma_async", "griddepcontrol.wait"],
-                options={
-                    "num_warps": default_warps(bm),
-                    "num_stages": GROUPED_DOWN_CONFIG["num_stages"],
-                },
-            )
-            names.append(name)
+    for h, i, ip, _k, bm, suffix, tap in grouped_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "BH": default_bh(bm), "BK": cfg["BK"], "DECODE": 3,
+                  "TAP": tap}  # fmt: skip
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit("nvfp4_grouped_down" + suffix, _grouped_down_kernel, sig, consts, require,
+                                    options=options).name)  # fmt: skip
     for h, k in ((7168, 8), (2880, 4)):
         name = f"nvfp4_grouped_combine.H{h}.k{k}"
         register_audit(

@@ -22,7 +22,7 @@ import triton.language as tl
 from flint_moe.kernels._launch import INTERPRET, check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import global_scale, swiglu
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4.decode_ptx import DEQUANT_BF16_PTX, decode_e2m1_words, join4
+from flint_moe.kernels.nvfp4.decode_ptx import DEQUANT_BF16_PTX, asm8, decode_e2m1_words, join4
 from flint_moe.kernels.nvfp4.scales import e4m3_to_f32, swizzled_scale_offsets
 
 __all__ = [
@@ -85,14 +85,7 @@ def dequant_tile(words, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.conste
     if DECODE == 3 and not _INTERPRET:
         sc16 = e4m3_to_f32(sb).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         sc2 = tl.reshape(tl.join(sc16, sc16), [R, BK // 8]) * 0x10001  # word 2c, 2c + 1: block c's scale
-        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            DEQUANT_BF16_PTX,
-            "=h,=h,=h,=h,=h,=h,=h,=h,r,r",
-            [words, sc2],
-            dtype=(tl.bfloat16,) * 8,
-            is_pure=True,
-            pack=1,
-        )
+        o0, o1, o2, o3, o4, o5, o6, o7 = asm8(words, sc2, DEQUANT_BF16_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", tl.bfloat16)
         return tl.reshape(_join8(o0, o1, o2, o3, o4, o5, o6, o7), [R, BK])
     l0, l1, l2, l3, h0, h1, h2, h3 = decode_e2m1_words(words, 2 if DECODE == 3 else DECODE)
     lo = tl.reshape(join4(l0, l1, l2, l3), [R, BK // 2])
@@ -115,6 +108,47 @@ def mma(w, xt, acc):
         return tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(w, xt, acc)
+
+
+@triton.jit
+def row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM: tl.constexpr):
+    """Row block ``b`` of the schedule (``moe_permute``): (its expert, int64; start and end positions in
+    ``order``; the BM positions from start; the mask of those below end)."""
+    e = tl.load(bexp_ptr + b).to(tl.int64)
+    start = tl.load(bstart_ptr + b)
+    end = tl.load(bend_ptr + b)
+    pos = start + tl.arange(0, BM)
+    return e, start, end, pos, pos < end
+
+
+@triton.jit
+def k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr,
+           BK: tl.constexpr, DECODE: tl.constexpr):  # fmt: skip
+    """The main loop of both grouped GEMMs: ``acc`` fp32 [ROWS, BM] plus, for K steps of ``BK`` in increasing
+    order, ``mma(dequant_tile(codes, scales), activations^T)`` (module docstrings: the summation order).
+
+    ``w_row`` int32 pointers [ROWS] to each weight row's code words, ``s_base`` the expert's swizzled scales,
+    ``srow`` [ROWS] the rows' scale rows, ``a_row`` pointers [BM] to each pair's activation row (length K);
+    ``w_ok`` [ROWS] / ``r_ok`` [BM] mask weight rows / pairs. Masks along K only when ``K % BK`` != 0."""
+    for k0 in tl.range(0, K, BK):
+        kw = k0 // 8 + tl.arange(0, BK // 8)
+        kc = k0 // 16 + tl.arange(0, BK // 16)
+        kx = k0 + tl.arange(0, BK)
+        if K % BK == 0:  # masks constant along K: vector loads
+            wmask = w_ok[:, None]
+            amask = r_ok[:, None]
+        else:
+            wmask = w_ok[:, None] & (kw < K // 8)[None, :]
+            amask = r_ok[:, None] & (kx < K)[None, :]
+        words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
+        sb = tl.load(
+            s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+            mask=w_ok[:, None] & (kc < K // 16)[None, :],
+            other=0,
+        )
+        at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
+        acc = mma(dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE), tl.trans(at), acc)
+    return acc
 
 
 @triton.jit
@@ -168,11 +202,7 @@ def _grouped_gate_up_kernel(
     MP: tl.constexpr = (2 * IP + 127) // 128 * 128
     q = tl.program_id(0)
     b = tl.program_id(1)
-    e = tl.load(bexp_ptr + b).to(tl.int64)
-    start = tl.load(bstart_ptr + b)
-    end = tl.load(bend_ptr + b)
-    pos = start + tl.arange(0, BM)
-    r_ok = pos < end
+    e, start, end, pos, r_ok = row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM)
     pair = tl.load(order_ptr + pos, mask=r_ok, other=0)
     tok = (pair // TOPK).to(tl.int64)
     R: tl.constexpr = 2 * BC
@@ -188,24 +218,7 @@ def _grouped_gate_up_kernel(
     x_row = x_ptr + tl.multiple_of(tok * H, 16)
     acc = tl.zeros([R, BM], dtype=tl.float32)
     if end > start:
-        for k0 in tl.range(0, H, BK):
-            kw = k0 // 8 + tl.arange(0, BK // 8)
-            kc = k0 // 16 + tl.arange(0, BK // 16)
-            kx = k0 + tl.arange(0, BK)
-            if H % BK == 0:  # masks constant along K: vector loads
-                wmask = r_c_ok[:, None]
-                xmask = r_ok[:, None]
-            else:
-                wmask = r_c_ok[:, None] & (kw < HB // 4)[None, :]
-                xmask = r_ok[:, None] & (kx < H)[None, :]
-            words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
-            sb = tl.load(
-                s_base + swizzled_scale_offsets(prow[:, None], kc[None, :], KP),
-                mask=r_c_ok[:, None] & (kc < H // 16)[None, :],
-                other=0,
-            )
-            xt = tl.load(x_row[:, None] + kx[None, :], mask=xmask, other=0.0)
-            acc = mma(dequant_tile(words, sb.to(tl.int32), R, BK, DECODE), tl.trans(xt), acc)
+        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE)
     acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, BM]), (1, 2, 0)))
     cols = q * BC + tl.arange(0, BC)
     c_ok = cols < INTER
@@ -219,17 +232,29 @@ def _grouped_gate_up_kernel(
         tl.store(uacc_ptr + off, acc_u, mask=ok)
 
 
-def _check_perm(perm, pairs: int, num_experts: int, dev: torch.device) -> None:
+def _check_perm(perm, tokens: int, top_k: int, num_experts: int, dev: torch.device) -> None:
+    """Check ``perm`` (``moe_permute``) against ``tokens`` x ``top_k`` pairs and ``num_experts`` experts."""
     from flint_moe.kernels.nvfp4.permute import MoEPermutation
 
     if not isinstance(perm, MoEPermutation):
         raise TypeError(f"perm: expected a MoEPermutation (moe_permute), got {type(perm).__name__}")
     if perm.num_experts != num_experts:
         raise ValueError(f"perm: built for {perm.num_experts} experts, weights hold {num_experts}")
-    check_op_tensor("perm.order", perm.order, dtype=torch.int32, shape=(pairs,), device=dev)
+    check_op_tensor("perm.order", perm.order, dtype=torch.int32, shape=(tokens * top_k,), device=dev)
     nb = perm.num_blocks
     for name in ("block_expert", "block_start", "block_end"):
         check_op_tensor(f"perm.{name}", getattr(perm, name), dtype=torch.int32, shape=(nb,), device=dev)
+    if perm.top_k != top_k:
+        raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+
+
+def grouped_launch_kwargs(cfg: dict, block_m: int, tap: bool) -> dict:
+    """The launch keywords both grouped GEMMs share: ``BM`` (the permutation's ``block_m``), ``BK``, ``DECODE``,
+    ``TAP``, ``num_warps`` (``default_warps(block_m)`` unless set) and ``num_stages`` of the checked ``cfg``,
+    and ``launch_options()``."""
+    return {"BM": block_m, "BK": int(cfg["BK"]), "DECODE": cfg["DECODE"], "TAP": tap,
+            "num_warps": int(cfg["num_warps"] or default_warps(block_m)), "num_stages": int(cfg["num_stages"]),
+            **launch_options()}  # fmt: skip
 
 
 def _cfg(config: dict | None, default: dict, name: str) -> dict:
@@ -257,6 +282,7 @@ def nvfp4_grouped_gate_up(
     *,
     taps: dict | None = None,
     config: dict | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 5-7 for every (token, slot) pair, grouped by expert: act bf16 [M * k, I] (row = pair).
 
@@ -271,29 +297,16 @@ def nvfp4_grouped_gate_up(
             ``DECODE`` (GPU: 3 = one inline-PTX call per code word giving bf16 weights times the scale (default),
             2 / 1 = the decode kernels' fp16x2 / bf16x2 E2M1 decodes, 0 = plain integer ops; identical values,
             hence identical bits; the interpreter always takes the plain path).
+        check: False skips the tensor checks, for a caller that made them (``launch_grouped_gate_up``); the config
+            is checked either way.
     Raises:
         TypeError / ValueError naming the bad argument (dtype, shape, device, contiguity, config).
     """
-    from flint_moe.kernels.nvfp4.gate_up import _weights_common
+    if check:
+        from flint_moe.kernels.nvfp4.gate_up import check_gate_up_inputs
 
-    E, H, IP, INTER = _weights_common(weights)
-    dev = weights.w1.device
-    check_op_tensor("x", x, dtype=torch.bfloat16, shape=(None, H), device=dev)
-    M = x.shape[0]
-    check_op_tensor("ids", ids, dtype=torch.int32, shape=(M, None), device=dev)
-    top_k = ids.shape[1]
-    _check_perm(perm, M * top_k, E, dev)
-    if perm.top_k != top_k:
-        raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
-    return launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=config)
-
-
-def launch_grouped_gate_up(
-    x: torch.Tensor, ids: torch.Tensor, perm, weights, *, taps: dict | None = None, config: dict | None = None
-) -> torch.Tensor:
-    """``nvfp4_grouped_gate_up`` on arguments already checked by the caller (the op
-    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` from ``route``, ``perm`` from
-    ``moe_permute``): no tensor checks here; the config is checked (ValueError)."""
+        E, M, top_k = check_gate_up_inputs(x, ids, weights)
+        _check_perm(perm, M, top_k, E, weights.w1.device)
     from flint_moe.kernels.nvfp4.gate_up import decode_sizes
 
     E, H, IP, INTER = decode_sizes(weights)
@@ -326,24 +339,19 @@ def launch_grouped_gate_up(
             act,
             gacc,
             uacc,
-            H=H,
-            IP=IP,
-            INTER=INTER,
-            TOPK=top_k,
-            BM=perm.block_m,
-            BC=bc,
-            BK=int(cfg["BK"]),
-            DECODE=cfg["DECODE"],
-            TAP=tap,
-            num_warps=int(cfg["num_warps"] or default_warps(perm.block_m)),
-            num_stages=int(cfg["num_stages"]),
-            **launch_options(),
-        )
+            H=H, IP=IP, INTER=INTER, TOPK=top_k, BC=bc, **grouped_launch_kwargs(cfg, perm.block_m, tap),
+        )  # fmt: skip
     if tap:
-        taps["gate_acc"] = gacc.view(M, top_k, INTER)
-        taps["up_acc"] = uacc.view(M, top_k, INTER)
-        taps["act"] = act.view(M, top_k, INTER)
+        shape = (M, top_k, INTER)
+        taps.update(gate_acc=gacc.view(shape), up_acc=uacc.view(shape), act=act.view(shape))
     return act
+
+
+def launch_grouped_gate_up(*args, **kwargs) -> torch.Tensor:
+    """``nvfp4_grouped_gate_up(..., check=False)``. On arguments already checked by the caller (the op
+    ``flint_moe.ops.flint_moe_grouped``: its inputs at its boundary, ``ids`` from ``route``, ``perm`` from
+    ``moe_permute``): no tensor checks here; the config is checked (ValueError)."""
+    return nvfp4_grouped_gate_up(*args, check=False, **kwargs)
 
 
 #: (H, I, k, BM) specialisations of the conformance matrix's real shapes audited for sm_90.
@@ -369,54 +377,31 @@ def accumulation_model(config: dict | None = None):
     return FP32_TRUNCATE
 
 
-def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit of the grouped gate/up kernel (production builds, and the tapped build of
-    DeepSeek-V3): the rule's instructions present, wgmma present (tensor cores), no fp64 / div.full."""
-    sig = {
-        "x_ptr": "*bf16",
-        "order_ptr": "*i32",
-        "bexp_ptr": "*i32",
-        "bstart_ptr": "*i32",
-        "bend_ptr": "*i32",
-        "w_ptr": "*u8",
-        "s_ptr": "*u8",
-        "alpha_ptr": "*fp32",
-        "act_ptr": "*bf16",
-        "gacc_ptr": "*fp32",
-        "uacc_ptr": "*fp32",
-    }
-    names = []
+def grouped_audit_runs():
+    """The audited builds of both grouped GEMMs: ``(H, I, Ip, k, BM, name suffix, TAP)`` for every
+    ``AUDIT_CASES`` entry (production builds), and the tapped build of DeepSeek-V3 (H 7168, I 2048, BM 128)."""
     for h, i, k, bm in AUDIT_CASES:
         ip = (i + 63) // 64 * 64
         for tap in (False, True) if (h, i, bm) == (7168, 2048, 128) else (False,):
-            name = f"nvfp4_grouped_gate_up.H{h}.I{i}.BM{bm}{'.tap' if tap else ''}"
-            warps = default_warps(bm)
-            register_audit(
-                name,
-                _grouped_gate_up_kernel,
-                sig,
-                {
-                    "H": h,
-                    "IP": ip,
-                    "INTER": i,
-                    "TOPK": k,
-                    "BM": bm,
-                    "BC": GROUPED_GATE_UP_CONFIG["BC"],
-                    "BK": GROUPED_GATE_UP_CONFIG["BK"],
-                    "DECODE": 3,
-                    "TAP": tap,
-                },
-                [
-                    BF16_CVT,
-                    "rcp.approx.ftz.f32",
-                    "ex2.approx.ftz.f32",
-                    "mul.rn.bf16x2",
-                    "wgmma.mma_async",
-                    "griddepcontrol.wait",
-                ],
-                options={"num_warps": warps, "num_stages": GROUPED_GATE_UP_CONFIG["num_stages"]},
-            )
-            names.append(name)
+            yield h, i, ip, k, bm, f".H{h}.I{i}.BM{bm}{'.tap' if tap else ''}", tap
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of the grouped gate/up kernel (production builds, and the tapped build of
+    DeepSeek-V3): the rule's instructions present, wgmma present (tensor cores), no fp64 / div.full."""
+    sig = {"x_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
+        "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16", "gacc_ptr": "*fp32",
+        "uacc_ptr": "*fp32"}
+    require = [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "mul.rn.bf16x2", "wgmma.mma_async",
+               "griddepcontrol.wait"]  # fmt: skip
+    cfg = GROUPED_GATE_UP_CONFIG
+    names = []
+    for h, i, ip, k, bm, suffix, tap in grouped_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "BC": cfg["BC"], "BK": cfg["BK"], "DECODE": 3,
+                  "TAP": tap}  # fmt: skip
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit("nvfp4_grouped_gate_up" + suffix, _grouped_gate_up_kernel, sig, consts, require,
+                                    options=options).name)  # fmt: skip
     return names
 
 

@@ -35,27 +35,9 @@ DOWN = {
     "MAXNREG": 72,
 }  # mma-BH16w1r2s4-e1-r72
 GATE_UP_CUDA_CORE = {"MMA": False, "BN": 8, "num_warps": 2, "BKB": 512}  # cc-BN8w2
-GATE_UP_MMA = {
-    "MMA": True,
-    "BN": 8,
-    "num_warps": 4,
-    "RT": 2,
-    "S": 2,
-    "SK": 4,
-    "FENCE": True,
-}  # mma-BN8w4r2s2k4-f
+GATE_UP_MMA = dict(GATE_UP)  # mma-BN8w4r2s2k4-f
 DOWN_CUDA_CORE = {"MMA": False, "BH": 16, "num_warps": 4, "BKB": 512}  # cc-BH16w4
-DOWN_MMA = {
-    "MMA": True,
-    "BH": 16,
-    "num_warps": 1,
-    "RT": 2,
-    "S": 4,
-    "SK": 1,
-    "FENCE": False,
-    "EARLY": 1,
-    "MAXNREG": 72,
-}  # mma-BH16w1r2s4-e1-r72
+DOWN_MMA = dict(DOWN)  # mma-BH16w1r2s4-e1-r72
 #: Per-shape overrides ((H, I) -> keys replacing GATE_UP's / DOWN's at that shape; never MMA).
 GATE_UP_BY_SHAPE: dict = {
     (2048, 768): {
