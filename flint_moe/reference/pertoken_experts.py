@@ -35,8 +35,8 @@ import torch
 
 from ._checks import check_multiple, check_same_device, check_tensor
 from .combine import fma_f32
-from .exact import FP32_RN, Accumulation, SummationModel, round_exact
-from .experts import SWIGLU_C, AccumulatePolicy, down_accumulate, gate_up_accumulate
+from .exact import FP32_RN, SummationModel, round_exact
+from .experts import SWIGLU_C, AccumulatePolicy, _policy_value, down_accumulate, gate_up_accumulate
 from .formats import _first_index, e4m3_bytes, to_bf16
 from .pertoken import (
     PERTOKEN_BLOCK,
@@ -225,14 +225,6 @@ class PerTokenMoEStages:
     out: torch.Tensor
 
 
-def _value(policy: AccumulatePolicy, stage: str, acc: Accumulation, operands: dict) -> torch.Tensor:
-    if acc.replay is not None:  # a declared order was replayed: that is the accumulator's fp32 value
-        return acc.replay
-    v = policy(stage, acc, operands)
-    check_tensor(f"accumulate({stage})", v, dtype=torch.float32, shape=tuple(acc.shape))
-    return v
-
-
 def _check_routing(routing_map, probabilities, t: int, num_experts: int, local_expert_offset: int, e_local: int):
     check_tensor("routing_map", routing_map, dtype=(torch.int32, torch.int64), ndim=2)
     if routing_map.shape[0] != t or routing_map.shape[1] < 1:
@@ -363,7 +355,7 @@ def routed_nvfp4_moe_reference(
         acc1 = gate_up_accumulate(  # P7
             xe, weights.fc1[e], weights.fc1_scale[e], model=model, order=orders.get("fc1"), mma=mma
         )
-        v1 = _value(accumulate, "fc1", acc1, {"x": xe, "expert": e})
+        v1 = _policy_value(accumulate, "fc1", acc1, {"x": xe, "expert": e})
         he = (v1 * weights.fc1_alpha[e]) * x_d[rows].unsqueeze(1)  # P8
         if activation == "relu2":  # P9
             ae = relu2_fp32(he)
@@ -381,7 +373,7 @@ def routed_nvfp4_moe_reference(
         acc2 = down_accumulate(  # P11
             aq, weights.fc2[e], weights.fc2_scale[e], model=model, order=orders.get("fc2"), mma=mma
         )
-        v2 = _value(accumulate, "fc2", acc2, {"act": aq, "expert": e})
+        v2 = _policy_value(accumulate, "fc2", acc2, {"act": aq, "expert": e})
         fc1_acc[rows, slots] = v1
         fc1_bound[rows, slots] = acc1.bound
         h[rows, slots] = he
