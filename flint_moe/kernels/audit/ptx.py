@@ -23,7 +23,8 @@ __all__ = ["compile_ptx_sm90", "audit_ptx", "run_audit"]
 def compile_ptx_sm90(
     kernel: Any, signature: dict[str, str], constexprs: dict[str, Any], options: dict[str, Any] | None = None
 ) -> str:
-    """PTX of ``kernel`` specialised by ``signature`` / ``constexprs``, compiled for sm_90 without a GPU.
+    """PTX of ``kernel`` specialised by ``signature`` / ``constexprs``, compiled for sm_90 without a GPU, with
+    its pointer arguments specialised as 16-byte aligned as a launch on torch tensors specialises them.
 
     Raises ``RuntimeError`` when ``kernel`` is an interpreter object (TRITON_INTERPRET=1 at import):
     compile in
@@ -48,7 +49,10 @@ def compile_ptx_sm90(
         else:
             raise ValueError(f"compile_ptx_sm90: argument {arg!r} of {kernel.__name__} has no type or value")
     opts = {"num_warps": 4, **(options or {}), "enable_fp_fusion": True}
-    src = ASTSource(fn=kernel, signature=sig, constexprs=dict(constexprs))
+    # the build a launch runs: Triton specialises a pointer argument whose address is 16-byte aligned (every
+    # torch allocation, and the ops refuse others) as tt.divisibility = 16, which changes vector widths
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names) if sig[a].startswith("*")}
+    src = ASTSource(fn=kernel, signature=sig, constexprs=dict(constexprs), attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     return compiled.asm["ptx"]
 
