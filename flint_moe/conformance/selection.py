@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_selection_args", "shape_route_selection"]
+__all__ = ["add_selection_args", "shape_problem", "shape_route_selection"]
 
 
 def add_selection_args(ap: argparse.ArgumentParser) -> None:
@@ -36,18 +36,55 @@ def add_selection_args(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def shape_problem(shape) -> str | None:
+    """Why no path of ``--shape`` can run ``shape`` (a ``cases.ShapeSpec``), or None when the NVFP4 paths can.
+
+    Every ``--shape`` selection runs the NVFP4 paths (``cases.shape_cases``; BF16 decode only where H and the
+    stored I are multiples of 64, which the NVFP4 limits below imply), so a shape they cannot hold selects no
+    runnable case. The limits are the ops' and layouts' own: H a multiple of 32 (the decode kernels' 16-byte
+    code vectors), I a multiple of 16 (NVFP4 block) and the stored I a multiple of 64 (the gate/up interleave:
+    I itself, or a ``pad_to`` that is a multiple of 64), top_k <= ``kernels.router.MAX_TOP_K`` (16), E <=
+    ``MAX_EXPERTS`` (32768)."""
+    from flint_moe.kernels.router import MAX_EXPERTS, MAX_TOP_K
+
+    bad = []
+    if shape.H % 32:
+        bad.append(f"H = {shape.H} must be a multiple of 32")
+    if shape.I % 16:
+        bad.append(f"I = {shape.I} must be a multiple of 16")
+    elif shape.pad_to is None and shape.I % 64:
+        bad.append(f"I = {shape.I} must be a multiple of 64, or padded (a sizes name with -P64, e.g. "
+                   f"E{shape.E}-H{shape.H}-I{shape.I}-P64-k{shape.k})")  # fmt: skip
+    if shape.pad_to is not None and shape.pad_to % 64:
+        bad.append(f"pad_to = {shape.pad_to} must be a multiple of 64")
+    if shape.k > MAX_TOP_K:
+        bad.append(f"top_k = {shape.k} must be at most {MAX_TOP_K}")
+    if shape.E > MAX_EXPERTS:
+        bad.append(f"E = {shape.E} must be at most {MAX_EXPERTS}")
+    if not bad:
+        return None
+    return "the NVFP4 layouts and kernels cannot hold it: " + "; ".join(bad)
+
+
 def shape_route_selection(shape: str | None, route: str | None, profile: str, filters: list[str]) -> list:
     """The cases of ``--shape`` / ``--route``: ``cases.shape_cases`` of the shape ``shape`` names (any
     ``cases.shape_spec`` text) or the ``profile`` matrix, filtered like the matrix, each with the route
     ``route`` (``routing.parse_route`` text) when given; cases whose data profile sets the routing itself are
-    left out, and duplicates once. Raises ValueError for a bad shape or route, or a route no selected case
-    can hold (naming the first such case and why)."""
+    left out, and duplicates once. Raises ValueError for a bad shape or route, a shape no path can hold
+    (:func:`shape_problem`), or a route no selected case can hold (naming the first such case and why)."""
     from dataclasses import replace
 
     from flint_moe.conformance.inputs.cases import matrix, shape_cases, shape_spec
     from flint_moe.conformance.inputs.routing import ROUTE_EXCLUSIVE_PROFILES, parse_route
 
-    base = shape_cases(shape_spec(shape)) if shape is not None else matrix(profile)
+    if shape is not None:
+        spec = shape_spec(shape)
+        problem = shape_problem(spec)
+        if problem is not None:
+            raise ValueError(f"--shape {shape}: {problem}")
+        base = shape_cases(spec)
+    else:
+        base = matrix(profile)
     cases = [c for c in base if all(f in c.id for f in filters)]
     if route is None:
         return cases

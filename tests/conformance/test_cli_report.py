@@ -370,3 +370,53 @@ def test_shape_and_route_options(tmp_path, fake_run, capsys):
     ):
         assert cli.main(["--profile", "cpu", "--list", *bad]) == 2
         assert capsys.readouterr().err.startswith(why)
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("6,100,64,3", "H = 100 must be a multiple of 32"),
+        ("6,112,64,3", "H = 112 must be a multiple of 32"),
+        ("6,96,40,3", "I = 40 must be a multiple of 16"),
+        ("6,96,48,3", "I = 48 must be a multiple of 64, or padded (a sizes name with -P64, e.g. E6-H96-I48-P64-k3)"),
+        ("E6-H96-I48-P32-k3", "pad_to = 32 must be a multiple of 64"),
+        ("20,96,64,17", "top_k = 17 must be at most 16"),
+    ],
+)
+def test_shape_no_path_can_hold_is_refused(text, why, capsys):
+    """--shape with sizes the NVFP4 layouts or kernels refuse exits 2 before the first case, naming the limit
+    (instead of a case that FAILs with the layout's traceback)."""
+    assert cli.main(["--profile", "cpu", "--list", "--shape", text]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"--shape {text}: the NVFP4 layouts and kernels cannot hold it: {why}"
+
+
+def test_shape_problem_agrees_with_the_layouts():
+    """Independent side: the production layout and the decode kernels' size check accept exactly the shapes
+    shape_problem passes (E, k within the router's limits); every model shape and its scaled-down copy passes."""
+    import torch
+
+    from flint_moe.conformance.inputs.cases import shape_spec
+    from flint_moe.conformance.selection import shape_problem
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+    from flint_moe.layouts import FlintMoEWeights
+    from flint_moe.shapes import MODEL_SHAPES
+
+    for s in MODEL_SHAPES.values():
+        assert shape_problem(shape_spec(s.name)) is None, s.name
+        assert shape_problem(shape_spec(f"cpu-{s.name}")) is None, s.name
+    fp8 = torch.float8_e4m3fn
+    for h, i, pad in [(96, 64, None), (100, 64, None), (112, 64, None), (128, 64, None), (96, 40, None),
+                      (96, 48, None), (96, 48, 64), (96, 48, 128), (96, 80, 64), (160, 192, None)]:  # fmt: skip
+        spec = shape_spec(f"E2-H{h}-I{i}" + (f"-P{pad}" if pad else "") + "-k1")
+        try:
+            w = FlintMoEWeights.from_modelopt(
+                torch.zeros(2, 2 * i, h // 2, dtype=torch.uint8), torch.ones(2, 2 * i, h // 16).to(fp8),
+                torch.ones(2, 2), torch.zeros(2, h, i // 2, dtype=torch.uint8), torch.ones(2, h, i // 16).to(fp8),
+                torch.ones(2), pad_intermediate_to=pad,
+            )  # fmt: skip
+            decode_sizes(w)
+            held = True
+        except ValueError:
+            held = False
+        assert held == (shape_problem(spec) is None), (h, i, pad, shape_problem(spec))
