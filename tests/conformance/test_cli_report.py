@@ -136,7 +136,7 @@ def test_a_case_that_raises_is_a_fail_and_the_run_goes_on(tmp_path, fake_run, ca
     assert "- **run** FAIL: 0 of 0 elements; max ulp -; first failing []; note: raised RuntimeError" in md
     assert "no catalogued fault" not in md  # the diagnosis did not run
     short = (tmp_path / "out" / "summary.md").read_text()
-    assert f"- **the run raised: raised RuntimeError: illegal memory access (simulated)**: `{CASE}` (run:0)" in short
+    assert f"- **the run raised RuntimeError: illegal memory access (simulated)**: `{CASE}` (run:0)" in short
 
 
 def test_rerun_failed_reruns_only_the_fails_and_merges(tmp_path, fake_run, monkeypatch):
