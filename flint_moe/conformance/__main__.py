@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--force",
         action="store_true",
-        help="run the gpu profile without CUDA (real shapes under the Triton interpreter: minutes per case)",
+        help="run the gpu profile, or a --shape above 1 GiB of bf16 weights, without CUDA (real shapes under the "
+        "Triton interpreter: minutes to hours per case)",
     )
     ap.add_argument(
         "--black-box",
@@ -432,6 +433,13 @@ def main(argv: list[str] | None = None) -> int:
             "or --force to run them anyway.", style="red"
         )  # fmt: skip
         return 2
+    if args.shape is not None and not torch.cuda.is_available() and not args.force:
+        from flint_moe.conformance.selection import cpu_size_problem
+
+        problem = cpu_size_problem(args.shape, cases)
+        if problem is not None:
+            console.print(problem, style="red", markup=False)
+            return 2
     base = None
     if args.baseline:
         from flint_moe.conformance.report.baseline import load_report

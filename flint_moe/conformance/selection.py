@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_selection_args", "shape_problem", "shape_route_selection"]
+__all__ = ["CPU_SHAPE_MAX_BYTES", "add_selection_args", "cpu_size_problem", "shape_problem", "shape_route_selection"]
+
+#: Largest layer ``--shape`` runs without CUDA unless ``--force``: bytes of its weights in bf16 (3 E H I x 2). A
+#: real layer under the Triton interpreter takes minutes to hours per case, and its BF16 inputs alone can exceed
+#: a CPU machine's memory (DeepSeek-V3: 22.5 GB); every scaled-down ``cpu-<name>`` copy is far below it.
+CPU_SHAPE_MAX_BYTES = 2**30
 
 
 def add_selection_args(ap: argparse.ArgumentParser) -> None:
@@ -20,9 +25,9 @@ def add_selection_args(ap: argparse.ArgumentParser) -> None:
         help="run any layer shape instead of the matrix: a flint_moe/shapes.py name (deepseek-v3, ...; cpu-<name> "
         "for its scaled-down copy) or sizes E,H,I,k[,SI] (SI: shared expert size, for the record); gaussian "
         "data on nvfp4_decode (M 1, 8), nvfp4_grouped (9, 64), nvfp4_dispatch (8, 9) and bf16_decode (1, 8) "
-        "where H and I are multiples of 64 (cases.shape_cases; --filter narrows it). On the CPU a real-size "
-        "shape runs under the Triton interpreter and is slow (minutes per case, longer for the largest layers); "
-        "use its scaled-down copy there (cpu-deepseek-v3)",
+        "where H and I are multiples of 64 (cases.shape_cases; --filter narrows it). Without CUDA a layer above "
+        "1 GiB of bf16 weights (every real model shape) is refused unless --force: under the Triton interpreter "
+        "it takes minutes to hours per case; use its scaled-down copy there (cpu-deepseek-v3)",
     )
     ap.add_argument(
         "--route",
@@ -64,6 +69,30 @@ def shape_problem(shape) -> str | None:
     if not bad:
         return None
     return "the NVFP4 layouts and kernels cannot hold it: " + "; ".join(bad)
+
+
+def cpu_size_problem(shape: str, cases: list) -> str | None:
+    """Why ``--shape shape`` should not run without CUDA (None when every case's layer is within
+    :data:`CPU_SHAPE_MAX_BYTES`): the largest layer's sizes and bf16 weight bytes, and what to run instead."""
+    if not cases:
+        return None
+    big = max(cases, key=lambda c: c.E * c.H * c.I)
+    size = 6 * big.E * big.H * big.I
+    if size <= CPU_SHAPE_MAX_BYTES:
+        return None
+    instead = f"Run its scaled-down copy, --shape cpu-{shape}," if _is_model_name(shape) else "Run a smaller shape,"
+    return (
+        f"--shape {shape}: a real-size layer (E={big.E}, H={big.H}, I={big.I}: {size / 1e9:.1f} GB of bf16 weights) "
+        "would run under the Triton interpreter without CUDA: minutes to hours per case, and it may exhaust this "
+        f"machine's memory (limit {CPU_SHAPE_MAX_BYTES / 1e9:.1f} GB without --force). {instead} or pass --force "
+        "to run it anyway."
+    )
+
+
+def _is_model_name(shape: str) -> bool:
+    from flint_moe.shapes import MODEL_SHAPES
+
+    return shape in MODEL_SHAPES
 
 
 def shape_route_selection(shape: str | None, route: str | None, profile: str, filters: list[str]) -> list:

@@ -420,3 +420,43 @@ def test_shape_problem_agrees_with_the_layouts():
         except ValueError:
             held = False
         assert held == (shape_problem(spec) is None), (h, i, pad, shape_problem(spec))
+
+
+def test_real_size_shape_without_cuda_needs_force(tmp_path, fake_run, capsys, monkeypatch):
+    """Without CUDA a --shape above 1 GiB of bf16 weights is refused before the first case (exit 2, naming its
+    scaled-down copy); --force runs it; --list and the scaled-down copy are never refused."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    argv = ["--profile", "cpu", "--shape", "qwen3-30b-a3b", "--filter", "nvfp4_decode/", "--filter", "M1/",
+            "--out", str(out), "--no-html"]  # fmt: skip
+    assert cli.main(argv) == 2
+    # 3 x 128 x 2048 x 768 bf16 values = 1,207,959,552 bytes > 2**30 = 1,073,741,824
+    assert capsys.readouterr().out.split("\n")[0].startswith(
+        "--shape qwen3-30b-a3b: a real-size layer (E=128, H=2048, I=768: 1.2 GB of bf16 weights) would run under "
+        "the Triton interpreter without CUDA"
+    )
+    assert not out.exists()
+    capsys.readouterr()
+    assert cli.main(["--profile", "cpu", "--list", "--shape", "qwen3-30b-a3b"]) == 0
+    assert cli.main(["--profile", "cpu", "--shape", "9000,256,256,3", "--filter", "M1/", "--out", str(out),
+                     "--no-html"]) == 2  # fmt: skip
+    assert "Run a smaller shape, or pass --force to run it anyway." in " ".join(capsys.readouterr().out.split())
+    assert cli.main([*argv, "--force"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_decode/qwen3-30b-a3b/M1/gaussian/s0"]
+
+
+def test_every_model_shape_needs_force_on_the_cpu_and_its_copy_does_not():
+    from flint_moe.conformance.inputs.cases import shape_cases, shape_spec
+    from flint_moe.conformance.selection import CPU_SHAPE_MAX_BYTES, cpu_size_problem
+    from flint_moe.shapes import MODEL_SHAPES
+
+    for name, s in MODEL_SHAPES.items():
+        assert 6 * s.num_experts * s.hidden * s.intermediate > CPU_SHAPE_MAX_BYTES == 2**30
+        assert f"Run its scaled-down copy, --shape cpu-{name}," in cpu_size_problem(name, shape_cases(shape_spec(name)))
+        assert cpu_size_problem(f"cpu-{name}", shape_cases(shape_spec(f"cpu-{name}"))) is None
+    # 6 x 96 x 1024 x 1024 = 603,979,776 bytes: within the limit; 6 x 96 x 2048 x 1024 = 2**30 + 2**30 / 8: above
+    assert cpu_size_problem("96,1024,1024,3", shape_cases(shape_spec("96,1024,1024,3"))) is None
+    assert cpu_size_problem("96,2048,1024,3", shape_cases(shape_spec("96,2048,1024,3"))) is not None
