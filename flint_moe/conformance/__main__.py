@@ -426,20 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     if not cases and shard is None:  # a shard may be empty (more shards than units of work)
         console.print(f"no case of profile {profile!r} matches filters {args.filter}", style="red", markup=False)
         return 1
-    if profile == "gpu" and not torch.cuda.is_available() and not args.force:
-        console.print(
-            "the gpu profile runs real layer shapes; without CUDA they would run under the Triton "
-            "interpreter (minutes per case, and bit-exactness is not claimed there). Use --profile cpu, "
-            "or --force to run them anyway.", style="red"
-        )  # fmt: skip
-        return 2
-    if args.shape is not None and not torch.cuda.is_available() and not args.force:
-        from flint_moe.conformance.selection import cpu_size_problem
+    from flint_moe.conformance.selection import cpu_refusal
 
-        problem = cpu_size_problem(args.shape, cases)
-        if problem is not None:
-            console.print(problem, style="red", markup=False)
-            return 2
+    refusal = None if torch.cuda.is_available() or args.force else cpu_refusal(profile, args.shape, cases)
+    if refusal is not None:
+        console.print(refusal, style="red", markup=False)
+        return 2
     base = None
     if args.baseline:
         from flint_moe.conformance.report.baseline import load_report

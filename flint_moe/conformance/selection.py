@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["CPU_SHAPE_MAX_BYTES", "add_selection_args", "cpu_size_problem", "shape_problem", "shape_route_selection"]
+__all__ = [
+    "CPU_SHAPE_MAX_BYTES",
+    "add_selection_args",
+    "cpu_refusal",
+    "cpu_size_problem",
+    "shape_problem",
+    "shape_route_selection",
+]
 
 #: Largest layer ``--shape`` runs without CUDA unless ``--force``: bytes of its weights in bf16 (3 E H I x 2). A
 #: real layer under the Triton interpreter takes minutes to hours per case, and its BF16 inputs alone can exceed
@@ -87,6 +94,18 @@ def cpu_size_problem(shape: str, cases: list) -> str | None:
         f"machine's memory (limit {CPU_SHAPE_MAX_BYTES / 1e9:.1f} GB without --force). {instead} or pass --force "
         "to run it anyway."
     )
+
+
+def cpu_refusal(profile: str, shape: str | None, cases: list) -> str | None:
+    """Why the selected run should not start without CUDA (the CLI refuses it unless ``--force``), or None: the
+    gpu profile (real layer shapes), or a ``--shape`` above :data:`CPU_SHAPE_MAX_BYTES` (:func:`cpu_size_problem`)."""
+    if profile == "gpu":
+        return (
+            "the gpu profile runs real layer shapes; without CUDA they would run under the Triton "
+            "interpreter (minutes per case, and bit-exactness is not claimed there). Use --profile cpu, "
+            "or --force to run them anyway."
+        )
+    return None if shape is None else cpu_size_problem(shape, cases)
 
 
 def _is_model_name(shape: str) -> bool:
