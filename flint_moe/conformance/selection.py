@@ -91,7 +91,7 @@ def cpu_size_problem(shape: str, cases: list) -> str | None:
     return (
         f"--shape {shape}: a real-size layer (E={big.E}, H={big.H}, I={big.I}: {size / 1e9:.1f} GB of bf16 weights) "
         "would run under the Triton interpreter without CUDA: minutes to hours per case, and it may exhaust this "
-        f"machine's memory (limit {CPU_SHAPE_MAX_BYTES / 1e9:.1f} GB without --force). {instead} or pass --force "
+        f"machine's memory (limit {CPU_SHAPE_MAX_BYTES / 2**30:g} GiB without --force). {instead} or pass --force "
         "to run it anyway."
     )
 
