@@ -365,11 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         except CHECKPOINT_ERRORS as e:
             print(checkpoint_error_line(args.checkpoint, args.layer, e), file=sys.stderr)
             return 2
-    elif args.shape is not None or args.route is not None:
+    elif args.shape is not None or args.route is not None or args.tokens is not None:
         from flint_moe.conformance.selection import shape_route_selection
 
         try:
-            cases = shape_route_selection(args.shape, args.route, profile, args.filter)
+            cases = shape_route_selection(args.shape, args.route, profile, args.filter, args.tokens)
         except ValueError as e:
             print(e, file=sys.stderr)
             return 2
@@ -451,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
     env["profile"] = profile
-    env["filters"] = list(args.filter) + [f"{flag}={v}" for flag, v in (("--shape", args.shape),
-                                                                         ("--route", args.route)) if v is not None]
+    sel = (("--shape", args.shape), ("--route", args.route), ("--tokens", args.tokens))
+    env["filters"] = list(args.filter) + [f"{flag}={v}" for flag, v in sel if v is not None]
     now = datetime.datetime.now(datetime.UTC)
     env["date_utc"] = now.isoformat(timespec="seconds")
     env["command"] = " ".join(["python -m flint_moe.conformance", *(sys.argv[1:] if argv is None else argv)])

@@ -13,8 +13,10 @@ __all__ = [
     "add_selection_args",
     "cpu_refusal",
     "cpu_size_problem",
+    "parse_tokens",
     "shape_problem",
     "shape_route_selection",
+    "with_tokens",
 ]
 
 #: Largest layer ``--shape`` runs without CUDA unless ``--force``: bytes of its weights in bf16 (3 E H I x 2). A
@@ -24,7 +26,8 @@ CPU_SHAPE_MAX_BYTES = 2**30
 
 
 def add_selection_args(ap: argparse.ArgumentParser) -> None:
-    """Add ``--shape NAME|E,H,I,k[,SI]`` and ``--route SPEC`` (both default None) to ``ap``."""
+    """Add ``--shape NAME|E,H,I,k[,SI]``, ``--route SPEC`` and ``--tokens M[,M...]`` (all default None) to
+    ``ap``."""
     ap.add_argument(
         "--shape",
         default=None,
@@ -45,6 +48,14 @@ def add_selection_args(ap: argparse.ArgumentParser) -> None:
         "experts, N = top_k by default), count=128@5 (exactly the first 128 tokens go to expert 5); the case "
         "ids get /r-<route> (experts-5-7, last-3, count-128-5) and rebuild with it; cases whose data profile "
         "sets the routing itself (tied_logits, skewed_routing, tiny_sigmoids, subnormal_tokens) are left out",
+    )
+    ap.add_argument(
+        "--tokens",
+        default=None,
+        metavar="M[,M...]",
+        help="run every selected case at these token counts instead of its own (ids get M<m>): the decode paths "
+        "(nvfp4_decode, bf16_decode, bf16_module) only up to 8 tokens, the others up to 65536; e.g. "
+        "--shape cpu-E6-H96-I64-k3 --tokens 128 --route count=128@5 --filter nvfp4_grouped",
     )
 
 
@@ -114,10 +125,52 @@ def _is_model_name(shape: str) -> bool:
     return shape in MODEL_SHAPES
 
 
-def shape_route_selection(shape: str | None, route: str | None, profile: str, filters: list[str]) -> list:
+#: Paths that only run decode-sized token counts (their ops' limits: ``ops.DECODE_MAX_TOKENS``,
+#: ``DECODE_BF16_MAX_TOKENS``); every other path takes up to ``ops.GROUPED_MAX_TOKENS``.
+_DECODE_ONLY = ("nvfp4_decode", "bf16_decode", "bf16_module")
+
+
+def parse_tokens(text: str) -> list[int]:
+    """``"M[,M...]"`` -> the token counts, each in [1, ``ops.GROUPED_MAX_TOKENS``], duplicates once. Raises
+    ValueError naming the text."""
+    from flint_moe.ops import GROUPED_MAX_TOKENS
+
+    try:
+        ms = [int(t) for t in text.split(",")]
+    except ValueError:
+        ms = []
+    if not ms or any(not 1 <= m <= GROUPED_MAX_TOKENS for m in ms):
+        raise ValueError(f"--tokens {text}: expected token counts M[,M...], each in [1, {GROUPED_MAX_TOKENS}]")
+    return list(dict.fromkeys(ms))
+
+
+def with_tokens(cases: list, tokens: list[int]) -> list:
+    """Each case of ``cases`` at each of ``tokens`` (its M replaced; the decode paths only up to
+    ``ops.DECODE_MAX_TOKENS`` / ``DECODE_BF16_MAX_TOKENS``), in order, duplicates once."""
+    from dataclasses import replace
+
+    from flint_moe.ops import DECODE_BF16_MAX_TOKENS, DECODE_MAX_TOKENS
+
+    limit = min(DECODE_MAX_TOKENS, DECODE_BF16_MAX_TOKENS)
+    out, seen = [], set()
+    for c in cases:
+        for m in tokens:
+            if c.path in _DECODE_ONLY and m > limit:
+                continue
+            rc = replace(c, M=m)
+            if rc.id not in seen:
+                seen.add(rc.id)
+                out.append(rc)
+    return out
+
+
+def shape_route_selection(
+    shape: str | None, route: str | None, profile: str, filters: list[str], tokens: str | None = None
+) -> list:
     """The cases of ``--shape`` / ``--route``: ``cases.shape_cases`` of the shape ``shape`` names (any
     ``cases.shape_spec`` text) or the ``profile`` matrix, filtered like the matrix, each with the route
-    ``route`` (``routing.parse_route`` text) when given; cases whose data profile sets the routing itself are
+    ``route`` (``routing.parse_route`` text) when given, at the token counts ``tokens`` (:func:`parse_tokens`
+    text; filters then see the new ids) when given; cases whose data profile sets the routing itself are
     left out, and duplicates once. Raises ValueError for a bad shape or route, a shape no path can hold
     (:func:`shape_problem`), or a route no selected case can hold (naming the first such case and why)."""
     from dataclasses import replace
@@ -133,6 +186,8 @@ def shape_route_selection(shape: str | None, route: str | None, profile: str, fi
         base = shape_cases(spec)
     else:
         base = matrix(profile)
+    if tokens is not None:
+        base = with_tokens(base, parse_tokens(tokens))
     cases = [c for c in base if all(f in c.id for f in filters)]
     if route is None:
         return cases

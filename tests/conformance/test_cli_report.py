@@ -460,3 +460,30 @@ def test_every_model_shape_needs_force_on_the_cpu_and_its_copy_does_not():
     # 6 x 96 x 1024 x 1024 = 603,979,776 bytes: within the limit; 6 x 96 x 2048 x 1024 = 2**30 + 2**30 / 8: above
     assert cpu_size_problem("96,1024,1024,3", shape_cases(shape_spec("96,1024,1024,3"))) is None
     assert cpu_size_problem("96,2048,1024,3", shape_cases(shape_spec("96,2048,1024,3"))) is not None
+
+
+def test_tokens_option(tmp_path, fake_run, capsys):
+    """--tokens runs the selected cases at other token counts: the decode paths up to 8 tokens only, the
+    grouped and dispatch paths at any count; filters see the new ids; the run records it as a selection."""
+    argv = ["--profile", "cpu", "--shape", "cpu-E6-H96-I64-k3", "--tokens", "8,128,8", "--route", "count=128@5"]
+    assert cli.main([*argv, "--list"]) == 0
+    assert capsys.readouterr().out.split() == [  # M = 8 cannot send 128 tokens; decode paths take no M = 128
+        "nvfp4_grouped/cpu-E6-H96-I64-k3/M128/gaussian/s0/r-count-128-5",
+        "nvfp4_dispatch/cpu-E6-H96-I64-k3/M128/gaussian/s0/r-count-128-5",
+    ]
+    assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3", "--tokens", "3,9", "--filter", "M3/", "--list"]) == 0
+    assert capsys.readouterr().out.split() == [  # H = 96: no bf16_decode; dispatch M 8 and 9 both become M 3
+        "nvfp4_decode/E6-H96-I64-k3/M3/gaussian/s0",
+        "nvfp4_grouped/E6-H96-I64-k3/M3/gaussian/s0",
+        "nvfp4_dispatch/E6-H96-I64-k3/M3/gaussian/s0",
+    ]
+    out = tmp_path / "out"
+    assert cli.main([*argv, "--filter", "nvfp4_dispatch", "--out", str(out), "--no-html"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_dispatch/cpu-E6-H96-I64-k3/M128/gaussian/s0/r-count-128-5"]
+    assert data["env"]["filters"] == ["nvfp4_dispatch", "--shape=cpu-E6-H96-I64-k3", "--route=count=128@5",
+                                      "--tokens=8,128,8"]  # fmt: skip
+    capsys.readouterr()
+    for bad in ("0", "65537", "8,x", ""):
+        assert cli.main(["--profile", "cpu", "--list", "--tokens", bad]) == 2
+        assert capsys.readouterr().err.strip() == f"--tokens {bad}: expected token counts M[,M...], each in [1, 65536]"
