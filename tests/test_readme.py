@@ -48,3 +48,19 @@ def test_usage_names_every_digested_directory():
     section = USAGE.split("## GPU evidence and the freshness line")[1].split("\n## ")[0]
     for d in DIGEST_DIRS:
         assert f"`{d}`" in section, d
+
+
+def test_usage_lists_every_conformance_option(capsys):
+    """Every option of ``python -m flint_moe.conformance --help`` has its row in usage.md's options table."""
+    import pytest
+
+    from flint_moe.conformance import __main__ as cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", capsys.readouterr().out)) - {"--help"}
+    assert {"--shape", "--route", "--checkpoint", "--list", "--force"} <= options
+    table = USAGE.split("## Conformance CLI options")[1].split("\n## ")[0]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| `--")]
+    for opt in sorted(options):
+        assert any(re.search(rf"(?<![\w-]){opt}(?![\w-])", ln.split(" | ")[0]) for ln in rows), opt

@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--force",
         action="store_true",
-        help="run the gpu profile without CUDA (real shapes under the Triton interpreter: minutes per case)",
+        help="run the gpu profile, or a --shape above 1 GiB of bf16 weights, without CUDA (real shapes under the "
+        "Triton interpreter: minutes to hours per case)",
     )
     ap.add_argument(
         "--black-box",
@@ -364,11 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         except CHECKPOINT_ERRORS as e:
             print(checkpoint_error_line(args.checkpoint, args.layer, e), file=sys.stderr)
             return 2
-    elif args.shape is not None or args.route is not None:
+    elif args.shape is not None or args.route is not None or args.tokens is not None:
         from flint_moe.conformance.selection import shape_route_selection
 
         try:
-            cases = shape_route_selection(args.shape, args.route, profile, args.filter)
+            cases = shape_route_selection(args.shape, args.route, profile, args.filter, args.tokens)
         except ValueError as e:
             print(e, file=sys.stderr)
             return 2
@@ -425,12 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     if not cases and shard is None:  # a shard may be empty (more shards than units of work)
         console.print(f"no case of profile {profile!r} matches filters {args.filter}", style="red", markup=False)
         return 1
-    if profile == "gpu" and not torch.cuda.is_available() and not args.force:
-        console.print(
-            "the gpu profile runs real layer shapes; without CUDA they would run under the Triton "
-            "interpreter (minutes per case, and bit-exactness is not claimed there). Use --profile cpu, "
-            "or --force to run them anyway.", style="red"
-        )  # fmt: skip
+    from flint_moe.conformance.selection import cpu_refusal
+
+    refusal = None if torch.cuda.is_available() or args.force else cpu_refusal(profile, args.shape, cases)
+    if refusal is not None:
+        console.print(refusal, style="red", markup=False)
         return 2
     base = None
     if args.baseline:
@@ -451,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
     env["profile"] = profile
-    env["filters"] = list(args.filter) + [f"{flag}={v}" for flag, v in (("--shape", args.shape),
-                                                                         ("--route", args.route)) if v is not None]
+    sel = (("--shape", args.shape), ("--route", args.route), ("--tokens", args.tokens))
+    env["filters"] = list(args.filter) + [f"{flag}={v}" for flag, v in sel if v is not None]
     now = datetime.datetime.now(datetime.UTC)
     env["date_utc"] = now.isoformat(timespec="seconds")
     env["command"] = " ".join(["python -m flint_moe.conformance", *(sys.argv[1:] if argv is None else argv)])

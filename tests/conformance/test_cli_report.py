@@ -136,7 +136,7 @@ def test_a_case_that_raises_is_a_fail_and_the_run_goes_on(tmp_path, fake_run, ca
     assert "- **run** FAIL: 0 of 0 elements; max ulp -; first failing []; note: raised RuntimeError" in md
     assert "no catalogued fault" not in md  # the diagnosis did not run
     short = (tmp_path / "out" / "summary.md").read_text()
-    assert f"- **the run raised: raised RuntimeError: illegal memory access (simulated)**: `{CASE}` (run:0)" in short
+    assert f"- **the run raised RuntimeError: illegal memory access (simulated)**: `{CASE}` (run:0)" in short
 
 
 def test_rerun_failed_reruns_only_the_fails_and_merges(tmp_path, fake_run, monkeypatch):
@@ -370,3 +370,120 @@ def test_shape_and_route_options(tmp_path, fake_run, capsys):
     ):
         assert cli.main(["--profile", "cpu", "--list", *bad]) == 2
         assert capsys.readouterr().err.startswith(why)
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("6,100,64,3", "H = 100 must be a multiple of 32"),
+        ("6,112,64,3", "H = 112 must be a multiple of 32"),
+        ("6,96,40,3", "I = 40 must be a multiple of 16"),
+        ("6,96,48,3", "I = 48 must be a multiple of 64, or padded (a sizes name with -P64, e.g. E6-H96-I48-P64-k3)"),
+        ("E6-H96-I48-P32-k3", "pad_to = 32 must be a multiple of 64"),
+        ("20,96,64,17", "top_k = 17 must be at most 16"),
+    ],
+)
+def test_shape_no_path_can_hold_is_refused(text, why, capsys):
+    """--shape with sizes the NVFP4 layouts or kernels refuse exits 2 before the first case, naming the limit
+    (instead of a case that FAILs with the layout's traceback)."""
+    assert cli.main(["--profile", "cpu", "--list", "--shape", text]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"--shape {text}: the NVFP4 layouts and kernels cannot hold it: {why}"
+
+
+def test_shape_problem_agrees_with_the_layouts():
+    """Independent side: the production layout and the decode kernels' size check accept exactly the shapes
+    shape_problem passes (E, k within the router's limits); every model shape and its scaled-down copy passes."""
+    import torch
+
+    from flint_moe.conformance.inputs.cases import shape_spec
+    from flint_moe.conformance.selection import shape_problem
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+    from flint_moe.layouts import FlintMoEWeights
+    from flint_moe.shapes import MODEL_SHAPES
+
+    for s in MODEL_SHAPES.values():
+        assert shape_problem(shape_spec(s.name)) is None, s.name
+        assert shape_problem(shape_spec(f"cpu-{s.name}")) is None, s.name
+    fp8 = torch.float8_e4m3fn
+    for h, i, pad in [(96, 64, None), (100, 64, None), (112, 64, None), (128, 64, None), (96, 40, None),
+                      (96, 48, None), (96, 48, 64), (96, 48, 128), (96, 80, 64), (160, 192, None)]:  # fmt: skip
+        spec = shape_spec(f"E2-H{h}-I{i}" + (f"-P{pad}" if pad else "") + "-k1")
+        try:
+            w = FlintMoEWeights.from_modelopt(
+                torch.zeros(2, 2 * i, h // 2, dtype=torch.uint8), torch.ones(2, 2 * i, h // 16).to(fp8),
+                torch.ones(2, 2), torch.zeros(2, h, i // 2, dtype=torch.uint8), torch.ones(2, h, i // 16).to(fp8),
+                torch.ones(2), pad_intermediate_to=pad,
+            )  # fmt: skip
+            decode_sizes(w)
+            held = True
+        except ValueError:
+            held = False
+        assert held == (shape_problem(spec) is None), (h, i, pad, shape_problem(spec))
+
+
+def test_real_size_shape_without_cuda_needs_force(tmp_path, fake_run, capsys, monkeypatch):
+    """Without CUDA a --shape above 1 GiB of bf16 weights is refused before the first case (exit 2, naming its
+    scaled-down copy); --force runs it; --list and the scaled-down copy are never refused."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    argv = ["--profile", "cpu", "--shape", "qwen3-30b-a3b", "--filter", "nvfp4_decode/", "--filter", "M1/",
+            "--out", str(out), "--no-html"]  # fmt: skip
+    assert cli.main(argv) == 2
+    # 3 x 128 x 2048 x 768 bf16 values = 1,207,959,552 bytes > 2**30 = 1,073,741,824
+    assert capsys.readouterr().out.split("\n")[0].startswith(
+        "--shape qwen3-30b-a3b: a real-size layer (E=128, H=2048, I=768: 1.2 GB of bf16 weights) would run under "
+        "the Triton interpreter without CUDA"
+    )
+    assert not out.exists()
+    capsys.readouterr()
+    assert cli.main(["--profile", "cpu", "--list", "--shape", "qwen3-30b-a3b"]) == 0
+    assert cli.main(["--profile", "cpu", "--shape", "9000,256,256,3", "--filter", "M1/", "--out", str(out),
+                     "--no-html"]) == 2  # fmt: skip
+    assert "Run a smaller shape, or pass --force to run it anyway." in " ".join(capsys.readouterr().out.split())
+    assert cli.main([*argv, "--force"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_decode/qwen3-30b-a3b/M1/gaussian/s0"]
+
+
+def test_every_model_shape_needs_force_on_the_cpu_and_its_copy_does_not():
+    from flint_moe.conformance.inputs.cases import shape_cases, shape_spec
+    from flint_moe.conformance.selection import CPU_SHAPE_MAX_BYTES, cpu_size_problem
+    from flint_moe.shapes import MODEL_SHAPES
+
+    for name, s in MODEL_SHAPES.items():
+        assert 6 * s.num_experts * s.hidden * s.intermediate > CPU_SHAPE_MAX_BYTES == 2**30
+        assert f"Run its scaled-down copy, --shape cpu-{name}," in cpu_size_problem(name, shape_cases(shape_spec(name)))
+        assert cpu_size_problem(f"cpu-{name}", shape_cases(shape_spec(f"cpu-{name}"))) is None
+    # 6 x 96 x 1024 x 1024 = 603,979,776 bytes: within the limit; 6 x 96 x 2048 x 1024 = 2**30 + 2**30 / 8: above
+    assert cpu_size_problem("96,1024,1024,3", shape_cases(shape_spec("96,1024,1024,3"))) is None
+    assert cpu_size_problem("96,2048,1024,3", shape_cases(shape_spec("96,2048,1024,3"))) is not None
+
+
+def test_tokens_option(tmp_path, fake_run, capsys):
+    """--tokens runs the selected cases at other token counts: the decode paths up to 8 tokens only, the
+    grouped and dispatch paths at any count; filters see the new ids; the run records it as a selection."""
+    argv = ["--profile", "cpu", "--shape", "cpu-E6-H96-I64-k3", "--tokens", "8,128,8", "--route", "count=128@5"]
+    assert cli.main([*argv, "--list"]) == 0
+    assert capsys.readouterr().out.split() == [  # M = 8 cannot send 128 tokens; decode paths take no M = 128
+        "nvfp4_grouped/cpu-E6-H96-I64-k3/M128/gaussian/s0/r-count-128-5",
+        "nvfp4_dispatch/cpu-E6-H96-I64-k3/M128/gaussian/s0/r-count-128-5",
+    ]
+    assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3", "--tokens", "3,9", "--filter", "M3/", "--list"]) == 0
+    assert capsys.readouterr().out.split() == [  # H = 96: no bf16_decode; dispatch M 8 and 9 both become M 3
+        "nvfp4_decode/E6-H96-I64-k3/M3/gaussian/s0",
+        "nvfp4_grouped/E6-H96-I64-k3/M3/gaussian/s0",
+        "nvfp4_dispatch/E6-H96-I64-k3/M3/gaussian/s0",
+    ]
+    out = tmp_path / "out"
+    assert cli.main([*argv, "--filter", "nvfp4_dispatch", "--out", str(out), "--no-html"]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_dispatch/cpu-E6-H96-I64-k3/M128/gaussian/s0/r-count-128-5"]
+    assert data["env"]["filters"] == ["nvfp4_dispatch", "--shape=cpu-E6-H96-I64-k3", "--route=count=128@5",
+                                      "--tokens=8,128,8"]  # fmt: skip
+    capsys.readouterr()
+    for bad in ("0", "65537", "8,x", ""):
+        assert cli.main(["--profile", "cpu", "--list", "--tokens", bad]) == 2
+        assert capsys.readouterr().err.strip() == f"--tokens {bad}: expected token counts M[,M...], each in [1, 65536]"

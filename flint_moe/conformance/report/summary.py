@@ -294,8 +294,8 @@ def _run_line(env: dict) -> str:
     if env.get("cases_run"):
         parts.append(f"cases {md(env['cases_run'])} of profile {md(env.get('profile', '?'), code=True)}")
     dirty = env.get("git_dirty")
-    parts.append(f"commit {md(env.get('git_commit') or 'unknown', code=True)}"
-                 + (f" plus local changes to {len(dirty)} files" if dirty else ""))  # fmt: skip
+    changes = f" plus local changes to {len(dirty)} file{'s' if len(dirty) != 1 else ''}" if dirty else ""
+    parts.append(f"commit {md(env.get('git_commit') or 'unknown', code=True)}{changes}")
     sd = env.get("source_digest")
     if isinstance(sd, dict) and sd.get("digest"):
         parts.append(f"sources {md(str(sd['digest'])[:12], code=True)}")
@@ -327,7 +327,8 @@ def _fail_reason(c: dict) -> str:
         return "; ".join(names)
     raised = [s for s in c.get("stages", []) if s.get("stage") == "run" and s.get("verdict") == FAIL]
     if raised:
-        return f"the run raised: {md(raised[0].get('note') or '?')}"
+        note = str(raised[0].get("note") or "?")
+        return f"the run raised {md(note.removeprefix('raised '))}"
     stage_failed = any(s.get("verdict") == FAIL and s.get("stage") != "run" for s in c.get("stages", []))
     if _mode(c) == BLACK_BOX:
         return "no diagnosis (black-box: end to end only)"
@@ -363,6 +364,14 @@ def _fail_lines(fails: list[dict], budget: int) -> list[str]:
     return out
 
 
+#: The line under summary.md's path table: what its columns measure.
+PATH_LEGEND = (
+    "exact %: elements bitwise equal to the golden value over all stages (accumulations: to RN32 of the exact "
+    "sum); max ulp: order-free stages and the end-to-end output; worst accumulation: the largest "
+    "|kernel - exact| of a long fp32 sum as a percentage of its certified bound (its fp32 ulps in brackets)."
+)
+
+
 def _path_rows(cases: list[dict]) -> list[str]:
     """One table row per path (black-box runs labelled): cases, worst verdict with the counts, exact %, max ulp,
     worst accumulation (stage, fraction of its bound), FAIL cases."""
@@ -395,7 +404,7 @@ def summary_markdown(results, env: dict, *, mutation=None, baseline=None, gpu_re
         lines += ["", f"Vs baseline {md(baseline.get('other', '?'), code=True)}: "
                   f"{md(baseline.get('cases_compared', '?'))} cases compared, {len(vc)} verdict changes ({worse} "
                   f"worse), {len(baseline.get('digest_changes') or [])} output digests changed."]  # fmt: skip
-    tail = ["", "## Paths", "", *_path_rows(cases), "",
+    tail = ["", "## Paths", "", *_path_rows(cases), "", PATH_LEGEND, "",
             f"Full tables (path x shape x M, failure details, explained differences, invariances, mutation "
             f"results): {FULL_SUMMARY_FILE}; every case: report.json, report.html."]  # fmt: skip
     fails = [c for c in cases if c["verdict"] == FAIL]

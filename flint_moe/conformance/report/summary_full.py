@@ -214,8 +214,11 @@ def _env_lines(env: dict) -> list[str]:
     out = []
     for k, v in env.items():
         if k == "source_digest" and isinstance(v, dict):
-            n, dirs = len(v.get("files") or {}), ", ".join(v.get("dirs") or [])
-            v = f"{v.get('digest')} ({v.get('algorithm')}, {n} files under {dirs})"
+            files, dirs = list(v.get("files") or {}), list(v.get("dirs") or [])
+            alone = [f for f in files if not any(f.startswith(d.rstrip("/") + "/") for d in dirs)]
+            n = f"{len(files)} file{'s' if len(files) != 1 else ''}"
+            v = (f"{v.get('digest')} ({v.get('algorithm')}, {n}: under {', '.join(dirs)}"
+                 + (f", and {', '.join(alone)}" if alone else "") + ")")  # fmt: skip
         out.append(f"- {md(k)}: {md(v)}")
     return out
 

@@ -58,6 +58,8 @@ def test_short_summary_lines():
         f"| bf16\\_decode | 1 | **WITHIN-BOUND** | {100 * 101 / 102:.2f} | 0 "
         "| router\\_acc 1.25% of its bound (1.5 ulp) | 0 |",
         "",
+        sm.PATH_LEGEND,
+        "",
         "Full tables (path x shape x M, failure details, explained differences, invariances, mutation results): "
         "summary-full.md; every case: report.json, report.html.",
     ]

@@ -75,7 +75,16 @@ def test_header_lines_in_order():
         "missed: act\\_rounded\\_twice, no\\_epsilon."
     )
     # the env's source digest is one line, not the per-file dict
-    assert "- source\\_digest: " + "0123456789abcdef" * 4 + " (sha256/ast-canonical-v1, 1 files under a)" in lines
+    assert "- source\\_digest: " + "0123456789abcdef" * 4 + " (sha256/ast-canonical-v1, 1 file: under a)" in lines
+
+
+def test_env_digest_line_names_the_files_outside_the_directories():
+    """The digest's single files (flint_moe/shapes.py) are named beside its directories, never hidden in the count."""
+    files = {"p/k/a.py": "1", "p/r/b.py": "2", "p/shapes.py": "3", "p/kx.py": "4"}
+    env = {"source_digest": {"digest": "d" * 64, "algorithm": "alg", "dirs": ["p/k", "p/r"], "files": files}}
+    assert sf._env_lines(env) == [
+        "- source\\_digest: " + "d" * 64 + " (alg, 4 files: under p/k, p/r, and p/shapes.py, p/kx.py)"
+    ]
 
 
 def test_failure_details_invariances_and_explained():
@@ -144,6 +153,8 @@ def test_run_line_says_when_the_checkout_had_local_changes():
 
     line = _run_line({"git_commit": "abc123", "git_dirty": ["a", "b"]})
     assert "commit `abc123` plus local changes to 2 files" in line
+    one = _run_line({"git_commit": "abc123", "git_dirty": ["a"]})
+    assert one.endswith("commit `abc123` plus local changes to 1 file.")
     assert "local changes" not in _run_line({"git_commit": "abc123", "git_dirty": []})
     assert "local changes" not in _run_line({"git_commit": "abc123", "git_dirty": None})
 
