@@ -1,0 +1,359 @@
+"""CuTe DSL split-K NVFP4 gate/up GEMV of the low-latency decode block (rule steps 5-7): a first version,
+compiled for sm_90 and its PTX audited on the CPU; NOT YET RUN ON A GPU (no correctness or speed claim).
+
+Two kernels (``nvidia-cutlass-dsl``, the ``cute`` extra; this module imports without it and then reports
+the package missing from :func:`cute_available`):
+
+- ``partial``: grid (2*Ip / WARPS, S, P), WARPS warps per CTA, one warp per physical weight row. Pair q < P
+  is (token q // k, selected slot q % k) for the routed experts (expert ``ids[q]``), or one token for the
+  shared expert (expert 0 of a one-expert view). K-split s covers the 16-element blocks
+  [s * BPS, (s + 1) * BPS) of the row (BPS = H / 16 / S). Lane l of the warp takes the blocks
+  s * BPS + l, + 32, ... in increasing order; per block it decodes the 16 E2M1 codes and the E4M3 scale
+  exactly (integer bit assembly, no conversion instruction), ``w = e2m1 * e4m3`` (exact in fp32) and
+  ``acc = fma.rn.f32(x_h, w, acc)`` for h ascending (x bf16 widened exactly, the product exact in fp32 unless
+  it underflows). The 32 lane sums are reduced by a butterfly (``shfl.sync.bfly`` with offsets 16, 8, 4, 2,
+  1: after the level of offset o lane l holds RN(v_l + v_{l^o}), the same in both lanes since fp32 addition
+  is commutative), and lane 0 writes the row's partial to the fp32 workspace [P, S, 2*Ip].
+- ``finish``: grid (ceil(Ip / 128), P), one thread per intermediate index i: ``g_acc = p_0 + p_1 + ... +
+  p_{S-1}`` of the gate row's partials in increasing s (one fp32 RN per addition, ``add.rn.f32``), the same
+  for the up row, then rule steps 6-7 with pinned instructions: ``g = mul.rn(g_acc, gs)``, ``u = mul.rn(u_acc,
+  gs)``, ``act = cvt.rn.bf16(u * (g * rcp.approx.ftz(ex2.approx.ftz(g * c) + 1)))``. Taps: ``gate_acc`` /
+  ``up_acc`` fp32 [P, Ip] (before the global scale), ``act`` bf16 [P, Ip].
+
+Rows: the routed experts' ``FlintMoEWeights.w1`` holds [up; gate] interleaved by 64 rows (up row i at
+physical row 128 * (i // 64) + i % 64, gate row i 64 rows after it); the shared expert's gate/up linear holds
+[gate; up] (gate row i at i, up row i at SI + i). Scales: the 128x4 swizzle (``layouts/swizzle.py``), byte
+of (row r, block c) at ``(r // 128) * Kp * 128 + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 +
+c % 4`` inside an expert's [Mp, Kp] block.
+
+Limits: H % (16 * 32 * S) == 0 (every lane of every split gets the same number of blocks), Ip % 64 == 0;
+offsets are 32-bit (E * 2Ip * H / 8 < 2^31: Kimi-K2's 384 x 4096 x 896 = 1.41e9 fits).
+
+Not done yet (the GPU session's work): running it at all, the conformance path, tuning (one warp per row and
+byte-wise scale loads are the simplest mapping, not a fast one), fusing ``finish`` into ``partial`` (last
+CTA of a row tile by an atomic ticket), the taps' place in the block op.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from dataclasses import dataclass
+
+__all__ = [
+    "AUDIT_SPECS",
+    "GateUpSpec",
+    "PTX_FORBID",
+    "PTX_REQUIRE",
+    "audit_gate_up",
+    "compile_gate_up",
+    "cute_available",
+]
+
+_HAVE_CUTE = importlib.util.find_spec("cutlass") is not None
+
+#: Warps (rows) per CTA of the partial kernel; threads per CTA of the finish kernel.
+WARPS = 4
+FINISH_THREADS = 128
+
+#: Instructions the generated PTX must contain (rule steps 5-7 pinned) and must not (see module docstring).
+PTX_REQUIRE = (
+    "fma.rn.f32", "mul.rn.f32", "add.rn.f32", "ex2.approx.ftz.f32", "rcp.approx.ftz.f32", "cvt.rn.bf16.f32",
+    "shfl.sync.bfly.b32", "griddepcontrol.wait", "griddepcontrol.launch_dependents",
+)  # fmt: skip
+PTX_FORBID = (
+    "div.full.f32",
+    r"re:^\s*(@!?%p\d+\s+)?[a-z][a-z0-9_]*(\.[a-z0-9_]+)*\.f64\b",
+    r"re:\bex2\.approx\.f32\b",
+    r"re:\brcp\.approx\.f32\b",
+    r"re:\brcp\.rn\.f32\b",
+    r"re:\bcvt\.rz\.bf16",
+)
+
+
+def cute_available() -> tuple[bool, str]:
+    """(available, reason): whether ``nvidia-cutlass-dsl`` can be imported here (compiling needs no GPU)."""
+    if not _HAVE_CUTE:
+        return False, "nvidia-cutlass-dsl is not installed (pip install 'flint-moe[cute]')"
+    return True, ""
+
+
+@dataclass(frozen=True)
+class GateUpSpec:
+    """One specialisation: hidden H, padded intermediate Ip, experts E of the weight tensor (1 for the shared
+    expert), K-splits S, ``routed`` (interleaved [up; gate] rows, expert from ids) or shared ([gate; up])."""
+
+    hidden: int
+    inter: int
+    experts: int
+    splits: int
+    routed: bool
+
+    def __post_init__(self) -> None:
+        if self.hidden <= 0 or self.hidden % (16 * 32 * self.splits):
+            raise ValueError(
+                f"GateUpSpec: hidden {self.hidden} must be a positive multiple of 16 * 32 * splits "
+                f"({16 * 32 * self.splits})"
+            )
+        if self.inter <= 0 or self.inter % 64:
+            raise ValueError(f"GateUpSpec: intermediate {self.inter} must be a positive multiple of 64")
+        if self.experts <= 0 or (not self.routed and self.experts != 1):
+            raise ValueError(f"GateUpSpec: experts {self.experts} must be >= 1 (1 for the shared expert)")
+
+
+if _HAVE_CUTE:  # pragma: no branch - the kernels exist only with the cute extra
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T, dsl_user_op
+
+    def _asm_f32(asm: str, args, *, loc=None, ip=None):
+        cons = "=f," + ",".join("f" for _ in args)
+        vals = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
+        return Float32(
+            llvm.inline_asm(
+                T.f32(),
+                vals,
+                asm,
+                cons,
+                has_side_effects=False,
+                is_align_stack=False,
+                asm_dialect=llvm.AsmDialect.AD_ATT,
+                loc=loc,
+                ip=ip,
+            )
+        )
+
+    @dsl_user_op
+    def fma_rn(a, b, c, *, loc=None, ip=None):
+        return _asm_f32("fma.rn.f32 $0, $1, $2, $3;", (a, b, c), loc=loc, ip=ip)
+
+    @dsl_user_op
+    def mul_rn(a, b, *, loc=None, ip=None):
+        return _asm_f32("mul.rn.f32 $0, $1, $2;", (a, b), loc=loc, ip=ip)
+
+    @dsl_user_op
+    def add_rn(a, b, *, loc=None, ip=None):
+        return _asm_f32("add.rn.f32 $0, $1, $2;", (a, b), loc=loc, ip=ip)
+
+    @dsl_user_op
+    def ex2_approx_ftz(a, *, loc=None, ip=None):
+        return _asm_f32("ex2.approx.ftz.f32 $0, $1;", (a,), loc=loc, ip=ip)
+
+    @dsl_user_op
+    def rcp_approx_ftz(a, *, loc=None, ip=None):
+        return _asm_f32("rcp.approx.ftz.f32 $0, $1;", (a,), loc=loc, ip=ip)
+
+    @dsl_user_op
+    def bf16_bits(a, *, loc=None, ip=None):
+        """``cvt.rn.bf16.f32``: the bf16 bit pattern in the low 16 bits of an Int32."""
+        return Int32(
+            llvm.inline_asm(
+                T.i32(),
+                [Float32(a).ir_value(loc=loc, ip=ip)],
+                "{ .reg .b16 h; cvt.rn.bf16.f32 h, $1; cvt.u32.u16 $0, h; }",
+                "=r,f",
+                has_side_effects=False,
+                is_align_stack=False,
+                asm_dialect=llvm.AsmDialect.AD_ATT,
+                loc=loc,
+                ip=ip,
+            )
+        )
+
+    @dsl_user_op
+    def bits_f32(i, *, loc=None, ip=None):
+        """Int32 bit pattern -> Float32 (no conversion)."""
+        return Float32(llvm.bitcast(T.f32(), Int32(i).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+    @cute.jit
+    def e2m1_value(c: Int32) -> Float32:
+        """Exact fp32 of one E2M1 nibble ``c`` (bit 3 sign, 2-bit exponent, 1-bit mantissa)."""
+        mag = c & 7
+        b = Int32(0)
+        if mag >= 2:
+            b = (((mag >> 1) + 126) << 23) | ((mag & 1) << 22)
+        elif mag == 1:
+            b = Int32(0x3F000000)  # 0.5
+        return bits_f32(b | ((c & 8) << 28))
+
+    @cute.jit
+    def e4m3_value(s: Int32) -> Float32:
+        """Exact fp32 of one E4M3 byte (NaN bytes are refused by the weights' checks)."""
+        e = (s >> 3) & 15
+        m = s & 7
+        mag = Float32(0.0)
+        if e == 0:
+            mag = Float32(m) * Float32(2.0**-9)  # subnormal m * 2^-9, exact
+        else:
+            mag = bits_f32(((e + 120) << 23) | (m << 20))
+        if (s & 0x80) != 0:
+            mag = -mag
+        return mag
+
+    @cute.kernel
+    def _partial_kernel(
+        x: cute.Tensor,  # bf16 [M * H] (flat)
+        ids: cute.Tensor,  # int32 [P] (routed: the selected experts, flattened [M, k]; shared: unused)
+        w: cute.Tensor,  # int32 [E * 2Ip * H / 8]: codes, 8 per word
+        sf: cute.Tensor,  # uint8 [E * Mp * Kp]: swizzled scales
+        ws: cute.Tensor,  # fp32 [P * S * 2Ip]
+        top_k: Int32,
+        H: cutlass.Constexpr,
+        IP: cutlass.Constexpr,
+        S: cutlass.Constexpr,
+        ROUTED: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        rt, s, q = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        row = rt * WARPS + warp
+        cute.arch.griddepcontrol_wait()
+        e = Int32(0)
+        tok = q
+        if ROUTED:
+            e = ids[q]
+            tok = q // top_k
+        nb = H // 16  # blocks per row
+        bps = nb // S
+        kp = (nb + 3) // 4 * 4
+        mp = (2 * IP + 127) // 128 * 128
+        w_row = (e * (2 * IP) + row) * (H // 8)
+        sf_row = e * (mp * kp) + (row // 128) * kp * 128 + (row % 32) * 16 + ((row % 128) // 32) * 4
+        x_row = tok * H
+        acc = Float32(0.0)
+        for j in range(bps // 32):
+            blk = s * bps + j * 32 + lane
+            sc = e4m3_value(Int32(sf[sf_row + (blk // 4) * 512 + blk % 4]))
+            for half in cutlass.range_constexpr(2):
+                word = Int32(w[w_row + blk * 2 + half])
+                for n in cutlass.range_constexpr(8):
+                    h = blk * 16 + half * 8 + n
+                    wv = e2m1_value((word >> (4 * n)) & 15) * sc
+                    acc = fma_rn(Float32(x[x_row + h]), wv, acc)
+        for lvl in cutlass.range_constexpr(5):
+            acc = add_rn(acc, cute.arch.shuffle_sync_bfly(acc, offset=16 >> lvl))
+        if lane == 0:
+            ws[(q * S + s) * (2 * IP) + row] = acc
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.kernel
+    def _finish_kernel(
+        ws: cute.Tensor,  # fp32 [P * S * 2Ip]
+        ids: cute.Tensor,  # int32 [P]
+        gs: cute.Tensor,  # fp32 [E]
+        act: cute.Tensor,  # int16 [P * Ip]: bf16 bits
+        g_tap: cute.Tensor,  # fp32 [P * Ip]
+        u_tap: cute.Tensor,  # fp32 [P * Ip]
+        IP: cutlass.Constexpr,
+        S: cutlass.Constexpr,
+        ROUTED: cutlass.Constexpr,
+        TAP: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bt, q, _ = cute.arch.block_idx()
+        i = bt * FINISH_THREADS + tidx
+        cute.arch.griddepcontrol_wait()
+        if i < IP:
+            e = Int32(0)
+            g_row = i
+            u_row = IP + i
+            if ROUTED:
+                e = ids[q]
+                u_row = (i // 64) * 128 + i % 64
+                g_row = u_row + 64
+            base = q * S * (2 * IP)
+            g_acc = ws[base + g_row]
+            u_acc = ws[base + u_row]
+            for s in cutlass.range_constexpr(1, S):
+                g_acc = add_rn(g_acc, ws[base + s * (2 * IP) + g_row])
+                u_acc = add_rn(u_acc, ws[base + s * (2 * IP) + u_row])
+            if TAP:
+                g_tap[q * IP + i] = g_acc
+                u_tap[q * IP + i] = u_acc
+            alpha = gs[e]
+            g = mul_rn(g_acc, alpha)
+            u = mul_rn(u_acc, alpha)
+            r = rcp_approx_ftz(add_rn(ex2_approx_ftz(mul_rn(g, Float32(-1.44269502162933349609375))), Float32(1.0)))
+            act[q * IP + i] = cutlass.Int16(bf16_bits(mul_rn(u, mul_rn(g, r))))
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def _gate_up_host(
+        x: cute.Tensor,
+        ids: cute.Tensor,
+        w: cute.Tensor,
+        sf: cute.Tensor,
+        gs: cute.Tensor,
+        ws: cute.Tensor,
+        act: cute.Tensor,
+        g_tap: cute.Tensor,
+        u_tap: cute.Tensor,
+        pairs: Int32,
+        top_k: Int32,
+        H: cutlass.Constexpr,
+        IP: cutlass.Constexpr,
+        S: cutlass.Constexpr,
+        ROUTED: cutlass.Constexpr,
+        TAP: cutlass.Constexpr,
+    ):
+        _partial_kernel(x, ids, w, sf, ws, top_k, H, IP, S, ROUTED).launch(
+            grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1]
+        )
+        _finish_kernel(ws, ids, gs, act, g_tap, u_tap, IP, S, ROUTED, TAP).launch(
+            grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1], block=[FINISH_THREADS, 1, 1]
+        )
+
+
+#: The block's shapes with a shared expert (name -> spec): routed and shared gate/up of DeepSeek-V3 (and
+#: Kimi-K2's 384 experts), GLM-4.5 and Ling-mini-2.0, with a K-split each shape allows.
+AUDIT_SPECS = {
+    "dsv3.routed.S2": GateUpSpec(7168, 2048, 256, 2, True),
+    "dsv3.shared.S7": GateUpSpec(7168, 2048, 1, 7, False),
+    "kimi.routed.S2": GateUpSpec(7168, 2048, 384, 2, True),
+    "glm45.routed.S2": GateUpSpec(5120, 1536, 160, 2, True),
+    "glm45.shared.S5": GateUpSpec(5120, 1536, 1, 5, False),
+    "ling.routed.S4": GateUpSpec(2048, 512, 256, 4, True),
+    "ling.shared.S4": GateUpSpec(2048, 512, 1, 4, False),
+}
+
+
+def compile_gate_up(spec: GateUpSpec, pairs: int = 8, *, tap: bool = False, arch: str = "sm_90a"):
+    """Compile ``spec`` for ``arch`` (no GPU needed) with placeholder CPU tensors of the right dtypes and
+    sizes for ``pairs`` (token, expert) pairs; returns the compiled function (``.artifacts.PTX`` holds the
+    PTX, ``.artifacts.CUBIN`` the cubin). Raises RuntimeError when nvidia-cutlass-dsl is missing."""
+    ok, why = cute_available()
+    if not ok:
+        raise RuntimeError(why)
+    import torch
+    from cutlass.cute.runtime import from_dlpack
+
+    h, ip, e, s = spec.hidden, spec.inter, spec.experts, spec.splits
+    mp, kp = -(-2 * ip // 128) * 128, -(-h // 64) * 4
+    m = pairs
+    t = {
+        "x": torch.zeros(m * h, dtype=torch.bfloat16),
+        "ids": torch.zeros(pairs, dtype=torch.int32),
+        "w": torch.zeros(e * 2 * ip * h // 8, dtype=torch.int32),
+        "sf": torch.zeros(e * mp * kp, dtype=torch.uint8),
+        "gs": torch.ones(e, dtype=torch.float32),
+        "ws": torch.zeros(pairs * s * 2 * ip, dtype=torch.float32),
+        "act": torch.zeros(pairs * ip, dtype=torch.int16),
+        "g_tap": torch.zeros(pairs * ip, dtype=torch.float32),
+        "u_tap": torch.zeros(pairs * ip, dtype=torch.float32),
+    }
+    args = [from_dlpack(v).mark_layout_dynamic() for v in t.values()]
+    # the PTX text is kept in .artifacts only when it is dumped (4.8.1); the directory must exist
+    with tempfile.TemporaryDirectory(prefix="flint-cute-") as d:
+        opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {d}"
+        return cute.compile(_gate_up_host, *args, pairs, 1, h, ip, s, spec.routed, tap, options=opts)
+
+
+def audit_gate_up(spec: GateUpSpec, *, tap: bool = False) -> list[str]:
+    """Problems of ``spec``'s sm_90 PTX against :data:`PTX_REQUIRE` / :data:`PTX_FORBID` (empty: passes)."""
+    from flint_moe.kernels.audit.ptx import audit_ptx
+
+    fn = compile_gate_up(spec, tap=tap)
+    return audit_ptx(fn.artifacts.PTX, PTX_REQUIRE, PTX_FORBID)
