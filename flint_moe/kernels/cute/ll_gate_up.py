@@ -36,8 +36,10 @@ CTA of a row tile by an atomic ticket), the taps' place in the block op.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import tempfile
+import types
 from dataclasses import dataclass
 
 __all__ = [
@@ -101,7 +103,10 @@ class GateUpSpec:
             raise ValueError(f"GateUpSpec: experts {self.experts} must be >= 1 (1 for the shared expert)")
 
 
-if _HAVE_CUTE:  # pragma: no branch - the kernels exist only with the cute extra
+@functools.cache
+def _dsl() -> types.SimpleNamespace:
+    """Import nvidia-cutlass-dsl and define the kernels (once): importing this module stays cheap and works
+    without the package (the audit registry imports every kernel module)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
@@ -306,6 +311,11 @@ if _HAVE_CUTE:  # pragma: no branch - the kernels exist only with the cute extra
             grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1], block=[FINISH_THREADS, 1, 1]
         )
 
+    # The DSL re-parses each @cute.jit / @cute.kernel body and resolves its names through the module's
+    # globals, not the closure: publish everything defined here (only the kernels' own helpers).
+    globals().update({n: v for n, v in locals().items() if not n.startswith("__")})
+    return types.SimpleNamespace(cute=cute, host=_gate_up_host)
+
 
 #: The block's shapes with a shared expert (name -> spec): routed and shared gate/up of DeepSeek-V3 (and
 #: Kimi-K2's 384 experts), GLM-4.5 and Ling-mini-2.0, with a K-split each shape allows.
@@ -328,6 +338,8 @@ def compile_gate_up(spec: GateUpSpec, pairs: int = 8, *, tap: bool = False, arch
     if not ok:
         raise RuntimeError(why)
     import torch
+
+    ns = _dsl()
     from cutlass.cute.runtime import from_dlpack
 
     h, ip, e, s = spec.hidden, spec.inter, spec.experts, spec.splits
@@ -348,7 +360,7 @@ def compile_gate_up(spec: GateUpSpec, pairs: int = 8, *, tap: bool = False, arch
     # the PTX text is kept in .artifacts only when it is dumped (4.8.1); the directory must exist
     with tempfile.TemporaryDirectory(prefix="flint-cute-") as d:
         opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {d}"
-        return cute.compile(_gate_up_host, *args, pairs, 1, h, ip, s, spec.routed, tap, options=opts)
+        return ns.cute.compile(ns.host, *args, pairs, 1, h, ip, s, spec.routed, tap, options=opts)
 
 
 def audit_gate_up(spec: GateUpSpec, *, tap: bool = False) -> list[str]:
