@@ -16,8 +16,8 @@ GEMV and top-k (steps 1-4).
 
 Every program of a token computes ``s``, the sum of squares, ``inv`` and ``xn`` itself, by the same
 instructions in the same order, so they all hold the same bits; nothing is exchanged between programs
-before the top-k. The row is read twice per program (2 x 2H bytes from L2; the router weight, E x H x 2
-bytes, is read once in all).
+before the top-k. Each program reads the two rows twice and ln_weight once (10 H bytes, mostly from L2); the
+router weight, E x H x 2 bytes, is read once in all.
 
 Summation orders (the only order-dependent values):
 - Sum of squares (tap ``sumsq``, fp32 [M]), with BH = BLOCK_H lanes and C = ceil(H / BH) chunks: lane j holds
