@@ -44,6 +44,11 @@ from dataclasses import dataclass
 
 __all__ = [
     "AUDIT_SPECS",
+    "codes_row_word",
+    "gate_up_rows",
+    "scale_block_byte",
+    "scale_block_shape",
+    "scale_row_byte",
     "GateUpSpec",
     "PTX_FORBID",
     "PTX_REQUIRE",
@@ -101,6 +106,44 @@ class GateUpSpec:
             raise ValueError(f"GateUpSpec: intermediate {self.inter} must be a positive multiple of 64")
         if self.experts <= 0 or (not self.routed and self.experts != 1):
             raise ValueError(f"GateUpSpec: experts {self.experts} must be >= 1 (1 for the shared expert)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Addressing: plain Python arithmetic, called by the kernels at trace time on DSL integers (so these are the
+# kernels' own index computations) and by the CPU tests on Python ints against the golden model's decoders.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def scale_block_shape(rows: int, hidden: int) -> tuple[int, int]:
+    """(Mp, Kp) of one expert's swizzled scale block for ``rows`` rows of ``hidden`` columns."""
+    return (rows + 127) // 128 * 128, (hidden // 16 + 3) // 4 * 4
+
+
+def codes_row_word(e, row, two_ip, hidden):
+    """Index of the first int32 word (8 E2M1 codes) of physical row ``row`` of expert ``e`` in the codes
+    viewed as int32 [E * 2Ip * H / 8]; the codes of block ``blk`` are words ``+ 2 * blk`` and ``+ 2 * blk + 1``,
+    element ``16 * blk + 8 * half + n`` in bits ``4n .. 4n + 3`` of word ``2 * blk + half`` (little-endian bytes,
+    low nibble first)."""
+    return (e * two_ip + row) * (hidden // 8)
+
+
+def scale_row_byte(e, row, mp, kp):
+    """Byte of (row, block 0) of expert ``e`` in the swizzled scales viewed as uint8 [E * Mp * Kp]."""
+    return e * (mp * kp) + (row // 128) * kp * 128 + (row % 32) * 16 + ((row % 128) // 32) * 4
+
+
+def scale_block_byte(blk):
+    """Offset of block ``blk``'s scale from the row's block 0 (128x4 swizzle: 4 blocks per 512-byte step)."""
+    return (blk // 4) * 512 + blk % 4
+
+
+def gate_up_rows(i, ip, routed: bool):
+    """(gate row, up row), physical, of intermediate index ``i``: the routed layout interleaves [up; gate] by 64
+    rows (up row i at 128 * (i // 64) + i % 64, gate 64 rows later); the shared layout is [gate; up]."""
+    if routed:
+        up = (i // 64) * 128 + i % 64
+        return up + 64, up
+    return i, ip + i
 
 
 @functools.cache
@@ -223,15 +266,14 @@ def _dsl() -> types.SimpleNamespace:
             tok = q // top_k
         nb = H // 16  # blocks per row
         bps = nb // S
-        kp = (nb + 3) // 4 * 4
-        mp = (2 * IP + 127) // 128 * 128
-        w_row = (e * (2 * IP) + row) * (H // 8)
-        sf_row = e * (mp * kp) + (row // 128) * kp * 128 + (row % 32) * 16 + ((row % 128) // 32) * 4
+        mp, kp = scale_block_shape(2 * IP, H)
+        w_row = codes_row_word(e, row, 2 * IP, H)
+        sf_row = scale_row_byte(e, row, mp, kp)
         x_row = tok * H
         acc = Float32(0.0)
         for j in range(bps // 32):
             blk = s * bps + j * 32 + lane
-            sc = e4m3_value(Int32(sf[sf_row + (blk // 4) * 512 + blk % 4]))
+            sc = e4m3_value(Int32(sf[sf_row + scale_block_byte(blk)]))
             for half in cutlass.range_constexpr(2):
                 word = Int32(w[w_row + blk * 2 + half])
                 for n in cutlass.range_constexpr(8):
@@ -263,12 +305,9 @@ def _dsl() -> types.SimpleNamespace:
         cute.arch.griddepcontrol_wait()
         if i < IP:
             e = Int32(0)
-            g_row = i
-            u_row = IP + i
             if ROUTED:
                 e = ids[q]
-                u_row = (i // 64) * 128 + i % 64
-                g_row = u_row + 64
+            g_row, u_row = gate_up_rows(i, IP, ROUTED)
             base = q * S * (2 * IP)
             g_acc = ws[base + g_row]
             u_acc = ws[base + u_row]
@@ -343,7 +382,7 @@ def compile_gate_up(spec: GateUpSpec, pairs: int = 8, *, tap: bool = False, arch
     from cutlass.cute.runtime import from_dlpack
 
     h, ip, e, s = spec.hidden, spec.inter, spec.experts, spec.splits
-    mp, kp = -(-2 * ip // 128) * 128, -(-h // 64) * 4
+    mp, kp = scale_block_shape(2 * ip, h)
     m = pairs
     t = {
         "x": torch.zeros(m * h, dtype=torch.bfloat16),
