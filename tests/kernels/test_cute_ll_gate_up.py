@@ -5,6 +5,7 @@ compute the right values is not checked here: CuTe DSL has no CPU interpreter (G
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,12 +15,15 @@ from flint_moe.kernels.cute.ll_gate_up import (
     audit_gate_up,
     codes_row_word,
     cute_available,
+    decode_e2m1,
+    decode_e4m3,
     gate_up_rows,
     scale_block_byte,
     scale_block_shape,
     scale_row_byte,
 )
 from flint_moe.layouts import FlintMoEWeights
+from flint_moe.reference.formats import e2m1_to_float, e4m3_to_float
 from flint_moe.reference.layouts import cutedsl_w13_phys_rows, swizzle_offsets
 from tests.layouts._gen import nvfp4
 
@@ -92,3 +96,30 @@ def test_routed_rows_read_the_interleaved_weights() -> None:
 def test_shared_rows_are_gate_then_up() -> None:
     assert gate_up_rows(5, 64, False) == (5, 69)
     assert gate_up_rows(63, 64, False) == (63, 127)
+
+
+def _as_f32(bits: int) -> np.float32:
+    return np.array([bits & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+
+
+def _mul(a, b) -> np.float32:
+    return np.float32(a) * np.float32(b)  # IEEE fp32, subnormal inputs kept (as mul.rn.f32)
+
+
+def _bits(values) -> list[int]:
+    return [int(v) for v in np.array(values, dtype=np.float32).view(np.uint32)]
+
+
+def test_e2m1_decode_is_exact_for_every_code() -> None:
+    got = [decode_e2m1(c, _as_f32, _mul) for c in range(16)]
+    want = e2m1_to_float(torch.arange(16, dtype=torch.uint8)).numpy()
+    assert _bits(got) == _bits(want)  # signed zero of code 8 included
+
+
+def test_e4m3_decode_is_exact_for_every_byte_and_its_sign_extension() -> None:
+    finite = [b for b in range(256) if b & 0x7F != 0x7F]
+    want = _bits(e4m3_to_float(torch.tensor(finite, dtype=torch.uint8)).numpy())
+    assert _bits([decode_e4m3(b, _as_f32, _mul) for b in finite]) == want
+    # the kernel reads the scale bytes as int8 (sign-extended); only bits 0-7 count
+    assert _bits([decode_e4m3(b - 256 if b > 127 else b, _as_f32, _mul) for b in finite]) == want
+    assert decode_e4m3(0x01, _as_f32, _mul) == np.float32(2.0**-9)  # smallest subnormal, not flushed

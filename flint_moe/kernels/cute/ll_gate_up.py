@@ -9,7 +9,8 @@ the package missing from :func:`cute_available`):
   shared expert (expert 0 of a one-expert view). K-split s covers the 16-element blocks
   [s * BPS, (s + 1) * BPS) of the row (BPS = H / 16 / S). Lane l of the warp takes the blocks
   s * BPS + l, + 32, ... in increasing order; per block it decodes the 16 E2M1 codes and the E4M3 scale
-  exactly (integer bit assembly, no conversion instruction), ``w = e2m1 * e4m3`` (exact in fp32) and
+  exactly (:func:`decode_e2m1` / :func:`decode_e4m3`: bit moves and one ``mul.rn.f32`` by a power of two),
+  ``w = mul.rn(e2m1, e4m3)`` (exact in fp32) and
   ``acc = fma.rn.f32(x_h, w, acc)`` for h ascending (x bf16 widened exactly, the product exact in fp32 unless
   it underflows). The 32 lane sums are reduced by a butterfly (``shfl.sync.bfly`` with offsets 16, 8, 4, 2,
   1: after the level of offset o lane l holds RN(v_l + v_{l^o}), the same in both lanes since fp32 addition
@@ -55,6 +56,8 @@ __all__ = [
     "audit_gate_up",
     "compile_gate_up",
     "cute_available",
+    "decode_e2m1",
+    "decode_e4m3",
 ]
 
 _HAVE_CUTE = importlib.util.find_spec("cutlass") is not None
@@ -146,6 +149,27 @@ def gate_up_rows(i, ip, routed: bool):
     return i, ip + i
 
 
+#: fp32 scale factors that turn the fp32 read of a code's bits into its value (exact powers of two).
+E2M1_SCALE = 2.0**126
+E4M3_SCALE = 2.0**120
+
+
+def decode_e2m1(c, as_f32, mul):
+    """Exact fp32 value of the E2M1 nibble ``c`` (bit 3 sign, 2-bit exponent, 1-bit mantissa): its sign moved
+    to bit 31 and exponent + mantissa to bits 22-24 read as an fp32 (a subnormal for exponent 0) times 2^126,
+    ``mul(as_f32(bits), E2M1_SCALE)``. ``as_f32``: int bit pattern -> fp32; ``mul``: an fp32 multiply that keeps
+    subnormal inputs (no flush to zero). Branch-free, so the kernels trace it on DSL integers."""
+    return mul(as_f32(((c & 8) << 28) | ((c & 7) << 22)), E2M1_SCALE)
+
+
+def decode_e4m3(s, as_f32, mul):
+    """Exact fp32 value of the E4M3 byte ``s`` (bit 7 sign, 4-bit exponent with bias 7, 3-bit mantissa; the NaN
+    bytes 0x7F / 0xFF are refused by the weights' checks): exponent + mantissa moved to bits 20-26 read as an
+    fp32 times 2^120 (bias 127 - 7), subnormal bytes included. ``s`` may be sign-extended (only bits 0-7 are
+    read); ``as_f32`` and ``mul`` as :func:`decode_e2m1`."""
+    return mul(as_f32(((s & 0x80) << 24) | ((s & 0x7F) << 20)), E4M3_SCALE)
+
+
 @functools.cache
 def _dsl() -> types.SimpleNamespace:
     """Import nvidia-cutlass-dsl and define the kernels (once): importing this module stays cheap and works
@@ -215,31 +239,6 @@ def _dsl() -> types.SimpleNamespace:
         """Int32 bit pattern -> Float32 (no conversion)."""
         return Float32(llvm.bitcast(T.f32(), Int32(i).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
-    @cute.jit
-    def e2m1_value(c: Int32) -> Float32:
-        """Exact fp32 of one E2M1 nibble ``c`` (bit 3 sign, 2-bit exponent, 1-bit mantissa)."""
-        mag = c & 7
-        b = Int32(0)
-        if mag >= 2:
-            b = (((mag >> 1) + 126) << 23) | ((mag & 1) << 22)
-        elif mag == 1:
-            b = Int32(0x3F000000)  # 0.5
-        return bits_f32(b | ((c & 8) << 28))
-
-    @cute.jit
-    def e4m3_value(s: Int32) -> Float32:
-        """Exact fp32 of one E4M3 byte (NaN bytes are refused by the weights' checks)."""
-        e = (s >> 3) & 15
-        m = s & 7
-        mag = Float32(0.0)
-        if e == 0:
-            mag = Float32(m) * Float32(2.0**-9)  # subnormal m * 2^-9, exact
-        else:
-            mag = bits_f32(((e + 120) << 23) | (m << 20))
-        if (s & 0x80) != 0:
-            mag = -mag
-        return mag
-
     @cute.kernel
     def _partial_kernel(
         x: cute.Tensor,  # bf16 [M * H] (flat)
@@ -273,12 +272,12 @@ def _dsl() -> types.SimpleNamespace:
         acc = Float32(0.0)
         for j in range(bps // 32):
             blk = s * bps + j * 32 + lane
-            sc = e4m3_value(Int32(sf[sf_row + scale_block_byte(blk)]))
+            sc = decode_e4m3(Int32(sf[sf_row + scale_block_byte(blk)]), bits_f32, mul_rn)
             for half in cutlass.range_constexpr(2):
                 word = Int32(w[w_row + blk * 2 + half])
                 for n in cutlass.range_constexpr(8):
                     h = blk * 16 + half * 8 + n
-                    wv = e2m1_value((word >> (4 * n)) & 15) * sc
+                    wv = mul_rn(decode_e2m1((word >> (4 * n)) & 15, bits_f32, mul_rn), sc)
                     acc = fma_rn(Float32(x[x_row + h]), wv, acc)
         for lvl in cutlass.range_constexpr(5):
             acc = add_rn(acc, cute.arch.shuffle_sync_bfly(acc, offset=16 >> lvl))
