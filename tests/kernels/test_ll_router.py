@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from flint_moe.kernels.ll_router import LL_ROUTER_TAPS, launch_ll_router, ll_router_config
+from flint_moe.kernels.orders import ll_router_orders
 from flint_moe.kernels.router import COUNTER_ALIGN
 from flint_moe.ops import make_route_counter, route
 from flint_moe.reference.decode_block import eps_fp32, residual_add, rmsnorm_apply, sum_squares
 from flint_moe.reference.exact import check_accumulator
 from flint_moe.reference.formats import to_bf16
+from flint_moe.reference.orders import replay_dot
 
 from ._router_check import check_route, replay_gemv_order, same_bits
 
@@ -125,3 +127,17 @@ def test_counter_is_shared_with_route() -> None:
     ids2, _ = route(taps["xn"], w, 3, counter)
     assert torch.equal(ids2, ids)
     assert counter[:3].tolist() == [3 * COUNTER_ALIGN] * 3
+
+
+def test_declared_orders_replay_the_taps() -> None:
+    """The golden model's replay of ``ll_router_orders`` reproduces the taps bit for bit. With attn_out = 0,
+    s = residual (bf16 values), so s_h^2 is exact in fp32 and the interpreter's multiply-then-add equals the
+    GPU's fma; the router sums' bf16 x bf16 products are always exact."""
+    attn, res, lnw, w = _inputs(2, 16, 1100, seed=8)
+    attn = torch.zeros_like(attn)
+    _, _, taps = _run_checked(attn, res, lnw, eps_fp32(1e-6), w, 4)
+    orders = ll_router_orders(1100)
+    assert orders["sumsq"]["axes"] == [["step", 2], ["lane", 1024]]
+    s = res.float()
+    assert same_bits(taps["sumsq"], replay_dot(orders["sumsq"], s, s))
+    assert same_bits(taps["router_acc"], replay_dot(orders["router"], w.float(), taps["xn"].float()[:, None, :]))
