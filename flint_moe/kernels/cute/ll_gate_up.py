@@ -241,16 +241,18 @@ def _dsl() -> types.SimpleNamespace:
 
     @cute.kernel
     def _partial_kernel(
-        x: cute.Tensor,  # bf16 [M * H] (flat)
+        x: cute.Tensor,  # bf16 [rows of K] (flat): the tokens' xn (gate/up) or the pairs' act (down)
         ids: cute.Tensor,  # int32 [P] (routed: the selected experts, flattened [M, k]; shared: unused)
-        w: cute.Tensor,  # int32 [E * 2Ip * H / 8]: codes, 8 per word
+        w: cute.Tensor,  # int32 [E * N * K / 8]: codes, 8 per word
         sf: cute.Tensor,  # uint8 [E * Mp * Kp]: swizzled scales
-        ws: cute.Tensor,  # fp32 [P * S * 2Ip]
+        ws: cute.Tensor,  # fp32 [P * S * N]
         top_k: Int32,
-        H: cutlass.Constexpr,
-        IP: cutlass.Constexpr,
+        K: cutlass.Constexpr,  # reduction length (stored)
+        N: cutlass.Constexpr,  # rows
+        KV: cutlass.Constexpr,  # valid reduction length (K minus padding), a multiple of 16
         S: cutlass.Constexpr,
         ROUTED: cutlass.Constexpr,
+        X_BY_PAIR: cutlass.Constexpr,  # x row of pair q: q (down; the shared expert) or q // top_k (gate/up)
     ):
         tidx, _, _ = cute.arch.thread_idx()
         rt, s, q = cute.arch.block_idx()
@@ -259,30 +261,31 @@ def _dsl() -> types.SimpleNamespace:
         row = rt * WARPS + warp
         cute.arch.griddepcontrol_wait()
         e = Int32(0)
-        tok = q
+        xr = q
         if ROUTED:
             e = ids[q]
-            tok = q // top_k
-        nb = H // 16  # blocks per row
-        bps = nb // S
-        mp, kp = scale_block_shape(2 * IP, H)
-        w_row = codes_row_word(e, row, 2 * IP, H)
+            if not X_BY_PAIR:
+                xr = q // top_k
+        bps = K // 16 // S  # blocks per split
+        mp, kp = scale_block_shape(N, K)
+        w_row = codes_row_word(e, row, N, K)
         sf_row = scale_row_byte(e, row, mp, kp)
-        x_row = tok * H
+        x_row = xr * K
         acc = Float32(0.0)
         for j in range(bps // 32):
             blk = s * bps + j * 32 + lane
-            sc = decode_e4m3(Int32(sf[sf_row + scale_block_byte(blk)]), bits_f32, mul_rn)
-            for half in cutlass.range_constexpr(2):
-                word = Int32(w[w_row + blk * 2 + half])
-                for n in cutlass.range_constexpr(8):
-                    h = blk * 16 + half * 8 + n
-                    wv = mul_rn(decode_e2m1((word >> (4 * n)) & 15, bits_f32, mul_rn), sc)
-                    acc = fma_rn(Float32(x[x_row + h]), wv, acc)
+            if blk * 16 < KV:  # padding columns (any bytes) are never read
+                sc = decode_e4m3(Int32(sf[sf_row + scale_block_byte(blk)]), bits_f32, mul_rn)
+                for half in cutlass.range_constexpr(2):
+                    word = Int32(w[w_row + blk * 2 + half])
+                    for n in cutlass.range_constexpr(8):
+                        h = blk * 16 + half * 8 + n
+                        wv = mul_rn(decode_e2m1((word >> (4 * n)) & 15, bits_f32, mul_rn), sc)
+                        acc = fma_rn(Float32(x[x_row + h]), wv, acc)
         for lvl in cutlass.range_constexpr(5):
             acc = add_rn(acc, cute.arch.shuffle_sync_bfly(acc, offset=16 >> lvl))
         if lane == 0:
-            ws[(q * S + s) * (2 * IP) + row] = acc
+            ws[(q * S + s) * N + row] = acc
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.kernel
@@ -342,7 +345,7 @@ def _dsl() -> types.SimpleNamespace:
         ROUTED: cutlass.Constexpr,
         TAP: cutlass.Constexpr,
     ):
-        _partial_kernel(x, ids, w, sf, ws, top_k, H, IP, S, ROUTED).launch(
+        _partial_kernel(x, ids, w, sf, ws, top_k, H, 2 * IP, H, S, ROUTED, False).launch(
             grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1]
         )
         _finish_kernel(ws, ids, gs, act, g_tap, u_tap, IP, S, ROUTED, TAP).launch(
@@ -352,7 +355,7 @@ def _dsl() -> types.SimpleNamespace:
     # The DSL re-parses each @cute.jit / @cute.kernel body and resolves its names through the module's
     # globals, not the closure: publish everything defined here (only the kernels' own helpers).
     globals().update({n: v for n, v in locals().items() if not n.startswith("__")})
-    return types.SimpleNamespace(cute=cute, host=_gate_up_host)
+    return types.SimpleNamespace(**{n: v for n, v in locals().items() if not n.startswith("__")}, host=_gate_up_host)
 
 
 #: The block's shapes with a shared expert (name -> spec): routed and shared gate/up of DeepSeek-V3 (and
