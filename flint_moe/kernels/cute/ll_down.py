@@ -154,14 +154,16 @@ def _dsl() -> types.SimpleNamespace:
         TAP: cutlass.Constexpr,
     ):
         _partial_kernel(act, ids, w2, sf2, ws_r, TOPK, IP, H, IV, S, True, True).launch(
-            grid=[H // WARPS, S, tokens * TOPK], block=[32 * WARPS, 1, 1]
+            grid=[H // WARPS, S, tokens * TOPK], block=[32 * WARPS, 1, 1], use_pdl=True
         )
         _partial_kernel(sact, ids, sw2, ssf2, ws_s, TOPK, SI, H, SI, SS, False, True).launch(
-            grid=[H // WARPS, SS, tokens], block=[32 * WARPS, 1, 1]
+            grid=[H // WARPS, SS, tokens], block=[32 * WARPS, 1, 1], use_pdl=True
         )
         _combine_kernel(
             ws_r, ws_s, ids, tw, gs2, gs_s, out, acc_tap, y_tap, sacc_tap, sy_tap, H, TOPK, S, SS, TAP
-        ).launch(grid=[(H + FINISH_THREADS - 1) // FINISH_THREADS, tokens, 1], block=[FINISH_THREADS, 1, 1])
+        ).launch(
+            grid=[(H + FINISH_THREADS - 1) // FINISH_THREADS, tokens, 1], block=[FINISH_THREADS, 1, 1], use_pdl=True
+        )
 
     globals().update({n: v for n, v in locals().items() if not n.startswith("__")})
     return types.SimpleNamespace(cute=cute, host=_down_host)

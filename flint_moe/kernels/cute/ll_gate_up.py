@@ -346,10 +346,10 @@ def _dsl() -> types.SimpleNamespace:
         TAP: cutlass.Constexpr,
     ):
         _partial_kernel(x, ids, w, sf, ws, top_k, H, 2 * IP, H, S, ROUTED, False).launch(
-            grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1]
+            grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1], use_pdl=True
         )
         _finish_kernel(ws, ids, gs, act, g_tap, u_tap, IP, S, ROUTED, TAP).launch(
-            grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1], block=[FINISH_THREADS, 1, 1]
+            grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1], block=[FINISH_THREADS, 1, 1], use_pdl=True
         )
 
     # The DSL re-parses each @cute.jit / @cute.kernel body and resolves its names through the module's
