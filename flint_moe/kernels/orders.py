@@ -12,6 +12,8 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
 
 - router GEMV: ``acc += w * x`` contracts to ``fma.rn.f32`` (no ``mul.f32`` in the loop); lanes by
   ``h % BLOCK_H``; the lane tree is explicit ``reshape`` + ``split`` (adjacent pairs).
+- decode block router (``ll_router.py``): the sum of squares ``tl.fma(s, s, q)`` per lane (``h % BLOCK_H``),
+  the router sums as the router GEMV (``acc += w * xn``), both with the router's adjacent-pair lane tree.
 - BF16 decode: ``tl.fma`` per lane (``h % 64``), explicit adjacent-pair tree (``bf16/gemv.py``).
 - NVFP4 decode, CUDA-core path (BKB = 512): read from the build the GPU runs, whose pointer arguments Triton
   specialises as 16-byte aligned (``tt.divisibility = 16``; every torch allocation is). The code tile
@@ -45,6 +47,7 @@ __all__ = [
     "nvfp4_decode_orders",
     "nvfp4_grouped_orders",
     "bf16_decode_orders",
+    "ll_router_orders",
     "effective_split",
 ]
 
@@ -234,3 +237,14 @@ def nvfp4_grouped_orders(H: int, I: int, *, M: int, config: dict | None = None) 
 def bf16_decode_orders(H: int, Ip: int, *, M: int = 1) -> dict:
     """Stage -> order of ``ops.flint_moe_bf16_decode`` at hidden size H, layout intermediate size Ip."""
     return {"router": router_order(H, M), "gate_up": bf16_gate_up_order(None, H), "down": bf16_down_order(None, Ip)}
+
+
+def ll_router_orders(H: int) -> dict:
+    """Stage -> order of the decode block's router kernel (``kernels/ll_router.py``) at hidden size H:
+    ``sumsq`` (the dot of ``s`` with itself: lane ``h % BLOCK_H`` chains ``fma.rn.f32(s_h, s_h, q)`` over the
+    chunks from +0, adjacent-pair tree) and ``router`` (``router_acc``, the router GEMV's order with x = xn);
+    BLOCK_H as the router GEMV kernel's (``kernels.router.router_config``). On the GPU each chain step is one
+    fused rounding; under Triton's interpreter the sum of squares rounds ``s_h^2`` first."""
+    _k(H, "H")
+    block_h = min(1024, max(16, 1 << (H - 1).bit_length()))
+    return {"sumsq": _lane_chains("ll_router_sumsq", H, block_h), "router": _lane_chains("ll_router", H, block_h)}

@@ -128,6 +128,53 @@ def _topk_row(
 
 
 @triton.jit
+def _lane_tree(acc, EB: tl.constexpr, LOG_BH: tl.constexpr):
+    """fp32 [EB, 2^LOG_BH] lane values -> fp32 [EB]: the balanced pairwise tree over adjacent lanes of the
+    module docstring (level 1 adds lanes 2i and 2i+1, ...; ``tl.reshape`` + ``tl.split``, not ``tl.sum``)."""
+    red = acc
+    for _lvl in tl.static_range(LOG_BH):
+        lo, hi = tl.split(tl.reshape(red, [EB, red.shape[1] // 2, 2]))
+        red = lo + hi
+    return tl.reshape(red, [EB])
+
+
+@triton.jit
+def _logits_then_last_topk(
+    sums,
+    offs_e,
+    emask,
+    t,
+    NP,
+    E,
+    logits_ptr,
+    ids_ptr,
+    tw_ptr,
+    counter_ptr,
+    acc_ptr,
+    EP2: tl.constexpr,
+    IDXB: tl.constexpr,
+    TOPK: tl.constexpr,
+    TOPK_P2: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """The end of a router GEMV program of token ``t`` (one of NP): store its fp32 sums (tap) and bf16 logits
+    for experts ``offs_e``, take a ticket from the token's counter (module docstring: counter protocol), let
+    the dependent launch start, and, in the program that drew the token's last ticket, run the top-k
+    (steps 2-4) on the token's whole logits row."""
+    if TAP:
+        tl.store(acc_ptr + t * E + offs_e, sums, mask=emask)
+    tl.store(logits_ptr + t * E + offs_e, bf16_rn(sums), mask=emask)
+    tl.debug_barrier()  # every thread's stores precede the release below
+    old = tl.atomic_add(counter_ptr + t, 1, sem="acq_rel")
+    gdc_launch_dependents()
+    if (old & 0xFFFF) == NP - 1:
+        tl.atomic_add(counter_ptr + t, 0x10000 - NP, sem="relaxed")
+        offs = tl.arange(0, EP2)
+        vals = tl.load(logits_ptr + t * E + offs, mask=offs < E, other=0.0, volatile=True)
+        _topk_row(vals, offs, E, ids_ptr + t * TOPK, tw_ptr + t * TOPK, EP2, IDXB, TOPK, TOPK_P2)
+
+
+@triton.jit
 def _router_gemv_topk_kernel(
     x_ptr,  # bf16 [M, H]
     w_ptr,  # bf16 [E, H]
@@ -165,23 +212,10 @@ def _router_gemv_topk_kernel(
         xv = tl.load(x_row + hh, mask=hmask, other=0.0).to(tl.float32)
         wv = tl.load(w_rows + hh[None, :], mask=emask[:, None] & hmask[None, :], other=0.0).to(tl.float32)
         acc += wv * xv[None, :]
-    # balanced pairwise tree over adjacent lanes (documented order; not tl.sum)
-    red = acc
-    for _lvl in tl.static_range(LOG_BH):
-        lo, hi = tl.split(tl.reshape(red, [EB, red.shape[1] // 2, 2]))
-        red = lo + hi
-    sums = tl.reshape(red, [EB])
-    if TAP:
-        tl.store(acc_ptr + t * E + offs_e, sums, mask=emask)
-    tl.store(logits_ptr + t * E + offs_e, bf16_rn(sums), mask=emask)
-    tl.debug_barrier()  # every thread's stores precede the release below
-    old = tl.atomic_add(counter_ptr + t, 1, sem="acq_rel")
-    gdc_launch_dependents()
-    if (old & 0xFFFF) == NP - 1:
-        tl.atomic_add(counter_ptr + t, 0x10000 - NP, sem="relaxed")
-        offs = tl.arange(0, EP2)
-        vals = tl.load(logits_ptr + t * E + offs, mask=offs < E, other=0.0, volatile=True)
-        _topk_row(vals, offs, E, ids_ptr + t * TOPK, tw_ptr + t * TOPK, EP2, IDXB, TOPK, TOPK_P2)
+    sums = _lane_tree(acc, EB, LOG_BH)
+    _logits_then_last_topk(
+        sums, offs_e, emask, t, NP, E, logits_ptr, ids_ptr, tw_ptr, counter_ptr, acc_ptr, EP2, IDXB, TOPK, TOPK_P2, TAP
+    )
 
 
 @triton.jit

@@ -8,6 +8,7 @@ these layouts back through the independent decoders in ``flint_moe.reference.lay
 """
 
 from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights, merge_gate_up_global_scales
+from flint_moe.layouts.ll_weights import LLMoEWeights, ll_weights_from_layers
 from flint_moe.layouts.padding import pad_intermediate_bf16, pad_intermediate_nvfp4
 from flint_moe.layouts.routed_nvfp4 import RoutedNVFP4Weights, to_routed_nvfp4
 from flint_moe.layouts.swizzle import mma_view, mma_view_storage, swizzle_block_scales, swizzled_scale_shape
@@ -18,6 +19,8 @@ from flint_moe.layouts.trtllm_nvfp4 import to_trtllm_nvfp4
 __all__ = [
     "FlintMoEWeights",
     "merge_gate_up_global_scales",
+    "LLMoEWeights",
+    "ll_weights_from_layers",
     "pad_intermediate_bf16",
     "pad_intermediate_nvfp4",
     "RoutedNVFP4Weights",

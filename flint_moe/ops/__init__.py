@@ -8,12 +8,15 @@
 - ``flint_moe_bf16_decode``: BF16 experts in the TRT-LLM BlockMajorK layout for M <= ``DECODE_BF16_MAX_TOKENS``
   (flint_moe/ops/moe_bf16.py); ``check_row_map_status``: every row map it has checked compared again (writes
   through ``.data`` / ``.numpy()`` included; flint_moe/ops/_checks.py).
+- ``ll_route``: the low-latency decode block's first stage, residual add + RMSNorm (rule step 11) fused with
+  steps 1-4, for M <= ``LL_MOE_MAX_TOKENS`` (flint_moe/ops/moe_ll.py).
 """
 
 from __future__ import annotations
 
 from ._checks import check_row_map_status
 from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
+from .moe_ll import LL_MOE_MAX_TOKENS, ll_route
 from .moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
 from .moe_nvfp4_grouped import GROUPED_MAX_TOKENS, flint_moe_grouped
 from .route import ROUTE_GEMV_MAX_TOKENS, make_route_counter, route
@@ -22,11 +25,13 @@ __all__ = [
     "DECODE_BF16_MAX_TOKENS",
     "DECODE_MAX_TOKENS",
     "GROUPED_MAX_TOKENS",
+    "LL_MOE_MAX_TOKENS",
     "ROUTE_GEMV_MAX_TOKENS",
     "check_row_map_status",
     "flint_moe",
     "flint_moe_bf16_decode",
     "flint_moe_grouped",
+    "ll_route",
     "make_route_counter",
     "route",
 ]
