@@ -9,8 +9,8 @@ keys flint reads. Differences that remain by design (checked here, listed in doc
 - ``input_scale``: a ``ModelOptExperts`` read back has none (W4A16 ignores them), so writing the read experts
   gives the export's tensors less the ``input_scale`` ones; writing the export's per-expert tensors keeps them.
 - ``config.json``: ModelOpt writes the whole model config (transformers 5 spells the expert count
-  ``num_local_experts``) plus a ``quantization_config`` copy; flint writes ``num_experts`` and the layer's
-  sizes only, and keeps the quant config in ``hf_quant_config.json``, the file its reader looks at first.
+  ``num_local_experts``); flint writes ``num_experts`` and the layer's sizes only. Both write the
+  ``quantization_config`` object (``quant_method`` ``"modelopt"``), equal but for producer and exclusions.
 - ``hf_quant_config.json``: producer ``flint_moe``; ``exclude_modules`` names the routers by the pattern
   ``model.layers.*.mlp.gate`` where ModelOpt lists each router (and ``model.embed_tokens``, absent here).
 """
@@ -195,4 +195,11 @@ def test_json_keys_flint_reads_agree(tmp_path: Path, exported: Path) -> None:
     for key in ("model_type", "hidden_size", "moe_intermediate_size", "num_experts_per_tok"):
         assert c_ours[key] == c_theirs[key], key
     assert c_ours["num_experts"] == c_theirs["num_local_experts"] == E  # the reader takes either key
-    assert c_theirs["quantization_config"]["quant_algo"] == "NVFP4"
+    # config.json's quantization_config (what loaders reading config.json detect): the same object but for the
+    # producer and the exclusions, which are those of hf_quant_config.json in both
+    qc_ours, qc_theirs = c_ours["quantization_config"], c_theirs["quantization_config"]
+    assert set(qc_ours) == set(qc_theirs)
+    for key in set(qc_theirs) - {"producer", "ignore"}:
+        assert qc_ours[key] == qc_theirs[key], key
+    assert qc_theirs["producer"] == json.loads((exported / "hf_quant_config.json").read_text())["producer"]
+    assert (qc_ours["ignore"], qc_theirs["ignore"]) == (q_ours["exclude_modules"], q_theirs["exclude_modules"])
