@@ -44,17 +44,17 @@ PRODUCER = {"name": "flint_moe", "version": "0.1"}
 QUANT_CONFIG = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
                 "exclude_modules": ["lm_head", "model.layers.*.mlp.gate"]}  # fmt: skip
 SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
 #: NVFP4 (E2M1 values in blocks of 16, static scales) for weights and activations, as ModelOpt's config groups.
 _NVFP4_GROUP = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
-INDEX_FILE = "model.safetensors.index.json"
 
 
 def config_quantization() -> dict:
     """``config.json``'s ``quantization_config`` object: ``hf_quant_config.json``'s quantization section in the
     form nvidia-modelopt 0.47's export writes beside it (``quant_method`` ``"modelopt"``, ``quant_algo``,
     ``producer``, ``ignore`` = ``exclude_modules``, one config group of NVFP4 weights and activations for
-    ``Linear`` modules). Loaders that read config.json's ``quantization_config`` (vLLM, transformers) detect
-    the checkpoint by ``quant_method``; flint's reader takes ``hf_quant_config.json`` first."""
+    ``Linear`` modules), for loaders that look in config.json rather than ``hf_quant_config.json``; flint's
+    reader takes ``hf_quant_config.json`` first."""
     return {
         "config_groups": {"group_0": {"input_activations": dict(_NVFP4_GROUP), "weights": dict(_NVFP4_GROUP),
                                       "targets": ["Linear"]}},
