@@ -9,7 +9,7 @@ keys flint reads. Differences that remain by design (checked here, listed in doc
 - ``input_scale``: a ``ModelOptExperts`` read back has none (W4A16 ignores them), so writing the read experts
   gives the export's tensors less the ``input_scale`` ones; writing the export's per-expert tensors keeps them.
 - ``config.json``: ModelOpt writes the whole model config (transformers 5 spells the expert count
-  ``num_local_experts``); flint writes ``num_experts`` and the layer's sizes only. Both write the
+  ``num_local_experts``, 4.57 ``num_experts``); flint writes ``num_experts`` and the layer's sizes only. Both write the
   ``quantization_config`` object (``quant_method`` ``"modelopt"``), equal but for producer and exclusions.
 - ``hf_quant_config.json``: producer ``flint_moe``; ``exclude_modules`` names the routers by the pattern
   ``model.layers.*.mlp.gate`` where ModelOpt lists each router (and ``model.embed_tokens``, absent here).
@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from flint_moe.checkpoints import read_layer, read_modelopt_layer, write_modelopt_layer
+from flint_moe.checkpoints.modelopt import EXPERT_COUNT_KEYS
 
 pytestmark = pytest.mark.oracle
 
@@ -194,7 +195,9 @@ def test_json_keys_flint_reads_agree(tmp_path: Path, exported: Path) -> None:
     c_theirs = json.loads((exported / "config.json").read_text())
     for key in ("model_type", "hidden_size", "moe_intermediate_size", "num_experts_per_tok"):
         assert c_ours[key] == c_theirs[key], key
-    assert c_ours["num_experts"] == c_theirs["num_local_experts"] == E  # the reader takes either key
+    # transformers 5 spells ModelOpt's expert count num_local_experts, 4.57 num_experts; the reader takes either
+    theirs_e = [c_theirs[k] for k in EXPERT_COUNT_KEYS if k in c_theirs]
+    assert c_ours["num_experts"] == E and theirs_e == [E]
     # config.json's quantization_config (what loaders reading config.json detect): the same object but for the
     # producer and the exclusions, which are those of hf_quant_config.json in both
     qc_ours, qc_theirs = c_ours["quantization_config"], c_theirs["quantization_config"]
