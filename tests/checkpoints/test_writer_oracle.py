@@ -53,8 +53,9 @@ def exported(tmp_path_factory) -> Path:
         decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=64,
         architectures=["Qwen3MoeForCausalLM"],  # ModelOpt's export reads it (None: TypeError in is_multimodal_model)
     )  # fmt: skip
-    torch.manual_seed(11)
-    model = transformers.Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.random.fork_rng():  # the random init draws from the global generator: leave it as it was
+        torch.manual_seed(11)
+        model = transformers.Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).eval()
     ids = torch.randint(0, cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(12))
 
     def calibrate(m) -> None:
