@@ -14,7 +14,8 @@ Two levels:
 Directory layout (the ModelOpt Hugging Face export, docs/checkpoints.md): ``hf_quant_config.json``
 (``{"producer": {"name": "flint_moe", ...}, "quantization": {"quant_algo": "NVFP4", "group_size": 16,
 "kv_cache_quant_algo": null, "exclude_modules": [...]}}``), ``config.json`` (``model_type``,
-``num_experts_per_tok`` when top_k is given, ``num_experts``, ``hidden_size``, ``moe_intermediate_size`` from
+``num_experts_per_tok`` when top_k is given, ``num_experts``, ``hidden_size``, ``moe_intermediate_size`` and,
+as nvidia-modelopt 0.47's export has it, ``quantization_config`` (:func:`config_quantization`) from
 :func:`write_modelopt_layer`), and the tensors in ``model.safetensors``, or with ``shards`` > 1 in
 ``model-0000i-of-0000n.safetensors`` files (sorted names dealt round robin) listed by
 ``model.safetensors.index.json`` (``weight_map``). Tensor names: ``{prefix}.experts.{e}.{proj}.{kind}``
@@ -35,7 +36,7 @@ from flint_moe.checkpoints.layer import router_to_bf16
 from flint_moe.checkpoints.modelopt import DEFAULT_PREFIX
 from flint_moe.reference._checks import check_tensor
 
-__all__ = ["PRODUCER", "QUANT_CONFIG", "write_modelopt_layer", "write_modelopt_tensors"]
+__all__ = ["PRODUCER", "QUANT_CONFIG", "config_quantization", "write_modelopt_layer", "write_modelopt_tensors"]
 
 #: ``hf_quant_config.json``'s producer entry.
 PRODUCER = {"name": "flint_moe", "version": "0.1"}
@@ -44,6 +45,24 @@ QUANT_CONFIG = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size"
                 "exclude_modules": ["lm_head", "model.layers.*.mlp.gate"]}  # fmt: skip
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+#: NVFP4 (E2M1 values in blocks of 16, static scales) for weights and activations, as ModelOpt's config groups.
+_NVFP4_GROUP = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
+
+
+def config_quantization() -> dict:
+    """``config.json``'s ``quantization_config`` object: ``hf_quant_config.json``'s quantization section in the
+    form nvidia-modelopt 0.47's export writes beside it (``quant_method`` ``"modelopt"``, ``quant_algo``,
+    ``producer``, ``ignore`` = ``exclude_modules``, one config group of NVFP4 weights and activations for
+    ``Linear`` modules), for loaders that look in config.json rather than ``hf_quant_config.json``; flint's
+    reader takes ``hf_quant_config.json`` first."""
+    return {
+        "config_groups": {"group_0": {"input_activations": dict(_NVFP4_GROUP), "weights": dict(_NVFP4_GROUP),
+                                      "targets": ["Linear"]}},
+        "ignore": list(QUANT_CONFIG["exclude_modules"]),
+        "quant_algo": QUANT_CONFIG["quant_algo"],
+        "producer": dict(PRODUCER),
+        "quant_method": "modelopt",
+    }  # fmt: skip
 
 
 def _prepare_dir(path: str | Path, overwrite: bool) -> Path:
@@ -208,4 +227,5 @@ def write_modelopt_layer(
     config = {"model_type": model_type, "num_experts": E, "hidden_size": H, "moe_intermediate_size": inter}
     if top_k is not None:
         config["num_experts_per_tok"] = top_k
+    config["quantization_config"] = config_quantization()
     return write_modelopt_tensors(path, tensors, config=config, shards=shards, overwrite=overwrite)

@@ -58,7 +58,14 @@ def test_layer_round_trip(tmp_path: Path, layer) -> None:
     assert (q["quant_algo"], q["group_size"]) == ("NVFP4", 16)
     cfg = json.loads((d / "config.json").read_text())
     assert cfg == {"model_type": "qwen3_moe", "num_experts": E, "hidden_size": H, "moe_intermediate_size": I,
-                   "num_experts_per_tok": K}  # fmt: skip
+                   "num_experts_per_tok": K, "quantization_config": {
+                       "config_groups": {"group_0": {
+                           "input_activations": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
+                           "weights": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
+                           "targets": ["Linear"]}},
+                       "ignore": ["lm_head", "model.layers.*.mlp.gate"], "quant_algo": "NVFP4",
+                       "producer": {"name": "flint_moe", "version": "0.1"}, "quant_method": "modelopt"}}  # fmt: skip
+    assert cfg["quantization_config"]["ignore"] == q["exclude_modules"]
     stored = _stored(d)
     prefix = "model.layers.3.mlp."
     assert set(stored) == {prefix + "experts." + n for n in named} | {prefix + "gate.weight"}
