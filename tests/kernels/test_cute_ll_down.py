@@ -1,5 +1,5 @@
 """The CuTe DSL down projections + combine of the decode block (flint_moe/kernels/cute/ll_down.py): its
-specialisations compiled for sm_90a on the CPU and their PTX audited; the down weights' addressing (the
+specialisations' PTX audit is in test_cute_ptx.py; the down weights' addressing (the
 functions the kernels trace) against the checkpoint, padded intermediate included; the spec's limits. Values
 are not checked here: CuTe DSL has no CPU interpreter (GPU run pending)."""
 
@@ -8,31 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.kernels.cute.ll_down import AUDIT_SPECS, DownSpec, audit_down
-from flint_moe.kernels.cute.ll_gate_up import (
-    codes_row_word,
-    cute_available,
-    scale_block_byte,
-    scale_block_shape,
-    scale_row_byte,
-)
+from flint_moe.kernels.cute.ll_down import DownSpec
+from flint_moe.kernels.cute.ll_gate_up import scale_block_shape
 from flint_moe.layouts import FlintMoEWeights
 from tests.layouts._gen import nvfp4
 
+from ._cute_check import assert_row_reads_checkpoint
+
 BACKEND = "any"
-
-needs_cute = pytest.mark.skipif(not cute_available()[0], reason="the cute extra (nvidia-cutlass-dsl) is not installed")
-
-
-@needs_cute
-@pytest.mark.parametrize("name", sorted(AUDIT_SPECS))
-def test_sm90_ptx_has_the_pinned_instructions(name: str) -> None:
-    assert audit_down(AUDIT_SPECS[name]) == []
-
-
-@needs_cute
-def test_tap_build_ptx() -> None:
-    assert audit_down(AUDIT_SPECS["ling.S1"], tap=True) == []
 
 
 def test_down_addressing_reads_the_checkpoint_with_a_padded_intermediate() -> None:
@@ -47,18 +30,10 @@ def test_down_addressing_reads_the_checkpoint_with_a_padded_intermediate() -> No
     sf = w.w2_sf_swizzled.reshape(-1).view(torch.uint8)
     mp, kp = scale_block_shape(H, ip)
     assert (mp, kp) == (128, 8) and sf.numel() == E * mp * kp
+    assert s2.shape == (E, H, I // 16)  # the blocks c < I/16 the check reads
     for e in range(E):
         for h in (0, 31, 32, 127):
-            base = codes_row_word(e, h, H, ip)
-            for blk in range(I // 16):
-                assert int(sf[scale_row_byte(e, h, mp, kp) + scale_block_byte(blk)]) == int(
-                    s2[e, h, blk].view(torch.uint8)
-                )
-                for half in range(2):
-                    word = int(words[base + 2 * blk + half]) & 0xFFFFFFFF
-                    for n in range(8):
-                        i = 16 * blk + 8 * half + n
-                        assert (word >> (4 * n)) & 15 == (int(w2[e, h, i // 2]) >> (4 * (i % 2))) & 15
+            assert_row_reads_checkpoint(words, sf, e, h, H, ip, w2[e, h], s2[e, h])
 
 
 def test_spec_limits() -> None:

@@ -1,5 +1,5 @@
 """The CuTe DSL gate/up GEMV of the decode block (flint_moe/kernels/cute/ll_gate_up.py): its specialisations
-compiled for sm_90a on the CPU (no GPU needed) and their PTX audited; its addressing functions (the very
+compiled for sm_90a on the CPU and their PTX audited in test_cute_ptx.py; its addressing functions (the very
 code the kernels trace) against the golden model's layout decoders; the spec's limits. Whether the kernels
 compute the right values is not checked here: CuTe DSL has no CPU interpreter (GPU run pending)."""
 
@@ -10,11 +10,7 @@ import pytest
 import torch
 
 from flint_moe.kernels.cute.ll_gate_up import (
-    AUDIT_SPECS,
     GateUpSpec,
-    audit_gate_up,
-    codes_row_word,
-    cute_available,
     decode_e2m1,
     decode_e4m3,
     gate_up_rows,
@@ -27,20 +23,9 @@ from flint_moe.reference.formats import e2m1_to_float, e4m3_to_float
 from flint_moe.reference.layouts import cutedsl_w13_phys_rows, swizzle_offsets
 from tests.layouts._gen import nvfp4
 
+from ._cute_check import assert_row_reads_checkpoint
+
 BACKEND = "any"
-
-needs_cute = pytest.mark.skipif(not cute_available()[0], reason="the cute extra (nvidia-cutlass-dsl) is not installed")
-
-
-@needs_cute
-@pytest.mark.parametrize("name", sorted(AUDIT_SPECS))
-def test_sm90_ptx_has_the_pinned_instructions(name: str) -> None:
-    assert audit_gate_up(AUDIT_SPECS[name]) == []
-
-
-@needs_cute
-def test_tap_build_ptx() -> None:
-    assert audit_gate_up(AUDIT_SPECS["ling.routed.S4"], tap=True) == []
 
 
 def test_spec_limits() -> None:
@@ -72,7 +57,6 @@ def test_routed_rows_read_the_interleaved_weights() -> None:
     w = FlintMoEWeights.from_modelopt(w13, s13, torch.ones(E), w2, s2, torch.ones(E))
     words = w.w1.reshape(-1).view(torch.int32)
     sf = w.w1_sf_swizzled.reshape(-1).view(torch.uint8)
-    mp, kp = scale_block_shape(2 * I, H)
     phys = cutedsl_w13_phys_rows(I, I)
     for i in range(I):
         g, u = gate_up_rows(i, I, True)
@@ -80,17 +64,7 @@ def test_routed_rows_read_the_interleaved_weights() -> None:
     for e in range(E):
         for i in (0, 1, 63, 64, 127):
             for logical, row in zip((i, I + i), gate_up_rows(i, I, True), strict=True):
-                base = codes_row_word(e, row, 2 * I, H)
-                for blk in range(H // 16):
-                    assert int(sf[scale_row_byte(e, row, mp, kp) + scale_block_byte(blk)]) == int(
-                        s13[e, logical, blk].view(torch.uint8)
-                    )
-                    for half in range(2):
-                        word = int(words[base + 2 * blk + half]) & 0xFFFFFFFF
-                        for n in range(8):
-                            h = 16 * blk + 8 * half + n
-                            want = (int(w13[e, logical, h // 2]) >> (4 * (h % 2))) & 15
-                            assert (word >> (4 * n)) & 15 == want
+                assert_row_reads_checkpoint(words, sf, e, row, 2 * I, H, w13[e, logical], s13[e, logical])
 
 
 def test_shared_rows_are_gate_then_up() -> None:
