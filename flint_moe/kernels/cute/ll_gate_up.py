@@ -180,12 +180,13 @@ def _dsl() -> types.SimpleNamespace:
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
 
-    def _asm_f32(asm: str, args, *, loc=None, ip=None):
-        cons = "=f," + ",".join("f" for _ in args)
+    def _asm(result, asm: str, cons: str, args, *, loc=None, ip=None):
+        """Pure inline PTX ``asm`` on Float32 operands ``args``; ``result`` (Float32 or Int32) wraps its value."""
         vals = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
-        return Float32(
+        ty = T.f32() if result is Float32 else T.i32()
+        return result(
             llvm.inline_asm(
-                T.f32(),
+                ty,
                 vals,
                 asm,
                 cons,
@@ -196,6 +197,9 @@ def _dsl() -> types.SimpleNamespace:
                 ip=ip,
             )
         )
+
+    def _asm_f32(asm: str, args, *, loc=None, ip=None):
+        return _asm(Float32, asm, "=f," + ",".join("f" for _ in args), args, loc=loc, ip=ip)
 
     @dsl_user_op
     def fma_rn(a, b, c, *, loc=None, ip=None):
@@ -220,19 +224,8 @@ def _dsl() -> types.SimpleNamespace:
     @dsl_user_op
     def bf16_bits(a, *, loc=None, ip=None):
         """``cvt.rn.bf16.f32``: the bf16 bit pattern in the low 16 bits of an Int32."""
-        return Int32(
-            llvm.inline_asm(
-                T.i32(),
-                [Float32(a).ir_value(loc=loc, ip=ip)],
-                "{ .reg .b16 h; cvt.rn.bf16.f32 h, $1; cvt.u32.u16 $0, h; }",
-                "=r,f",
-                has_side_effects=False,
-                is_align_stack=False,
-                asm_dialect=llvm.AsmDialect.AD_ATT,
-                loc=loc,
-                ip=ip,
-            )
-        )
+        asm = "{ .reg .b16 h; cvt.rn.bf16.f32 h, $1; cvt.u32.u16 $0, h; }"
+        return _asm(Int32, asm, "=r,f", (a,), loc=loc, ip=ip)
 
     @dsl_user_op
     def bits_f32(i, *, loc=None, ip=None):
