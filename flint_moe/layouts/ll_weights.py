@@ -47,6 +47,20 @@ def _detached(t: torch.Tensor) -> torch.Tensor:
     return t.detach() if t.requires_grad or isinstance(t, nn.Parameter) else t
 
 
+def _check_dtype(label: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], want: str) -> None:
+    """TypeError naming ``label`` unless ``t`` is a tensor of one of ``dtypes`` (``want`` describes them)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{label}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{label}: dtype must be {want}, got {t.dtype}")
+
+
+def _check_contiguous(label: str, t: torch.Tensor) -> None:
+    """ValueError naming ``label`` unless ``t`` is contiguous."""
+    if not t.is_contiguous():
+        raise ValueError(f"{label}: must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+
+
 def check_nvfp4_linear(
     name: str,
     codes: object,
@@ -80,10 +94,7 @@ def check_nvfp4_linear(
         device, an E4M3 NaN scale byte, a NaN / infinite / negative global scale), naming ``name.<tensor>``.
     """
     cn, sn, gn = (f"{name}{f}" if not f or f.startswith("_") else f"{name}.{f}" for f in fields)
-    if not isinstance(codes, torch.Tensor):
-        raise TypeError(f"{cn}: expected a torch.Tensor, got {type(codes).__name__}")
-    if codes.dtype != torch.uint8:
-        raise TypeError(f"{cn}: dtype must be torch.uint8 (packed E2M1 codes), got {codes.dtype}")
+    _check_dtype(cn, codes, (torch.uint8,), "torch.uint8 (packed E2M1 codes)")
     if codes.dim() != 2:
         raise ValueError(f"{cn}: expected 2 dimensions [N, K/2], got shape {tuple(codes.shape)}")
     rows, kk = codes.shape[0], 2 * codes.shape[1]
@@ -96,24 +107,16 @@ def check_nvfp4_linear(
         raise ValueError(f"{cn}: N must be {n}, got {rows} (shape {tuple(codes.shape)})")
     if k is not None and kk != k:
         raise ValueError(f"{cn}: K must be {k}, got {kk} (shape {tuple(codes.shape)})")
-    if not codes.is_contiguous():
-        raise ValueError(f"{cn}: must be contiguous (shape {tuple(codes.shape)}, strides {codes.stride()})")
-    if not isinstance(scales, torch.Tensor):
-        raise TypeError(f"{sn}: expected a torch.Tensor, got {type(scales).__name__}")
-    if scales.dtype not in _SCALE_DTYPES:
-        raise TypeError(f"{sn}: dtype must be torch.uint8 or torch.float8_e4m3fn, got {scales.dtype}")
+    _check_contiguous(cn, codes)
+    _check_dtype(sn, scales, _SCALE_DTYPES, "torch.uint8 or torch.float8_e4m3fn")
     want = rows * (kk // 16)
     if scales.numel() != want:
         raise ValueError(
             f"{sn}: the 128x4-swizzled scales of [N={rows}, K={kk}] take {rows} x {kk // 16} = "
             f"{want} bytes, got {scales.numel()} (shape {tuple(scales.shape)})"
         )
-    if not scales.is_contiguous():
-        raise ValueError(f"{sn}: must be contiguous (shape {tuple(scales.shape)}, strides {scales.stride()})")
-    if not isinstance(global_scale, torch.Tensor):
-        raise TypeError(f"{gn}: expected a torch.Tensor, got {type(global_scale).__name__}")
-    if global_scale.dtype != torch.float32:
-        raise TypeError(f"{gn}: dtype must be torch.float32, got {global_scale.dtype}")
+    _check_contiguous(sn, scales)
+    _check_dtype(gn, global_scale, (torch.float32,), "torch.float32")
     if global_scale.numel() != 1:
         raise ValueError(f"{gn}: expected one element (0-d or [1]), got shape {tuple(global_scale.shape)}")
     for label, t in ((sn, scales), (gn, global_scale)):
