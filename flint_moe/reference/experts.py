@@ -159,30 +159,39 @@ def replay_experts(
     TypeError / ValueError naming the tensor, OrderError for a declaration that does not fit.
     """
     from .orders import check_order
-    from .orders_batched import group_size, replay_matmuls
+    from .orders_batched import group_size, is_chain_order, replay_matmuls
 
-    if scales is None:
-        pad = check_order(order)["length"]
-        for i, (x, w) in enumerate(zip(xs, weights, strict=True)):
+    length = check_order(order)["length"]
+    if len(weights) != len(xs) or (scales is not None and len(scales) != len(xs)):
+        raise ValueError(f"xs, weights, scales: one entry per expert, got {len(xs)}, {len(weights)}, "
+                         f"{None if scales is None else len(scales)}")  # fmt: skip
+    for i, x in enumerate(xs):
+        if scales is None:
             check_tensor(f"xs[{i}]", x, dtype=torch.bfloat16, ndim=2)
-            check_tensor(f"weights[{i}]", w, dtype=torch.bfloat16, shape=(None, x.shape[1]))
-        fx = [torch.nn.functional.pad(x.float(), (0, pad - x.shape[1])) for x in xs]
-        fw = [torch.nn.functional.pad(w.float(), (0, pad - w.shape[1])) for w in weights]
-        return replay_matmuls(order, fx, fw, mma=mma)
-    for i, (x, codes, scale) in enumerate(zip(xs, weights, scales, strict=True)):
-        _, k = _check_nvfp4(f"weights[{i}]", codes, f"scales[{i}]", scale)
-        check_tensor(f"xs[{i}]", x, dtype=torch.bfloat16, shape=(None, k))
-    out: list = [None] * len(xs)
+            check_tensor(f"weights[{i}]", weights[i], dtype=torch.bfloat16, shape=(None, x.shape[1]))
+        else:
+            _, k = _check_nvfp4(f"weights[{i}]", weights[i], f"scales[{i}]", scales[i])
+            check_tensor(f"xs[{i}]", x, dtype=torch.bfloat16, shape=(None, k))
     if not xs:
         return []
-    # decoded a group at a time (the E2M1 values of one expert are N x K fp32), experts sorted by token count
+
+    def operands(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if scales is None:  # BF16: K zero-padded to the order's length
+            pad = length - xs[i].shape[1]
+            return (torch.nn.functional.pad(xs[i].float(), (0, pad)),
+                    torch.nn.functional.pad(weights[i].float(), (0, pad)), None)  # fmt: skip
+        return (xs[i], _decode_codes(_unpack_codes(weights[i]), torch.float32),
+                e4m3_to_float(scale_bytes(scales[i])).to(torch.float32))  # fmt: skip
+
+    # the weights' values are formed a group at a time (one expert's are N x K fp32), experts sorted by tokens
+    out: list = [None] * len(xs)
     todo = sorted(range(len(xs)), key=lambda i: xs[i].shape[0])
-    per = group_size(check_order(order), weights[0].shape[0], weights[0].device)
+    per = group_size(order, weights[0].shape[0], weights[0].device) if is_chain_order(order) else 1
     for g0 in range(0, len(todo), per):
         grp = todo[g0 : g0 + per]
-        values = [_decode_codes(_unpack_codes(weights[i]), torch.float32) for i in grp]
-        blocks = [e4m3_to_float(scale_bytes(scales[i])).to(torch.float32) for i in grp]
-        done = replay_matmuls(order, [xs[i] for i in grp], values, block_scales=blocks, mma=mma)
+        ops = [operands(i) for i in grp]
+        blocks = None if scales is None else [o[2] for o in ops]
+        done = replay_matmuls(order, [o[0] for o in ops], [o[1] for o in ops], block_scales=blocks, mma=mma)
         for i, r in zip(grp, done, strict=True):
             out[i] = r
     return out

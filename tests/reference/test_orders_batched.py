@@ -93,6 +93,13 @@ def test_replay_experts_equals_the_single_expert_replay() -> None:
     order = K.router_order(96, 16)
     for x, ww, r in zip(xb, w, X.replay_experts(order, xb, w), strict=True):
         assert _bits(r) == _bits(X.gate_up_accumulate_bf16(x, ww, order=order).replay)
+    lanes = K.router_order(96, 1)  # the router GEMV: 128 lanes, K padded to 128
+    for x, ww, r in zip(xb, w, X.replay_experts(lanes, xb, w), strict=True):
+        assert _bits(r) == _bits(X.gate_up_accumulate_bf16(x, ww, order=lanes).replay)
+    with pytest.raises(ValueError, match="one entry per expert, got 3, 2, None"):
+        X.replay_experts(order, xb, w[:2])
+    with pytest.raises(TypeError, match=r"weights\[1\]"):
+        X.replay_experts(order, xb, [w[0], w[1].float(), w[2]])
 
 
 def test_bad_lists_are_refused() -> None:
