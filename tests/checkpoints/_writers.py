@@ -227,3 +227,14 @@ def rejection(read, *args) -> str:
     with pytest.raises(CheckpointError) as exc:
         read(*args)
     return str(exc.value)
+
+
+def stored_tensors(d: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's safetensors files, read by safetensors itself."""
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            out.update({k: h.get_tensor(k) for k in h.keys()})  # noqa: SIM118
+    return out

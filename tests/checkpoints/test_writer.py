@@ -17,7 +17,7 @@ from flint_moe.checkpoints import (
     write_modelopt_layer,
     write_modelopt_tensors,
 )
-from tests.checkpoints._writers import FP8, random_experts
+from tests.checkpoints._writers import FP8, random_experts, stored_tensors
 
 E, H, I, K = 4, 64, 32, 2  # noqa: E741
 
@@ -34,17 +34,6 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
-
-
-def _stored(d: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's safetensors files, read by safetensors itself."""
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            out.update({k: h.get_tensor(k) for k in h.keys()})  # noqa: SIM118
-    return out
 
 
 def test_layer_round_trip(tmp_path: Path, layer) -> None:
@@ -66,7 +55,7 @@ def test_layer_round_trip(tmp_path: Path, layer) -> None:
                        "ignore": ["lm_head", "model.layers.*.mlp.gate"], "quant_algo": "NVFP4",
                        "producer": {"name": "flint_moe", "version": "0.1"}, "quant_method": "modelopt"}}  # fmt: skip
     assert cfg["quantization_config"]["ignore"] == q["exclude_modules"]
-    stored = _stored(d)
+    stored = stored_tensors(d)
     prefix = "model.layers.3.mlp."
     assert set(stored) == {prefix + "experts." + n for n in named} | {prefix + "gate.weight"}
     for n, t in named.items():
@@ -105,7 +94,7 @@ def test_modelopt_quantizer_output_round_trip(tmp_path: Path) -> None:
     router = (torch.randn(E, H, generator=g) * 0.2).bfloat16()
     named = modelopt_experts(w13, w2)  # with input_scale tensors, as ModelOpt's export has
     d = write_modelopt_layer(tmp_path / "mo", named, router, top_k=K)
-    stored = _stored(d)
+    stored = stored_tensors(d)
     assert all(_same(stored["model.layers.0.mlp.experts." + n], t) for n, t in named.items())
     back = read_modelopt_layer(d, 0)
     got = dict(back.experts.named_tensors())
@@ -178,6 +167,6 @@ def test_write_tensors_checks_its_arguments(tmp_path: Path) -> None:
         write_modelopt_tensors(tmp_path / "e", {"a": torch.zeros(1)}, shards=2)
     t = torch.arange(6, dtype=torch.float32)
     d = write_modelopt_tensors(tmp_path / "v", {"a": t[:3], "b": t[3:], "c": t}, config={"x": 1})  # shared memory
-    stored = _stored(d)
+    stored = stored_tensors(d)
     assert [stored[k].tolist() for k in "abc"] == [[0, 1, 2], [3, 4, 5], [0, 1, 2, 3, 4, 5]]
     assert json.loads((d / "config.json").read_text()) == {"x": 1}

@@ -27,6 +27,7 @@ import torch
 
 from flint_moe.checkpoints import read_layer, read_modelopt_layer, write_modelopt_layer
 from flint_moe.checkpoints.modelopt import EXPERT_COUNT_KEYS
+from tests.checkpoints._writers import stored_tensors
 
 pytestmark = pytest.mark.oracle
 
@@ -80,17 +81,6 @@ def _header(d: Path) -> dict[str, dict]:
     return out
 
 
-def _stored(d: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory, read by safetensors itself."""
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            out.update({k: h.get_tensor(k) for k in h.keys()})  # noqa: SIM118
-    return out
-
-
 def _metadata(d: Path) -> dict:
     from safetensors import safe_open
 
@@ -111,7 +101,7 @@ def _moe(tensors: dict, layer: int) -> dict:
 def _assert_same_tensors(ours: Path, theirs: Path, names: set[str]) -> None:
     """``names`` are stored in both directories with equal header dtype, shape and bytes."""
     h_ours, h_theirs = _header(ours), _header(theirs)
-    t_ours, t_theirs = _stored(ours), _stored(theirs)
+    t_ours, t_theirs = stored_tensors(ours), stored_tensors(theirs)
     for n in sorted(names):
         assert h_ours[n] == h_theirs[n], n
         assert t_ours[n].dtype == t_theirs[n].dtype and t_ours[n].shape == t_theirs[n].shape, n
@@ -139,7 +129,7 @@ def test_export_has_the_layout_the_reader_expects(exported: Path) -> None:
 def test_reader_loads_the_export_bitwise(exported: Path, layer: int) -> None:
     got = read_modelopt_layer(exported, layer)
     assert (got.num_experts, got.hidden_size, got.intermediate_size, got.top_k) == (E, H, I, K)
-    stored = _stored(exported)
+    stored = stored_tensors(exported)
     p = f"model.layers.{layer}.mlp."
     assert _bytes(got.router_weight) == _bytes(stored[p + "gate.weight"])
     assert got.router_weight.dtype == torch.bfloat16
@@ -166,7 +156,7 @@ def test_writing_the_read_experts_gives_the_export_tensors(tmp_path: Path, expor
 
 @pytest.mark.parametrize("layer", range(LAYERS))
 def test_writing_the_export_tensors_keeps_every_byte(tmp_path: Path, exported: Path, layer: int) -> None:
-    stored = _stored(exported)
+    stored = stored_tensors(exported)
     p = f"model.layers.{layer}.mlp."
     experts = {n[len(p + "experts.") :]: t for n, t in stored.items() if n.startswith(p + "experts.")}
     d = write_modelopt_layer(tmp_path / "flint", experts, stored[p + "gate.weight"], layer=layer, top_k=K)
