@@ -36,7 +36,7 @@ import triton.language as tl
 
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import div_rn
-from flint_moe.kernels.audit.registry import register_audit
+from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
 
 __all__ = ["PERTOKEN_QUANT_CONFIG", "PERTOKEN_ALIGNMENT", "launch_pertoken_quant", "audit_specs"]
 
@@ -158,16 +158,15 @@ def launch_pertoken_quant(
     )  # fmt: skip
 
 
-#: (name, H, Hp) audited: DeepSeek-V3 / Kimi-K2 (H 7168, already a multiple of 256).
-AUDIT_SHAPES = (("H7168", 7168, 7168),)
+#: (name, H, Hp) audited: DeepSeek-V3 / Kimi-K2 (H 7168, already a multiple of 256), gpt-oss (H 2880 padded to
+#: 3072: the masked tail).
+AUDIT_SHAPES = (("H7168", 7168, 7168), ("H2880", 2880, 3072))
 
 
 def audit_specs() -> None:
     """Register the quantizer specialisations of AUDIT_SHAPES: ``div.rn.f32`` present (P1, P2, P4), the PDL
     wait, no approximate division or reciprocal, no fp64, no flush-to-zero multiply or fused multiply-add."""
     cfg = PERTOKEN_QUANT_CONFIG
-    from flint_moe.kernels.audit.registry import DEFAULT_FORBID
-
     forbid = (*DEFAULT_FORBID, "rcp.approx", "div.approx", "mul.ftz", "fma.rn", "cvt.rn.satfinite.e4m3x2")
     for name, h, hp in AUDIT_SHAPES:
         register_audit(
