@@ -75,9 +75,7 @@ def quantize_routed_nvfp4_input(
     if isinstance(hp, bool) or not isinstance(hp, int):
         raise TypeError(f"padded_hidden_size: expected an int, got {type(hp).__name__}")
     if hp % PERTOKEN_ALIGNMENT or hp < h:
-        raise ValueError(
-            f"padded_hidden_size: must be a multiple of {PERTOKEN_ALIGNMENT} and >= H = {h}, got {hp}"
-        )
+        raise ValueError(f"padded_hidden_size: must be a multiple of {PERTOKEN_ALIGNMENT} and >= H = {h}, got {hp}")
     check_kernel_device("hidden_states", hidden_states)
     dev = hidden_states.device
     if out is None:
