@@ -10,6 +10,8 @@
   through ``.data`` / ``.numpy()`` included; flint_moe/ops/_checks.py).
 - ``ll_route``: the low-latency decode block's first stage, residual add + RMSNorm (rule step 11) fused with
   steps 1-4, for M <= ``LL_MOE_MAX_TOKENS`` (flint_moe/ops/moe_ll.py).
+- ``quantize_routed_nvfp4_input``: the per-token NVFP4 input of the routed experts (numerics.md "Per-token
+  NVFP4 experts", P1-P5), padded (flint_moe/ops/pertoken_quant.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
 from .moe_ll import LL_MOE_MAX_TOKENS, ll_route
 from .moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
 from .moe_nvfp4_grouped import GROUPED_MAX_TOKENS, flint_moe_grouped
+from .pertoken_quant import quantize_routed_nvfp4_input
 from .route import ROUTE_GEMV_MAX_TOKENS, make_route_counter, route
 
 __all__ = [
@@ -33,5 +36,6 @@ __all__ = [
     "flint_moe_grouped",
     "ll_route",
     "make_route_counter",
+    "quantize_routed_nvfp4_input",
     "route",
 ]
