@@ -123,22 +123,13 @@ def _nvfp4_accumulate(
     acc = dot_accumulate_rows(x, rows, n, model=model, narrow_products=True, name=x_name)
     if order is None:
         return acc
-    from .orders import replay_matmul
-
-    values = _decode_codes(_unpack_codes(codes), torch.float32)  # E2M1 values [N, K]
-    scales = e4m3_to_float(scale_bytes(scale)).to(torch.float32)  # [N, K / 16]
-    return dataclasses.replace(acc, replay=replay_matmul(order, x, values, block_scales=scales, mma=mma))
+    return dataclasses.replace(acc, replay=replay_experts(order, [x], [codes], [scale], mma=mma)[0])
 
 
 def _with_replay(acc: Accumulation, order: dict | None, x: torch.Tensor, w: torch.Tensor, mma) -> Accumulation:
     if order is None:
         return acc
-    from .orders import check_order, replay_matmul
-
-    pad = check_order(order)["length"] - x.shape[1]
-    if pad > 0:  # a kernel that runs over a padded K: the extra terms are +0 * +0
-        x, w = torch.nn.functional.pad(x.float(), (0, pad)), torch.nn.functional.pad(w.float(), (0, pad))
-    return dataclasses.replace(acc, replay=replay_matmul(order, x, w, mma=mma))
+    return dataclasses.replace(acc, replay=replay_experts(order, [x], [w], mma=mma)[0])
 
 
 def replay_experts(

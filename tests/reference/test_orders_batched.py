@@ -76,6 +76,8 @@ def test_injected_tensor_core_step_sees_broadcast_operands() -> None:
 
 
 def test_replay_experts_equals_the_single_expert_replay() -> None:
+    """Against ``orders.replay_matmul`` on the dequantised weights (``dequant_nvfp4``: E2M1 x E4M3, exact in
+    fp32) and on the BF16 weights, one expert at a time; the accumulate functions' ``replay`` is this too."""
     g = torch.Generator().manual_seed(1)
     n, k = 32, 256
     codes = [torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g) for _ in range(4)]
@@ -85,17 +87,20 @@ def test_replay_experts_equals_the_single_expert_replay() -> None:
         got = X.replay_experts(order, xs, codes, scales)
         for x, c, s, r in zip(xs, codes, scales, got, strict=True):
             if x.shape[0]:
-                assert _bits(r) == _bits(X.gate_up_accumulate(x, c, s, order=order).replay)
+                want = replay_matmul(order, x.float(), X.dequant_nvfp4(c, s))
+                assert _bits(r) == _bits(want)
+                assert _bits(X.gate_up_accumulate(x, c, s, order=order).replay) == _bits(want)
             else:
                 assert r.shape == (0, n)
     w = [torch.randn(n, 96, generator=g).to(torch.bfloat16) for _ in range(3)]
     xb = [torch.randn(m, 96, generator=g).to(torch.bfloat16) for m in (2, 1, 3)]
     order = K.router_order(96, 16)
     for x, ww, r in zip(xb, w, X.replay_experts(order, xb, w), strict=True):
-        assert _bits(r) == _bits(X.gate_up_accumulate_bf16(x, ww, order=order).replay)
+        assert _bits(r) == _bits(replay_matmul(order, x.float(), ww.float()))
     lanes = K.router_order(96, 1)  # the router GEMV: 128 lanes, K padded to 128
     for x, ww, r in zip(xb, w, X.replay_experts(lanes, xb, w), strict=True):
-        assert _bits(r) == _bits(X.gate_up_accumulate_bf16(x, ww, order=lanes).replay)
+        assert _bits(r) == _bits(replay_matmul(lanes, x.float(), ww.float()))
+        assert _bits(X.gate_up_accumulate_bf16(x, ww, order=lanes).replay) == _bits(r)
     with pytest.raises(ValueError, match="one entry per expert, got 3, 2, None"):
         X.replay_experts(order, xb, w[:2])
     with pytest.raises(TypeError, match=r"weights\[1\]"):

@@ -1,9 +1,9 @@
 """The judge replays a stage's experts together (``expert_steps.expert_replays``): on a CPU NVFP4 grouped case
 judged against the grouped kernels' declared tensor-core orders, each accumulation stage's count of accumulators
 that differ from the replay equals the count against the single-expert replay computed here independently
-(``reference.experts.gate_up_accumulate`` / ``down_accumulate`` with ``order=``, one (token, slot) pair at a
-time). The interpreter does not run the GPU's tensor-core order, so the counts, not EXACT, are what is checked
-(the H200 run shows the EXACT verdicts)."""
+(``reference.orders.replay_matmul`` on the dequantised weights, one (token, slot) pair at a time). The
+interpreter does not run the GPU's tensor-core order, so the counts, not EXACT, are what is checked (the H200
+run shows the EXACT verdicts)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from flint_moe.conformance.judge.stages import compare_case
 from flint_moe.conformance.run.paths import declared_orders, path_for
 from flint_moe.ops import make_route_counter
 from flint_moe.reference import experts as ref
+from flint_moe.reference.orders import replay_matmul
 
 CASE = "nvfp4_grouped/cpu-E6-H96-I64-k3/M12/gaussian/s0"
 
@@ -48,12 +49,13 @@ def test_batched_replay_counts_match_the_single_expert_replay(monkeypatch):
     for t in range(ids.shape[0]):
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
-            gu = ref.gate_up_accumulate(inputs.x[t : t + 1], wl.w13[e], wl.w13_scale[e], order=orders["gate_up"])
-            want["gate_acc"] += int((~_same_bits(taps["gate_acc"][t, j, :I], gu.replay[0, :I])).sum())
-            want["up_acc"] += int((~_same_bits(taps["up_acc"][t, j, :I], gu.replay[0, I:])).sum())
-            act = taps["act"][t : t + 1, j, :I].contiguous()
-            dn = ref.down_accumulate(act, wl.w2[e], wl.w2_scale[e], order=orders["down"])
-            want["down_acc"] += int((~_same_bits(taps["down_acc"][t, j], dn.replay[0])).sum())
+            w13 = ref.dequant_nvfp4(wl.w13[e], wl.w13_scale[e])
+            gu = replay_matmul(orders["gate_up"], inputs.x[t : t + 1].float(), w13)
+            want["gate_acc"] += int((~_same_bits(taps["gate_acc"][t, j, :I], gu[0, :I])).sum())
+            want["up_acc"] += int((~_same_bits(taps["up_acc"][t, j, :I], gu[0, I:])).sum())
+            act = taps["act"][t : t + 1, j, :I].float()
+            dn = replay_matmul(orders["down"], act, ref.dequant_nvfp4(wl.w2[e], wl.w2_scale[e]))
+            want["down_acc"] += int((~_same_bits(taps["down_acc"][t, j], dn[0])).sum())
     for stage, n in want.items():
         assert _differing(by[stage].note) == n, (stage, by[stage].note)
     assert sum(want.values()) > 0  # the interpreter's order differs somewhere: the counts are informative
