@@ -18,9 +18,10 @@ __all__ = ["REPLAY_ROWS", "case_orders", "replay_row_count", "replay_rows", "rep
 
 #: Token rows replayed in full; a larger case replays this many rows, evenly spaced (rows are independent:
 #: the ``row_independence`` invariance checks it), and keeps the any-order bound for the others. Every row of
-#: a replayed row is replayed: all its experts and all their output columns. ``FLINT_REPLAY_ROWS=N`` replays
-#: N rows instead (a deeper run, e.g. 64: every row of the M <= 64 cases; minutes more on the H200).
-REPLAY_ROWS = 8
+#: a replayed row is replayed: all its experts and all their output columns. 64 rows replay every row of the
+#: cases up to M = 64 and keep the gpu profile at 258 s on the H200 (reports/h200). ``FLINT_REPLAY_ROWS=N``
+#: replays N rows instead.
+REPLAY_ROWS = 64
 
 
 def replay_row_count() -> int:
