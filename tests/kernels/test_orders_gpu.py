@@ -156,18 +156,18 @@ def test_router_acc_equals_replay(E, H, M):
 def _nvfp4_configs():
     from flint_moe.kernels.nvfp4 import tuned
 
-    mma_keys = {"RT": 2, "S": 2, "LATE": False, "PF": False, "L2PF": 0, "FENCE": False}
+    mma_keys = {"RT": 2, "S": 2, "FENCE": False}
     return {
         "default": (None, None, True),
         "cuda-core": (tuned.GATE_UP_CUDA_CORE, tuned.DOWN_CUDA_CORE, False),
         "mma-sk2-sk4": (
             {"MMA": True, "BN": 16, "num_warps": 4, "SK": 2, **mma_keys},
-            {"MMA": True, "BH": 16, "num_warps": 4, "SK": 4, **mma_keys, "RB": 1, "EARLY": 0, "MAXNREG": 0},
+            {"MMA": True, "BH": 16, "num_warps": 4, "SK": 4, **mma_keys, "EARLY": 0, "MAXNREG": 0},
             True,
         ),
         "mma-sk1": (  # rows * SK = 8 * num_warps * RT
             {"MMA": True, "BN": 16, "num_warps": 2, "SK": 1, **mma_keys},
-            {"MMA": True, "BH": 16, "num_warps": 1, "SK": 1, **mma_keys, "S": 4, "RB": 1, "EARLY": 0, "MAXNREG": 0},
+            {"MMA": True, "BH": 16, "num_warps": 1, "SK": 1, **mma_keys, "S": 4, "EARLY": 0, "MAXNREG": 0},
             True,
         ),
     }
