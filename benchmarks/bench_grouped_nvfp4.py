@@ -1,6 +1,8 @@
 """Grouped NVFP4 path (``flint_moe_grouped``) vs ``torch._grouped_mm`` on bf16 weights, on the H200.
 
-``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``
+``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``;
+``... --ab [--model deepseek-v3 --M 4096] --out DIR``: only the default launch configuration against BK 64 and
+the bf16 layer, alternated over two rounds, and each variant's two GEMM kernels alone (``ab``).
 
 Both sides run the same layer end to end from the same tokens and router: ``route`` (same ids and routing
 weights), then
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -224,15 +227,83 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+#: ``--ab`` variants: the default launch configuration against the K step of 64 in both GEMMs.
+AB_VARIANTS = {"default": None, "BK64": {"gate_up": {"BK": 64}, "down": {"BK": 64}}}
+
+
+def ab(model: str, M: int, out: str, rounds: int = 2) -> dict:
+    """One model and M: the grouped layer under each ``AB_VARIANTS`` configuration and the bf16
+    ``torch._grouped_mm`` layer, timed in alternation for ``rounds`` rounds (the spread of one version across
+    rounds is the noise), plus each variant's two GEMM kernels alone on a fixed permutation; bits of every
+    variant against the default; the row blocks the permutation uses. Writes ``out/bench_ab.json``, prints a
+    table last."""
+    from flint_moe.kernels.nvfp4.grouped_down import launch_grouped_down
+    from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, launch_grouped_gate_up
+    from flint_moe.kernels.nvfp4.permute import moe_permute
+    from flint_moe.ops import flint_moe_grouped, make_route_counter, route
+
+    t0 = time.time()
+    layer = Layer(model)
+    counter = make_route_counter(layer.device)
+    x, router, shared = layer.inputs(M, seed=5)
+    fl = flops(M, layer.H, layer.I, layer.k)
+    ids, tw = route(x, router, layer.k, counter)
+    bm = grouped_config(M * layer.k, layer.E)["BM"]
+    perm = moe_permute(ids, layer.E, bm)
+    counts = torch.bincount(ids.reshape(-1).long(), minlength=layer.E)
+    used = int((perm.block_end > perm.block_start).sum())
+    res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "model": model, "M": M,
+           "flops": fl, "BM": bm, "blocks_used": used, "fill": M * layer.k / (used * bm), "rounds": [],
+           "pairs_per_expert": [int(counts.min()), float(counts.float().mean()), int(counts.max())]}  # fmt: skip
+    ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
+    for name, cfg in AB_VARIANTS.items():
+        o = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=cfg)
+        res.setdefault("bits_equal_default", {})[name] = bool(torch.equal(o.view(torch.int16), ref.view(torch.int16)))
+    fns = {name: _grouped(layer, x, router, shared, counter, cfg) for name, cfg in AB_VARIANTS.items()}
+    fns["bf16"] = _bf16(layer, x, router, shared, counter)
+    for name, cfg in AB_VARIANTS.items():
+        cfg = cfg or {}
+        act = launch_grouped_gate_up(x, ids, perm, layer.w, config=cfg.get("gate_up"))
+        fns[f"{name} gate/up kernel"] = lambda i, c=cfg: launch_grouped_gate_up(x, ids, perm, layer.w,
+                                                                               config=c.get("gate_up"))  # fmt: skip
+        fns[f"{name} down kernel"] = lambda i, c=cfg, a=act: launch_grouped_down(a, ids, tw, perm, layer.w, shared,
+                                                                                 config=c.get("down"))  # fmt: skip
+    for _ in range(rounds):
+        res["rounds"].append({name: time_fn(fn) * 1e6 for name, fn in fns.items()})
+    res["elapsed_s"] = time.time() - t0
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "bench_ab.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    med = {n: statistics.median(r[n] for r in res["rounds"]) for n in fns}
+    print(f"{model} M={M}: BM {bm}, {used} row blocks used (fill {res['fill']:.2f}), pairs per expert "
+          f"min/mean/max {res['pairs_per_expert']}, bits equal to default {res['bits_equal_default']}, "
+          f"{res['elapsed_s']:.0f} s")  # fmt: skip
+    print("| variant | us per round | TFLOP/s | bf16 / variant |")
+    print("|---|---|---:|---:|")
+    for n in fns:
+        per = ", ".join(f"{r[n]:.1f}" for r in res["rounds"])
+        tf = "" if "kernel" in n else f"{fl / (med[n] * 1e-6) / 1e12:.1f}"
+        ratio = "" if "kernel" in n else f"{med['bf16'] / med[n]:.2f}"
+        print(f"| {n} | {per} | {tf} | {ratio} |")
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="reports/bench-grouped")
     p.add_argument("--quick", action="store_true", help="DeepSeek-V3 only, fewer M")
     p.add_argument("--budget-s", type=float, default=240.0, help="stop starting new sections after this")
+    p.add_argument("--ab", action="store_true",
+                   help="only the A/B of the default launch configuration vs BK 64 vs bf16 (--model, --M)")  # fmt: skip
+    p.add_argument("--model", default="deepseek-v3", choices=sorted(MODELS))
+    p.add_argument("--M", type=int, default=4096)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device (the H200)", file=sys.stderr)
         return 2
+    if args.ab:
+        ab(args.model, args.M, args.out)
+        return 0
     from flint_moe.ops import flint_moe_grouped, make_route_counter
 
     t_start = time.time()

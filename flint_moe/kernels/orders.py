@@ -30,7 +30,9 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   weights ``E2M1 * E4M3 * 2^-8`` in bf16; the 4 accumulator columns are added with xor 2, 1 (an exact
   ``+ 0`` that turns -0 into +0), times 2^8; split-K parts ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)``.
 - NVFP4 grouped: ``tl.dot`` per BK step lowers to BK / 16 ``wgmma.mma_async ... m64nNk16`` in k order,
-  chained from a +0 accumulator (the scale-d predicate is constant true).
+  chained from a +0 accumulator (the scale-d predicate is constant true); BK 64 and 128 issue the same k16
+  sequence (shared-memory B descriptors at byte offsets 0, 32, 64, 96, then 16384 + the same for the second
+  64-column half of a BK 128 tile; one accumulator register set), so the declaration is one k16 chain.
 """
 
 from __future__ import annotations
@@ -200,17 +202,21 @@ def nvfp4_down_order(config: dict, I: int) -> dict:  # noqa: E741
 
 
 def nvfp4_grouped_order(config: dict | None, K: int, *, kernel: str = "nvfp4_grouped") -> dict:
-    """``gate_acc`` / ``up_acc`` (K = H) or ``down_acc`` (K = I) of the grouped NVFP4 GEMMs: K steps of
-    ``BK`` (default 64) in increasing order, each BK / 16 chained ``wgmma ... k16`` steps from +0, k slots in
-    element order; K padded to a multiple of BK with zeros. Weights enter as ``E2M1 * E4M3`` (bf16, exact)."""
-    bk = int((config or {}).get("BK") or 64)
+    """``gate_acc`` / ``up_acc`` (K = H) or ``down_acc`` (K = I) of the grouped NVFP4 GEMMs: one chain of
+    ``wgmma ... k16`` steps in increasing k order from +0, k slots in element order, K zero-padded to a
+    multiple of the K step ``BK``. The loop runs K steps of BK, each BK / 16 chained k16 steps on the same
+    accumulator, so BK only sets the padding: ``config["BK"]`` when given, else the launchers' default
+    (``nvfp4.grouped_gate_up.default_bk``: 64, or 128 where K is a multiple of 128, the same padded length).
+    Weights enter as ``E2M1 * E4M3`` (bf16, exact)."""
+    bk = (config or {}).get("BK")
+    bk = 64 if bk is None else int(bk)
     if bk < 16 or bk % 16:
         raise OrderError(f"{kernel}: BK = {bk} must be a multiple of 16")
     _k(K, "K", 16)
-    steps = -(-K // bk)
-    axes = [["step", steps], ["k16", bk // 16], ["slot", 16]]
-    program = [{"op": "mma_chain", "chain": ["step", "k16"], "slots": ["slot"], "instruction": "wgmma.m64nNk16"}]
-    return _order(kernel, K, [[0, K]], steps * bk, axes, program, {"w_scale_log2": 0, "w_dtype": "bf16"})
+    padded = -(-K // bk) * bk
+    axes = [["k16", padded // 16], ["slot", 16]]
+    program = [{"op": "mma_chain", "chain": ["k16"], "slots": ["slot"], "instruction": "wgmma.m64nNk16"}]
+    return _order(kernel, K, [[0, K]], padded, axes, program, {"w_scale_log2": 0, "w_dtype": "bf16"})
 
 
 def nvfp4_decode_orders(H: int, I: int, *, M: int = 1, gate_up: dict | None = None, down: dict | None = None):  # noqa: E741

@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from flint_moe.kernels.nvfp4.grouped_down import nvfp4_grouped_down
-from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+from flint_moe.kernels.nvfp4.grouped_gate_up import (
+    GROUPED_GATE_UP_CONFIG,
+    _cfg,
+    default_bk,
+    grouped_config,
+    grouped_launch_kwargs,
+    nvfp4_grouped_gate_up,
+)
 from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_grouped, make_route_counter
 
@@ -112,6 +119,36 @@ def test_grouped_config():
     assert grouped_config(8 * 1024, 256) == {"BM": 32, "num_warps": 4}
     assert grouped_config(8 * 2048, 256) == {"BM": 64, "num_warps": 8}
     assert grouped_config(8 * 16, 256) == {"BM": 16, "num_warps": 4}
+
+
+def test_default_k_step():
+    """BK 128 only for 128-pair row blocks over a K that is a multiple of 128; an explicit BK wins."""
+    assert [default_bk(bm, 7168) for bm in (16, 32, 64, 128, 256)] == [64, 64, 64, 128, 64]
+    assert (default_bk(128, 2048), default_bk(128, 2880), default_bk(128, 1536), default_bk(128, 96)) == (
+        128, 64, 128, 64)  # fmt: skip
+    cfg = _cfg(None, GROUPED_GATE_UP_CONFIG, "t")
+    assert grouped_launch_kwargs(cfg, 128, False, 7168)["BK"] == 128
+    assert grouped_launch_kwargs(cfg, 128, False, 2880)["BK"] == 64
+    assert grouped_launch_kwargs(cfg, 64, False, 7168)["BK"] == 64
+    assert grouped_launch_kwargs(_cfg({"BK": 64}, GROUPED_GATE_UP_CONFIG, "t"), 128, False, 7168)["BK"] == 64
+    assert grouped_launch_kwargs(_cfg({"BK": 256}, GROUPED_GATE_UP_CONFIG, "t"), 16, False, 96)["BK"] == 256
+
+
+def test_default_k_step_of_128_matches_golden():
+    """Row blocks of 128 with H = 256 and I = 128 (multiples of 128): the default launch takes BK = 128 in both
+    GEMMs (two K steps of gate/up, one of down); checked against the golden model like the BK 64 runs."""
+    E, H, I, M, k = 6, 256, 128, 13, 3
+    w = make_weights(E, H, I, seed=11)
+    x, ids, tw, sh = make_inputs(M, H, E, k, seed=11)
+    perm = moe_permute(ids, E, 128)
+    taps: dict = {}
+    act = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps)
+    out = nvfp4_grouped_down(act, ids, tw, perm, w, sh, taps=taps)
+    counts = check_grouped_taps(w, x, ids, tw, sh, taps, out, acc_pairs=_all_pairs(M, k))
+    assert counts["pairs"] == M * k and counts["acc_elements"] == M * k * (2 * I + H)
+    act128 = nvfp4_grouped_gate_up(x, ids, perm, w, config={"BK": 128})
+    assert same(act128, act), "the default launch is not the BK 128 build"
+    assert same(nvfp4_grouped_down(act128, ids, tw, perm, w, sh, config={"BK": 128}), out)
 
 
 def test_bad_inputs_raise():

@@ -80,6 +80,25 @@ def test_bf16_and_grouped_orders_every_shape():
                 _json_round_trip(o["down"])
 
 
+def test_grouped_order_is_one_k16_chain_padded_to_the_k_step():
+    from flint_moe.kernels.audit.registry import collect_audit_specs
+
+    # the default K step (64, or 128 where K is a multiple of 128) pads K to the same length
+    for k in (7168, 2048, 1536):
+        o = K.nvfp4_grouped_order(None, k)
+        assert o == K.nvfp4_grouped_order({"BK": 128}, k) == K.nvfp4_grouped_order({"BK": 64}, k)
+        assert o["axes"] == [["k16", k // 16], ["slot", 16]] and o["part_length"] == k
+    assert K.nvfp4_grouped_order(None, 2880)["part_length"] == 2880
+    assert K.nvfp4_grouped_order({"BK": 128}, 2880)["part_length"] == 2944  # 4 k16 steps of zero products
+    assert K.nvfp4_grouped_order({"BK": 64}, 208)["axes"][0] == ["k16", 16]
+    specs = collect_audit_specs()
+    bk = {n: s.constexprs["BK"] for n, s in specs.items() if n.startswith("nvfp4_grouped_") and "BM" in n}
+    assert bk["nvfp4_grouped_gate_up.H7168.I2048.BM128"] == bk["nvfp4_grouped_down.H7168.I2048.BM128"] == 128
+    assert bk["nvfp4_grouped_gate_up.H7168.I2048.BM128.tap"] == 128
+    assert bk["nvfp4_grouped_gate_up.H7168.I2048.BM64"] == bk["nvfp4_grouped_down.H7168.I2048.BM256"] == 64
+    assert bk["nvfp4_grouped_gate_up.H2880.I2880.BM128"] == bk["nvfp4_grouped_down.H2880.I2880.BM128"] == 64
+
+
 def test_effective_split_matches_the_launchers():
     from flint_moe.kernels.nvfp4.config import _mma_launch
 

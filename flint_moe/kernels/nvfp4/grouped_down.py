@@ -22,6 +22,7 @@ from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
 from flint_moe.kernels.nvfp4.grouped_gate_up import (
     _cfg,
     _check_perm,
+    default_bk,
     default_warps,
     grouped_launch_kwargs,
     k_loop,
@@ -39,10 +40,9 @@ __all__ = [
 ]
 
 #: Default launch configuration: ``BH`` hidden rows per program (a power of two >= 64; None = ``default_bh(BM)``),
-#: ``BK`` K elements
-#: per main-loop step (a power of two >= 32), ``num_stages``; ``num_warps`` None = ``default_warps(BM)``
-#: (``BM`` comes from the permutation).
-GROUPED_DOWN_CONFIG = {"BH": None, "BK": 64, "num_warps": None, "num_stages": 3}
+#: ``BK`` K elements per main-loop step (a power of two >= 32; None = ``grouped_gate_up.default_bk(BM, I)``),
+#: ``num_stages``; ``num_warps`` None = ``default_warps(BM)`` (``BM`` comes from the permutation).
+GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3}
 
 
 def default_bh(block_m: int) -> int:
@@ -170,7 +170,8 @@ def nvfp4_grouped_down(
         shared_output: bf16 [M, H] contiguous (rule step 10).
         taps: if a dict, the tapped build stores ``down_acc`` fp32 [M, k, H] (before the global scale),
             ``y`` bf16 [M, k, H] and ``out`` bf16 [M, H].
-        config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK``, ``num_warps``, ``num_stages``, ``DECODE``).
+        config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK`` (None: ``default_bk(BM, I)``), ``num_warps``,
+            ``num_stages``, ``DECODE``).
         out: None, or a bf16 [M, H] contiguous tensor the combine writes and that is returned (no overlap with
             any input: the op checks that, ``ops._checks.check_out``).
         check: False skips the tensor checks, for a caller that made them (``launch_grouped_down``); the config
@@ -211,7 +212,7 @@ def nvfp4_grouped_down(
             weights.w2_alpha,
             y,
             dacc,
-            H=H, IP=IP, INTER=INTER, BH=bh, **grouped_launch_kwargs(cfg, perm.block_m, tap),
+            H=H, IP=IP, INTER=INTER, BH=bh, **grouped_launch_kwargs(cfg, perm.block_m, tap, INTER),
         )  # fmt: skip
         _grouped_combine_kernel[(M, triton.cdiv(H, COMBINE_BLOCK))](
             tw, y, shared_output, out, H=H, TOPK=top_k, BLOCK=COMBINE_BLOCK, num_warps=4, **launch_options()
@@ -249,8 +250,8 @@ def audit_specs() -> list[str]:
     cfg = GROUPED_DOWN_CONFIG
     names = []
     for h, i, ip, _k, bm, suffix, tap in grouped_audit_runs():
-        consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "BH": default_bh(bm), "BK": cfg["BK"], "DECODE": 3,
-                  "TAP": tap}  # fmt: skip
+        consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "BH": default_bh(bm), "BK": cfg["BK"] or default_bk(bm, i),
+                  "DECODE": 3, "TAP": tap}  # fmt: skip
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_down" + suffix, _grouped_down_kernel, sig, consts, require,
                                     options=options).name)  # fmt: skip

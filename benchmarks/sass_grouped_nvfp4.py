@@ -1,0 +1,308 @@
+"""SASS instruction mix of the grouped NVFP4 GEMMs' main loop, on the CPU (no GPU needed).
+
+Compiles ``_grouped_gate_up_kernel`` / ``_grouped_down_kernel`` for sm_90 exactly as the PTX audit does
+(``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``, pointer arguments specialised 16-byte
+aligned as a launch on torch tensors specialises them), disassembles the cubin with Triton's bundled
+``cuobjdump -sass`` and counts, inside the main K loop (the backward branch whose body holds the HGMMAs),
+the instructions per opcode and per HGMMA. Also reports registers per thread, spills, shared memory and the
+``cp.async`` / TMA pipeline.
+
+``python -m benchmarks.sass_grouped_nvfp4 [--only gate_up|down] [--dump DIR]`` prints one table row per build
+(DeepSeek-V3 H = 7168, I = 2048, k = 8 unless ``--shape H,I,k``); ``--dump`` writes each build's SASS.
+docs/kernels/nvfp4-grouped.md ("Tensor-core efficiency: where the time goes") reads the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+
+__all__ = ["compile_sm90", "sass_of", "main_loop", "loop_mix", "BUILDS"]
+
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+#: (kernel, BM, BK, num_stages, name); num_warps from the kernels' default_warps(BM), BH from default_bh.
+BUILDS = [
+    ("gate_up", 128, 64, 3, "gate/up BM128 BK64"),
+    ("gate_up", 128, 128, 3, "gate/up BM128 BK128"),
+    ("gate_up", 64, 64, 3, "gate/up BM64 BK64"),
+    ("gate_up", 256, 64, 3, "gate/up BM256 BK64"),
+    ("gate_up", 16, 64, 3, "gate/up BM16 BK64"),
+    ("gate_up", 64, 128, 3, "gate/up BM64 BK128"),
+    ("gate_up", 128, 64, 4, "gate/up BM128 BK64 4 stages"),
+    ("gate_up", 256, 128, 3, "gate/up BM256 BK128"),
+    ("gate_up", 16, 128, 3, "gate/up BM16 BK128"),
+    ("down", 128, 64, 3, "down BM128 BK64"),
+    ("down", 128, 128, 3, "down BM128 BK128"),
+    ("down", 64, 64, 3, "down BM64 BK64"),
+    ("down", 256, 64, 3, "down BM256 BK64"),
+    ("down", 16, 64, 3, "down BM16 BK64"),
+    ("down", 64, 128, 3, "down BM64 BK128"),
+    ("down", 256, 128, 3, "down BM256 BK128"),
+    ("down", 16, 128, 3, "down BM16 BK128"),
+]
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return str(pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int = 2048, k: int = 8):  # noqa: E741
+    """The compiled sm_90 kernel (``triton.compile`` result) of the grouped gate/up (``kind`` "gate_up") or down
+    ("down") production build (TAP off, DECODE 3) at (H, I, k) with row block ``bm``, K step ``bk``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from flint_moe.kernels.nvfp4 import grouped_down as gd, grouped_gate_up as gu
+
+    ip = (I + 63) // 64 * 64
+    if kind == "gate_up":
+        kern = gu._grouped_gate_up_kernel
+        sig = {"x_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
+               "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16", "gacc_ptr": "*fp32",
+               "uacc_ptr": "*fp32"}  # fmt: skip
+        consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "BM": bm, "BC": gu.GROUPED_GATE_UP_CONFIG["BC"], "BK": bk,
+                  "DECODE": 3, "TAP": False}  # fmt: skip
+    elif kind == "down":
+        kern = gd._grouped_down_kernel
+        sig = {"act_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
+               "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*bf16", "dacc_ptr": "*fp32"}  # fmt: skip
+        consts = {"H": H, "IP": ip, "INTER": I, "BM": bm, "BH": gd.default_bh(bm), "BK": bk, "DECODE": 3, "TAP": False}
+    else:
+        raise ValueError(f"compile_sm90: kind must be 'gate_up' or 'down', got {kind!r}")
+    full = {a: ("constexpr" if a in consts else sig[a]) for a in kern.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kern.arg_names) if full[a].startswith("*")}
+    src = ASTSource(fn=kern, signature=full, constexprs=consts, attrs=attrs)
+    opts = {"num_warps": gu.default_warps(bm), "num_stages": stages, "enable_fp_fusion": True}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def sass_of(cubin: bytes) -> str:
+    """``cuobjdump -sass`` of a cubin (Triton's bundled CUDA 12.8 tool)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        return subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(path)
+
+
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    out = []
+    for line in sass.splitlines():
+        m = _LINE.search(line)
+        if m and not m.group(2).startswith("/*"):
+            out.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def main_loop(sass: str) -> list[str]:
+    """The instructions of the innermost backward-branch loop that holds HGMMA instructions (the K loop)."""
+    ins = _instructions(sass)
+    best = None
+    for addr, text in ins:
+        m = re.search(r"BRA\S*\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        if m is None or not _opcode(text).startswith("BRA"):
+            continue
+        tgt = int(m.group(1), 16)
+        if tgt >= addr:
+            continue
+        body = [t for a, t in ins if tgt <= a <= addr]
+        if any(_opcode(t).startswith("HGMMA") for t in body) and (best is None or len(body) < len(best)):
+            best = body
+    if best is None:
+        raise RuntimeError("main_loop: no backward branch around an HGMMA")
+    return best
+
+
+def _opcode(text: str) -> str:
+    words = text.split()
+    if words[0].startswith("@"):
+        words = words[1:]
+    return words[0]
+
+
+_GROUPS = [
+    ("HGMMA", lambda o: o.startswith("HGMMA")),
+    ("HMMA", lambda o: o.startswith("HMMA")),
+    ("WARPGROUP/ARRIVE", lambda o: o.startswith(("WARPGROUP", "WARPSYNC"))),
+    ("LOP3", lambda o: o.startswith("LOP3")),
+    ("PRMT", lambda o: o.startswith("PRMT")),
+    ("HMUL2/HFMA2/HADD2", lambda o: o.startswith(("HMUL2", "HFMA2", "HADD2"))),
+    ("IMAD/IADD/LEA", lambda o: o.startswith(("IMAD", "IADD", "LEA", "IABS", "IMNMX"))),
+    ("SHF/SHL/SHR", lambda o: o.startswith(("SHF", "SHL", "SHR"))),
+    ("MOV/SEL", lambda o: o.startswith(("MOV", "UMOV", "SEL", "F2FP", "R2UR", "S2R", "CS2R", "S2UR"))),
+    ("ISETP/PLOP", lambda o: o.startswith(("ISETP", "PLOP3", "FSETP", "P2R", "R2P"))),
+    ("F-ops (FMUL/FFMA/I2F/F2F)", lambda o: o.startswith(("FMUL", "FFMA", "FADD", "I2F", "F2F", "F2I"))),
+    ("STS", lambda o: o.startswith("STS")),
+    ("LDS/LDSM", lambda o: o.startswith(("LDS", "LDSM"))),
+    ("LDGSTS (cp.async)", lambda o: o.startswith("LDGSTS")),
+    ("LDGDEPBAR/DEPBAR", lambda o: o.startswith(("LDGDEPBAR", "DEPBAR"))),
+    ("LDG", lambda o: o.startswith("LDG") and not o.startswith(("LDGSTS", "LDGDEPBAR"))),
+    ("UTMALDG (TMA)", lambda o: o.startswith("UTMA")),
+    ("BAR/SYNCS", lambda o: o.startswith(("BAR", "SYNCS", "MEMBAR", "FENCE"))),
+    ("uniform (U*)", lambda o: o.startswith("U") and not o.startswith("UTMA")),
+    ("BRA/other", lambda o: True),
+]
+
+
+def loop_mix(body: list[str]) -> dict:
+    """Counts per opcode group, the raw opcode counter, and the HGMMA shapes of a loop body."""
+    ops = collections.Counter(_opcode(t) for t in body)
+    groups = collections.Counter()
+    for op, n in ops.items():
+        for g, pred in _GROUPS:
+            if pred(op):
+                groups[g] += n
+                break
+    shapes = collections.Counter(_opcode(t) for t in body if _opcode(t).startswith("HGMMA"))
+    # A operand from registers: "HGMMA.64xNx16.F32.BF16 Rd, Ra, gdesc[...]"; from shared memory: "gdesc[...], gdesc"
+    a_regs = sum(1 for t in body if _opcode(t).startswith("HGMMA") and re.search(r"HGMMA\S*\s+R\d+,\s*R\d+", t))
+    return {"ops": ops, "groups": groups, "shapes": shapes, "a_from_regs": a_regs, "total": len(body), "body": body}
+
+
+#: sm_90 per-SM resources of the model: 4 warp schedulers (one instruction per clock each), dense bf16 MMA
+#: 2048 multiply-adds per clock (989 TFLOP/s at 132 SMs and 1.83 GHz), shared memory 128 B per clock,
+#: 65536 registers, 228 KiB shared memory (1 KiB reserved per CTA), 64 warps.
+SCHEDULERS, MAC_PER_CLK, SMEM_B_PER_CLK = 4, 2048, 128
+
+
+def _smem_bytes_per_thread(body: list[str]) -> dict:
+    """Shared-memory bytes per thread per loop iteration by kind (cp.async fill, LDS, STS, LDSM); predicated-off
+    (``@!PT``) instructions excluded."""
+    width = {"128": 16, "64": 8}
+    out = collections.Counter()
+    for t in body:
+        if t.startswith("@!PT"):
+            continue
+        op = _opcode(t)
+        parts = op.split(".")
+        if op.startswith("LDGSTS"):
+            out["cp.async"] += width.get(parts[-1], 4)
+        elif op.startswith("LDSM"):
+            out["LDSM"] += {"4": 16, "2": 8}.get(parts[-1], 4)
+        elif parts[0] in ("LDS", "STS"):
+            out[parts[0]] += width.get(parts[-1], 4)
+    return out
+
+
+def step_model(kind: str, bm: int, bk: int, res: dict, mix: dict) -> dict:
+    """Per CTA and K step: MMA cycles at the dense bf16 rate, issue cycles (warps x loop instructions / 4
+    schedulers), shared-memory bytes (cp.async fill, LDS, STS, LDSM per thread x threads, plus the wgmma B
+    operand: each warpgroup reads the [BM, BK] bf16 token tile) and cycles at 128 B/clk, CTAs per SM."""
+    from flint_moe.kernels.nvfp4.grouped_gate_up import default_warps
+
+    warps = default_warps(bm)
+    rows = 128  # gate/up: 2 * BC = 128 [up; gate] rows; down: BH = 128 hidden rows
+    mma = rows * bm * bk / MAC_PER_CLK
+    issue = warps * mix["total"] / SCHEDULERS
+    per_thread = _smem_bytes_per_thread(mix["body"])
+    b_operand = (warps // 4) * bm * bk * 2
+    smem = sum(per_thread.values()) * 32 * warps + b_operand
+    regs_cta = -(-max(res["regs"], 1) // 8) * 8 * 32 * warps
+    ctas = min(65536 // regs_cta, (228 * 1024) // (res["smem"] + 1024), 64 // warps, 32)
+    n_mma = sum(mix["shapes"].values())
+    return {"mma": mma, "issue": issue, "smem_bytes": smem, "smem": smem / SMEM_B_PER_CLK, "ctas": ctas,
+            "per_hgmma": mix["total"] / max(n_mma, 1), "budget": bm / 2, "per_thread": dict(per_thread),
+            "b_operand": b_operand}  # fmt: skip
+
+
+def _resources(compiled) -> dict:
+    """Registers, local memory (spills) and stack from ``cuobjdump -res-usage``; shared memory from Triton's
+    metadata; the pipeline's copy instructions from the PTX."""
+    ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+        path = f.name
+    try:
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(path)
+    use = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", res.stdout))
+    return {
+        "regs": int(use.get("REG", -1)),
+        "spills": int(use.get("LOCAL", 0)) + int(use.get("STACK", 0)),
+        "smem": compiled.metadata.shared,
+        "cp_async": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
+        "tma": ptx.count("cp.async.bulk.tensor"),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", choices=["gate_up", "down"])
+    p.add_argument("--shape", default="7168,2048,8", help="H,I,k")
+    p.add_argument("--dump", help="write each build's SASS here")
+    p.add_argument("--builds", help="comma-separated indices into BUILDS")
+    p.add_argument("--markdown", action="store_true", help="end with the summary tables in markdown")
+    a = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("sass_grouped_nvfp4: unset TRITON_INTERPRET (the sm_90 build is compiled, not interpreted)")
+    H, I, k = (int(v) for v in a.shape.split(","))  # noqa: E741
+    sel = range(len(BUILDS)) if not a.builds else [int(v) for v in a.builds.split(",")]
+    rows = []
+    for idx in sel:
+        kind, bm, bk, stages, name = BUILDS[idx]
+        if a.only and kind != a.only:
+            continue
+        c = compile_sm90(kind, bm, bk, stages, H, I, k)
+        sass = sass_of(c.asm["cubin"])
+        if a.dump:
+            d = pathlib.Path(a.dump)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"{kind}.BM{bm}.BK{bk}.S{stages}.sass").write_text(sass)
+        body = main_loop(sass)
+        mix = loop_mix(body)
+        res = _resources(c)
+        n_mma = sum(mix["shapes"].values())
+        rows.append((name, res, mix, n_mma))
+        print(f"## {name}: {res['regs']} regs, {res['spills']} spills, {res['smem']} B smem, "
+              f"cp.async {res['cp_async']} / TMA {res['tma']} in PTX; loop {mix['total']} instr, "
+              f"{n_mma} HGMMA {dict(mix['shapes'])} (A from registers: {mix['a_from_regs']})")  # fmt: skip
+        for g, n in sorted(mix["groups"].items(), key=lambda t: -t[1]):
+            print(f"   {g:28s} {n:5d}  {n / max(n_mma, 1):7.2f} / HGMMA")
+        print("   opcodes:", ", ".join(f"{o} {n}" for o, n in mix["ops"].most_common()))
+        m = step_model(kind, bm, bk, res, mix)
+        rows[-1] = rows[-1] + (m,)
+        print(f"   per CTA-step: MMA {m['mma']:.0f} clk, issue {m['issue']:.0f} clk, shared memory "
+              f"{m['smem_bytes'] / 1024:.0f} KiB = {m['smem']:.0f} clk {m['per_thread']} + B {m['b_operand']} B; "
+              f"{m['ctas']} CTAs/SM")  # fmt: skip
+    if a.markdown:
+        _markdown(rows)
+    return 0
+
+
+_COLS = ["LOP3", "PRMT", "HMUL2/HFMA2/HADD2", "IMAD/IADD/LEA", "SHF/SHL/SHR", "MOV/SEL", "ISETP/PLOP",
+         "F-ops (FMUL/FFMA/I2F/F2F)", "uniform (U*)", "LDS/LDSM", "STS", "LDGSTS (cp.async)", "LDG", "BAR/SYNCS",
+         "WARPGROUP/ARRIVE", "LDGDEPBAR/DEPBAR", "BRA/other"]  # fmt: skip
+
+
+def _markdown(rows) -> None:
+    print()
+    print("| build | regs | spill | smem KiB | CTAs/SM | loop instr | HGMMA / warp | instr / HGMMA | budget N/2 |"
+          " issue / MMA | smem KiB / step | smem / MMA |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    for name, res, mix, _n, m in rows:
+        shape = ", ".join(f"{n} x {s.split('.')[1]}" for s, n in mix["shapes"].items())
+        print(f"| {name} | {res['regs']} | {res['spills']} | {res['smem'] / 1024:.0f} | {m['ctas']} | {mix['total']} | "
+              f"{shape} | {m['per_hgmma']:.1f} | {m['budget']:.0f} | {m['issue'] / m['mma']:.2f} | "
+              f"{m['smem_bytes'] / 1024:.0f} | {m['smem'] / m['mma']:.2f} |")  # fmt: skip
+    print()
+    short = [c.split(" ")[0] for c in _COLS]
+    print("| build (per HGMMA) | " + " | ".join(short) + " |")
+    print("|---|" + "---:|" * len(_COLS))
+    for name, _res, mix, n_mma, _m in rows:
+        print(f"| {name} | " + " | ".join(f"{mix['groups'].get(c, 0) / n_mma:.2f}" for c in _COLS) + " |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
