@@ -376,7 +376,7 @@ def main(argv=None) -> int:
         variants = [
             {},
             {"gate_up": {"DECODE": 2}, "down": {"DECODE": 2}},
-            {"gate_up": {"BK": 128}, "down": {"BK": 128}},
+            {"gate_up": {"BK": 64}, "down": {"BK": 64}},  # the default is BK 128 at BM 128 (default_bk)
             {"gate_up": {"num_stages": 4}, "down": {"num_stages": 4}},
             {"BM": 64},
             {"BM": 256},
