@@ -65,36 +65,31 @@ _C = tl.constexpr(SWIGLU_C)
 
 
 @triton.jit
+def _f32_unary(x, ASM: tl.constexpr, SHIM: tl.constexpr):
+    """fp32 -> fp32 by the one inline PTX instruction ``ASM`` (``"op $0, $1;"``) on the GPU, by ``SHIM`` (a
+    ``flint_moe.kernels._shims`` constexpr) under the interpreter."""
+    if _INTERPRET:
+        return SHIM(x)
+    else:
+        return tl.inline_asm_elementwise(ASM, "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def rcp_approx_ftz(x):
     """fp32 -> fp32 ``rcp.approx.ftz.f32`` (rule step 7). Interpreter: SHIM to mufu.rcp_approx_ftz."""
-    if _INTERPRET:
-        return _SHIM_rcp_approx_ftz(x)
-    else:
-        return tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+    return _f32_unary(x, "rcp.approx.ftz.f32 $0, $1;", _SHIM_rcp_approx_ftz)
 
 
 @triton.jit
 def ex2_approx_ftz(x):
     """fp32 -> fp32 ``ex2.approx.ftz.f32`` (rule step 7). Interpreter: SHIM to mufu.ex2_approx_ftz."""
-    if _INTERPRET:
-        return _SHIM_ex2_approx_ftz(x)
-    else:
-        return tl.inline_asm_elementwise(
-            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+    return _f32_unary(x, "ex2.approx.ftz.f32 $0, $1;", _SHIM_ex2_approx_ftz)
 
 
 @triton.jit
 def rsqrt_approx_ftz(x):
     """fp32 -> fp32 ``rsqrt.approx.ftz.f32`` (rule step 11). Interpreter: SHIM to mufu.rsqrt_approx_ftz."""
-    if _INTERPRET:
-        return _SHIM_rsqrt_approx_ftz(x)
-    else:
-        return tl.inline_asm_elementwise(
-            "rsqrt.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+    return _f32_unary(x, "rsqrt.approx.ftz.f32 $0, $1;", _SHIM_rsqrt_approx_ftz)
 
 
 @triton.jit

@@ -75,9 +75,7 @@ def _padded(inter: int, padded: int | None) -> int:
 
 
 def w13_rows_cutedsl(
-    intermediate: int,
-    padded_intermediate: int | None = None,
-    group: int = 64,
+    intermediate: int, padded_intermediate: int | None = None, group: int = 64,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """FlashInfer CuTe-DSL W4A16 gate/up rows: [up; gate] interleaved by ``group`` rows.
@@ -97,9 +95,7 @@ def w13_rows_cutedsl(
 
 
 def w13_rows_trtllm_gated(
-    intermediate: int,
-    padded_intermediate: int | None = None,
-    epilogue_tile_m: int = 128,
+    intermediate: int, padded_intermediate: int | None = None, epilogue_tile_m: int = 128,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """TRT-LLM gated gemm1 rows: [up; gate] -> gated reorder -> epilogue-tile shuffle.
@@ -114,9 +110,7 @@ def w13_rows_trtllm_gated(
 
 
 def w13_rows_trtllm_swapped(
-    intermediate: int,
-    padded_intermediate: int | None = None,
-    epilogue_tile_m: int = 64,
+    intermediate: int, padded_intermediate: int | None = None, epilogue_tile_m: int = 64,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """[up; gate] halves (no gated reorder) then the epilogue-tile shuffle (DeepSeek-FP8 BlockMajorK layout,

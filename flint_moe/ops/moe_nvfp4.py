@@ -22,15 +22,8 @@ DECODE_MAX_TOKENS = 8
 
 
 def flint_moe(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    weights,
-    top_k: int,
-    counter: torch.Tensor,
-    shared_output: torch.Tensor,
-    shared_ready: torch.cuda.Event | None = None,
-    *,
-    taps: dict | None = None,
+    x: torch.Tensor, router_weight: torch.Tensor, weights, top_k: int, counter: torch.Tensor,
+    shared_output: torch.Tensor, shared_ready: torch.cuda.Event | None = None, *, taps: dict | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed-expert MoE output plus ``shared_output`` for a few tokens (Flint rule steps 1-10).

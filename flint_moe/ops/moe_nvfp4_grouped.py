@@ -28,17 +28,9 @@ GROUPED_MAX_TOKENS = 65536
 
 
 def flint_moe_grouped(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    weights,
-    top_k: int,
-    counter: torch.Tensor,
-    shared_output: torch.Tensor,
-    shared_ready: torch.cuda.Event | None = None,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
+    x: torch.Tensor, router_weight: torch.Tensor, weights, top_k: int, counter: torch.Tensor,
+    shared_output: torch.Tensor, shared_ready: torch.cuda.Event | None = None, *, taps: dict | None = None,
+    config: dict | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed-expert MoE output plus ``shared_output`` by grouped GEMMs (Flint rule steps 1-10).
 

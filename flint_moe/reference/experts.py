@@ -133,12 +133,8 @@ def _with_replay(acc: Accumulation, order: dict | None, x: torch.Tensor, w: torc
 
 
 def replay_experts(
-    order: dict,
-    xs: list[torch.Tensor],
-    weights: list[torch.Tensor],
-    scales: list[torch.Tensor] | None = None,
-    *,
-    mma=None,
+    order: dict, xs: list[torch.Tensor], weights: list[torch.Tensor], scales: list[torch.Tensor] | None = None,
+    *, mma=None,
 ) -> list[torch.Tensor]:
     """The ``replay`` of :func:`gate_up_accumulate` / :func:`down_accumulate` (``scales`` given: NVFP4) or of
     the ``_bf16`` variants (``scales`` None) for many experts at once: per expert fp32 [len(xs[i]), N], bit for
@@ -189,13 +185,8 @@ def replay_experts(
 
 
 def gate_up_accumulate(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w13_scale: torch.Tensor,
-    *,
-    model: SummationModel = FP32_RN,
-    order: dict | None = None,
-    mma=None,
+    x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, *, model: SummationModel = FP32_RN,
+    order: dict | None = None, mma=None,
 ) -> Accumulation:
     """Step 6 reduction, one NVFP4 expert: exact ``sum_h W13[n, h] * x[t, h]``, W13 dequantized (step 5).
 
@@ -261,13 +252,8 @@ def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def down_accumulate(
-    act: torch.Tensor,
-    w2: torch.Tensor,
-    w2_scale: torch.Tensor,
-    *,
-    model: SummationModel = FP32_RN,
-    order: dict | None = None,
-    mma=None,
+    act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, *, model: SummationModel = FP32_RN,
+    order: dict | None = None, mma=None,
 ) -> Accumulation:
     """Step 8 reduction for one NVFP4 expert: exact ``sum_i W2[h, i] * act[t, i]``.
 
@@ -361,15 +347,8 @@ def nvfp4_expert(
 
 
 def bf16_expert(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    *,
-    accumulate: AccumulatePolicy = round_exact,
-    model: SummationModel = FP32_RN,
-    info: dict | None = None,
-    orders: dict | None = None,
-    mma=None,
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *, accumulate: AccumulatePolicy = round_exact,
+    model: SummationModel = FP32_RN, info: dict | None = None, orders: dict | None = None, mma=None,
 ) -> ExpertStages:
     """Steps 6-8 for one BF16 expert on rows ``x`` bf16 [M, H]: ``w13`` bf16 [2I, H], ``w2`` bf16 [H, I].
     ``orders`` / ``mma``: as :func:`nvfp4_expert`."""

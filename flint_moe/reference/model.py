@@ -206,16 +206,9 @@ def _logical_nvfp4(experts: object) -> NVFP4Experts:
 
 
 def moe_nvfp4(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    experts: NVFP4Experts,
-    top_k: int,
-    shared: torch.Tensor | None = None,
-    *,
-    accumulate: AccumulatePolicy = round_exact,
-    model: SummationModel = FP32_RN,
-    orders: dict | None = None,
-    mma=None,
+    x: torch.Tensor, router_weight: torch.Tensor, experts: NVFP4Experts, top_k: int,
+    shared: torch.Tensor | None = None, *, accumulate: AccumulatePolicy = round_exact, model: SummationModel = FP32_RN,
+    orders: dict | None = None, mma=None,
 ) -> MoEResult:
     """Rule steps 1-10 with NVFP4 experts.
 
@@ -248,16 +241,9 @@ def moe_nvfp4(
 
 
 def moe_bf16(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    experts: BF16Experts,
-    top_k: int,
-    shared: torch.Tensor | None = None,
-    *,
-    accumulate: AccumulatePolicy = round_exact,
-    model: SummationModel = FP32_RN,
-    orders: dict | None = None,
-    mma=None,
+    x: torch.Tensor, router_weight: torch.Tensor, experts: BF16Experts, top_k: int,
+    shared: torch.Tensor | None = None, *, accumulate: AccumulatePolicy = round_exact, model: SummationModel = FP32_RN,
+    orders: dict | None = None, mma=None,
 ) -> MoEResult:
     """Rule steps 1-10 with BF16 experts (``g = g_acc``, ``u = u_acc``, ``y = bf16(y_acc)``). Args as
     :func:`moe_nvfp4` with ``experts`` a :class:`.weights.BF16Experts` (a declared ``down`` order longer

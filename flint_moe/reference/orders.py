@@ -500,12 +500,8 @@ def replay_dot(
 
 
 def replay_matmul(
-    order: dict,
-    x: torch.Tensor,
-    w: torch.Tensor,
-    *,
-    block_scales: torch.Tensor | None = None,
-    mma: MmaStep | None = None,
+    order: dict, x: torch.Tensor, w: torch.Tensor, *,
+    block_scales: torch.Tensor | None = None, mma: MmaStep | None = None,
 ) -> torch.Tensor:
     """fp32 [M, N]: ``replay_dot`` of every (token row of ``x`` [M, K], weight row of ``w`` [N, K]) pair,
     ``block_scales`` [N, K / 16] or None; evaluated a slice of weight rows at a time. Errors as

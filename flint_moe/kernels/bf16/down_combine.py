@@ -118,17 +118,9 @@ def check_g2(w2: torch.Tensor, hidden: int, inter: int, n_exp: int | None, devic
 
 
 def bf16_down_combine(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
-    w2: torch.Tensor,
-    map2: torch.Tensor,
+    act: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: torch.Tensor, map2: torch.Tensor,
     shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-    check: bool = True,
+    *, taps: dict | None = None, config: dict | None = None, out: torch.Tensor | None = None, check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10 (BF16 experts): ``out`` bf16 [M, H] from the SwiGLU outputs of the k selected experts.
 

@@ -127,14 +127,8 @@ def check_g1(w13: torch.Tensor, hidden: int, device: torch.device) -> tuple[int,
 
 
 def bf16_gate_up(
-    x: torch.Tensor,
-    ids: torch.Tensor,
-    w13: torch.Tensor,
-    map13: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    check: bool = True,
+    x: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, map13: torch.Tensor,
+    *, taps: dict | None = None, config: dict | None = None, check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 6-7 (BF16 experts) for every (token, selected expert): ``act`` bf16 [M, k, Ip].
 

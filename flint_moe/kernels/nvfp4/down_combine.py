@@ -240,16 +240,8 @@ def check_down_inputs(act: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, sh
 
 
 def nvfp4_down(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    tw: torch.Tensor,
-    weights,
-    shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-    check: bool = True,
+    act: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, weights, shared_output: torch.Tensor,
+    *, taps: dict | None = None, config: dict | None = None, out: torch.Tensor | None = None, check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_gate_up``), ids, tw and shared.
 

@@ -209,14 +209,31 @@ def check_gate_up_inputs(x: torch.Tensor, ids: torch.Tensor, weights) -> tuple[i
     return E, int(x.shape[0]), int(ids.shape[1])
 
 
+def w1_operands(weights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gate/up kernels' weight arguments from ``FlintMoEWeights``: ``w1`` uint8 [E, 2Ip, H/2], the swizzled
+    E4M3 scales as uint8 bytes, ``w1_alpha`` fp32 [E]."""
+    return weights.w1, weights.w1_sf_swizzled.view(torch.uint8), weights.w1_alpha
+
+
+def gate_up_buffers(rows: int, inter: int, tap: bool, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(act, g_acc, u_acc) of a gate/up launch: act bf16 [rows, I]; with ``tap`` g_acc / u_acc fp32 [rows, I],
+    else both are ``act`` (a TAP=False build never writes them)."""
+    act = torch.empty((rows, inter), dtype=torch.bfloat16, device=device)
+    if not tap:
+        return act, act, act
+    gacc = torch.empty((rows, inter), dtype=torch.float32, device=device)
+    return act, gacc, torch.empty_like(gacc)
+
+
+def publish_gate_up_taps(taps: dict, m: int, top_k: int, act, gacc, uacc) -> None:
+    """Store the tapped build's ``gate_acc`` / ``up_acc`` fp32 and ``act`` bf16 into ``taps`` as [M, k, I] views."""
+    shape = (m, top_k, act.shape[1])
+    taps.update(gate_acc=gacc.view(shape), up_acc=uacc.view(shape), act=act.view(shape))
+
+
 def nvfp4_gate_up(
-    x: torch.Tensor,
-    ids: torch.Tensor,
-    weights,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    check: bool = True,
+    x: torch.Tensor, ids: torch.Tensor, weights,
+    *, taps: dict | None = None, config: dict | None = None, check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 5-7 for every (token, selected expert) pair: act bf16 [M * k, I] (I = valid intermediate).
 
@@ -244,21 +261,14 @@ def nvfp4_gate_up(
     top_k = ids.shape[1]
     cfg = resolve_config(H, INTER, config)
     sk, nw = cfg.mma_launch(H)
-    act = torch.empty((M * top_k, INTER), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
-    if tap:
-        gacc = torch.empty((M * top_k, INTER), dtype=torch.float32, device=dev)
-        uacc = torch.empty_like(gacc)
-    else:
-        gacc = uacc = act  # never written
+    act, gacc, uacc = gate_up_buffers(M * top_k, INTER, tap, dev)
     if M * top_k > 0:
         grid = (M * top_k, triton.cdiv(INTER, cfg.BN))
         _nvfp4_gate_up_kernel[grid](
             x.view(torch.int32),
             ids,
-            weights.w1,
-            weights.w1_sf_swizzled.view(torch.uint8),
-            weights.w1_alpha,
+            *w1_operands(weights),
             act,
             gacc,
             uacc,
@@ -268,9 +278,7 @@ def nvfp4_gate_up(
             **launch_options(),
         )
     if tap:
-        taps["gate_acc"] = gacc.view(M, top_k, INTER)
-        taps["up_acc"] = uacc.view(M, top_k, INTER)
-        taps["act"] = act.view(M, top_k, INTER)
+        publish_gate_up_taps(taps, M, top_k, act, gacc, uacc)
     return act
 
 

@@ -148,17 +148,8 @@ def _grouped_combine_kernel(
 
 
 def nvfp4_grouped_down(
-    act: torch.Tensor,
-    ids: torch.Tensor,
-    tw: torch.Tensor,
-    perm,
-    weights,
-    shared_output: torch.Tensor,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    out: torch.Tensor | None = None,
-    check: bool = True,
+    act: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, perm, weights, shared_output: torch.Tensor,
+    *, taps: dict | None = None, config: dict | None = None, out: torch.Tensor | None = None, check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 8-10: out bf16 [M, H] from act bf16 [M * k, I] (``nvfp4_grouped_gate_up``), grouped by expert.
 

@@ -288,14 +288,8 @@ def _cfg(config: dict | None, default: dict, name: str) -> dict:
 
 
 def nvfp4_grouped_gate_up(
-    x: torch.Tensor,
-    ids: torch.Tensor,
-    perm,
-    weights,
-    *,
-    taps: dict | None = None,
-    config: dict | None = None,
-    check: bool = True,
+    x: torch.Tensor, ids: torch.Tensor, perm, weights,
+    *, taps: dict | None = None, config: dict | None = None, check: bool = True,
 ) -> torch.Tensor:
     """Rule steps 5-7 for every (token, slot) pair, grouped by expert: act bf16 [M * k, I] (row = pair).
 
@@ -321,7 +315,7 @@ def nvfp4_grouped_gate_up(
 
         E, M, top_k = check_gate_up_inputs(x, ids, weights)
         _check_perm(perm, M, top_k, E, weights.w1.device)
-    from flint_moe.kernels.nvfp4.gate_up import decode_sizes
+    from flint_moe.kernels.nvfp4.gate_up import decode_sizes, gate_up_buffers, publish_gate_up_taps, w1_operands
 
     E, H, IP, INTER = decode_sizes(weights)
     dev = weights.w1.device
@@ -332,13 +326,8 @@ def nvfp4_grouped_gate_up(
     if bc < 16 or bc > 64 or bc & (bc - 1):
         raise ValueError(f"nvfp4_grouped_gate_up: config BC = {bc} must be 16, 32 or 64")
     P = M * top_k
-    act = torch.empty((P, INTER), dtype=torch.bfloat16, device=dev)
     tap = taps is not None
-    if tap:
-        gacc = torch.empty((P, INTER), dtype=torch.float32, device=dev)
-        uacc = torch.empty_like(gacc)
-    else:
-        gacc = uacc = act  # never written
+    act, gacc, uacc = gate_up_buffers(P, INTER, tap, dev)
     if P > 0:
         grid = (triton.cdiv(INTER, bc), perm.num_blocks)
         _grouped_gate_up_kernel[grid](
@@ -347,17 +336,14 @@ def nvfp4_grouped_gate_up(
             perm.block_expert,
             perm.block_start,
             perm.block_end,
-            weights.w1,
-            weights.w1_sf_swizzled.view(torch.uint8),
-            weights.w1_alpha,
+            *w1_operands(weights),
             act,
             gacc,
             uacc,
             H=H, IP=IP, INTER=INTER, TOPK=top_k, BC=bc, **grouped_launch_kwargs(cfg, perm.block_m, tap, H),
         )  # fmt: skip
     if tap:
-        shape = (M, top_k, INTER)
-        taps.update(gate_acc=gacc.view(shape), up_acc=uacc.view(shape), act=act.view(shape))
+        publish_gate_up_taps(taps, M, top_k, act, gacc, uacc)
     return act
 
 
