@@ -118,10 +118,11 @@ _BF16_MODULE: dict = {}
 
 
 def _ll_op():
-    """The block op ``flint_moe.ops.flint_moe_ll`` (looked up at each call: tests put a stand-in here)."""
-    from flint_moe.ops.moe_ll import flint_moe_ll
+    """The block op ``flint_moe.ops.moe_ll.flint_moe_ll``, looked up at each call (the module
+    ``FlintLLDecodeBlock`` calls it the same way; the CPU tests put a stand-in kernel side there)."""
+    from flint_moe.ops import moe_ll
 
-    return flint_moe_ll
+    return moe_ll.flint_moe_ll
 
 
 def _ll_block(inputs, counter, taps):
