@@ -189,3 +189,21 @@ def test_declared_orders_fall_back_to_the_router_kernels(monkeypatch) -> None:
     monkeypatch.setattr(orders, "ll_block_orders", declared, raising=False)
     assert block_orders(case) == {"sumsq": "s", "shared_down": "d"}
     assert seen == [(5120, 1536, 1536, 3)]
+
+
+def test_block_mutations_are_named_alone(standin) -> None:
+    """Each of the block's faults, injected into the stand-in's taps, FAILs its own stage first and is the only
+    fault the diagnosis names (killed-and-named for every fault: tests/conformance/judge/test_mutation.py)."""
+    from flint_moe.conformance.judge.faults import FAULTS_BY_NAME
+    from flint_moe.conformance.judge.mutation import MUTATIONS, run_mutation
+
+    block = [m for m in MUTATIONS if m.path == "ll_block"]
+    assert {m.fault for m in block} == {"residual_rounded_before_norm", "eps_after_rsqrt", "rsqrt_exact",
+                                        "shared_global_scale_after_round", "shared_expert_skipped"}  # fmt: skip
+    cache: dict = {}
+    for m in block:
+        res = run_mutation(m, cache=cache, device="cpu")
+        stage = FAULTS_BY_NAME[m.fault].stage
+        first = [s for s in (*BLOCK_STAGES, *STAGES) if s in res.failed_stages][0]
+        assert res.killed and first in ("sumsq", stage), (m.fault, res.failed_stages)
+        assert [d.split(":")[0] for d in res.diagnosis] == [m.fault], (m.fault, res.diagnosis)
