@@ -207,3 +207,34 @@ def test_block_mutations_are_named_alone(standin) -> None:
         first = [s for s in (*BLOCK_STAGES, *STAGES) if s in res.failed_stages][0]
         assert res.killed and first in ("sumsq", stage), (m.fault, res.failed_stages)
         assert [d.split(":")[0] for d in res.diagnosis] == [m.fault], (m.fault, res.diagnosis)
+
+
+def test_declared_sum_of_squares_order_is_replayed(standin) -> None:
+    """Given the router kernel's declared ``sumsq`` order, a kernel whose sum of squares is that order's value
+    is EXACT ("bitwise equal to the replay"); one ulp away in one row, still inside the any-order bound, it
+    FAILs with "order differs from declared"."""
+    from flint_moe.kernels.orders import ll_router_orders
+    from flint_moe.reference.decode_block import rmsnorm_apply
+    from flint_moe.reference.orders import replay_dot
+
+    case, inputs, taps, out = _clean(f"ll_block/{SHAPE}/M2/gaussian/s0")
+    order = ll_router_orders(384)["sumsq"]
+    s = residual_add(inputs.x, inputs.shared)
+
+    def kernel_with(sumsq):
+        t = dict(taps, sumsq=sumsq)
+        xn = rmsnorm_apply(s, sumsq, inputs.ln_weight, inputs.eps)
+        return block_taps(inputs, xn=xn, taps=t)
+
+    replayed = replay_dot(order, s, s)
+    t = kernel_with(replayed)
+    res = compare_block_case(case, inputs, t, t["out"], orders={"sumsq": order})
+    (sq,) = [st for st in res.stages if st.stage == "sumsq"]
+    assert res.verdict == EXACT and sq.verdict == EXACT and "bitwise equal to the replay" in sq.note
+    off = replayed.clone()
+    off[1] = torch.nextafter(off[1], torch.tensor(float("inf")))
+    t = kernel_with(off)
+    res = compare_block_case(case, inputs, t, t["out"], orders={"sumsq": order})
+    (sq,) = [st for st in res.stages if st.stage == "sumsq"]
+    assert sq.verdict == FAIL and sq.mismatches == 0 and "order differs from declared: 1 of 2" in sq.note
+    assert res.failed_stages == ["sumsq"]
