@@ -238,3 +238,14 @@ def test_declared_sum_of_squares_order_is_replayed(standin) -> None:
     (sq,) = [st for st in res.stages if st.stage == "sumsq"]
     assert sq.verdict == FAIL and sq.mismatches == 0 and "order differs from declared: 1 of 2" in sq.note
     assert res.failed_stages == ["sumsq"]
+
+
+def test_tied_logits_survive_the_norm() -> None:
+    """``tied_logits`` on the block: the router reads ``xn``, not the residual, and the power-of-two router rows
+    still tie bitwise, with a tie group straddling the k-th place in every token."""
+    case = Case.make("ll_block", SHAPE, 3, "tied_logits")
+    logits = block_taps(make_inputs(case))["logits"]
+    key = logits.view(torch.int16).to(torch.int32)
+    for m in range(case.M):
+        srt = torch.sort(key[m] ^ torch.where(key[m] < 0, 0x7FFF, 0), descending=True).values
+        assert srt[case.k - 1] == srt[case.k], f"token {m}: no tie straddling the k-th place"
