@@ -85,8 +85,11 @@ MUTATION_SHAPES = {
     "nvfp4_decode_i128": ShapeSpec("mut-E6-H96-I128-k3", 6, 96, 128, 3),
     "bf16_decode": ShapeSpec("mut-E6-H128-I64-k3", 6, 128, 64, 3),
     "nvfp4_grouped": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
-    # the decode block: the scaled-down DeepSeek-V3 layer (H % 128 and SI % 64, as the shared linears need)
+    # the decode block: the scaled-down DeepSeek-V3 layer (H % 128 and SI % 64, as the shared linears need) for
+    # the CPU stand-in; on the GPU Ling-mini-2.0, whose H, I and SI are multiples of 512 (the CuTe split-K
+    # kernels' lane blocking, docs/kernels/ll-block.md)
     "ll_block": SHAPES["cpu-deepseek-v3"],
+    "ll_block@cuda": SHAPES["ling-mini-2.0"],
 }
 M_TOKENS = 2
 
@@ -107,12 +110,21 @@ class Mutation:
     prepare: str = ""
     shape: str = ""
 
-    def case(self) -> Case:
-        return Case.make(self.path, MUTATION_SHAPES[self.shape or self.path], M_TOKENS, self.profile)
+    def case(self, device=None) -> Case:
+        """The mutation's case; on a CUDA ``device`` the ``<key>@cuda`` shape where :data:`MUTATION_SHAPES` has
+        one (kernels whose limits the CPU-sized shape does not meet)."""
+        key = self.shape or self.path
+        if device is not None and torch.device(device).type == "cuda" and f"{key}@cuda" in MUTATION_SHAPES:
+            key = f"{key}@cuda"
+        return Case.make(self.path, MUTATION_SHAPES[key], M_TOKENS, self.profile)
 
     @property
     def case_id(self) -> str:
-        return self.case().id + (f"+{self.prepare}" if self.prepare else "")
+        return self.case_id_on(None)
+
+    def case_id_on(self, device) -> str:
+        """The case id (plus ``+<prepare>`` for crafted inputs) of the mutation's case on ``device``."""
+        return self.case(device).id + (f"+{self.prepare}" if self.prepare else "")
 
 
 @dataclass
@@ -250,15 +262,15 @@ def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> Mu
     counter = cache.get(("counter", str(device)))
     if counter is None:
         counter = cache[("counter", str(device))] = _counter(device)
-    case = mut.case()
-    key = (mut.case_id, str(device))
+    case = mut.case(device)
+    key = (mut.case_id_on(device), str(device))
     if key not in cache:
         inputs = make_inputs(case, device)
         if mut.prepare:
             inputs = {**PREPARE, **BLOCK_PREPARE}[mut.prepare](case, inputs)
         cache[key] = (inputs, *_run_kernel(case, inputs, counter))
     inputs, clean_taps, clean_out = cache[key]
-    res = MutationResult(mut.fault, mut.path, mut.case_id, mut.injection)
+    res = MutationResult(mut.fault, mut.path, mut.case_id_on(device), mut.injection)
     block = case.path in BLOCK_PATHS
     if mut.injection == "tap":
         taps = _clone(clean_taps)
