@@ -167,7 +167,7 @@ def test_profile_membership() -> None:
     assert {c.M for c in blk if c.shape == "deepseek-v3" and c.profile == "gaussian"} == set(range(1, 9))
     assert {c.profile for c in blk} == set(BLOCK_PROFILES)
     for name in GPU_BLOCK_SHAPES:
-        assert len({(c.M, c.profile) for c in blk if c.shape == name}) >= 5, name
+        assert len({(c.M, c.profile) for c in blk if c.shape == name}) >= 3, name
         assert MODEL_SHAPES[name].shared_intermediate is not None
     assert all(c.M <= PATHS[c.path].max_tokens for c in blk + mod)
     assert len({c.id for c in blk + mod}) == len(blk + mod)

@@ -215,16 +215,18 @@ def build_block_inputs(case, device: torch.device) -> BlockInputs:
 # gpu profile cases
 # ------------------------------------------------------------------------------------------------------
 
-#: (M, data profile) of the other block shapes on the gpu profile (DeepSeek-V3 takes every M in 1..8 on
-#: gaussian data plus a few profiles).
+#: (M, data profile) of the block shapes on the gpu profile beside DeepSeek-V3's every M in 1..8 on gaussian data.
+#: The weight profiles (a new layer each) sit on the smallest layer, Ling-mini-2.0, and one on GLM-4.5; the
+#: token profiles (the same layer) on the large ones, so the block adds few large weight builds to the profile.
 _GPU_SPREAD = {
-    "deepseek-v3": ((3, "heavy_tailed"), (5, "zero_blocks")),
-    "kimi-k2": ((1, "gaussian"), (8, "gaussian"), (2, "tied_logits"), (4, "global_scales"), (6, "subnormal_tokens")),
-    "glm-4.5": ((1, "gaussian"), (8, "gaussian"), (3, "skewed_routing"), (5, "e4m3_scales"), (7, "poisoned_padding")),
-    "ling-mini-2.0": ((1, "gaussian"), (8, "gaussian"), (2, "asymmetric"), (4, "tiny_sigmoids"), (6, "modelopt")),
-}
-#: ``ll_module`` on the gpu profile: both ends of the block's token range on two shapes.
-_GPU_MODULE = (("deepseek-v3", 1, "gaussian"), ("deepseek-v3", 8, "gaussian"), ("ling-mini-2.0", 4, "skewed_routing"))
+    "deepseek-v3": ((3, "heavy_tailed"), (5, "tied_logits")),
+    "kimi-k2": ((1, "gaussian"), (8, "gaussian"), (2, "skewed_routing"), (4, "subnormal_tokens"), (6, "tiny_sigmoids")),
+    "glm-4.5": ((1, "gaussian"), (8, "gaussian"), (5, "global_scales")),
+    "ling-mini-2.0": ((1, "gaussian"), (8, "gaussian"), (2, "asymmetric"), (3, "e4m3_scales"), (4, "zero_blocks"),
+                      (6, "poisoned_padding"), (7, "modelopt")),
+}  # fmt: skip
+#: ``ll_module`` on the gpu profile: both ends of the token range and skewed routing on Ling-mini-2.0.
+_GPU_MODULE = tuple(("ling-mini-2.0", m, p) for m, p in ((1, "gaussian"), (8, "gaussian"), (4, "skewed_routing")))
 
 
 def gpu_block_specs() -> list[tuple[str, str, int, str]]:
