@@ -126,8 +126,9 @@ def _is_model_name(shape: str) -> bool:
 
 
 #: Paths that only run decode-sized token counts (their ops' limits: ``ops.DECODE_MAX_TOKENS``,
-#: ``DECODE_BF16_MAX_TOKENS``); every other path takes up to ``ops.GROUPED_MAX_TOKENS``.
-_DECODE_ONLY = ("nvfp4_decode", "bf16_decode", "bf16_module")
+#: ``DECODE_BF16_MAX_TOKENS``; the decode block's ``LL_MOE_MAX_TOKENS``, also 8); every other path takes up to
+#: ``ops.GROUPED_MAX_TOKENS``.
+_DECODE_ONLY = ("nvfp4_decode", "bf16_decode", "bf16_module", "ll_block", "ll_module")
 
 
 def parse_tokens(text: str) -> list[int]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from flint_moe.conformance.inputs.block import BLOCK_PATHS, BLOCK_PROFILES, block_shape, gpu_block_specs
 from flint_moe.conformance.inputs.routing import ROUTE_EXCLUSIVE_PROFILES, check_route
 from flint_moe.shapes import MODEL_SHAPES, MoEShape, sizes_name
 
@@ -53,7 +54,11 @@ __all__ = [
 #: place), forward with the shared output.
 #: ``nvfp4_dispatch``: ``flint_moe.ops.flint_moe`` itself at any M (the shipped dispatch: the decode kernels up to
 #: DECODE_MAX_TOKENS, the grouped path above), judged with the summation models of the path it dispatches to.
-PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module", "nvfp4_dispatch")
+#: ``ll_block``: the low-latency decode block ``flint_moe.ops.flint_moe_ll`` (rule step 11, then steps 1-10 with
+#: an NVFP4 shared expert; inputs ``inputs.block``); ``ll_module``: the same through
+#: ``modules.FlintLLDecodeBlock``. Their kernels need a GPU (CuTe DSL): gpu profile only.
+PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module", "nvfp4_dispatch",
+              *BLOCK_PATHS)  # fmt: skip
 
 #: Data profiles each path supports (generators in ``profiles.py``).
 #: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
@@ -92,6 +97,8 @@ def oracle_available(profile: str) -> bool:
 PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
 PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
 PATH_PROFILES["nvfp4_dispatch"] = ("gaussian",)  # the data profiles run on the paths it dispatches to
+PATH_PROFILES["ll_block"] = BLOCK_PROFILES
+PATH_PROFILES["ll_module"] = ("gaussian", "skewed_routing")
 
 #: Launch configurations a path can pick besides its default (every kernel configuration a path can
 #: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
@@ -115,6 +122,8 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
     "nvfp4_module": {"default": {}},
     "bf16_module": {"default": {}},
     "nvfp4_dispatch": {"default": {}},
+    "ll_block": {"default": {}},
+    "ll_module": {"default": {}},
 }
 
 
@@ -216,6 +225,8 @@ class Case:
                 raise ValueError(f"Case: profile {self.profile!r} sets the routing itself; it takes no route "
                                  f"(got route {self.route!r})")  # fmt: skip
             check_route(self.route, self.E, self.k, self.M)
+        if self.path in BLOCK_PATHS:
+            block_shape(self.shape)  # ValueError: no shared expert, or a sigmoid-gated one (Qwen3-Next)
 
     @classmethod
     def make(
@@ -402,7 +413,7 @@ def _gpu_matrix() -> list[Case]:
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
     everything = (cases + _gpu_grouped_cases() + _gpu_config_cases() + _gpu_module_cases() + _gpu_dispatch_cases()
-                  + _gpu_route_cases())  # fmt: skip
+                  + _gpu_route_cases() + [Case.make(*spec) for spec in gpu_block_specs()])  # fmt: skip
     # Run order: the core shapes first (all paths and configurations), then the others; within a shape and
     # path, cases sharing weights stay adjacent (one-entry weight cache). A run stopped by a time limit then
     # still covers the core shapes on every path.
@@ -504,6 +515,10 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     weight-relevant part only, so cases differing in M / routing profile share weights and a one-entry cache
     reuses them). Raises ValueError for a case whose sizes the path's layout rejects.
     """
+    if case.path in BLOCK_PATHS:
+        from flint_moe.conformance.inputs.block import build_block_inputs
+
+        return build_block_inputs(case, torch.device(device))
     from flint_moe.conformance.inputs.profiles import build_inputs
 
     return build_inputs(case, torch.device(device))

@@ -39,7 +39,15 @@ renorm_reverse_order        weights   nv bf  ``S`` summed from the last selected
 routing_weights_unrounded   weights   nv bf  ``tw = div_rn(s, RN(S + eps))`` not rounded to bf16
 combine_bf16_accumulate     out       nv bf  the step-9 accumulator rounded to bf16 after every fma
 shared_added_unrounded      out       nv bf  ``out = bf16(RN(acc + shared))``: routed not rounded first
+residual_rounded_before_..  xn        ll     step 11 normalises ``bf16(s)`` instead of the fp32 sum ``s``
+eps_after_rsqrt             xn        ll     ``inv = RN(rsqrt.approx(mean) + eps)`` (eps added after rsqrt)
+rsqrt_exact                 xn        ll     ``inv = RN(1 / RN(sqrt(RN(mean + eps))))`` (no rsqrt.approx.ftz)
+shared_global_scale_afte..  shared_y  ll     ``shared_y = bf16(bf16(shared_down_acc) * gs2)``
+shared_expert_skipped       out       ll     ``out = bf16(routed combine)``: the shared output never added
 ==========================  ========  =====  =============================================================
+
+ll = the decode block's paths (``ll_block``, ``ll_module``; ``judge/block.py``), which also take every nv fault
+(the routed experts are the same ``FlintMoEWeights``; their shared output is the kernel's ``shared_y`` tap).
 
 Layout faults show up first at ``gate_acc`` (the w13 decode), or at ``down_acc`` when only w2 is affected;
 :func:`diagnose` tries them when any accumulation stage FAILs. Rule faults whose visible effect is rare on
@@ -56,9 +64,11 @@ from types import SimpleNamespace
 
 import torch
 
+from flint_moe.conformance.inputs.block import BLOCK_PATHS
 from flint_moe.conformance.judge.metrics import _bits_equal
 from flint_moe.conformance.judge.results import ACCUMULATION_STAGES, FAIL
 from flint_moe.reference.combine import fma_f32
+from flint_moe.reference.decode_block import eps_fp32, residual_add, rmsnorm_apply
 from flint_moe.reference.experts import SWIGLU_C
 from flint_moe.reference.formats import round_bf16, to_bf16
 from flint_moe.reference.layouts import shuffle_dst_of_src
@@ -103,10 +113,20 @@ def _logical(inputs):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _nv(case) -> bool:
+    """The case's routed experts are NVFP4 (the nvfp4_* paths and the decode block's)."""
+    return case.path.startswith("nvfp4_") or case.path in BLOCK_PATHS
+
+
+def _shared_out(case, inputs, t) -> torch.Tensor:
+    """The shared output the combine adds: the kernel's ``shared_y`` in the decode block, else the input."""
+    return t["shared_y"] if case.path in BLOCK_PATHS else inputs.shared
+
+
 def _gu(case, inputs, t):
     """(g, u) fp32 [M, k, W]: the kernel's gate/up accumulators, global scale applied on NVFP4."""
     g, u = t["gate_acc"].float(), t["up_acc"].float()
-    if case.path.startswith("nvfp4_"):
+    if _nv(case):
         gs = _logical(inputs).w13_gs.to(g.device)[t["ids"].long()][..., None]
         g, u = g * gs, u * gs  # one fp32 RN each, as apply_global_scale
     return g, u
@@ -192,15 +212,63 @@ def _out_bf16_acc(case, inputs, t):
     acc = torch.zeros_like(y[:, 0])
     for j in range(tw.shape[1]):
         acc = round_bf16(fma_f32(tw[:, j : j + 1].expand_as(acc).contiguous(), y[:, j].contiguous(), acc))
-    return to_bf16(acc.float() + inputs.shared.to(acc.device).float())
+    return to_bf16(acc.float() + _shared_out(case, inputs, t).to(acc.device).float())
 
 
-def _out_unrounded(case, inputs, t):
+def _routed_acc(t) -> torch.Tensor:
     tw, y = t["weights"].float(), t["y"].float()
     acc = torch.zeros_like(y[:, 0])
     for j in range(tw.shape[1]):
         acc = fma_f32(tw[:, j : j + 1].expand_as(acc).contiguous(), y[:, j].contiguous(), acc)
-    return to_bf16(acc + inputs.shared.to(acc.device).float())
+    return acc
+
+
+def _out_unrounded(case, inputs, t):
+    return to_bf16(_routed_acc(t) + _shared_out(case, inputs, t).to(t["y"].device).float())
+
+
+# the decode block's step 11 and shared expert (judge/block.py): xn from the kernel's own sumsq
+
+
+def _block_s(inputs) -> torch.Tensor:
+    return residual_add(inputs.x, inputs.shared)
+
+
+def _xn_residual_rounded(case, inputs, t):
+    s = to_bf16(_block_s(inputs)).float()
+    return rmsnorm_apply(s, t["sumsq"].contiguous(), inputs.ln_weight.to(s.device), inputs.eps)
+
+
+def _xn_inv(inputs, t, inv_of):
+    from flint_moe.reference.mufu import rsqrt_approx_ftz
+
+    s = _block_s(inputs)
+    mean = t["sumsq"].float() / torch.tensor(float(s.shape[1]), dtype=torch.float32, device=s.device)
+    eps = torch.tensor(eps_fp32(inputs.eps), dtype=torch.float32, device=s.device)
+    inv = inv_of(mean, eps, rsqrt_approx_ftz)
+    return to_bf16((s * inv[:, None]) * inputs.ln_weight.to(s.device).float())
+
+
+def _xn_eps_after(case, inputs, t):
+    return _xn_inv(inputs, t, lambda mean, eps, rsq: rsq(mean) + eps)
+
+
+def _xn_rsqrt_exact(case, inputs, t):
+    # sqrt.rn.f32 as RN32 of the float64 square root (torch's fp32 sqrt is not correctly rounded on every CPU),
+    # then an explicit IEEE division (torch's ``1.0 / t`` is a reciprocal, not always correctly rounded)
+    def inv(mean, eps, rsq):
+        return torch.full_like(mean, 1.0) / torch.sqrt((mean + eps).double()).float()
+
+    return _xn_inv(inputs, t, inv)
+
+
+def _shared_y_scale_after(case, inputs, t):
+    gs = inputs.shared_w2.global_scale.to(t["shared_down_acc"].device).float()
+    return to_bf16(to_bf16(t["shared_down_acc"].float()).float() * gs)
+
+
+def _out_shared_skipped(case, inputs, t):
+    return to_bf16(_routed_acc(t))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -292,13 +360,13 @@ def _decode_bf16(inputs, *, swapped=False, shuffle=True) -> BF16Experts:
 
 
 def _w_halves(case, inputs):
-    if case.path.startswith("nvfp4_"):
+    if _nv(case):
         return _decode_nvfp4(inputs, swapped=True)
     return _decode_bf16(inputs, swapped=True)
 
 
 #: Paths reading NVFP4 experts in the CuTe-DSL W4A16 layout (FlintMoEWeights).
-_NV = ("nvfp4_decode", "nvfp4_grouped", "nvfp4_module", "nvfp4_dispatch")
+_NV = ("nvfp4_decode", "nvfp4_grouped", "nvfp4_module", "nvfp4_dispatch", *BLOCK_PATHS)
 
 FAULTS: tuple[Fault, ...] = (
     Fault("w13_halves_swapped", "gate_acc", "gate/up swapped (w13 halves read the wrong way round)", _w_halves,
@@ -333,6 +401,16 @@ FAULTS: tuple[Fault, ...] = (
           _out_bf16_acc),
     Fault("shared_added_unrounded", "out", "the shared output added before rounding the routed sum to bf16",
           _out_unrounded),
+    Fault("residual_rounded_before_norm", "xn", "the residual sum rounded to bf16 before the RMSNorm",
+          _xn_residual_rounded, BLOCK_PATHS),
+    Fault("eps_after_rsqrt", "xn", "eps added after the rsqrt (rsqrt(mean) + eps)", _xn_eps_after, BLOCK_PATHS),
+    Fault("rsqrt_exact", "xn", "1 / sqrt (sqrt.rn then div.rn) instead of rsqrt.approx.ftz", _xn_rsqrt_exact,
+          BLOCK_PATHS),
+    Fault("shared_global_scale_after_round", "shared_y",
+          "the shared expert's global scale applied after the bf16 rounding of its y", _shared_y_scale_after,
+          BLOCK_PATHS),
+    Fault("shared_expert_skipped", "out", "the shared expert's output never added", _out_shared_skipped,
+          BLOCK_PATHS),
 )  # fmt: skip
 
 FAULTS_BY_NAME: dict[str, Fault] = {f.name: f for f in FAULTS}
@@ -380,11 +458,13 @@ def _reproduces_stage(f: Fault, case, inputs, taps, out) -> bool:
 
 
 def _reproduces_weights(f: Fault, case, inputs, taps, out) -> bool:
+    from flint_moe.conformance.judge.block import compare_block_case
     from flint_moe.conformance.judge.stages import compare_case
 
+    compare = compare_block_case if case.path in BLOCK_PATHS else compare_case
     try:
         logical = faulty_weights(f, case, inputs)
-        res = compare_case(case, _with_logical(inputs, logical), taps, out)
+        res = compare(case, _with_logical(inputs, logical), taps, out)
     except Exception:  # noqa: BLE001  (not applicable, or the faulty decode is not a valid checkpoint)
         return False
     return res.verdict != FAIL

@@ -32,7 +32,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from flint_moe.conformance.inputs.cases import Case, ShapeSpec
+from flint_moe.conformance.inputs.block import BLOCK_PATHS
+from flint_moe.conformance.inputs.cases import SHAPES, Case, ShapeSpec
+from flint_moe.conformance.judge.block import compare_block_case
+from flint_moe.conformance.judge.block_injections import BLOCK_INJECTIONS, BLOCK_PREPARE, resimulate_block
 from flint_moe.conformance.judge.faults import FAULTS, FAULTS_BY_NAME, diagnose
 from flint_moe.conformance.judge.injections import (
     _EPS,
@@ -82,6 +85,11 @@ MUTATION_SHAPES = {
     "nvfp4_decode_i128": ShapeSpec("mut-E6-H96-I128-k3", 6, 96, 128, 3),
     "bf16_decode": ShapeSpec("mut-E6-H128-I64-k3", 6, 128, 64, 3),
     "nvfp4_grouped": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
+    # the decode block: the scaled-down DeepSeek-V3 layer (H % 128 and SI % 64, as the shared linears need) for
+    # the CPU stand-in; on the GPU Ling-mini-2.0, whose H, I and SI are multiples of 512 (the CuTe split-K
+    # kernels' lane blocking, docs/kernels/ll-block.md)
+    "ll_block": SHAPES["cpu-deepseek-v3"],
+    "ll_block@cuda": SHAPES["ling-mini-2.0"],
 }
 M_TOKENS = 2
 
@@ -102,12 +110,21 @@ class Mutation:
     prepare: str = ""
     shape: str = ""
 
-    def case(self) -> Case:
-        return Case.make(self.path, MUTATION_SHAPES[self.shape or self.path], M_TOKENS, self.profile)
+    def case(self, device=None) -> Case:
+        """The mutation's case; on a CUDA ``device`` the ``<key>@cuda`` shape where :data:`MUTATION_SHAPES` has
+        one (kernels whose limits the CPU-sized shape does not meet)."""
+        key = self.shape or self.path
+        if device is not None and torch.device(device).type == "cuda" and f"{key}@cuda" in MUTATION_SHAPES:
+            key = f"{key}@cuda"
+        return Case.make(self.path, MUTATION_SHAPES[key], M_TOKENS, self.profile)
 
     @property
     def case_id(self) -> str:
-        return self.case().id + (f"+{self.prepare}" if self.prepare else "")
+        return self.case_id_on(None)
+
+    def case_id_on(self, device) -> str:
+        """The case id (plus ``+<prepare>`` for crafted inputs) of the mutation's case on ``device``."""
+        return self.case(device).id + (f"+{self.prepare}" if self.prepare else "")
 
 
 @dataclass
@@ -185,7 +202,13 @@ def _muts() -> tuple[Mutation, ...]:
         Mutation("gate_up_swapped", _GR, "gaussian", "tap", act_swap),
         Mutation("global_scale_after_round", _GR, "gaussian", "tap",
                  _tap_y(lambda d, gs: to_bf16(to_bf16(d).float() * gs))),
+        # the decode block (its kernels need a GPU: on the CPU the tests give the path a stand-in kernel side)
+        *(Mutation(name, "ll_block", "gaussian", "tap", fn, _LL_PREPARE.get(name, ""))
+          for name, fn in BLOCK_INJECTIONS.items()),
     )  # fmt: skip
+
+
+_LL_PREPARE = {"eps_after_rsqrt": "ll_large_tokens", "rsqrt_exact": "ll_rsqrt_probe"}
 
 
 MUTATIONS: tuple[Mutation, ...] = _muts()
@@ -239,20 +262,21 @@ def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> Mu
     counter = cache.get(("counter", str(device)))
     if counter is None:
         counter = cache[("counter", str(device))] = _counter(device)
-    case = mut.case()
-    key = (mut.case_id, str(device))
+    case = mut.case(device)
+    key = (mut.case_id_on(device), str(device))
     if key not in cache:
         inputs = make_inputs(case, device)
         if mut.prepare:
-            inputs = PREPARE[mut.prepare](case, inputs)
+            inputs = {**PREPARE, **BLOCK_PREPARE}[mut.prepare](case, inputs)
         cache[key] = (inputs, *_run_kernel(case, inputs, counter))
     inputs, clean_taps, clean_out = cache[key]
-    res = MutationResult(mut.fault, mut.path, mut.case_id, mut.injection)
+    res = MutationResult(mut.fault, mut.path, mut.case_id_on(device), mut.injection)
+    block = case.path in BLOCK_PATHS
     if mut.injection == "tap":
         taps = _clone(clean_taps)
         after = mut.inject(case, inputs, taps)
         if after != "out":
-            _resimulate(case, inputs, taps, after)
+            (resimulate_block if block else _resimulate)(case, inputs, taps, after)
         out = taps["out"]
     else:
         kin = mut.inject(case, inputs)
@@ -260,7 +284,7 @@ def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> Mu
     if not _changed({**clean_taps, "_out": clean_out}, {**taps, "_out": out}):
         res.note = "fault invisible on this data (kernel output and taps unchanged)"
         return res
-    cmp = compare_case(case, inputs, taps, out)
+    cmp = (compare_block_case if block else compare_case)(case, inputs, taps, out)
     res.verdict, res.failed_stages = cmp.verdict, cmp.failed_stages
     res.killed = cmp.verdict == FAIL
     if res.killed:
@@ -275,10 +299,14 @@ def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> Mu
 
 def run_mutations(mutations=None, *, device=None) -> list[MutationResult]:
     """Run ``mutations`` (default :data:`MUTATIONS`: every catalogued fault, on each path it has an injection
-    for) on ``device`` (default CUDA when available, else the CPU) and return one :class:`MutationResult` each.
+    for; on the CPU without the decode block's, whose kernels need a GPU) on ``device`` (default CUDA when
+    available, else the CPU) and return one :class:`MutationResult` each.
     On the CPU the interpreter makes this a few minutes (each weights / path injection is a kernel run)."""
     cache: dict = {}
-    return [run_mutation(m, cache=cache, device=device) for m in (MUTATIONS if mutations is None else mutations)]
+    device = _device() if device is None else torch.device(device)
+    if mutations is None:
+        mutations = [m for m in MUTATIONS if device.type == "cuda" or m.path not in BLOCK_PATHS]
+    return [run_mutation(m, cache=cache, device=device) for m in mutations]
 
 
 def mutation_report(results: list[MutationResult], sub_bound: dict | None = None) -> dict:

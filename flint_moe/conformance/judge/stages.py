@@ -125,6 +125,7 @@ PATH_MODELS: dict[str, SummationModel] = {
     "nvfp4_module": block_model(16),  # modules.FlintNvfp4Experts: decode or grouped by M (expert_models)
     "bf16_module": FP32_RN,  # modules.FlintBf16DecodeMoE: the BF16 decode kernels
     "nvfp4_dispatch": block_model(16),  # ops.flint_moe at any M: decode or grouped by M (expert_models)
+    "nvfp4_ll": FP32_RN,  # the decode block's routed stages (judge/block.py): CuTe fma chains, exact products
 }
 
 

@@ -127,7 +127,8 @@ def _worst_acc(c: dict) -> str:
     accs = [
         s
         for s in c.get("stages", [])
-        if s.get("stage") in ACCUMULATION_STAGES and _num(s.get("max_bound_fraction")) is not None
+        if (s.get("stage") in ACCUMULATION_STAGES or s.get("kind") == "accumulation")
+        and _num(s.get("max_bound_fraction")) is not None
     ]
     worst = max(accs, key=lambda s: _num(s["max_bound_fraction"]), default=None)
     if worst is None:
@@ -229,7 +230,8 @@ def _group_cells(key: tuple[str, str, str], group: list[dict]) -> list[str]:
         (s, c)
         for c in group
         for s in c.get("stages", [])
-        if s.get("stage") in ACCUMULATION_STAGES and _num(s.get("max_bound_fraction")) is not None
+        if (s.get("stage") in ACCUMULATION_STAGES or s.get("kind") == "accumulation")
+        and _num(s.get("max_bound_fraction")) is not None
     ]
     acc = "-"
     if accs:

@@ -117,6 +117,63 @@ def _bf16_module(inputs, counter, taps):
 _BF16_MODULE: dict = {}
 
 
+def _ll_op():
+    """The block op ``flint_moe.ops.moe_ll.flint_moe_ll``, looked up at each call (the module
+    ``FlintLLDecodeBlock`` calls it the same way; the CPU tests put a stand-in kernel side there)."""
+    from flint_moe.ops import moe_ll
+
+    return moe_ll.flint_moe_ll
+
+
+def _ll_block(inputs, counter, taps):
+    """``flint_moe_ll(attn_out = inputs.x, residual = inputs.shared, ...)`` on the case's ``LLMoEWeights``; the
+    returned ``residual_out`` goes into ``taps["returned_residual_out"]`` (judged against the tap)."""
+    k = _top_k(inputs)
+    out, residual_out = _ll_op()(inputs.x, inputs.shared, inputs.ln_weight, inputs.eps, inputs.ll, k, counter,
+                                 taps=taps)  # fmt: skip
+    if taps is not None:
+        taps["returned_residual_out"] = residual_out
+    return out
+
+
+def ll_module_from_inputs(inputs, top_k: int):
+    """``modules.FlintLLDecodeBlock`` built from the case's layers as a serving engine holds them: the router
+    weight, two ``nn.Module`` NVFP4 linears (``weight`` uint8 [N, K/2], ``weight_scale`` the 128x4-swizzled
+    bytes, ``weight_global_scale`` fp32 [1]) and the routed ``FlintMoEWeights``; ln weight and eps."""
+    from torch import nn
+
+    from flint_moe.modules import FlintLLDecodeBlock
+
+    def linear(codes, sf, gs):
+        m = nn.Module()
+        m.weight = nn.Parameter(codes, requires_grad=False)
+        m.weight_scale = nn.Parameter(sf, requires_grad=False)
+        m.weight_global_scale = nn.Parameter(gs.reshape(1), requires_grad=False)
+        return m
+
+    ll = inputs.ll
+    return FlintLLDecodeBlock.from_layers(
+        ll.router_weight, linear(ll.shared_w13, ll.shared_w13_sf, ll.shared_w13_gs),
+        linear(ll.shared_w2, ll.shared_w2_sf, ll.shared_w2_gs), ll.experts, inputs.ln_weight, inputs.eps, top_k,
+    )  # fmt: skip
+
+
+def _ll_module(inputs, counter, taps):
+    k = _top_k(inputs)
+    hit = _LL_MODULE.get("entry")
+    # one entry, keyed by the case's weights view itself (held, so never reused); the module keeps its counter
+    if hit is None or hit[0] is not inputs.ll or hit[1] != k:
+        _LL_MODULE.clear()
+        _LL_MODULE["entry"] = (inputs.ll, k, ll_module_from_inputs(inputs, k))
+    out, residual_out = _LL_MODULE["entry"][2](inputs.x, inputs.shared, taps=taps)
+    if taps is not None:
+        taps["returned_residual_out"] = residual_out
+    return out
+
+
+_LL_MODULE: dict = {}
+
+
 def _top_k(inputs) -> int:
     try:
         return int(inputs.notes["top_k"])
@@ -126,6 +183,7 @@ def _top_k(inputs) -> int:
 
 def _build() -> dict[str, KernelPath]:
     from flint_moe.ops import DECODE_BF16_MAX_TOKENS, DECODE_MAX_TOKENS, GROUPED_MAX_TOKENS
+    from flint_moe.ops.moe_ll import LL_MOE_MAX_TOKENS
 
     return {
         "nvfp4_decode": KernelPath("nvfp4_decode", DECODE_MAX_TOKENS, "nvfp4", _nvfp4),
@@ -135,6 +193,9 @@ def _build() -> dict[str, KernelPath]:
         "bf16_module": KernelPath("bf16_module", DECODE_BF16_MAX_TOKENS, "bf16", _bf16_module),
         # the shipped dispatch: ops.flint_moe at any M (decode kernels up to DECODE_MAX_TOKENS, grouped above)
         "nvfp4_dispatch": KernelPath("nvfp4_dispatch", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4),
+        # the low-latency decode block (inputs.block): step 11 + steps 1-10 with the NVFP4 shared expert
+        "ll_block": KernelPath("ll_block", LL_MOE_MAX_TOKENS, "nvfp4", _ll_block),
+        "ll_module": KernelPath("ll_module", LL_MOE_MAX_TOKENS, "nvfp4", _ll_module),
     }
 
 
@@ -225,6 +286,8 @@ def declared_orders(case) -> dict:
 
     path, config = case.path, getattr(case, "config", "default")
     H, I, M = int(case.H), int(case.I), int(case.M)  # noqa: E741
+    if path in ("ll_block", "ll_module"):
+        return block_orders(case)
     if path in ("nvfp4_module", "nvfp4_dispatch"):  # ops.flint_moe: decode kernels up to the threshold
         path, config = ("nvfp4_decode" if M <= DECODE_MAX_TOKENS else "nvfp4_grouped"), "default"
     elif path == "bf16_module":
@@ -238,3 +301,19 @@ def declared_orders(case) -> dict:
         pad = getattr(case, "pad_to", None)
         return orders.bf16_decode_orders(H, -(-I // pad) * pad if pad else I, M=M)
     raise KeyError(f"declared_orders: no kernel orders for path {path!r}")
+
+
+def block_orders(case) -> dict:
+    """The declared orders of the decode block's kernels for ``case`` (an ``ll_block`` / ``ll_module`` case):
+    ``kernels.orders.ll_block_orders(H, I, SI, M=M)`` where the kernels declare it (stages among ``sumsq``,
+    ``router``, ``gate_up``, ``down``, ``shared_gate_up``, ``shared_down``); until then the router kernel's
+    own ``ll_router_orders(H)`` (``sumsq``, ``router``), and the expert stages are judged by their bound."""
+    from flint_moe.conformance.inputs.block import block_shape
+    from flint_moe.kernels import orders
+
+    shape, _eps = block_shape(case.shape)
+    H, I, M = int(case.H), int(case.I), int(case.M)  # noqa: E741
+    fn = getattr(orders, "ll_block_orders", None)
+    if fn is None:
+        return dict(orders.ll_router_orders(H))
+    return dict(fn(H, I, shape.shared_intermediate, M=M))

@@ -121,7 +121,9 @@ def run_case(
 
 
 def _run_case(case, device, counter, invariance, inputs, black_box=False):
+    from flint_moe.conformance.inputs.block import BLOCK_PATHS
     from flint_moe.conformance.inputs.cases import make_inputs
+    from flint_moe.conformance.judge.block import compare_block_case
     from flint_moe.conformance.judge.faults import diagnose
     from flint_moe.conformance.judge.invariance import check_invariances, required_failed
     from flint_moe.conformance.judge.results import FAIL
@@ -135,6 +137,9 @@ def _run_case(case, device, counter, invariance, inputs, black_box=False):
     if inputs is None:
         with _phase(phases, "inputs", device):
             inputs = make_inputs(case, device)
+    block = case.path in BLOCK_PATHS
+    if block and black_box:
+        raise ValueError(f"{case.id}: the decode block has no black-box judge (its stages need the taps)")
     taps: dict = {}
     path = path_for(case)
     with _phase(phases, "run", device):  # the first case of a shape / configuration includes the Triton compiles
@@ -150,7 +155,7 @@ def _run_case(case, device, counter, invariance, inputs, black_box=False):
                                    router_model=router_accumulation_model(int(inputs.x.shape[0])))  # fmt: skip
             res.meta.update({k: getattr(case, k) for k in ("shape", "profile", "seed")})
         else:
-            res = compare_case(case, inputs, taps, out)
+            res = (compare_block_case if block else compare_case)(case, inputs, taps, out)
     if res.verdict == FAIL and not black_box:
         with _phase(phases, "diagnose", device):
             res.diagnosis = diagnose(case, inputs, taps, out, res)

@@ -12,8 +12,10 @@ import json
 
 import pytest
 
+from flint_moe.conformance.inputs.block import BLOCK_PATHS
 from flint_moe.conformance.judge.faults import FAULTS
 from flint_moe.conformance.judge.mutation import MUTATIONS, MutationResult, mutation_report, run_mutation
+from tests.conformance import ll_standin
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,9 @@ def test_every_catalogued_fault_has_a_mutation() -> None:
 
 
 @pytest.mark.parametrize("mut", MUTATIONS, ids=[f"{m.fault}-{m.path}" for m in MUTATIONS])
-def test_mutation_killed_and_named(mut, cache) -> None:
+def test_mutation_killed_and_named(mut, cache, monkeypatch) -> None:
+    if mut.path in BLOCK_PATHS:  # the block's CuTe kernels need a GPU: the golden stand-in kernel side on the CPU
+        ll_standin.install(monkeypatch)
     res = run_mutation(mut, cache=cache, device="cpu")
     assert "invisible" not in res.note, f"test data cannot show {mut.fault}: {res.note}"
     assert res.killed, f"{mut.fault} on {mut.path} not killed: verdict {res.verdict}"
