@@ -69,6 +69,7 @@ def _dsl() -> types.SimpleNamespace:
     """The kernels, defined once on first use (module globals receive ``ll_gate_up``'s DSL helpers, which the
     DSL resolves through globals)."""
     base = ll_gate_up._dsl()
+    import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
@@ -152,21 +153,25 @@ def _dsl() -> types.SimpleNamespace:
         S: cutlass.Constexpr,
         SS: cutlass.Constexpr,
         TAP: cutlass.Constexpr,
+        stream: cuda.CUstream,
     ):
         _partial_kernel(act, ids, w2, sf2, ws_r, TOPK, IP, H, IV, S, True, True).launch(
-            grid=[H // WARPS, S, tokens * TOPK], block=[32 * WARPS, 1, 1], use_pdl=True
+            grid=[H // WARPS, S, tokens * TOPK], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _partial_kernel(sact, ids, sw2, ssf2, ws_s, TOPK, SI, H, SI, SS, False, True).launch(
-            grid=[H // WARPS, SS, tokens], block=[32 * WARPS, 1, 1], use_pdl=True
+            grid=[H // WARPS, SS, tokens], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _combine_kernel(
             ws_r, ws_s, ids, tw, gs2, gs_s, out, acc_tap, y_tap, sacc_tap, sy_tap, H, TOPK, S, SS, TAP
         ).launch(
-            grid=[(H + FINISH_THREADS - 1) // FINISH_THREADS, tokens, 1], block=[FINISH_THREADS, 1, 1], use_pdl=True
+            grid=[(H + FINISH_THREADS - 1) // FINISH_THREADS, tokens, 1],
+            block=[FINISH_THREADS, 1, 1],
+            stream=stream,
+            use_pdl=True,
         )
 
     globals().update({n: v for n, v in locals().items() if not n.startswith("__")})
-    return types.SimpleNamespace(cute=cute, host=_down_host)
+    return types.SimpleNamespace(cute=cute, cuda=cuda, host=_down_host)
 
 
 #: The block's shapes with a shared expert (K-splits each shape allows; Ling-mini-2.0's I = SI = 512: S = 1).
@@ -205,7 +210,8 @@ def compile_down(spec: DownSpec, tokens: int = 1, *, tap: bool = False, arch: st
     args = [from_dlpack(v).mark_layout_dynamic() for v in t]
     with tempfile.TemporaryDirectory(prefix="flint-cute-") as d:
         opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {d}"
-        return ns.cute.compile(ns.host, *args, m, h, ip, spec.valid_inter, si, k, s, ss, tap, options=opts)
+        stream = ns.cuda.CUstream(0)
+        return ns.cute.compile(ns.host, *args, m, h, ip, spec.valid_inter, si, k, s, ss, tap, stream, options=opts)
 
 
 def audit_down(spec: DownSpec, *, tap: bool = False) -> list[str]:

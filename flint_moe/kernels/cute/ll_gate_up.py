@@ -174,6 +174,7 @@ def decode_e4m3(s, as_f32, mul):
 def _dsl() -> types.SimpleNamespace:
     """Import nvidia-cutlass-dsl and define the kernels (once): importing this module stays cheap and works
     without the package (the audit registry imports every kernel module)."""
+    import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
@@ -337,12 +338,16 @@ def _dsl() -> types.SimpleNamespace:
         S: cutlass.Constexpr,
         ROUTED: cutlass.Constexpr,
         TAP: cutlass.Constexpr,
+        stream: cuda.CUstream,
     ):
         _partial_kernel(x, ids, w, sf, ws, top_k, H, 2 * IP, H, S, ROUTED, False).launch(
-            grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1], use_pdl=True
+            grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _finish_kernel(ws, ids, gs, act, g_tap, u_tap, IP, S, ROUTED, TAP).launch(
-            grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1], block=[FINISH_THREADS, 1, 1], use_pdl=True
+            grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1],
+            block=[FINISH_THREADS, 1, 1],
+            stream=stream,
+            use_pdl=True,
         )
 
     # The DSL re-parses each @cute.jit / @cute.kernel body and resolves its names through the module's
@@ -394,7 +399,8 @@ def compile_gate_up(spec: GateUpSpec, pairs: int = 8, *, tap: bool = False, arch
     # the PTX text is kept in .artifacts only when it is dumped (4.8.1); the directory must exist
     with tempfile.TemporaryDirectory(prefix="flint-cute-") as d:
         opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {d}"
-        return ns.cute.compile(ns.host, *args, pairs, 1, h, ip, s, spec.routed, tap, options=opts)
+        stream = ns.cuda.CUstream(0)
+        return ns.cute.compile(ns.host, *args, pairs, 1, h, ip, s, spec.routed, tap, stream, options=opts)
 
 
 def audit_gate_up(spec: GateUpSpec, *, tap: bool = False) -> list[str]:
