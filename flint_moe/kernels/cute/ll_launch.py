@@ -37,6 +37,7 @@ __all__ = [
     "LLPlan",
     "SPLIT_TARGET_CTAS",
     "choose_splits",
+    "compile_host",
     "compiled_specs",
     "expert_views",
     "launch_ll_down",
@@ -201,8 +202,16 @@ def _stream():
     return cuda.CUstream(torch.cuda.current_stream().cuda_stream)
 
 
+def compile_host(ns, args: list, ints: list, constexprs: list, stream, arch: str):
+    """``cute.compile`` of ``ns.host`` (``ll_gate_up._dsl()`` / ``ll_down._dsl()``) with the host function's
+    parameters in signature order: the tensors ``args`` (``from_dlpack`` views), the runtime integers ``ints``,
+    the compile-time ``constexprs``, then the CUDA ``stream``; for ``arch`` (e.g. ``"sm_90a"``)."""
+    return ns.cute.compile(ns.host, *args, *ints, *constexprs, stream, options=f"--gpu-arch {arch}")
+
+
 def _run(kind: str, spec, tap: bool, device: torch.device, ns, tensors: list, ints: list, constexprs: list) -> None:
-    """Compile (once per key) and run ``ns.host`` with the runtime arguments ``tensors`` + ``ints`` + stream."""
+    """Compile (once per key) and run ``ns.host``: the compiled function takes the runtime arguments only
+    (``tensors`` + ``ints`` + stream; the constexprs are baked in)."""
     key = (kind, spec, bool(tap), _arch(device))
     args = [_cute(t) for t in tensors]
     stream = _stream()
@@ -211,7 +220,7 @@ def _run(kind: str, spec, tap: bool, device: torch.device, ns, tensors: list, in
         with _LOCK:
             fn = _CACHE.get(key)
             if fn is None:
-                fn = ns.cute.compile(ns.host, *args, *ints, *constexprs, stream, options=f"--gpu-arch {key[3]}")
+                fn = compile_host(ns, args, ints, constexprs, stream, key[3])
                 _CACHE[key] = fn
     fn(*args, *ints, stream)
 
