@@ -9,7 +9,7 @@ import torch
 
 from flint_moe.layouts import FlintMoEWeights
 from flint_moe.layouts.ll_weights import LLMoEWeights
-from flint_moe.ops import make_route_counter
+from flint_moe.ops import flint_moe_ll, make_route_counter
 from flint_moe.ops.moe_ll import LL_MOE_MAX_TOKENS, check_ll_inputs, ll_route
 from flint_moe.reference.decode_block import residual_add, rmsnorm_apply
 from flint_moe.reference.formats import to_bf16
@@ -93,3 +93,17 @@ def test_check_ll_inputs() -> None:
     w.shared_w2_sf.resize_(H, 2)  # changed in place after construction
     with pytest.raises(ValueError, match=r"^w\.shared_w2_sf: .* take 128 x 4 = 512 bytes, got 256"):
         check_ll_inputs(attn, res, lnw, 0.1, w, K, c)
+
+
+def test_block_op_without_a_gpu_says_what_is_missing() -> None:
+    """On the CPU (the Triton interpreter takes the router, but CuTe DSL has no interpreter) the block op checks
+    its arguments, then refuses before any launch, naming the missing device."""
+    attn, res, lnw, rw = _front()
+    w = _weights(rw)
+    counter = make_route_counter("cpu")
+    with pytest.raises(RuntimeError, match=r"^flint_moe_ll: the CuTe DSL expert kernels need a CUDA device .*got "
+                                           r"tensors on cpu; CuTe DSL has no CPU interpreter"):  # fmt: skip
+        flint_moe_ll(attn, res, lnw, 1e-6, w, K, counter)
+    assert int(counter.abs().sum()) == 0  # nothing ran
+    with pytest.raises(ValueError, match=r"^attn_out: the block takes 1 <= M"):  # the checks come first
+        flint_moe_ll(attn[:0], res, lnw, 1e-6, w, K, counter)
