@@ -31,8 +31,7 @@ _BLOCKS: dict = {}
 def _block(name: str):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    if name not in _BLOCKS:
-        _BLOCKS.clear()  # one layer's weights resident at a time
+    if name not in _BLOCKS:  # built once per module (a few hundred MB of GPU memory each)
         E, H, I, SI, k, pad = SHAPES[name]  # noqa: E741, N806
         _BLOCKS[name] = make_block(E, H, I, SI, k, pad_to=pad, seed=len(name))
     return _BLOCKS[name]
