@@ -107,3 +107,26 @@ def test_block_op_without_a_gpu_says_what_is_missing() -> None:
     assert int(counter.abs().sum()) == 0  # nothing ran
     with pytest.raises(ValueError, match=r"^attn_out: the block takes 1 <= M"):  # the checks come first
         flint_moe_ll(attn[:0], res, lnw, 1e-6, w, K, counter)
+
+
+def test_block_op_end_to_end_with_a_cpu_model_of_the_kernels(monkeypatch) -> None:
+    """The op's host side end to end on the CPU: the router under the interpreter, the CuTe launches replaced by
+    a CPU model of the kernels written from their source (tests/ops/_ll_emulate.py) that reads the launchers'
+    own arguments; every tap checked against the golden model as on the GPU (tests/ops/_ll_check.py: teacher
+    forcing, declared orders replayed bit for bit). attn_out = 0 keeps s^2 exact, so the interpreter's unfused
+    sum of squares equals the declared fused order. A padded intermediate (I = 384 of 512), gate/up S = 2."""
+    from flint_moe.kernels.cute import ll_launch
+    from tests.ops import _ll_emulate
+    from tests.ops._ll_check import EPS, check_block, make_block, make_block_inputs
+
+    monkeypatch.setattr(ll_launch, "_run", _ll_emulate.run)
+    monkeypatch.setattr(ll_launch, "ll_experts_status", lambda device: (True, "CPU model"))
+    b = make_block(4, 1024, 384, 512, 2, pad_to=512, seed=2, device="cpu")
+    _, res, lnw = make_block_inputs(3, 1024, seed=2, device="cpu")
+    attn = torch.zeros_like(res)
+    taps: dict = {}
+    out, res_out = flint_moe_ll(attn, res, lnw, EPS, b.w, 2, make_route_counter("cpu"), taps=taps)
+    assert ll_launch.ll_plan(b.w, 2).s_gate_up == 2
+    check_block(b, attn, res, lnw, taps, out, res_out)
+    out2, _ = flint_moe_ll(attn, res, lnw, EPS, b.w, 2, make_route_counter("cpu"))
+    assert torch.equal(out2.view(torch.int16), out.view(torch.int16))
