@@ -154,12 +154,14 @@ def test_untapped_launch_passes_placeholders(monkeypatch) -> None:
 
 
 @needs_cute
-def test_recorded_arguments_compile_for_sm90(monkeypatch) -> None:
-    """The launcher's own arguments, converted and compiled as ``_run`` does (CPU tensors; no launch)."""
+@pytest.mark.parametrize("tap", [True, False])
+def test_recorded_arguments_compile_for_sm90(monkeypatch, tap: bool) -> None:
+    """The launcher's own arguments (the untapped build with its one-element placeholders too), converted and
+    compiled as ``_run`` does (CPU tensors; no launch)."""
     b = _small_block()
     xn, ids, tw = _route(2, 2, 4)
     calls = _record(monkeypatch)
-    ll_launch.launch_ll_experts(xn, ids, tw, b.w, 2, taps={})
+    ll_launch.launch_ll_experts(xn, ids, tw, b.w, 2, taps={} if tap else None)
     monkeypatch.undo()
     import cuda.bindings.driver as cuda
 
