@@ -31,13 +31,14 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   ``+ 0`` that turns -0 into +0), times 2^8; split-K parts ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)``.
 - decode block, CuTe DSL expert kernels (``kernels/cute/ll_gate_up.py`` ``partial``, also the down partials of
   ``ll_down.py``; read from the kernel source, every operation pinned by inline PTX): K-split s covers the
-  16-element blocks ``[s * BPS, (s + 1) * BPS)``, BPS = K / 16 / S; lane l of the row's warp takes the
-  blocks ``s * BPS + l + 32 j`` (j = 0, 1, ...) and chains ``fma.rn.f32(x_h, w_h, acc)`` from +0 over the 16
-  elements of each block in order, block after block (``w_h = E2M1 * E4M3`` exact); then the butterfly
-  ``shfl.sync.bfly`` xor 16, 8, 4, 2, 1 with ``add.rn.f32`` (every lane ends with the same value; lane 0
-  stores it); then ``finish`` / ``combine`` add the S split partials in increasing split order from split 0
-  (``add.rn.f32``). Columns at or beyond the valid length (a padded down K) are skipped; the declaration's
-  zero padding replays them as ``fma(+0, +0, acc) = acc`` (``acc`` is never -0: it starts at +0 and a sum
+  16-element blocks ``[s * BPS, (s + 1) * BPS)``, BPS = ceil(K / 16 / S); lane l of the row's warp takes the
+  blocks ``s * BPS + l + 32 j`` (j = 0, 1, ...) below the split's end and chains ``fma.rn.f32(x_h, w_h,
+  acc)`` from +0 over the 16 elements of each block in order, block after block (``w_h = E2M1 * E4M3``
+  exact); then the butterfly ``shfl.sync.bfly`` xor 16, 8, 4, 2, 1 with ``add.rn.f32`` (every lane ends
+  with the same value; lane 0 stores it); then ``finish`` / ``combine`` add the S split partials in
+  increasing split order from split 0 (``add.rn.f32``). Columns at or beyond the valid length (a padded down
+  K) and the lanes past a split's last block are skipped; the declaration's zero padding replays them as
+  ``fma(+0, +0, acc) = acc`` (``acc`` is never -0: it starts at +0 and a sum
   that is exactly zero rounds to +0), and a split holding only such columns contributes +0, dropped.
 - NVFP4 grouped: ``tl.dot`` per BK step lowers to BK / 16 ``wgmma.mma_async ... m64nNk16`` in k order,
   chained from a +0 accumulator (the scale-d predicate is constant true).
@@ -265,26 +266,29 @@ def ll_router_orders(H: int) -> dict:
 
 def ll_expert_order(kernel: str, K: int, valid: int, S: int) -> dict:  # noqa: N803
     """The order of the decode block's CuTe DSL ``partial`` kernel (module docstring) reducing ``valid``
-    columns of a stored reduction length ``K`` (a multiple of 512 * S) in ``S`` K-splits: parts of
-    ``K / S`` columns (the last non-empty one cut at ``valid``), axes ``j`` (K / S / 512 lane steps) x
-    ``lane`` (32) x ``e`` (16), program: ``fma_chain`` over (j, e) from +0 per lane, ``tree`` over lanes
-    (``halves``: the xor 16, ..., 1 butterfly), then the parts added in increasing order (``add_chain``
-    from the first). OrderError for lengths the kernel does not take."""
-    _k(K, "K", 512)
-    if not isinstance(S, int) or isinstance(S, bool) or S < 1 or K % (512 * S):
-        raise OrderError(f"{kernel}: K = {K} must be a multiple of 512 * S (S = {S!r})")
+    columns of a stored reduction length ``K`` (a multiple of 16) in ``S`` K-splits of BPS = ceil(K / 16 / S)
+    blocks: parts of 16 BPS columns (the last non-empty one cut at ``valid``), each zero-padded to
+    ``part_length`` = ceil(BPS / 32) * 512 (the lanes past a split's last block, which read nothing), axes
+    ``j`` (ceil(BPS / 32) lane steps) x ``lane`` (32) x ``e`` (16); program: ``fma_chain`` over (j, e) from
+    +0 per lane, ``tree`` over lanes (``halves``: the xor 16, ..., 1 butterfly), then the parts added in
+    increasing order (``add_chain`` from the first). OrderError for lengths the kernel does not take."""
+    _k(K, "K", 16)
+    if not isinstance(S, int) or isinstance(S, bool) or not 1 <= S <= K // 16:
+        raise OrderError(f"{kernel}: splits S = {S!r} must be an int in [1, K / 16 = {K // 16}]")
     _k(valid, "valid", 16)
     if valid > K:
         raise OrderError(f"{kernel}: valid length {valid} exceeds K = {K}")
-    plen = K // S
-    parts = [[s * plen, min((s + 1) * plen, valid)] for s in range(S) if s * plen < valid]
+    bps = -(-(K // 16) // S)
+    steps = -(-bps // 32)
+    span = 16 * bps
+    parts = [[s * span, min((s + 1) * span, valid)] for s in range(S) if s * span < valid]
     program = [
         {"op": "fma_chain", "axis": ["j", "e"], "init": "zero"},
         {"op": "tree", "axis": "lane", "shape": "halves"},
     ]
     if len(parts) > 1:
         program.append({"op": "add_chain", "axis": "part", "init": "first"})
-    return _order(kernel, valid, parts, plen, [["j", plen // 512], ["lane", 32], ["e", 16]], program)
+    return _order(kernel, valid, parts, steps * 512, [["j", steps], ["lane", 32], ["e", 16]], program)
 
 
 def ll_block_orders(H: int, I: int, SI: int, *, Ip: int | None = None, top_k: int = 8, E: int = 256) -> dict:  # noqa: E741, N803

@@ -12,7 +12,7 @@ import torch
 from flint_moe.kernels.cute import ll_down, ll_gate_up, ll_launch
 from flint_moe.kernels.cute.ll_down import DownSpec
 from flint_moe.kernels.cute.ll_gate_up import GateUpSpec
-from flint_moe.kernels.cute.ll_launch import choose_splits, expert_views, ll_plan, plan_shapes
+from flint_moe.kernels.cute.ll_launch import choose_splits, expert_views, ll_plan, plan_shapes, split_candidates
 from tests.ops._ll_check import make_block
 
 BACKEND = "any"
@@ -38,17 +38,28 @@ def test_splits_of_the_block_shapes() -> None:
     assert plan.down_spec() == DownSpec(2048, 512, 384, 512, 8, 4, 1, 1)
 
 
+def test_splits_with_tails() -> None:
+    # K not a multiple of 512: every S <= 16 whose last split holds a block; GLM-4.5-Air's I = SI = 1408
+    # 88 blocks: (S - 1) * ceil(88 / S) < 88 fails for S = 12 (8 x 11), 14 (7 x 13), 16 (6 x 15)
+    assert split_candidates(1408) == [*range(1, 12), 13, 15]
+    assert split_candidates(48) == [1, 2, 3]  # 3 blocks
+    assert split_candidates(7168) == [1, 2, 7, 14]  # a multiple of 512: S dividing 14, no lane tail
+    assert choose_splits(1408, 4096) == 1 and choose_splits(1408, 256) == 9  # 64 CTAs x 9 = 576 >= 528
+    plan = plan_shapes(4096, 1408, 1408, 1408, 128, 8)
+    assert (plan.s_gate_up, plan.s_shared_gate_up, plan.s_down, plan.s_shared_down) == (1, 1, 1, 1)
+
+
 def test_shape_limits() -> None:
-    with pytest.raises(ValueError, match=r"reduction length 1000 must be a positive multiple of 512"):
+    with pytest.raises(ValueError, match=r"reduction length 1000 must be a positive multiple of 16"):
         choose_splits(1000, 128)
     with pytest.raises(ValueError, match=r"rows 130 must be a positive multiple of 4"):
         choose_splits(512, 130)
-    with pytest.raises(ValueError, match=r"^flint_moe_ll: hidden size H = 2304 must be a multiple of 512"):
-        plan_shapes(2304, 512, 512, 512, 8, 2)
-    with pytest.raises(ValueError, match=r"^flint_moe_ll: padded intermediate Ip = 768 must be a multiple of 512"):
-        plan_shapes(2048, 768, 768, 512, 8, 2)
-    with pytest.raises(ValueError, match=r"^flint_moe_ll: shared SI = 64 must be a multiple of 512"):
-        plan_shapes(2048, 512, 512, 64, 8, 2)
+    with pytest.raises(ValueError, match=r"^flint_moe_ll: hidden size H = 2312 must be a positive multiple of 16"):
+        plan_shapes(2312, 512, 512, 512, 8, 2)
+    with pytest.raises(ValueError, match=r"^flint_moe_ll: padded intermediate Ip = 776 must be a positive multiple"):
+        plan_shapes(2048, 776, 776, 512, 8, 2)
+    with pytest.raises(ValueError, match=r"^flint_moe_ll: shared SI = 0 must be a positive multiple of 16"):
+        plan_shapes(2048, 512, 512, 0, 8, 2)
     with pytest.raises(ValueError, match=r"^w.experts.w1: 2348810240 int32 code words exceed"):
         plan_shapes(7168, 4096, 4096, 2048, 320, 8)
 

@@ -23,15 +23,15 @@ def _fma(a, b, c) -> np.float32:
 
 def emulate(x: np.ndarray, w: np.ndarray, K: int, valid: int, S: int) -> np.float32:  # noqa: N803
     """The ``partial`` kernel's loops for one row, then ``finish``'s split sum, in fp32 (module docstring)."""
-    bps = K // 16 // S
+    bps = -(-(K // 16) // S)  # blocks per split, the last split may hold fewer
     partials = []
     for s in range(S):
         lanes = []
         for lane in range(32):
             acc = np.float32(0.0)
-            for j in range(bps // 32):
+            for j in range(-(-bps // 32)):
                 blk = s * bps + j * 32 + lane
-                if blk * 16 >= valid:
+                if j * 32 + lane >= bps or blk * 16 >= valid:
                     continue
                 for e in range(16):
                     acc = _fma(x[blk * 16 + e], w[blk * 16 + e], acc)
@@ -54,7 +54,8 @@ def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize(("K", "valid", "S"), [(1024, 1024, 2), (2048, 2048, 4), (1536, 1536, 1), (1024, 448, 2),
-                                               (2048, 1280, 2)])  # fmt: skip
+                                               (2048, 1280, 2), (1408, 1408, 1), (5120, 5120, 3), (1408, 1120, 3),
+                                               (320, 288, 1), (1152, 1152, 2)])  # fmt: skip
 def test_declared_order_is_the_kernels(K: int, valid: int, S: int) -> None:  # noqa: N803
     x, w = _data(valid, K + valid + S)
     order = ll_expert_order("ll_down", K, valid, S)
@@ -98,12 +99,14 @@ def test_parts_beyond_the_valid_length_are_dropped() -> None:
 
 
 def test_limits() -> None:
-    with pytest.raises(OrderError, match=r"K = 1024 must be a multiple of 512 \* S \(S = 3\)"):
-        ll_expert_order("k", 1024, 1024, 3)
+    with pytest.raises(OrderError, match=r"splits S = 65 must be an int in \[1, K / 16 = 64\]"):
+        ll_expert_order("k", 1024, 1024, 65)
+    with pytest.raises(OrderError, match=r"reduction length must be a positive int multiple of 16, got 1000"):
+        ll_expert_order("k", 1000, 992, 1)
     with pytest.raises(OrderError, match=r"valid length 1040 exceeds K = 1024"):
         ll_expert_order("k", 1024, 1040, 1)
-    with pytest.raises(ValueError, match=r"hidden size H = 2304 must be a multiple of 512"):
-        ll_block_orders(2304, 512, 512)
+    with pytest.raises(ValueError, match=r"hidden size H = 2312 must be a positive multiple of 16"):
+        ll_block_orders(2312, 512, 512)
 
 
 def test_block_orders_follow_the_ops_splits() -> None:
@@ -119,3 +122,6 @@ def test_block_orders_follow_the_ops_splits() -> None:
     assert x["shared_down"] == ll_expert_order("ll_shared_down", 512, 512, 1)
     d = ll_block_orders(7168, 2048, 2048)
     assert len(d["gate_up"]["parts"]) == 1 and d["down"]["length"] == 2048
+    # GLM-4.5-Air's I = 1408 (88 blocks): one split, 3 lane steps, the last with 24 lanes
+    d = ll_block_orders(4096, 1408, 1408)
+    assert d["down"]["parts"] == [[0, 1408]] and d["down"]["axes"] == [["j", 3], ["lane", 32], ["e", 16]]

@@ -42,7 +42,7 @@ def partial(x, ids, w, sf, ws, top_k, K, N, KV, S, routed, x_by_pair, pairs) -> 
     """``_partial_kernel`` over the grid (N / 4, S, pairs): ``ws[(q * S + s) * N + row]``."""
     rows = torch.arange(N)
     lanes = torch.arange(32)
-    bps = K // 16 // S
+    bps = -(-(K // 16) // S)  # blocks per split, the last split may hold fewer
     mp, kp = scale_block_shape(N, K)
     sf32 = sf.view(torch.int8).to(torch.int32)  # the kernel's sign-extended byte read
     for q in range(pairs):
@@ -52,9 +52,11 @@ def partial(x, ids, w, sf, ws, top_k, K, N, KV, S, routed, x_by_pair, pairs) -> 
         sf_row = scale_row_byte(e, rows, mp, kp)[:, None]
         for s in range(S):
             acc = torch.zeros(N, 32, dtype=torch.float32)
-            for j in range(bps // 32):
-                blk = s * bps + j * 32 + lanes  # [32]
-                valid = (blk * 16 < KV)[None, :]
+            for j in range(-(-bps // 32)):
+                jb = j * 32 + lanes  # [32]
+                blk = s * bps + jb
+                valid = ((jb < bps) & (blk * 16 < KV))[None, :]
+                blk = torch.where(valid[0], blk, 0)  # the kernel reads nothing there: any in-range address
                 sc = decode_e4m3(sf32[sf_row + scale_block_byte(blk)[None, :]], _as_f32, _mul)
                 for half in range(2):
                     word = w[w_row + blk[None, :] * 2 + half]

@@ -114,19 +114,24 @@ def test_block_op_end_to_end_with_a_cpu_model_of_the_kernels(monkeypatch) -> Non
     a CPU model of the kernels written from their source (tests/ops/_ll_emulate.py) that reads the launchers'
     own arguments; every tap checked against the golden model as on the GPU (tests/ops/_ll_check.py: teacher
     forcing, declared orders replayed bit for bit). attn_out = 0 keeps s^2 exact, so the interpreter's unfused
-    sum of squares equals the declared fused order. A padded intermediate (I = 384 of 512), gate/up S = 2."""
+    sum of squares equals the declared fused order. Tails everywhere: H = 1152 (72 blocks) in 4 gate/up
+    splits of 18 blocks (lanes 18-31 idle), I = 288 stored as 320 and SI = 320 in 2 down splits of 10 blocks
+    (the routed split 1 holds 2 padding blocks)."""
     from flint_moe.kernels.cute import ll_launch
     from tests.ops import _ll_emulate
     from tests.ops._ll_check import EPS, check_block, make_block, make_block_inputs
 
     monkeypatch.setattr(ll_launch, "_run", _ll_emulate.run)
     monkeypatch.setattr(ll_launch, "ll_experts_status", lambda device: (True, "CPU model"))
-    b = make_block(4, 1024, 384, 512, 2, pad_to=512, seed=2, device="cpu")
-    _, res, lnw = make_block_inputs(3, 1024, seed=2, device="cpu")
+    b = make_block(4, 1152, 288, 320, 2, pad_to=64, seed=2, device="cpu")
+    plan = ll_launch.ll_plan(b.w, 2)
+    assert (plan.padded_inter, plan.s_gate_up, plan.s_shared_gate_up, plan.s_down, plan.s_shared_down) == (
+        320, 4, 4, 2, 2,
+    )  # fmt: skip
+    _, res, lnw = make_block_inputs(3, 1152, seed=2, device="cpu")
     attn = torch.zeros_like(res)
     taps: dict = {}
     out, res_out = flint_moe_ll(attn, res, lnw, EPS, b.w, 2, make_route_counter("cpu"), taps=taps)
-    assert ll_launch.ll_plan(b.w, 2).s_gate_up == 2
     check_block(b, attn, res, lnw, taps, out, res_out)
     out2, _ = flint_moe_ll(attn, res, lnw, EPS, b.w, 2, make_route_counter("cpu"))
     assert torch.equal(out2.view(torch.int16), out.view(torch.int16))

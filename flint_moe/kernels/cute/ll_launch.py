@@ -19,8 +19,8 @@ outside a capture). Every launch asks for programmatic dependent launch and ever
 (``griddepcontrol.wait``) before its first read.
 
 Limits (each a ValueError naming the constraint): the reduction lengths H (gate/up), Ip and SI (down) must be
-multiples of 512 (16-element blocks, 32 lanes: every lane of a split gets whole blocks); the code words of
-one weight tensor must be addressable by int32 (E * N * K / 8 < 2^31).
+multiples of 16 (whole NVFP4 blocks; the weights' own checks already ask more); the code words of one weight
+tensor must be addressable by int32 (E * N * K / 8 < 2^31).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from flint_moe.kernels.cute.ll_gate_up import WARPS, GateUpSpec, cute_available
 __all__ = [
     "LLPlan",
     "SPLIT_TARGET_CTAS",
+    "MAX_SPLITS",
     "choose_splits",
+    "split_candidates",
     "compile_host",
     "compiled_specs",
     "expert_views",
@@ -52,20 +54,32 @@ __all__ = [
 SPLIT_TARGET_CTAS = 4 * 132
 #: Elements of K per lane step of a split: 32 lanes x one 16-element block.
 _LANE_SPAN = 16 * 32
+#: Most K-splits considered.
+MAX_SPLITS = 16
 _INT32_LIMIT = 1 << 31
+
+
+def split_candidates(k: int) -> list[int]:
+    """The K-splits considered for a reduction of ``k`` elements (a multiple of 16): for ``k`` a multiple of
+    512, the S <= 16 dividing k / 512 (every lane of every split gets the same number of blocks); otherwise
+    every S <= 16 whose last split is not empty (BPS = ceil(k / 16 / S) blocks per split)."""
+    nblk = k // 16
+    if k % _LANE_SPAN == 0:
+        return [s for s in range(1, min(MAX_SPLITS, k // _LANE_SPAN) + 1) if k % (_LANE_SPAN * s) == 0]
+    return [s for s in range(1, min(MAX_SPLITS, nblk) + 1) if (s - 1) * -(-nblk // s) < nblk]
 
 
 def choose_splits(k: int, rows: int) -> int:
     """K-splits S of a partial kernel over ``rows`` rows (one warp per row, ``WARPS`` rows per CTA) reducing
-    ``k`` elements: the smallest S with ``k % (512 * S) == 0`` whose grid of one pair, ``rows / WARPS * S``
-    CTAs, reaches :data:`SPLIT_TARGET_CTAS`; the largest such S if none does. Depends on the shapes only (not
-    on the token count), so the declared summation order of a layer is one. ValueError unless ``k`` is a
-    positive multiple of 512 and ``rows`` of ``WARPS``."""
-    if not isinstance(k, int) or k <= 0 or k % _LANE_SPAN:
-        raise ValueError(f"choose_splits: reduction length {k} must be a positive multiple of {_LANE_SPAN}")
+    ``k`` elements: the smallest of :func:`split_candidates` whose grid of one pair, ``rows / WARPS * S``
+    CTAs, reaches :data:`SPLIT_TARGET_CTAS`; the largest candidate if none does. Depends on the shapes only
+    (not on the token count), so the declared summation order of a layer is one. ValueError unless ``k`` is
+    a positive multiple of 16 and ``rows`` of ``WARPS``."""
+    if not isinstance(k, int) or k <= 0 or k % 16:
+        raise ValueError(f"choose_splits: reduction length {k} must be a positive multiple of 16")
     if not isinstance(rows, int) or rows <= 0 or rows % WARPS:
         raise ValueError(f"choose_splits: rows {rows} must be a positive multiple of {WARPS}")
-    cands = [s for s in range(1, k // _LANE_SPAN + 1) if k % (_LANE_SPAN * s) == 0]
+    cands = split_candidates(k)
     for s in cands:
         if rows // WARPS * s >= SPLIT_TARGET_CTAS:
             return s
@@ -104,13 +118,10 @@ class LLPlan:
 
 def plan_shapes(hidden: int, inter: int, padded_inter: int, shared_inter: int, experts: int, top_k: int) -> LLPlan:
     """:class:`LLPlan` of the given shapes (the splits by :func:`choose_splits`). ValueError for a shape the
-    kernels do not take (module docstring: multiples of 512, int32 addressing)."""
+    kernels do not take (module docstring: multiples of 16, int32 addressing)."""
     for name, v in (("hidden size H", hidden), ("padded intermediate Ip", padded_inter), ("shared SI", shared_inter)):
-        if v <= 0 or v % _LANE_SPAN:
-            raise ValueError(
-                f"flint_moe_ll: {name} = {v} must be a multiple of {_LANE_SPAN} (16-element blocks x 32 lanes per "
-                "K-split of the CuTe expert kernels)"
-            )
+        if v <= 0 or v % 16:
+            raise ValueError(f"flint_moe_ll: {name} = {v} must be a positive multiple of 16 (NVFP4 blocks)")
     if not 0 < inter <= padded_inter:
         raise ValueError(f"flint_moe_ll: intermediate I = {inter} must be in (0, Ip = {padded_inter}]")
     for name, words in (
