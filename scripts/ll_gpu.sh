@@ -28,8 +28,9 @@ print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_devic
 PY
 rc=$?; status+=("import cutlass: rc=$rc"); cat "$OUT/ll-import.txt"
 
-# CPU-side CuTe checks (sm_90a PTX audit, launcher arguments compiled, declared orders): CPU only, in parallel
-timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/kernels/test_cute_ptx.py \
+# CPU-side CuTe checks (sm_90a PTX audit, launcher arguments compiled, declared orders, the op end to end with a
+# CPU model of the kernels): CPU only, in parallel; the router runs under Triton's interpreter there
+TRITON_INTERPRET=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/kernels/test_cute_ptx.py \
   tests/kernels/test_cute_ll_gate_up.py tests/kernels/test_cute_ll_down.py tests/kernels/test_cute_ll_launch.py \
   tests/kernels/test_ll_orders.py tests/reference/test_orders_chain_axes.py tests/ops/test_moe_ll.py \
   > "$OUT/ll-cute-cpu.txt" 2>&1 &
