@@ -29,6 +29,17 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   ``32 c + 8 w + 2 half + {0, 4, 1, 5}`` to k slots ``2 c + {0, 1, 8, 9}`` (the ``prmt`` re-pairing);
   weights ``E2M1 * E4M3 * 2^-8`` in bf16; the 4 accumulator columns are added with xor 2, 1 (an exact
   ``+ 0`` that turns -0 into +0), times 2^8; split-K parts ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)``.
+- decode block, CuTe DSL expert kernels (``kernels/cute/ll_gate_up.py`` ``partial``, also the down partials of
+  ``ll_down.py``; read from the kernel source, every operation pinned by inline PTX): K-split s covers the
+  16-element blocks ``[s * BPS, (s + 1) * BPS)``, BPS = ceil(K / 16 / S); lane l of the row's warp takes the
+  blocks ``s * BPS + l + 32 j`` (j = 0, 1, ...) below the split's end and chains ``fma.rn.f32(x_h, w_h,
+  acc)`` from +0 over the 16 elements of each block in order, block after block (``w_h = E2M1 * E4M3``
+  exact); then the butterfly ``shfl.sync.bfly`` xor 16, 8, 4, 2, 1 with ``add.rn.f32`` (every lane ends
+  with the same value; lane 0 stores it); then ``finish`` / ``combine`` add the S split partials in
+  increasing split order from split 0 (``add.rn.f32``). Columns at or beyond the valid length (a padded down
+  K) and the lanes past a split's last block are skipped; the declaration's zero padding replays them as
+  ``fma(+0, +0, acc) = acc`` (``acc`` is never -0: it starts at +0 and a sum
+  that is exactly zero rounds to +0), and a split holding only such columns contributes +0, dropped.
 - NVFP4 grouped: ``tl.dot`` per BK step lowers to BK / 16 ``wgmma.mma_async ... m64nNk16`` in k order,
   chained from a +0 accumulator (the scale-d predicate is constant true); BK 64 and 128 issue the same k16
   sequence (shared-memory B descriptors at byte offsets 0, 32, 64, 96, then 16384 + the same for the second
@@ -50,6 +61,9 @@ __all__ = [
     "nvfp4_grouped_orders",
     "bf16_decode_orders",
     "ll_router_orders",
+    "ll_expert_order",
+    "ll_block_orders",
+    "ll_block_extra_orders",
     "effective_split",
 ]
 
@@ -254,3 +268,62 @@ def ll_router_orders(H: int) -> dict:
     _k(H, "H")
     block_h = min(1024, max(16, 1 << (H - 1).bit_length()))
     return {"sumsq": _lane_chains("ll_router_sumsq", H, block_h), "router": _lane_chains("ll_router", H, block_h)}
+
+
+def ll_expert_order(kernel: str, K: int, valid: int, S: int) -> dict:  # noqa: N803
+    """The order of the decode block's CuTe DSL ``partial`` kernel (module docstring) reducing ``valid``
+    columns of a stored reduction length ``K`` (a multiple of 16) in ``S`` K-splits of BPS = ceil(K / 16 / S)
+    blocks: parts of 16 BPS columns (the last non-empty one cut at ``valid``), each zero-padded to
+    ``part_length`` = ceil(BPS / 32) * 512 (the lanes past a split's last block, which read nothing), axes
+    ``j`` (ceil(BPS / 32) lane steps) x ``lane`` (32) x ``e`` (16); program: ``fma_chain`` over (j, e) from
+    +0 per lane, ``tree`` over lanes (``halves``: the xor 16, ..., 1 butterfly), then the parts added in
+    increasing order (``add_chain`` from the first). OrderError for lengths the kernel does not take."""
+    _k(K, "K", 16)
+    if not isinstance(S, int) or isinstance(S, bool) or not 1 <= S <= K // 16:
+        raise OrderError(f"{kernel}: splits S = {S!r} must be an int in [1, K / 16 = {K // 16}]")
+    _k(valid, "valid", 16)
+    if valid > K:
+        raise OrderError(f"{kernel}: valid length {valid} exceeds K = {K}")
+    bps = -(-(K // 16) // S)
+    steps = -(-bps // 32)
+    span = 16 * bps
+    parts = [[s * span, min((s + 1) * span, valid)] for s in range(S) if s * span < valid]
+    program = [
+        {"op": "fma_chain", "axis": ["j", "e"], "init": "zero"},
+        {"op": "tree", "axis": "lane", "shape": "halves"},
+    ]
+    if len(parts) > 1:
+        program.append({"op": "add_chain", "axis": "part", "init": "first"})
+    return _order(kernel, valid, parts, steps * 512, [["j", steps], ["lane", 32], ["e", 16]], program)
+
+
+def ll_block_orders(H: int, I: int, SI: int, *, Ip: int | None = None, top_k: int = 8, E: int = 256) -> dict:  # noqa: E741, N803
+    """Stage -> order of ``ops.flint_moe_ll`` for the golden model's routed stages (the ``orders`` argument of
+    ``reference.model.moe_decode_block``): ``router`` (``ll_router_orders(H)["router"]``), ``gate_up``
+    (K = H) and ``down`` (valid K = I of the stored Ip, default Ip = I), the K-splits as the op chooses them
+    (``kernels.cute.ll_launch.plan_shapes``; they depend on H, Ip and SI only). ``top_k`` and ``E`` do not
+    change an order (checked shapes only). ValueError / OrderError for shapes the kernels do not take."""
+    plan = _ll_plan(H, I, SI, Ip, top_k, E)
+    return {
+        "router": ll_router_orders(H)["router"],
+        "gate_up": ll_expert_order("ll_gate_up", H, H, plan.s_gate_up),
+        "down": ll_expert_order("ll_down", plan.padded_inter, I, plan.s_down),
+    }
+
+
+def ll_block_extra_orders(H: int, I: int, SI: int, *, Ip: int | None = None, top_k: int = 8, E: int = 256) -> dict:  # noqa: E741, N803
+    """The block's other declared accumulators (for an accumulate policy, not ``moe_decode_block``'s
+    ``orders``): ``sumsq`` (``ll_router_orders(H)["sumsq"]``), ``shared_gate_up`` (taps ``shared_gate_acc`` /
+    ``shared_up_acc``, K = H) and ``shared_down`` (tap ``shared_down_acc``, K = SI)."""
+    plan = _ll_plan(H, I, SI, Ip, top_k, E)
+    return {
+        "sumsq": ll_router_orders(H)["sumsq"],
+        "shared_gate_up": ll_expert_order("ll_shared_gate_up", H, H, plan.s_shared_gate_up),
+        "shared_down": ll_expert_order("ll_shared_down", SI, SI, plan.s_shared_down),
+    }
+
+
+def _ll_plan(H, I, SI, Ip, top_k, E):  # noqa: E741, N803
+    from flint_moe.kernels.cute.ll_launch import plan_shapes
+
+    return plan_shapes(H, I, I if Ip is None else Ip, SI, E, top_k)

@@ -8,8 +8,10 @@
 - ``flint_moe_bf16_decode``: BF16 experts in the TRT-LLM BlockMajorK layout for M <= ``DECODE_BF16_MAX_TOKENS``
   (flint_moe/ops/moe_bf16.py); ``check_row_map_status``: every row map it has checked compared again (writes
   through ``.data`` / ``.numpy()`` included; flint_moe/ops/_checks.py).
-- ``ll_route``: the low-latency decode block's first stage, residual add + RMSNorm (rule step 11) fused with
-  steps 1-4, for M <= ``LL_MOE_MAX_TOKENS`` (flint_moe/ops/moe_ll.py).
+- ``flint_moe_ll``: the low-latency decode block (residual add + RMSNorm, routing, routed and shared NVFP4
+  experts, combine: rule step 11 then steps 1-10) for M <= ``LL_MOE_MAX_TOKENS`` on ``LLMoEWeights``, Triton
+  router + CuTe DSL expert kernels (flint_moe/ops/moe_ll.py); ``ll_route``: its first stage alone (step 11
+  fused with steps 1-4).
 - ``quantize_routed_nvfp4_input``: the per-token NVFP4 input of the routed experts (numerics.md "Per-token
   NVFP4 experts", P1-P5), padded (flint_moe/ops/pertoken_quant.py).
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from ._checks import check_row_map_status
 from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
-from .moe_ll import LL_MOE_MAX_TOKENS, ll_route
+from .moe_ll import LL_MOE_MAX_TOKENS, flint_moe_ll, ll_route
 from .moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
 from .moe_nvfp4_grouped import GROUPED_MAX_TOKENS, flint_moe_grouped
 from .pertoken_quant import quantize_routed_nvfp4_input
@@ -34,6 +36,7 @@ __all__ = [
     "flint_moe",
     "flint_moe_bf16_decode",
     "flint_moe_grouped",
+    "flint_moe_ll",
     "ll_route",
     "make_route_counter",
     "quantize_routed_nvfp4_input",

@@ -1,11 +1,13 @@
-"""The low-latency decode block's entry (docs/kernels/ll-block.md): its input checks and its first stage.
+"""The low-latency decode block (docs/kernels/ll-block.md): one layer's residual add + RMSNorm, routing,
+routed and shared NVFP4 experts and combine for M <= ``LL_MOE_MAX_TOKENS`` tokens.
 
-- :func:`check_ll_inputs`: every argument of the block op ``flint_moe_ll(attn_out, residual, ln_weight, eps,
-  w, top_k, counter)`` checked, before any launch (TypeError / ValueError / RuntimeError naming it).
-- :func:`ll_route`: rule step 11 + steps 1-4 in one launch (``kernels/ll_router.py``): residual add,
-  RMSNorm with ``rsqrt.approx.ftz``, router GEMV, top-k and renormalisation; returns what the expert kernels
-  read. The expert stages (CuTe DSL kernels, ``kernels/cute/ll_gate_up.py``) await their GPU run; until then
-  the block op itself is not exported.
+- :func:`flint_moe_ll`: the block op (rule step 11, then steps 1-10 with the shared expert): the Triton router
+  kernel (``kernels/ll_router.py``) then the CuTe DSL expert kernels (``kernels/cute/ll_launch.py``: routed
+  gate/up, shared gate/up, down + combine), chained by programmatic dependent launch.
+- :func:`check_ll_inputs`: every argument of the block op checked, before any launch (TypeError /
+  ValueError / RuntimeError naming it).
+- :func:`ll_route`: rule step 11 + steps 1-4 in one launch: residual add, RMSNorm with
+  ``rsqrt.approx.ftz``, router GEMV, top-k and renormalisation; returns what the expert kernels read.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ import torch
 
 from flint_moe.kernels._launch import check_op_tensor
 from flint_moe.kernels.ll_router import launch_ll_router
-from flint_moe.kernels.router import MAX_EXPERTS, MAX_TOP_K, ROUTE_GEMV_MAX_TOKENS
+from flint_moe.kernels.router import MAX_EXPERTS, MAX_TOP_K
 from flint_moe.layouts.ll_weights import LLMoEWeights
 from flint_moe.reference.decode_block import eps_fp32
 
 from ._checks import check_kernel_device, check_top_k
 
-__all__ = ["LL_MOE_MAX_TOKENS", "check_ll_inputs", "ll_route"]
+__all__ = ["LL_MOE_MAX_TOKENS", "check_ll_inputs", "flint_moe_ll", "ll_route"]
 
-#: Largest token count of the block (the route counter's length; to be set from the measured crossover with
-#: the Triton decode path, at least 8).
-LL_MOE_MAX_TOKENS = ROUTE_GEMV_MAX_TOKENS
+#: Largest token count of the block: 8, the route counter's length (``ROUTE_GEMV_MAX_TOKENS``); the crossover
+#: with the Triton decode path is measured by ``benchmarks/bench_ll.py``.
+LL_MOE_MAX_TOKENS = 8
 
 
 def _check_front(attn_out, residual, ln_weight, eps, router_weight, top_k, counter, taps, rw="router_weight") -> float:
@@ -107,3 +109,45 @@ def ll_route(
     """
     eps32 = _check_front(attn_out, residual, ln_weight, eps, router_weight, top_k, counter, taps)
     return launch_ll_router(attn_out, residual, ln_weight, eps32, router_weight, top_k, counter, taps=taps)
+
+
+def flint_moe_ll(
+    attn_out: torch.Tensor,
+    residual: torch.Tensor,
+    ln_weight: torch.Tensor,
+    eps: float,
+    w: LLMoEWeights,
+    top_k: int,
+    counter: torch.Tensor,
+    *,
+    taps: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode block of one layer: rule step 11 then steps 1-10 on ``xn`` with the shared expert (step 10's
+    ``shared`` = the shared expert's ``y``); the golden model is ``reference.model.moe_decode_block``.
+
+    Args: as :func:`check_ll_inputs` (``attn_out``, ``residual`` bf16 [M, H], 1 <= M <= ``LL_MOE_MAX_TOKENS``;
+    ``ln_weight`` bf16 [H]; ``eps`` a Python number; ``w`` LLMoEWeights; ``top_k``; ``counter`` int32 [>= M]
+    from ``make_route_counter``, allocated outside a CUDA-graph capture); ``taps``: None or a dict that
+    receives the stages: ``residual_out``, ``sumsq`` fp32 [M], ``xn``, ``router_acc`` fp32 [M, E], ``logits``
+    bf16 [M, E], ``ids`` int32 [M, k], ``weights`` fp32 [M, k] (router kernel); ``gate_acc`` / ``up_acc`` fp32
+    [M, k, I] (before the global scale), ``act`` bf16 [M, k, I], ``shared_gate_acc`` / ``shared_up_acc`` fp32
+    [M, SI], ``shared_act`` bf16 [M, SI], ``shared_down_acc`` fp32 [M, H], ``shared_y`` bf16 [M, H],
+    ``down_acc`` fp32 [M, k, H] (before the global scale), ``y`` bf16 [M, k, H], ``out`` bf16 [M, H].
+    Returns: ``(moe_out, residual_out)``, bf16 [M, H] each, new tensors; inputs never modified. No host
+    synchronisation (CUDA-graph capturable once each specialisation has run eagerly: the first call compiles).
+    Raises: as :func:`check_ll_inputs`; ValueError for shapes the CuTe kernels do not take
+    (``kernels/cute/ll_launch.py``: H, Ip, SI multiples of 512); RuntimeError naming what is missing without a
+    CUDA device of sm_90 or later or without nvidia-cutlass-dsl (CuTe DSL has no CPU interpreter).
+    """
+    from flint_moe.kernels.cute.ll_launch import launch_ll_experts, ll_experts_status, ll_plan
+
+    eps32 = check_ll_inputs(attn_out, residual, ln_weight, eps, w, top_k, counter, taps=taps)
+    ok, why = ll_experts_status(attn_out.device)
+    if not ok:
+        raise RuntimeError(f"flint_moe_ll: {why}")
+    plan = ll_plan(w, top_k)
+    ids, tw, xn, residual_out = launch_ll_router(
+        attn_out, residual, ln_weight, eps32, w.router_weight, top_k, counter, taps=taps
+    )
+    out = launch_ll_experts(xn, ids, tw, w, top_k, taps=taps, plan=plan)
+    return out, residual_out

@@ -23,7 +23,9 @@ a product stage turns it into fp32 values.
 Stages (every fp32 operation is one IEEE-754 binary32 round-to-nearest-even with subnormals kept):
 
 - ``{"op": "fma_chain", "axis": a, "init": "zero" | "first"}`` (products): along ``a`` in increasing index,
-  ``acc = fma(w, x, acc)``; ``zero`` starts from ``+0``, ``first`` from ``RN(w_0 * x_0)``.
+  ``acc = fma(w, x, acc)``; ``zero`` starts from ``+0``, ``first`` from ``RN(w_0 * x_0)``. ``a`` may also be
+  a list of axis names, slowest first: one chain over those axes in row-major order (e.g. a lane that chains
+  the 16 elements of each of its blocks, block after block: ``["j", "e"]``).
 - ``{"op": "scale_fma_chain", "axis": a}`` (values; NVFP4 block regrouping): ``acc = fma(v, scale_b, acc)``
   from ``+0`` in increasing index, ``scale_b`` the E4M3 block scale of the value's block. Needs the block
   scales (:func:`replay_dot` ``block_scales``); the stages before it must have reduced exactly the innermost
@@ -192,7 +194,14 @@ def check_order(order: dict) -> dict:
         if op in ("fma_chain", "add_chain"):
             if st.get("init") not in ("zero", "first"):
                 raise OrderError(f"order: program[{i}] ({op}): init must be 'zero' or 'first', got {st.get('init')!r}")
-            take(i, st.get("axis"), op)
+            ax = st.get("axis")
+            if op == "fma_chain" and isinstance(ax, list):
+                if not ax or len(set(map(str, ax))) != len(ax) or "part" in ax:
+                    raise OrderError(f"order: program[{i}] (fma_chain): axis list {ax!r} empty, repeated or 'part'")
+                for a in ax:
+                    take(i, a, op)
+            else:
+                take(i, ax, op)
         elif op == "scale_fma_chain":
             inner = names[len(names) - len(reduced) :] if reduced else []
             if sorted(inner) != sorted(reduced) or math.prod(sizes[a] for a in reduced) != BLOCK:
@@ -238,11 +247,15 @@ def check_order(order: dict) -> dict:
     return order
 
 
+def _field(v) -> str:
+    return "+".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
 def order_summary(order: dict) -> str:
     """One line describing a declaration (for reports and failure messages)."""
     check_order(order)
     st = " -> ".join(
-        s["op"] + ("(" + ",".join(str(s[k]) for k in ("axis", "shape", "init", "log2") if k in s) + ")")
+        s["op"] + "(" + ",".join(_field(s[k]) for k in ("axis", "shape", "init", "log2") if k in s) + ")"
         for s in order["program"]
     )
     axes = "x".join(f"{n}{s}" for n, s in order["axes"])
@@ -353,8 +366,10 @@ def _run(order: dict, w: torch.Tensor, x: torch.Tensor, sc: torch.Tensor | None,
     for st in order["program"]:
         op = st["op"]
         if op == "fma_chain":
-            a = st["axis"]
-            wv, xv = stt.move_last(stt.w, [a]), stt.move_last(stt.x, [a])
+            chain = st["axis"] if isinstance(st["axis"], list) else [st["axis"]]
+            wv, xv = stt.move_last(stt.w, chain), stt.move_last(stt.x, chain)
+            wv = wv.reshape(*wv.shape[: wv.dim() - len(chain)], -1)  # the chain axes in row-major order
+            xv = xv.reshape(*xv.shape[: xv.dim() - len(chain)], -1)
             n = wv.shape[-1]
             if st["init"] == "zero":
                 acc, start = torch.zeros(wv.shape[:-1], dtype=torch.float32, device=w.device), 0
@@ -364,8 +379,9 @@ def _run(order: dict, w: torch.Tensor, x: torch.Tensor, sc: torch.Tensor | None,
             for i in range(start, n):
                 acc = fma(wv[..., i], xv[..., i], acc)
             if stt.s is not None:
-                stt.s = stt.move_last(stt.s, [a])[..., 0]
-            stt.drop([a])
+                sv = stt.move_last(stt.s, chain)
+                stt.s = sv.reshape(*sv.shape[: sv.dim() - len(chain)], -1)[..., 0]
+            stt.drop(chain)
             stt.v, stt.w, stt.x = acc, None, None
         elif op == "mma_chain":
             step = mma or _default_mma()

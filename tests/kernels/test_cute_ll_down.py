@@ -37,10 +37,13 @@ def test_down_addressing_reads_the_checkpoint_with_a_padded_intermediate() -> No
 
 
 def test_spec_limits() -> None:
-    with pytest.raises(ValueError, match=r"inter 1536 must be a positive multiple of 16 \* 32 \* splits \(1024\)"):
-        DownSpec(5120, 1536, 1536, 1536, 160, 8, 2, 3)
-    with pytest.raises(ValueError, match=r"shared_inter 512 must be a positive multiple .* \(1024\)"):
-        DownSpec(2048, 512, 512, 512, 256, 8, 1, 2)
+    with pytest.raises(ValueError, match=r"inter 1544 must be a positive multiple of 16 with 1 <= splits \(1\)"):
+        DownSpec(5120, 1544, 1536, 1536, 160, 8, 1, 1)
+    with pytest.raises(ValueError, match=r"shared_inter 512 must be .* 1 <= splits \(33\) <= shared_inter / 16"):
+        DownSpec(2048, 512, 512, 512, 256, 8, 1, 33)
+    with pytest.raises(ValueError, match=r"inter 512 must be .* 1 <= splits \(0\) <= inter / 16"):
+        DownSpec(2048, 512, 512, 512, 256, 8, 0, 1)
+    DownSpec(4096, 1408, 1408, 1408, 128, 8, 3, 32)  # tails: 88 blocks in 3 splits of 30, 30, 28; 32 of 2 or 3
     with pytest.raises(ValueError, match=r"valid_inter 100 must be a multiple of 16 in \(0, 512\]"):
         DownSpec(2048, 512, 100, 512, 256, 8, 1, 1)
     with pytest.raises(ValueError, match=r"top_k 9 must be in \[1, min\(experts = 8, 16\)\]"):

@@ -29,8 +29,11 @@ BACKEND = "any"
 
 
 def test_spec_limits() -> None:
-    with pytest.raises(ValueError, match=r"hidden 7168 must be a positive multiple of 16 \* 32 \* splits \(2048\)"):
-        GateUpSpec(7168, 2048, 256, 4, True)
+    with pytest.raises(ValueError, match=r"hidden 7160 must be a positive multiple of 16 with 1 <= splits \(1\)"):
+        GateUpSpec(7160, 2048, 256, 1, True)
+    with pytest.raises(ValueError, match=r"hidden 2048 must be .* 1 <= splits \(129\) <= hidden / 16"):
+        GateUpSpec(2048, 2048, 256, 129, True)
+    GateUpSpec(5120, 1536, 160, 3, True)  # a lane tail: 320 blocks in splits of 107, 107, 106
     with pytest.raises(ValueError, match=r"intermediate 96 must be a positive multiple of 64"):
         GateUpSpec(2048, 96, 8, 1, True)
     with pytest.raises(ValueError, match=r"experts 4 must be >= 1 \(1 for the shared expert\)"):

@@ -9,7 +9,7 @@ import torch
 
 from flint_moe.layouts import FlintMoEWeights
 from flint_moe.layouts.ll_weights import LLMoEWeights
-from flint_moe.ops import make_route_counter
+from flint_moe.ops import flint_moe_ll, make_route_counter
 from flint_moe.ops.moe_ll import LL_MOE_MAX_TOKENS, check_ll_inputs, ll_route
 from flint_moe.reference.decode_block import residual_add, rmsnorm_apply
 from flint_moe.reference.formats import to_bf16
@@ -93,3 +93,45 @@ def test_check_ll_inputs() -> None:
     w.shared_w2_sf.resize_(H, 2)  # changed in place after construction
     with pytest.raises(ValueError, match=r"^w\.shared_w2_sf: .* take 128 x 4 = 512 bytes, got 256"):
         check_ll_inputs(attn, res, lnw, 0.1, w, K, c)
+
+
+def test_block_op_without_a_gpu_says_what_is_missing() -> None:
+    """On the CPU (the Triton interpreter takes the router, but CuTe DSL has no interpreter) the block op checks
+    its arguments, then refuses before any launch, naming the missing device."""
+    attn, res, lnw, rw = _front()
+    w = _weights(rw)
+    counter = make_route_counter("cpu")
+    with pytest.raises(RuntimeError, match=r"^flint_moe_ll: the CuTe DSL expert kernels need a CUDA device .*got "
+                                           r"tensors on cpu; CuTe DSL has no CPU interpreter"):  # fmt: skip
+        flint_moe_ll(attn, res, lnw, 1e-6, w, K, counter)
+    assert int(counter.abs().sum()) == 0  # nothing ran
+    with pytest.raises(ValueError, match=r"^attn_out: the block takes 1 <= M"):  # the checks come first
+        flint_moe_ll(attn[:0], res, lnw, 1e-6, w, K, counter)
+
+
+def test_block_op_end_to_end_with_a_cpu_model_of_the_kernels(monkeypatch) -> None:
+    """The op's host side end to end on the CPU: the router under the interpreter, the CuTe launches replaced by
+    a CPU model of the kernels written from their source (tests/ops/_ll_emulate.py) that reads the launchers'
+    own arguments; every tap checked against the golden model as on the GPU (tests/ops/_ll_check.py: teacher
+    forcing, declared orders replayed bit for bit). attn_out = 0 keeps s^2 exact, so the interpreter's unfused
+    sum of squares equals the declared fused order. Tails everywhere: H = 1152 (72 blocks) in 4 gate/up
+    splits of 18 blocks (lanes 18-31 idle), I = 288 stored as 320 and SI = 320 in 2 down splits of 10 blocks
+    (the routed split 1 holds 2 padding blocks)."""
+    from flint_moe.kernels.cute import ll_launch
+    from tests.ops import _ll_emulate
+    from tests.ops._ll_check import EPS, check_block, make_block, make_block_inputs
+
+    monkeypatch.setattr(ll_launch, "_run", _ll_emulate.run)
+    monkeypatch.setattr(ll_launch, "ll_experts_status", lambda device: (True, "CPU model"))
+    b = make_block(4, 1152, 288, 320, 2, pad_to=64, seed=2, device="cpu")
+    plan = ll_launch.ll_plan(b.w, 2)
+    assert (plan.padded_inter, plan.s_gate_up, plan.s_shared_gate_up, plan.s_down, plan.s_shared_down) == (
+        320, 4, 4, 2, 2,
+    )  # fmt: skip
+    _, res, lnw = make_block_inputs(3, 1152, seed=2, device="cpu")
+    attn = torch.zeros_like(res)
+    taps: dict = {}
+    out, res_out = flint_moe_ll(attn, res, lnw, EPS, b.w, 2, make_route_counter("cpu"), taps=taps)
+    check_block(b, attn, res, lnw, taps, out, res_out)
+    out2, _ = flint_moe_ll(attn, res, lnw, EPS, b.w, 2, make_route_counter("cpu"))
+    assert torch.equal(out2.view(torch.int16), out.view(torch.int16))

@@ -14,7 +14,8 @@ Three launches, chained by programmatic dependent launch:
   Taps: ``down_acc`` fp32 [M, k, H] and ``y`` bf16 [M, k, H] (routed), ``shared_down_acc`` fp32 [M, H],
   ``shared_y`` bf16 [M, H]; ``out`` bf16 [M, H] always.
 
-Limits: Ip % (16 * 32 * S) == 0 and SI % (16 * 32 * S) == 0 for the splits used, H % 4 == 0 (rows per CTA).
+Limits: Ip and SI multiples of 16 with 1 <= S <= Ip / 16 and 1 <= SS <= SI / 16 (the ``partial`` kernel's lane
+and split tails), H % 4 == 0 (rows per CTA).
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ class DownSpec:
 
     def __post_init__(self) -> None:
         for what, k, s in (("inter", self.inter, self.splits), ("shared_inter", self.shared_inter, self.shared_splits)):
-            if k <= 0 or s <= 0 or k % (16 * 32 * s):
+            if k <= 0 or k % 16 or not 1 <= s <= k // 16:
                 raise ValueError(
-                    f"DownSpec: {what} {k} must be a positive multiple of 16 * 32 * splits ({16 * 32 * s})"
+                    f"DownSpec: {what} {k} must be a positive multiple of 16 with 1 <= splits ({s}) <= {what} / 16"
                 )
         if not (0 < self.valid_inter <= self.inter and self.valid_inter % 16 == 0):
             raise ValueError(f"DownSpec: valid_inter {self.valid_inter} must be a multiple of 16 in (0, {self.inter}]")
@@ -69,6 +70,7 @@ def _dsl() -> types.SimpleNamespace:
     """The kernels, defined once on first use (module globals receive ``ll_gate_up``'s DSL helpers, which the
     DSL resolves through globals)."""
     base = ll_gate_up._dsl()
+    import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
@@ -152,30 +154,36 @@ def _dsl() -> types.SimpleNamespace:
         S: cutlass.Constexpr,
         SS: cutlass.Constexpr,
         TAP: cutlass.Constexpr,
+        stream: cuda.CUstream,
     ):
         _partial_kernel(act, ids, w2, sf2, ws_r, TOPK, IP, H, IV, S, True, True).launch(
-            grid=[H // WARPS, S, tokens * TOPK], block=[32 * WARPS, 1, 1], use_pdl=True
+            grid=[H // WARPS, S, tokens * TOPK], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _partial_kernel(sact, ids, sw2, ssf2, ws_s, TOPK, SI, H, SI, SS, False, True).launch(
-            grid=[H // WARPS, SS, tokens], block=[32 * WARPS, 1, 1], use_pdl=True
+            grid=[H // WARPS, SS, tokens], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _combine_kernel(
             ws_r, ws_s, ids, tw, gs2, gs_s, out, acc_tap, y_tap, sacc_tap, sy_tap, H, TOPK, S, SS, TAP
         ).launch(
-            grid=[(H + FINISH_THREADS - 1) // FINISH_THREADS, tokens, 1], block=[FINISH_THREADS, 1, 1], use_pdl=True
+            grid=[(H + FINISH_THREADS - 1) // FINISH_THREADS, tokens, 1],
+            block=[FINISH_THREADS, 1, 1],
+            stream=stream,
+            use_pdl=True,
         )
 
     globals().update({n: v for n, v in locals().items() if not n.startswith("__")})
-    return types.SimpleNamespace(cute=cute, host=_down_host)
+    return types.SimpleNamespace(cute=cute, cuda=cuda, host=_down_host)
 
 
-#: The block's shapes with a shared expert (K-splits each shape allows; Ling-mini-2.0's I = SI = 512: S = 1).
+#: The block's shapes with a shared expert (K-splits each shape allows; Ling-mini-2.0's I = SI = 512: S = 1);
+#: GLM-4.5-Air's I = SI = 1408 is not a multiple of 512 (lane tail).
 AUDIT_SPECS = {
     "dsv3.S4": DownSpec(7168, 2048, 2048, 2048, 256, 8, 4, 4),
     "kimi.S2": DownSpec(7168, 2048, 2048, 2048, 384, 8, 2, 2),
     "glm45.S3": DownSpec(5120, 1536, 1536, 1536, 160, 8, 3, 3),
     "ling.S1": DownSpec(2048, 512, 512, 512, 256, 8, 1, 1),
     "padded.S1": DownSpec(2048, 1024, 960, 512, 16, 4, 1, 1),
+    "glm45air.S1": DownSpec(4096, 1408, 1408, 1408, 128, 8, 1, 1),  # K / 16 = 88 blocks: a lane tail
 }
 
 
@@ -205,7 +213,8 @@ def compile_down(spec: DownSpec, tokens: int = 1, *, tap: bool = False, arch: st
     args = [from_dlpack(v).mark_layout_dynamic() for v in t]
     with tempfile.TemporaryDirectory(prefix="flint-cute-") as d:
         opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {d}"
-        return ns.cute.compile(ns.host, *args, m, h, ip, spec.valid_inter, si, k, s, ss, tap, options=opts)
+        stream = ns.cuda.CUstream(0)
+        return ns.cute.compile(ns.host, *args, m, h, ip, spec.valid_inter, si, k, s, ss, tap, stream, options=opts)
 
 
 def audit_down(spec: DownSpec, *, tap: bool = False) -> list[str]:

@@ -7,9 +7,10 @@ the package missing from :func:`cute_available`):
 - ``partial``: grid (2*Ip / WARPS, S, P), WARPS warps per CTA, one warp per physical weight row. Pair q < P
   is (token q // k, selected slot q % k) for the routed experts (expert ``ids[q]``), or one token for the
   shared expert (expert 0 of a one-expert view). K-split s covers the 16-element blocks
-  [s * BPS, (s + 1) * BPS) of the row (BPS = H / 16 / S). Lane l of the warp takes the blocks
-  s * BPS + l, + 32, ... in increasing order; per block it decodes the 16 E2M1 codes and the E4M3 scale
-  exactly (:func:`decode_e2m1` / :func:`decode_e4m3`: bit moves and one ``mul.rn.f32`` by a power of two),
+  [s * BPS, (s + 1) * BPS) of the row (BPS = ceil(H / 16 / S); the last split may hold fewer). Lane l of the
+  warp takes the blocks s * BPS + l, + 32, ... below (s + 1) * BPS (and below K / 16) in increasing order;
+  per block it decodes the 16 E2M1 codes and the E4M3 scale exactly (:func:`decode_e2m1` /
+  :func:`decode_e4m3`: bit moves and one ``mul.rn.f32`` by a power of two),
   ``w = mul.rn(e2m1, e4m3)`` (exact in fp32) and
   ``acc = fma.rn.f32(x_h, w, acc)`` for h ascending (x bf16 widened exactly, the product exact in fp32 unless
   it underflows). The 32 lane sums are reduced by a butterfly (``shfl.sync.bfly`` with offsets 16, 8, 4, 2,
@@ -27,7 +28,7 @@ physical row 128 * (i // 64) + i % 64, gate row i 64 rows after it); the shared 
 of (row r, block c) at ``(r // 128) * Kp * 128 + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 +
 c % 4`` inside an expert's [Mp, Kp] block.
 
-Limits: H % (16 * 32 * S) == 0 (every lane of every split gets the same number of blocks), Ip % 64 == 0;
+Limits: H % 16 == 0, 1 <= S <= H / 16 (a lane past its split's last block reads nothing), Ip % 64 == 0;
 offsets are 32-bit (E * 2Ip * H / 8 < 2^31: Kimi-K2's 384 x 4096 x 896 = 1.41e9 fits).
 
 Not done yet (the GPU session's work): running it at all, the conformance path, tuning (one warp per row and
@@ -100,10 +101,10 @@ class GateUpSpec:
     routed: bool
 
     def __post_init__(self) -> None:
-        if self.hidden <= 0 or self.hidden % (16 * 32 * self.splits):
+        if self.hidden <= 0 or self.hidden % 16 or not 1 <= self.splits <= self.hidden // 16:
             raise ValueError(
-                f"GateUpSpec: hidden {self.hidden} must be a positive multiple of 16 * 32 * splits "
-                f"({16 * 32 * self.splits})"
+                f"GateUpSpec: hidden {self.hidden} must be a positive multiple of 16 with 1 <= splits "
+                f"({self.splits}) <= hidden / 16"
             )
         if self.inter <= 0 or self.inter % 64:
             raise ValueError(f"GateUpSpec: intermediate {self.inter} must be a positive multiple of 64")
@@ -174,6 +175,7 @@ def decode_e4m3(s, as_f32, mul):
 def _dsl() -> types.SimpleNamespace:
     """Import nvidia-cutlass-dsl and define the kernels (once): importing this module stays cheap and works
     without the package (the audit registry imports every kernel module)."""
+    import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
@@ -259,22 +261,24 @@ def _dsl() -> types.SimpleNamespace:
             e = ids[q]
             if not X_BY_PAIR:
                 xr = q // top_k
-        bps = K // 16 // S  # blocks per split
+        bps = (K // 16 + S - 1) // S  # blocks per split (the last split may hold fewer)
         mp, kp = scale_block_shape(N, K)
         w_row = codes_row_word(e, row, N, K)
         sf_row = scale_row_byte(e, row, mp, kp)
         x_row = xr * K
         acc = Float32(0.0)
-        for j in range(bps // 32):
-            blk = s * bps + j * 32 + lane
-            if blk * 16 < KV:  # padding columns (any bytes) are never read
-                sc = decode_e4m3(Int32(sf[sf_row + scale_block_byte(blk)]), bits_f32, mul_rn)
-                for half in cutlass.range_constexpr(2):
-                    word = Int32(w[w_row + blk * 2 + half])
-                    for n in cutlass.range_constexpr(8):
-                        h = blk * 16 + half * 8 + n
-                        wv = mul_rn(decode_e2m1((word >> (4 * n)) & 15, bits_f32, mul_rn), sc)
-                        acc = fma_rn(Float32(x[x_row + h]), wv, acc)
+        for j in range((bps + 31) // 32):
+            jb = j * 32 + lane
+            blk = s * bps + jb
+            if jb < bps:  # a lane past its split's last block reads nothing
+                if blk * 16 < KV:  # padding columns (any bytes) and blocks past K are never read
+                    sc = decode_e4m3(Int32(sf[sf_row + scale_block_byte(blk)]), bits_f32, mul_rn)
+                    for half in cutlass.range_constexpr(2):
+                        word = Int32(w[w_row + blk * 2 + half])
+                        for n in cutlass.range_constexpr(8):
+                            h = blk * 16 + half * 8 + n
+                            wv = mul_rn(decode_e2m1((word >> (4 * n)) & 15, bits_f32, mul_rn), sc)
+                            acc = fma_rn(Float32(x[x_row + h]), wv, acc)
         for lvl in cutlass.range_constexpr(5):
             acc = add_rn(acc, cute.arch.shuffle_sync_bfly(acc, offset=16 >> lvl))
         if lane == 0:
@@ -337,12 +341,16 @@ def _dsl() -> types.SimpleNamespace:
         S: cutlass.Constexpr,
         ROUTED: cutlass.Constexpr,
         TAP: cutlass.Constexpr,
+        stream: cuda.CUstream,
     ):
         _partial_kernel(x, ids, w, sf, ws, top_k, H, 2 * IP, H, S, ROUTED, False).launch(
-            grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1], use_pdl=True
+            grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _finish_kernel(ws, ids, gs, act, g_tap, u_tap, IP, S, ROUTED, TAP).launch(
-            grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1], block=[FINISH_THREADS, 1, 1], use_pdl=True
+            grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1],
+            block=[FINISH_THREADS, 1, 1],
+            stream=stream,
+            use_pdl=True,
         )
 
     # The DSL re-parses each @cute.jit / @cute.kernel body and resolves its names through the module's
@@ -361,6 +369,7 @@ AUDIT_SPECS = {
     "glm45.shared.S5": GateUpSpec(5120, 1536, 1, 5, False),
     "ling.routed.S4": GateUpSpec(2048, 512, 256, 4, True),
     "ling.shared.S4": GateUpSpec(2048, 512, 1, 4, False),
+    "glm45.routed.S3": GateUpSpec(5120, 1536, 160, 3, True),  # 107 blocks per split: a lane tail
 }
 
 
@@ -394,7 +403,8 @@ def compile_gate_up(spec: GateUpSpec, pairs: int = 8, *, tap: bool = False, arch
     # the PTX text is kept in .artifacts only when it is dumped (4.8.1); the directory must exist
     with tempfile.TemporaryDirectory(prefix="flint-cute-") as d:
         opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {d}"
-        return ns.cute.compile(ns.host, *args, pairs, 1, h, ip, s, spec.routed, tap, options=opts)
+        stream = ns.cuda.CUstream(0)
+        return ns.cute.compile(ns.host, *args, pairs, 1, h, ip, s, spec.routed, tap, stream, options=opts)
 
 
 def audit_gate_up(spec: GateUpSpec, *, tap: bool = False) -> list[str]:
