@@ -173,22 +173,20 @@ def test_profile_membership() -> None:
     assert len({c.id for c in blk + mod}) == len(blk + mod)
 
 
-def test_declared_orders_fall_back_to_the_router_kernels(monkeypatch) -> None:
+def test_declared_orders_are_the_kernels_declarations() -> None:
+    """The judge replays exactly what the block's kernels declare: the router kernel's sumsq / router orders and
+    the CuTe kernels' expert orders, for the case's own H, I, SI (GLM-4.5: H 5120, I = SI = 1536)."""
     from flint_moe.kernels import orders
 
     case = Case.make("ll_block", "glm-4.5", 3, "gaussian")
-    monkeypatch.delattr(orders, "ll_block_orders", raising=False)
     got = block_orders(case)
-    assert set(got) == {"sumsq", "router"} and got == orders.ll_router_orders(5120)
-    seen = []
-
-    def declared(H, I, SI, *, M):  # noqa: N803, E741
-        seen.append((H, I, SI, M))
-        return {"sumsq": "s", "shared_down": "d"}
-
-    monkeypatch.setattr(orders, "ll_block_orders", declared, raising=False)
-    assert block_orders(case) == {"sumsq": "s", "shared_down": "d"}
-    assert seen == [(5120, 1536, 1536, 3)]
+    assert set(got) == {"sumsq", "router", "gate_up", "down", "shared_gate_up", "shared_down"}
+    assert got["sumsq"] == orders.ll_router_orders(5120)["sumsq"]
+    assert got["router"] == orders.ll_router_orders(5120)["router"]
+    routed = orders.ll_block_orders(5120, 1536, 1536, top_k=case.k, E=case.E)
+    extra = orders.ll_block_extra_orders(5120, 1536, 1536, top_k=case.k, E=case.E)
+    assert got == {**routed, **extra}
+    assert got["gate_up"]["length"] == 5120 and got["down"]["length"] == 1536 and got["shared_down"]["length"] == 1536
 
 
 def test_block_mutations_are_named_alone(standin) -> None:

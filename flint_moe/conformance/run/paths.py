@@ -305,15 +305,15 @@ def declared_orders(case) -> dict:
 
 def block_orders(case) -> dict:
     """The declared orders of the decode block's kernels for ``case`` (an ``ll_block`` / ``ll_module`` case):
-    ``kernels.orders.ll_block_orders(H, I, SI, M=M)`` where the kernels declare it (stages among ``sumsq``,
-    ``router``, ``gate_up``, ``down``, ``shared_gate_up``, ``shared_down``); until then the router kernel's
-    own ``ll_router_orders(H)`` (``sumsq``, ``router``), and the expert stages are judged by their bound."""
+    ``kernels.orders.ll_block_orders`` (``router``, ``gate_up``, ``down``) merged with
+    ``ll_block_extra_orders`` (``sumsq``, ``shared_gate_up``, ``shared_down``), for the case's H, I, stored
+    intermediate size, shared intermediate size, E and top_k."""
     from flint_moe.conformance.inputs.block import block_shape
     from flint_moe.kernels import orders
 
     shape, _eps = block_shape(case.shape)
-    H, I, M = int(case.H), int(case.I), int(case.M)  # noqa: E741
-    fn = getattr(orders, "ll_block_orders", None)
-    if fn is None:
-        return dict(orders.ll_router_orders(H))
-    return dict(fn(H, I, shape.shared_intermediate, M=M))
+    H, I = int(case.H), int(case.I)  # noqa: E741
+    pad = getattr(case, "pad_to", None)
+    kw = {"Ip": -(-I // pad) * pad if pad else I, "top_k": int(case.k), "E": int(case.E)}
+    si = shape.shared_intermediate
+    return {**orders.ll_block_orders(H, I, si, **kw), **orders.ll_block_extra_orders(H, I, si, **kw)}
