@@ -31,6 +31,8 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   ``+ 0`` that turns -0 into +0), times 2^8; split-K parts ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)``.
 - NVFP4 grouped: ``tl.dot`` per BK step lowers to BK / 16 ``wgmma.mma_async ... m64nNk16`` in k order,
   chained from a +0 accumulator (the scale-d predicate is constant true).
+- per-token NVFP4 x NVFP4 (``nvfp4/pertoken_fc1.py``, ``pertoken_fc2.py``): the same main-loop structure with
+  both operands decoded to bf16 (``pertoken_k_loop``), hence the grouped order on K = H (FC1) and K = I (FC2).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ __all__ = [
     "nvfp4_grouped_order",
     "nvfp4_decode_orders",
     "nvfp4_grouped_orders",
+    "pertoken_orders",
     "bf16_decode_orders",
     "ll_router_orders",
     "effective_split",
@@ -248,3 +251,16 @@ def ll_router_orders(H: int) -> dict:
     _k(H, "H")
     block_h = min(1024, max(16, 1 << (H - 1).bit_length()))
     return {"sumsq": _lane_chains("ll_router_sumsq", H, block_h), "router": _lane_chains("ll_router", H, block_h)}
+
+
+def pertoken_orders(H: int, I: int, *, config: dict | None = None) -> dict:  # noqa: E741
+    """Stage -> order of ``ops.routed_nvfp4_moe`` at (H, I) (the valid sizes; padded columns are never read):
+    ``fc1`` (``fc1_acc``, K = H) and ``fc2`` (``fc2_acc``, K = I), each K steps of ``BK`` (the op's
+    ``config["fc1"]`` / ``config["fc2"]``, default 64) in increasing order, BK / 16 chained ``wgmma ... k16``
+    from +0, k slots in element order, K padded to a multiple of BK with zeros; both operands enter as their
+    exact ``E2M1 * E4M3`` bf16 values. The keys are the golden model's (``routed_nvfp4_moe_reference(orders=)``)."""
+    c = config or {}
+    return {
+        "fc1": nvfp4_grouped_order(c.get("fc1"), H, kernel="pertoken_fc1"),
+        "fc2": nvfp4_grouped_order(c.get("fc2"), I, kernel="pertoken_fc2"),
+    }
