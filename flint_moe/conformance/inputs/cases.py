@@ -54,6 +54,9 @@ __all__ = [
 #: ``nvfp4_dispatch``: ``flint_moe.ops.flint_moe`` itself at any M (the shipped dispatch: the decode kernels up to
 #: DECODE_MAX_TOKENS, the grouped path above), judged with the summation models of the path it dispatches to.
 PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module", "nvfp4_dispatch")
+#: ``nvfp4_pertoken_swiglu`` / ``nvfp4_pertoken_relu2``: ``flint_moe.ops.routed_nvfp4_moe`` (per-token NVFP4 x NVFP4
+#: experts, routing given; inputs, shapes and cases in ``inputs/pertoken.py``).
+PATH_NAMES += ("nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2")
 
 #: Data profiles each path supports (generators in ``profiles.py``).
 #: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
@@ -92,6 +95,8 @@ def oracle_available(profile: str) -> bool:
 PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
 PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
 PATH_PROFILES["nvfp4_dispatch"] = ("gaussian",)  # the data profiles run on the paths it dispatches to
+PATH_PROFILES["nvfp4_pertoken_swiglu"] = PATH_PROFILES["nvfp4_pertoken_relu2"] = (
+    "gaussian", "outlier_rows", "zero_rows", "e4m3_clamp", "e2m1_ties", "dispatcher")  # fmt: skip
 
 #: Launch configurations a path can pick besides its default (every kernel configuration a path can
 #: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
@@ -115,6 +120,8 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
     "nvfp4_module": {"default": {}},
     "bf16_module": {"default": {}},
     "nvfp4_dispatch": {"default": {}},
+    "nvfp4_pertoken_swiglu": {"default": {}},
+    "nvfp4_pertoken_relu2": {"default": {}},
 }
 
 
@@ -310,7 +317,14 @@ def _cpu_matrix() -> list[Case]:
         # the shipped dispatch on both sides of DECODE_MAX_TOKENS (8): decode at 8, grouped at 9
         + [Case.make("nvfp4_dispatch", a, m, "gaussian") for m in (8, 9)]
         + _derived_cpu_cases()
+        + _pertoken_cases("cpu")
     )
+
+
+def _pertoken_cases(profile: str) -> list[Case]:
+    from flint_moe.conformance.inputs.pertoken import pertoken_cpu_cases, pertoken_gpu_cases
+
+    return pertoken_cpu_cases() if profile == "cpu" else pertoken_gpu_cases()
 
 
 def _derived_cpu_cases() -> list[Case]:
@@ -402,7 +416,7 @@ def _gpu_matrix() -> list[Case]:
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
     everything = (cases + _gpu_grouped_cases() + _gpu_config_cases() + _gpu_module_cases() + _gpu_dispatch_cases()
-                  + _gpu_route_cases())  # fmt: skip
+                  + _gpu_route_cases() + _pertoken_cases("gpu"))  # fmt: skip
     # Run order: the core shapes first (all paths and configurations), then the others; within a shape and
     # path, cases sharing weights stay adjacent (one-entry weight cache). A run stopped by a time limit then
     # still covers the core shapes on every path.

@@ -82,6 +82,8 @@ MUTATION_SHAPES = {
     "nvfp4_decode_i128": ShapeSpec("mut-E6-H96-I128-k3", 6, 96, 128, 3),
     "bf16_decode": ShapeSpec("mut-E6-H128-I64-k3", 6, 128, 64, 3),
     "nvfp4_grouped": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
+    "nvfp4_pertoken_swiglu": ShapeSpec("pt-cpu-E5-H160-I176-P256-k3", 5, 160, 176, 3, 256),
+    "nvfp4_pertoken_relu2": ShapeSpec("pt-cpu-E5-H160-I176-P256-k3", 5, 160, 176, 3, 256),
 }
 M_TOKENS = 2
 
@@ -185,7 +187,24 @@ def _muts() -> tuple[Mutation, ...]:
         Mutation("gate_up_swapped", _GR, "gaussian", "tap", act_swap),
         Mutation("global_scale_after_round", _GR, "gaussian", "tap",
                  _tap_y(lambda d, gs: to_bf16(to_bf16(d).float() * gs))),
+        *_pertoken_muts(),
     )  # fmt: skip
+
+
+def _pertoken_muts() -> tuple[Mutation, ...]:
+    """The per-token paths' faults, injected into the taps (``judge/pertoken.py`` resimulates what follows)."""
+    from flint_moe.conformance.judge import pertoken as P
+
+    sw, r2 = "nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2"
+    return (
+        Mutation("pertoken_scale_per_tensor", sw, "gaussian", "tap", P.inject_scale_per_tensor),
+        Mutation("requant_skipped", r2, "gaussian", "tap", P.inject_requant_skipped),
+        Mutation("scale_after_activation", sw, "gaussian", "tap", P.inject_scale_after_activation),
+        Mutation("scale_after_activation", r2, "gaussian", "tap", P.inject_scale_after_activation),
+        Mutation("minus_one_not_masked", sw, "dispatcher", "tap", P.inject_minus_one_unmasked),
+        Mutation("padding_not_zeroed", sw, "gaussian", "tap", P.inject_padding("x_padding")),
+        Mutation("fc2_input_padding_not_zeroed", r2, "gaussian", "tap", P.inject_padding("a_padding")),
+    )
 
 
 MUTATIONS: tuple[Mutation, ...] = _muts()

@@ -135,7 +135,15 @@ def _build() -> dict[str, KernelPath]:
         "bf16_module": KernelPath("bf16_module", DECODE_BF16_MAX_TOKENS, "bf16", _bf16_module),
         # the shipped dispatch: ops.flint_moe at any M (decode kernels up to DECODE_MAX_TOKENS, grouped above)
         "nvfp4_dispatch": KernelPath("nvfp4_dispatch", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4),
+        **_pertoken_paths(),
     }
+
+
+def _pertoken_paths() -> dict[str, KernelPath]:
+    """``ops.routed_nvfp4_moe`` per activation (weights ``RoutedNVFP4Weights``; inputs/pertoken.py)."""
+    from flint_moe.conformance.inputs.pertoken import PERTOKEN_PATHS, run_pertoken
+
+    return {name: KernelPath(name, 1 << 20, "nvfp4_pertoken", run_pertoken) for name in PERTOKEN_PATHS}
 
 
 PATHS: dict[str, KernelPath] = _build()
@@ -225,6 +233,8 @@ def declared_orders(case) -> dict:
 
     path, config = case.path, getattr(case, "config", "default")
     H, I, M = int(case.H), int(case.I), int(case.M)  # noqa: E741
+    if path.startswith("nvfp4_pertoken_"):  # stages "fc1", "fc2" (judge/pertoken.py)
+        return orders.pertoken_orders(H, I)
     if path in ("nvfp4_module", "nvfp4_dispatch"):  # ops.flint_moe: decode kernels up to the threshold
         path, config = ("nvfp4_decode" if M <= DECODE_MAX_TOKENS else "nvfp4_grouped"), "default"
     elif path == "bf16_module":
