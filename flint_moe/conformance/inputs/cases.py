@@ -321,10 +321,30 @@ def _cpu_matrix() -> list[Case]:
     )
 
 
-def _pertoken_cases(profile: str) -> list[Case]:
-    from flint_moe.conformance.inputs.pertoken import pertoken_cpu_cases, pertoken_gpu_cases
+#: Shapes of the per-token paths (the routed layout pads H and I to 256: ``pad_to`` 256): interpreter-sized (160,
+#: 176 -> 256, partial K steps), DeepSeek-V3 widths with a small E (the golden model's exact sums and the order
+#: replay stay cheap), gpt-oss-like widths padded to 3072.
+PERTOKEN_SHAPES = {
+    "cpu": ShapeSpec("pt-cpu-E5-H160-I176-P256-k3", 5, 160, 176, 3, 256),
+    "deepseek": ShapeSpec("pt-E16-H7168-I2048-P256-k8", 16, 7168, 2048, 8, 256),
+    "gpt-oss": ShapeSpec("pt-E8-H2880-I2880-P256-k4", 8, 2880, 2880, 4, 256),
+}
 
-    return pertoken_cpu_cases() if profile == "cpu" else pertoken_gpu_cases()
+
+def _pertoken_cases(profile: str) -> list[Case]:
+    """cpu: 4 small cases (both activations, stress profiles, the dispatcher buffer); gpu: 13 at real widths,
+    every data profile on both activations (cases sharing weights adjacent)."""
+    sw, r2 = "nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2"
+    if profile == "cpu":
+        s = PERTOKEN_SHAPES["cpu"]
+        spec = [(sw, s, 5, "gaussian"), (r2, s, 6, "outlier_rows"), (sw, s, 7, "dispatcher"), (r2, s, 4, "e2m1_ties")]
+    else:
+        d, g = PERTOKEN_SHAPES["deepseek"], PERTOKEN_SHAPES["gpt-oss"]
+        spec = [(sw, d, 1024, "gaussian"), (sw, d, 300, "dispatcher"), (sw, d, 32, "outlier_rows"),
+                (sw, d, 32, "e2m1_ties"), (sw, d, 16, "zero_rows"), (sw, d, 24, "e4m3_clamp"), (r2, d, 64, "gaussian"),
+                (r2, d, 32, "zero_rows"), (r2, d, 32, "e4m3_clamp"), (r2, d, 128, "dispatcher"),
+                (r2, d, 24, "e2m1_ties"), (sw, g, 40, "gaussian"), (r2, g, 40, "outlier_rows")]  # fmt: skip
+    return [Case.make(p, s, m, prof) for p, s, m, prof in spec]
 
 
 def _derived_cpu_cases() -> list[Case]:
@@ -518,6 +538,10 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     weight-relevant part only, so cases differing in M / routing profile share weights and a one-entry cache
     reuses them). Raises ValueError for a case whose sizes the path's layout rejects.
     """
+    if case.path.startswith("nvfp4_pertoken_"):  # routing given, no router: inputs/pertoken.py
+        from flint_moe.conformance.inputs.pertoken import build_pertoken_inputs
+
+        return build_pertoken_inputs(case, torch.device(device))
     from flint_moe.conformance.inputs.profiles import build_inputs
 
     return build_inputs(case, torch.device(device))

@@ -1,4 +1,4 @@
-"""Inputs and cases of the per-token NVFP4 paths (``nvfp4_pertoken_swiglu``, ``nvfp4_pertoken_relu2``: the op
+"""Inputs of the per-token NVFP4 paths (``nvfp4_pertoken_swiglu``, ``nvfp4_pertoken_relu2``: the op
 ``flint_moe.ops.routed_nvfp4_moe``; docs/numerics.md "Per-token NVFP4 experts").
 
 The layer: random bf16 MCore stacks quantized by ``prepare_routed_nvfp4_weights`` (P6), the golden model's
@@ -17,6 +17,8 @@ router): ``notes["routing_map"]`` int32 [M, k] (k distinct experts per token), `
 - ``dispatcher``: a graph-stable dispatcher buffer: 2E global experts of which this rank holds [E, 2E), a
   fifth of the slots -1, ``token_capacity`` = M - M // 4 and ``out`` pre-filled with 7.0 (rows past the
   capacity must stay untouched).
+
+The shapes and the case lists are in ``cases.py`` (``PERTOKEN_SHAPES``, ``_pertoken_cases``).
 """
 
 from __future__ import annotations
@@ -25,54 +27,11 @@ import zlib
 
 import torch
 
-__all__ = ["PERTOKEN_PATHS", "PERTOKEN_PROFILES", "PERTOKEN_SHAPES", "pertoken_cpu_cases", "pertoken_gpu_cases",
-           "build_pertoken_inputs"]  # fmt: skip
+__all__ = ["PERTOKEN_PATHS", "PERTOKEN_PROFILES", "build_pertoken_inputs", "run_pertoken"]
 
 #: Path name -> activation.
 PERTOKEN_PATHS = {"nvfp4_pertoken_swiglu": "swiglu", "nvfp4_pertoken_relu2": "relu2"}
 PERTOKEN_PROFILES = ("gaussian", "outlier_rows", "zero_rows", "e4m3_clamp", "e2m1_ties", "dispatcher")
-
-
-def _shapes():
-    from flint_moe.conformance.inputs.cases import ShapeSpec
-
-    return {
-        # interpreter-sized: H, I padded to 256 (160 -> 256, 176 -> 256), partial K steps (BK = 64)
-        "cpu": ShapeSpec("pt-cpu-E5-H160-I176-P256-k3", 5, 160, 176, 3, 256),
-        # DeepSeek-V3 widths with a small E (the golden model's exact sums and the order replay stay cheap)
-        "deepseek": ShapeSpec("pt-E16-H7168-I2048-P256-k8", 16, 7168, 2048, 8, 256),
-        # gpt-oss-like widths padded to 3072
-        "gpt-oss": ShapeSpec("pt-E8-H2880-I2880-P256-k4", 8, 2880, 2880, 4, 256),
-    }
-
-
-PERTOKEN_SHAPES = _shapes()
-
-
-def pertoken_cpu_cases() -> list:
-    """A few interpreter-sized cases (the layout pads H and I to 256: ``pad_to`` 256): both activations, the
-    quantizer stress profiles, the dispatcher buffer."""
-    from flint_moe.conformance.inputs.cases import Case
-
-    s = PERTOKEN_SHAPES["cpu"]
-    sw, r2 = "nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2"
-    return [Case.make(sw, s, 5, "gaussian"), Case.make(r2, s, 6, "outlier_rows"), Case.make(sw, s, 7, "dispatcher"),
-            Case.make(r2, s, 4, "e2m1_ties")]  # fmt: skip
-
-
-def pertoken_gpu_cases() -> list:
-    """Thirteen cases at real widths (cases sharing weights adjacent): every profile on both activations."""
-    from flint_moe.conformance.inputs.cases import Case
-
-    d, g = PERTOKEN_SHAPES["deepseek"], PERTOKEN_SHAPES["gpt-oss"]
-    sw, r2 = "nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2"
-    return [
-        Case.make(sw, d, 1024, "gaussian"), Case.make(sw, d, 300, "dispatcher"), Case.make(sw, d, 32, "outlier_rows"),
-        Case.make(sw, d, 32, "e2m1_ties"), Case.make(sw, d, 16, "zero_rows"), Case.make(sw, d, 24, "e4m3_clamp"),
-        Case.make(r2, d, 64, "gaussian"), Case.make(r2, d, 32, "zero_rows"), Case.make(r2, d, 32, "e4m3_clamp"),
-        Case.make(r2, d, 128, "dispatcher"), Case.make(r2, d, 24, "e2m1_ties"),
-        Case.make(sw, g, 40, "gaussian"), Case.make(r2, g, 40, "outlier_rows"),
-    ]  # fmt: skip
 
 
 def _gen(device: torch.device, text: str) -> torch.Generator:

@@ -71,10 +71,6 @@ def _gen(device: torch.device, text: str) -> torch.Generator:
 
 def build_inputs(case, device: torch.device):
     """``CaseInputs`` of ``case`` (see ``cases.make_inputs``)."""
-    if case.path.startswith("nvfp4_pertoken_"):  # routing given, no router: inputs/pertoken.py
-        from flint_moe.conformance.inputs.pertoken import build_pertoken_inputs
-
-        return build_pertoken_inputs(case, device)
     key = (*weight_key(case), str(device))
     if key not in _cache:
         _cache.clear()  # one entry: real layers are large

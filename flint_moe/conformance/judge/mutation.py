@@ -279,7 +279,12 @@ def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> Mu
     if not _changed({**clean_taps, "_out": clean_out}, {**taps, "_out": out}):
         res.note = "fault invisible on this data (kernel output and taps unchanged)"
         return res
-    cmp = compare_case(case, inputs, taps, out)
+    if case.path.startswith("nvfp4_pertoken_"):  # its own stages, P1-P12
+        from flint_moe.conformance.judge.pertoken import compare_pertoken
+
+        cmp = compare_pertoken(case, inputs, taps, out)
+    else:
+        cmp = compare_case(case, inputs, taps, out)
     res.verdict, res.failed_stages = cmp.verdict, cmp.failed_stages
     res.killed = cmp.verdict == FAIL
     if res.killed:

@@ -299,13 +299,11 @@ def _minus_one_unmasked(case, inputs, t):
 
 def _padding_dirty(stage):
     def fn(case, inputs, t):
-        """The padding as the kernel left it, where it is not all zero (else not this fault)."""
-        from flint_moe.conformance.judge.faults import NotApplicable
-
+        """The padding as the kernel left it, where it is not all zero (else not this fault: ValueError)."""
         _, cap = _ctx(case, inputs)
         k = _kernel_padding(stage, t, _local(inputs, cap), inputs)
         if not bool(k.any()):
-            raise NotApplicable("padding is zero")
+            raise ValueError("padding is zero: not this fault")
         return k
 
     return fn

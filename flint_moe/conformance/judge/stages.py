@@ -350,10 +350,6 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor, *, orders="auto") 
         TypeError: ``taps`` not a dict.
     """
     path = case.path
-    if path.startswith("nvfp4_pertoken_"):  # its own stages (P1-P12): judge/pertoken.py
-        from flint_moe.conformance.judge.pertoken import compare_pertoken
-
-        return compare_pertoken(case, inputs, taps, out, orders=orders)
     if path not in PATH_MODELS:
         raise ValueError(f"case {case.id}: unknown path {path!r}; expected one of {sorted(PATH_MODELS)}")
     if not isinstance(taps, dict):
