@@ -340,10 +340,12 @@ def _pertoken_cases(profile: str) -> list[Case]:
         spec = [(sw, s, 5, "gaussian"), (r2, s, 6, "outlier_rows"), (sw, s, 7, "dispatcher"), (r2, s, 4, "e2m1_ties")]
     else:
         d, g = PERTOKEN_SHAPES["deepseek"], PERTOKEN_SHAPES["gpt-oss"]
-        spec = [(sw, d, 1024, "gaussian"), (sw, d, 300, "dispatcher"), (sw, d, 32, "outlier_rows"),
-                (sw, d, 32, "e2m1_ties"), (sw, d, 16, "zero_rows"), (sw, d, 24, "e4m3_clamp"), (r2, d, 64, "gaussian"),
-                (r2, d, 32, "zero_rows"), (r2, d, 32, "e4m3_clamp"), (r2, d, 128, "dispatcher"),
-                (r2, d, 24, "e2m1_ties"), (sw, g, 40, "gaussian"), (r2, g, 40, "outlier_rows")]  # fmt: skip
+        # small M except one sampled-replay case: a DeepSeek-width case replaying 64 rows costs ~30 s of the
+        # golden model on the H200 (reports/h200), and the gpu profile must stay under 5 minutes
+        spec = [(sw, d, 512, "gaussian"), (sw, d, 48, "dispatcher"), (sw, d, 16, "outlier_rows"),
+                (sw, d, 16, "e2m1_ties"), (sw, d, 12, "zero_rows"), (sw, d, 12, "e4m3_clamp"), (r2, d, 64, "gaussian"),
+                (r2, d, 16, "zero_rows"), (r2, d, 16, "e4m3_clamp"), (r2, d, 48, "dispatcher"),
+                (r2, d, 12, "e2m1_ties"), (sw, g, 16, "gaussian"), (r2, g, 16, "outlier_rows")]  # fmt: skip
     return [Case.make(p, s, m, prof) for p, s, m, prof in spec]
 
 
