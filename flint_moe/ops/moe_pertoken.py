@@ -121,8 +121,9 @@ def routed_nvfp4_moe(
             uint8 [T', H/2], ``x_scale`` float8_e4m3fn [T', H/16], ``x_token_scale`` fp32 [T'], ``local`` bool
             [T', k], ``fc1_acc`` / ``h`` fp32 [T', k, N1], ``act`` fp32 [T', k, I], ``a_codes`` uint8
             [T', k, I/2], ``a_scale`` float8_e4m3fn [T', k, I/16], ``a_token_scale`` fp32 [T', k], ``fc2_acc``
-            / ``y`` fp32 [T', k, H], ``w`` fp32 [T', k], ``out`` bf16 [T, H]; the output is bitwise the
-            production build's.
+            / ``y`` fp32 [T', k, H], ``w`` fp32 [T', k], ``out`` bf16 [T, H]; and the padded quantized operands
+            ``x_codes_padded`` / ``x_scale_padded`` uint8 [T', Hp/2] / [T', Hp/16], ``a_codes_padded`` /
+            ``a_scale_padded`` uint8 [T', k, Ip/2] / [T', k, Ip/16]. The output is bitwise the production build's.
         config: None or ``{"fc1": {...}, "fc2": {...}, "BM": int}`` launch overrides (``pertoken_fc1.
             PERTOKEN_FC1_CONFIG``, ``pertoken_fc2.PERTOKEN_FC2_CONFIG``; BK changes the declared orders).
     Returns:
@@ -180,7 +181,10 @@ def routed_nvfp4_moe(
 
 
 def _stage_taps(kt, local, x_codes, x_scale, x_d, a_codes, a_scale, a_d, w, out) -> dict:
-    """The kernels' buffers in the golden model's stage shapes (unpadded columns; slots that add nothing: 0)."""
+    """The kernels' buffers in the golden model's stage shapes (unpadded columns; slots that add nothing: 0, so
+    that no tap shows the unspecified contents of rows never computed), and the padded quantized operands
+    (``x_codes_padded``, ``x_scale_padded`` [T', Hp/2], [T', Hp/16]; ``a_codes_padded``, ``a_scale_padded``
+    [T', k, Ip/2], [T', k, Ip/16], uint8)."""
     cap, k = local.shape
     h, inter = w.hidden_size, w.intermediate_size
 
@@ -205,6 +209,6 @@ def _stage_taps(kt, local, x_codes, x_scale, x_d, a_codes, a_scale, a_d, w, out)
         "out": out,
         "x_codes_padded": x_codes,
         "x_scale_padded": x_scale,
-        "a_codes_padded": a_codes.view(cap, k, -1),
-        "a_scale_padded": a_scale.view(cap, k, -1),
+        "a_codes_padded": masked(a_codes.view(cap, k, -1)),
+        "a_scale_padded": masked(a_scale.view(cap, k, -1)),
     }

@@ -46,10 +46,16 @@ from flint_moe.kernels.nvfp4.scales import swizzled_scale_offsets
 __all__ = ["PERTOKEN_FC1_CONFIG", "pertoken_k_loop", "launch_pertoken_fc1", "audit_specs"]
 
 #: Default launch configuration: ``BC`` intermediate columns per program (16, 32 or 64: a gated tile's up and
-#: gate rows lie in one 128-row group of the interleave; non-gated 16 ... 128), ``BK`` K elements per main-loop
-#: step (a power of two >= 32; it changes the declared order), ``num_stages``; ``num_warps`` None =
-#: ``grouped_gate_up.default_warps(BM)``.
-PERTOKEN_FC1_CONFIG = {"BC": 64, "BK": 64, "num_warps": None, "num_stages": 3}
+#: gate rows lie in one 128-row group of the interleave; non-gated 16 ... 128; None = 64 gated, 128 non-gated:
+#: 128 weight rows per tile either way), ``BK`` K elements per main-loop step (a power of two >= 32; it changes
+#: the declared order), ``num_stages``; ``num_warps`` None = ``grouped_gate_up.default_warps(BM)``.
+PERTOKEN_FC1_CONFIG = {"BC": None, "BK": 64, "num_warps": None, "num_stages": 3}
+
+
+def default_bc(gated: bool) -> int:
+    """Columns per program when the config leaves ``BC`` None: 128 weight rows per tile (gated: 64 up + 64
+    gate)."""
+    return 64 if gated else 128
 
 @triton.jit
 def pertoken_k_loop(acc, w_row, s_base, srow, w_ok, a_row, as_row, r_ok, K: tl.constexpr, KP: tl.constexpr,
@@ -205,7 +211,7 @@ def launch_pertoken_fc1(
     inter, ip = weights.intermediate_size, weights.padded_intermediate_size
     gated = bool(weights.gated)
     cfg = _cfg(config, PERTOKEN_FC1_CONFIG, "pertoken_fc1")
-    bc = int(cfg["BC"])
+    bc = int(cfg["BC"] or default_bc(gated))
     if bc < 16 or bc > (64 if gated else 128) or bc & (bc - 1):
         raise ValueError(f"pertoken_fc1: config BC = {bc} must be a power of two in [16, {64 if gated else 128}]")
     dev = x_codes.device
@@ -238,6 +244,8 @@ def launch_pertoken_fc1(
 
 #: (name, H, I, k, BM, gated, TAP) builds audited for sm_90: DeepSeek-V3 widths, both activations.
 AUDIT_CASES = (
+    ("swiglu.H7168.I2048.BM16", 7168, 2048, 8, 16, True, False),
+    ("relu2.H7168.I2048.BM16", 7168, 2048, 8, 16, False, False),
     ("swiglu.H7168.I2048.BM64", 7168, 2048, 8, 64, True, False),
     ("swiglu.H7168.I2048.BM128", 7168, 2048, 8, 128, True, False),
     ("swiglu.H7168.I2048.BM128.tap", 7168, 2048, 8, 128, True, True),
@@ -259,13 +267,23 @@ def audit_specs() -> list[str]:
         ip = (i + 255) // 256 * 256
         hp = (h + 255) // 256 * 256
         consts = {"H": h, "HP": hp, "IP": ip, "INTER": i, "TOPK": k, "GATED": gated, "BM": bm,
-                  "BC": cfg["BC"], "BK": cfg["BK"], "DECODE": 3, "TAP": tap}  # fmt: skip
+                  "BC": cfg["BC"] or default_bc(gated), "BK": cfg["BK"], "DECODE": 3, "TAP": tap}  # fmt: skip
         require = ["wgmma.mma_async", "griddepcontrol.wait", "mul.rn.bf16x2"]
         if gated:
             require += ["ex2.approx.ftz.f32", "rcp.approx.ftz.f32"]
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit(f"pertoken_fc1.{name}", _pertoken_fc1_kernel, sig, consts, require,
                                     (*DEFAULT_FORBID, "fma.rn.f32", "div.approx"), options=options).name)  # fmt: skip
+    # P10: the per-token quantizer kernel on the fp32 FC2-input rows (the routed input's build reads bf16)
+    from flint_moe.kernels.nvfp4.pertoken_quant import PERTOKEN_QUANT_CONFIG, _pertoken_quant_kernel
+
+    qforbid = (*DEFAULT_FORBID, "rcp.approx", "div.approx", "mul.ftz", "fma.rn", "cvt.rn.satfinite.e4m3x2")
+    for i, ip in ((2048, 2048), (2880, 3072)):
+        names.append(register_audit(
+            f"pertoken_quant.fc2_input.I{i}", _pertoken_quant_kernel,
+            {"x_ptr": "*fp32", "codes_ptr": "*u8", "scale_ptr": "*u8", "token_scale_ptr": "*fp32"},
+            {"H": i, "HP": ip, "CHUNK": PERTOKEN_QUANT_CONFIG["CHUNK"]}, ["div.rn.f32", "griddepcontrol.wait"],
+            qforbid, options={"num_warps": PERTOKEN_QUANT_CONFIG["num_warps"]}).name)  # fmt: skip
     return names
 
 

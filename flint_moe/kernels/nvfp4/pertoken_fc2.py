@@ -178,6 +178,7 @@ def launch_pertoken_fc2_combine(
 
 #: (name, H, I, BM, TAP) builds of the FC2 kernel audited for sm_90.
 AUDIT_CASES = (
+    ("H7168.I2048.BM16", 7168, 2048, 16, False),
     ("H7168.I2048.BM64", 7168, 2048, 64, False),
     ("H7168.I2048.BM128", 7168, 2048, 128, False),
     ("H7168.I2048.BM128.tap", 7168, 2048, 128, True),
