@@ -189,3 +189,15 @@ def test_prepare_refreshes_in_place():
     w2 = prepare_routed_nvfp4_weights(fc1 * 2, fc2, out=w)
     assert w2 is w and w.fc1_data.data_ptr() == ptr
     assert torch.equal(w.fc1_data, prepare_routed_nvfp4_weights(fc1 * 2, fc2).fc1_data)
+
+
+@pytest.mark.parametrize("act", ["swiglu", "relu2"])
+def test_default_launch_config(act):
+    # the op's defaults (BC 64 gated / 128 non-gated, BK 64, BH 128, BM from the pair count)
+    E, H, I, T, k = 3, 256, 256, 5, 2  # noqa: E741
+    w = _weights(E, H, I, act == "swiglu", seed=14)
+    x, ids, p = _tokens(T, H, k, E, seed=15)
+    taps: dict = {}
+    out = routed_nvfp4_moe(x, ids, p, w, num_experts=E, local_expert_offset=0, activation=act, taps=taps)
+    counts = check_pertoken_taps(w, x, ids, p, taps, out, num_experts=E, offset=0, activation=act)
+    assert counts["pairs"] == int((ids >= 0).sum())
