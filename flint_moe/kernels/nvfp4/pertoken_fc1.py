@@ -1,15 +1,18 @@
 """Per-token NVFP4 x NVFP4 grouped FC1 + activation (docs/numerics.md "Per-token NVFP4 experts", P7-P9), then
 the FC2 input re-quantized per (token, slot) row (P10) by the per-token quantizer kernel.
 
-``_pertoken_fc1_kernel``: one program computes ``BC`` intermediate columns (gated: their up and gate rows) for
-one row block of one expert's (token, slot) pairs (``moe_permute``'s schedule, pairs whose local expert is -1
-are in no block). Both GEMM operands are NVFP4: the token rows (``quantize_routed_nvfp4_input``: codes, row-major
-E4M3 block scales) and the expert's FC1 rows (``RoutedNVFP4Weights``: codes, 128x4-swizzled block scales) are
-decoded in the main loop to their exact values ``E2M1 * E4M3`` (at most 6 significant bits, magnitudes in
-[2^-10, 2688]: exact in bf16) by ``grouped_gate_up.dequant_tile`` and multiplied on the tensor cores with fp32
-accumulation (``grouped_gate_up.mma``: ``tl.dot``, wgmma on sm_90). Epilogue: P8 ``h = RN(RN(acc * alpha1_e) *
-d_t)`` (two ``mul.f32``), P9 squared ReLU ``RN(r * r)`` (``r = h`` where ``h > 0`` or NaN, else +0) or SwiGLU
-(``_rule.swiglu_f32``), stored as fp32 (no bf16 rounding) in ``act`` [P, I], row = pair ``t * k + j``.
+Both GEMM operands are NVFP4, and both decode exactly to bf16 (``E2M1 * E4M3``: at most 6 significant bits,
+magnitudes in [2^-10, 2688]). ``_decode_rows_kernel`` writes the tokens' exact values once, bf16 [T, H]
+(``grouped_gate_up.dequant_tile`` on the codes and row-major block scales of ``quantize_routed_nvfp4_input``;
+the row scale ``d`` is not applied). ``_pertoken_fc1_kernel`` then runs the W4A16 grouped main loop
+(``grouped_gate_up.k_loop``: the expert's FC1 codes and 128x4-swizzled scales decoded to bf16 in the loop,
+``tl.dot`` with the bf16 token rows, wgmma with fp32 accumulation on sm_90): one program computes ``BC``
+intermediate columns (gated: their up and gate rows) for one row block of one expert's (token, slot) pairs
+(``moe_permute``'s schedule; pairs whose local expert is -1 are in no block). Epilogue: P8 ``h = RN(RN(acc *
+alpha1_e) * d_t)`` (two ``mul.f32``), P9 squared ReLU ``RN(r * r)`` (``r = h`` where ``h > 0`` or NaN, else +0)
+or SwiGLU (``_rule.swiglu_f32``), stored as fp32 (no bf16 rounding) in ``act`` [P, I], row = pair ``t * k + j``.
+Decoding the activations once instead of in every column program leaves the main loop exactly the W4A16 one
+(same operand values, same products, same order), at the cost of one bf16 write and read of the operand.
 
 P10 needs the amax of a whole row of I activations, which no FC1 program sees, so it is a second launch: the
 per-token quantizer (``pertoken_quant.launch_pertoken_quant``, the same kernel as the routed input's, on fp32
@@ -17,7 +20,7 @@ rows) turns ``act`` into the FC2 input codes [P, Ip/2], row-major block-scale by
 scales ``d2`` [P]. Rows of pairs that were not computed (empty or non-local slots) hold unspecified values and
 are never read downstream.
 
-Summation order of ``acc1`` (one (pair, column), length H; declared by ``kernels.orders.pertoken_fc1_order``):
+Summation order of ``acc1`` (one (pair, column), length H; declared by ``kernels.orders.pertoken_orders``):
 K steps of ``BK`` in increasing order, each one ``tl.dot`` (BK / 16 chained ``wgmma ... k16``) into the fp32
 accumulator from +0; a partial last step adds exact zeros. No scale is applied inside the sum: the products are
 of the decoded values, the fp32 scales multiply the accumulator (P8).
@@ -29,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait
+from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import swiglu_f32
 from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
 from flint_moe.kernels.nvfp4.grouped_gate_up import (
@@ -37,13 +40,12 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
     default_warps,
     dequant_tile,
     grouped_launch_kwargs,
-    mma,
+    k_loop,
     row_block,
 )
 from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
-from flint_moe.kernels.nvfp4.scales import swizzled_scale_offsets
 
-__all__ = ["PERTOKEN_FC1_CONFIG", "pertoken_k_loop", "launch_pertoken_fc1", "audit_specs"]
+__all__ = ["PERTOKEN_FC1_CONFIG", "DECODE_ROWS_CONFIG", "launch_decode_rows", "launch_pertoken_fc1", "audit_specs"]
 
 #: Default launch configuration: ``BC`` intermediate columns per program (16, 32 or 64: a gated tile's up and
 #: gate rows lie in one 128-row group of the interleave; non-gated 16 ... 128; None = 64 gated, 128 non-gated:
@@ -57,36 +59,58 @@ def default_bc(gated: bool) -> int:
     gate)."""
     return 64 if gated else 128
 
-@triton.jit
-def pertoken_k_loop(acc, w_row, s_base, srow, w_ok, a_row, as_row, r_ok, K: tl.constexpr, KP: tl.constexpr,
-                    ROWS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):  # fmt: skip
-    """The main loop of both per-token GEMMs: ``acc`` fp32 [ROWS, BM] plus, for K steps of ``BK`` in increasing
-    order, ``mma(decoded weights [ROWS, BK], decoded activations [BM, BK]^T)``.
+#: Rows and columns per program of the decode pass (``launch_decode_rows``); neither changes a bit.
+DECODE_ROWS_CONFIG = {"ROWS": 32, "BK": 256, "num_warps": 4}
 
-    ``w_row`` int32 pointers [ROWS] to each weight row's code words, ``s_base`` the expert's 128x4-swizzled
-    scale bytes (KP = scale columns of a padded row, a multiple of 4), ``srow`` [ROWS] the rows' scale rows,
-    ``w_ok`` [ROWS]; ``a_row`` int32 pointers [BM] to each pair's activation code words, ``as_row`` uint8
-    pointers [BM] to its row-major scale bytes, ``r_ok`` [BM]. K = the valid length (a multiple of 16);
-    columns past it are masked to code 0 / scale 0 (exact zero products)."""
-    for k0 in tl.range(0, K, BK):
-        kw = k0 // 8 + tl.arange(0, BK // 8)
-        kc = k0 // 16 + tl.arange(0, BK // 16)
-        if K % BK == 0:
-            wmask = w_ok[:, None]
-            amask = r_ok[:, None]
-        else:
-            wmask = w_ok[:, None] & (kw < K // 8)[None, :]
-            amask = r_ok[:, None] & (kw < K // 8)[None, :]
-        smask = (kc < K // 16)[None, :]
-        words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
-        sb = tl.load(s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP), mask=w_ok[:, None] & smask,
-                     other=0)  # fmt: skip
-        aw = tl.load(a_row[:, None] + kw[None, :], mask=amask, other=0)
-        asb = tl.load(as_row[:, None] + kc[None, :], mask=r_ok[:, None] & smask, other=0)
-        wt = dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE)
-        at = dequant_tile(aw, asb.to(tl.int32), BM, BK, DECODE)
-        acc = mma(wt, tl.trans(at), acc)
-    return acc
+
+@triton.jit
+def _decode_rows_kernel(
+    codes_ptr,  # uint8 [M, KPAD/2]
+    scale_ptr,  # uint8 [M, KPAD/16], row-major
+    out_ptr,  # bf16 [M, K] (out)
+    M,
+    K: tl.constexpr,
+    KPAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    BK: tl.constexpr,
+    DECODE: tl.constexpr,
+):
+    """``out[r, c] = E2M1(code) * E4M3(scale)`` exactly (``grouped_gate_up.dequant_tile``; every such product
+    is a bf16 value) for rows [pid0 ROWS, +ROWS) and columns [pid1 BK, +BK), both masked (M, K)."""
+    gdc_wait()
+    gdc_launch_dependents()
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    r_ok = rows < M
+    rl = tl.where(r_ok, rows, 0).to(tl.int64)
+    k0 = tl.program_id(1) * BK
+    kw = k0 // 8 + tl.arange(0, BK // 8)
+    kc = k0 // 16 + tl.arange(0, BK // 16)
+    kx = k0 + tl.arange(0, BK)
+    words = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rl[:, None] * (KPAD // 8) + kw[None, :],
+                    mask=r_ok[:, None] & (kw < K // 8)[None, :], other=0)  # fmt: skip
+    sb = tl.load(scale_ptr + rl[:, None] * (KPAD // 16) + kc[None, :], mask=r_ok[:, None] & (kc < K // 16)[None, :],
+                 other=0)  # fmt: skip
+    v = dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE)
+    tl.store(out_ptr + rl[:, None] * K + kx[None, :], v.to(tl.bfloat16), mask=r_ok[:, None] & (kx < K)[None, :])
+
+
+def launch_decode_rows(codes: torch.Tensor, scale: torch.Tensor, k: int, decode: int | None = None) -> torch.Tensor:
+    """bf16 [M, k]: the exact values of per-token NVFP4 rows (codes uint8 [M, Kpad/2], row-major scale bytes
+    uint8 [M, Kpad/16], contiguous, one device; k <= Kpad a multiple of 16), without the row scale. The GEMMs
+    read these (the W4A16 grouped main loop, ``grouped_gate_up.k_loop``, with exact bf16 activations): the
+    operand values, hence every product and the summation order, are those of an in-loop decode."""
+    from flint_moe.kernels._launch import INTERPRET
+
+    m, kpad = codes.shape[0], 2 * codes.shape[1]
+    out = torch.empty((m, k), dtype=torch.bfloat16, device=codes.device)
+    cfg = DECODE_ROWS_CONFIG
+    if m > 0:
+        dec = (0 if INTERPRET else 3) if decode is None else decode
+        _decode_rows_kernel[(triton.cdiv(m, cfg["ROWS"]), triton.cdiv(k, cfg["BK"]))](
+            codes, scale, out, m, K=k, KPAD=kpad, ROWS=cfg["ROWS"], BK=cfg["BK"], DECODE=dec,
+            num_warps=cfg["num_warps"], **launch_options(),
+        )  # fmt: skip
+    return out
 
 
 @triton.jit
@@ -98,8 +122,7 @@ def relu2_f32(h):
 
 @triton.jit
 def _pertoken_fc1_kernel(
-    xc_ptr,  # uint8 [T, HP/2]: token codes
-    xs_ptr,  # uint8 [T, HP/16]: token block-scale bytes, row-major
+    xq_ptr,  # bf16 [T, H]: the tokens' exact NVFP4 values (launch_decode_rows)
     xd_ptr,  # fp32 [T]: token decode scales d
     order_ptr,  # int32 [P]: pair ids sorted by local expert
     bexp_ptr,  # int32 [NB]
@@ -130,7 +153,7 @@ def _pertoken_fc1_kernel(
     epilogue, then SwiGLU. Non-gated: tile row r is physical row ``q*BC + r``, then squared ReLU."""
     gdc_wait()
     gdc_launch_dependents()
-    HW: tl.constexpr = HP // 8  # int32 code words per row
+    HW: tl.constexpr = HP // 8  # int32 code words per weight row
     KP: tl.constexpr = HP // 16
     N1P: tl.constexpr = 2 * IP if GATED else IP
     N1: tl.constexpr = 2 * INTER if GATED else INTER
@@ -150,11 +173,10 @@ def _pertoken_fc1_kernel(
     prow = tl.where(w_ok, prow, 0)
     w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (N1P * HW) + prow.to(tl.int64) * HW, 4)
     s_base = s_ptr + e * (N1P * KP)
-    a_row = xc_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(tok * HW, 4)
-    as_row = xs_ptr + tok * KP
+    x_row = xq_ptr + tl.multiple_of(tok * H, 16)
     acc = tl.zeros([R, BM], dtype=tl.float32)
     if end > start:
-        acc = pertoken_k_loop(acc, w_row, s_base, prow, w_ok, a_row, as_row, r_ok, H, KP, R, BM, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, x_row, prow, w_ok, r_ok, H, KP, R, BK, DECODE)
     alpha = tl.load(alpha_ptr + e)
     d = tl.load(xd_ptr + tok, mask=r_ok, other=1.0)
     cols = q * BC + tl.arange(0, BC)
@@ -225,9 +247,10 @@ def launch_pertoken_fc1(
     else:
         acc1 = hbuf = act  # never written
     if p > 0:
+        xq = launch_decode_rows(x_codes, x_scale, h, cfg["DECODE"])
         grid = (triton.cdiv(inter, bc), perm.num_blocks)
         _pertoken_fc1_kernel[grid](
-            x_codes, x_scale, x_token_scale, perm.order, perm.block_expert, perm.block_start, perm.block_end,
+            xq, x_token_scale, perm.order, perm.block_expert, perm.block_start, perm.block_end,
             weights.fc1_data, weights.fc1_scale_swizzled.view(torch.uint8), weights.fc1_alpha, act, acc1, hbuf,
             H=h, HP=hp, IP=ip, INTER=inter, TOPK=k, GATED=gated, BC=bc,
             **grouped_launch_kwargs(cfg, perm.block_m, tap),
@@ -258,7 +281,7 @@ def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the FC1 kernel: wgmma (tensor cores), the PDL wait, the bf16 decode
     multiply, and for SwiGLU the pinned ``ex2.approx.ftz.f32`` / ``rcp.approx.ftz.f32``; no fused multiply-add
     (P8 and P9 are plain ``mul.f32``), no fp64, no approximate division."""
-    sig = {"xc_ptr": "*u8", "xs_ptr": "*u8", "xd_ptr": "*fp32", "order_ptr": "*i32", "bexp_ptr": "*i32",
+    sig = {"xq_ptr": "*bf16", "xd_ptr": "*fp32", "order_ptr": "*i32", "bexp_ptr": "*i32",
            "bstart_ptr": "*i32", "bend_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32",
            "act_ptr": "*fp32", "acc_ptr": "*fp32", "h_ptr": "*fp32"}  # fmt: skip
     cfg = PERTOKEN_FC1_CONFIG
@@ -274,6 +297,15 @@ def audit_specs() -> list[str]:
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit(f"pertoken_fc1.{name}", _pertoken_fc1_kernel, sig, consts, require,
                                     (*DEFAULT_FORBID, "fma.rn.f32", "div.approx"), options=options).name)  # fmt: skip
+    # the decode pass of both operands (H of DeepSeek-V3, I of DeepSeek-V3, a padded width)
+    cfg_d = DECODE_ROWS_CONFIG
+    for k, kpad in ((7168, 7168), (2048, 2048), (2880, 3072)):
+        names.append(register_audit(
+            f"pertoken_decode_rows.K{k}", _decode_rows_kernel,
+            {"codes_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "M": "i32"},
+            {"K": k, "KPAD": kpad, "ROWS": cfg_d["ROWS"], "BK": cfg_d["BK"], "DECODE": 3},
+            ["mul.rn.bf16x2", "griddepcontrol.wait"], (*DEFAULT_FORBID, "fma.rn.f32"),
+            options={"num_warps": cfg_d["num_warps"]}).name)  # fmt: skip
     # P10: the per-token quantizer kernel on the fp32 FC2-input rows (the routed input's build reads bf16)
     from flint_moe.kernels.nvfp4.pertoken_quant import PERTOKEN_QUANT_CONFIG, _pertoken_quant_kernel
 

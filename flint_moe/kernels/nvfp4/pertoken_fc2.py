@@ -1,10 +1,11 @@
 """Per-token NVFP4 x NVFP4 grouped FC2 (docs/numerics.md "Per-token NVFP4 experts", P11) and the combine (P12).
 
 ``_pertoken_fc2_kernel``: one program computes ``BH`` hidden rows of ``y`` for one row block of one expert's
-(token, slot) pairs (``moe_permute``'s schedule): the FC2 input (``pertoken_fc1``: codes [P, Ip/2], row-major
-block-scale bytes [P, Ip/16]) and the expert's FC2 rows (``RoutedNVFP4Weights.fc2_data``, 128x4-swizzled
-scales) decoded exactly and multiplied on the tensor cores (``pertoken_fc1.pertoken_k_loop``), epilogue
-``y = RN(acc2 * alpha2_e)`` (``mul.f32``), stored fp32 [P, H].
+(token, slot) pairs (``moe_permute``'s schedule): the FC2 input's exact values (``pertoken_fc1``'s codes
+[P, Ip/2] and row-major block scales [P, Ip/16], decoded once to bf16 [P, I] by
+``pertoken_fc1.launch_decode_rows``) times the expert's FC2 rows (``RoutedNVFP4Weights.fc2_data``, 128x4-swizzled
+scales, decoded in the loop) on the tensor cores, the W4A16 grouped main loop (``grouped_gate_up.k_loop``);
+epilogue ``y = RN(acc2 * alpha2_e)`` (``mul.f32``), stored fp32 [P, H].
 
 ``_pertoken_combine_kernel``: per token t (rows below ``token_capacity``), ``acc = +0``; for j = 0..k-1 in
 selection order, where the slot's local expert is not -1: ``w_j = RN(p[t, j] * d2[t, j])`` (``mul.f32``),
@@ -25,8 +26,8 @@ import triton.language as tl
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, fma_rn
 from flint_moe.kernels.audit.registry import BF16_CVT, DEFAULT_FORBID, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, grouped_launch_kwargs, row_block
-from flint_moe.kernels.nvfp4.pertoken_fc1 import pertoken_k_loop
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, grouped_launch_kwargs, k_loop, row_block
+from flint_moe.kernels.nvfp4.pertoken_fc1 import launch_decode_rows
 
 __all__ = ["PERTOKEN_FC2_CONFIG", "PERTOKEN_COMBINE_BLOCK", "launch_pertoken_fc2_combine", "audit_specs"]
 
@@ -41,8 +42,7 @@ PERTOKEN_COMBINE_BLOCK = 1024
 
 @triton.jit
 def _pertoken_fc2_kernel(
-    ac_ptr,  # uint8 [P, IP/2]: FC2 input codes
-    as_ptr,  # uint8 [P, IP/16]: FC2 input block-scale bytes, row-major
+    aq_ptr,  # bf16 [P, INTER]: the FC2 input's exact values (launch_decode_rows)
     order_ptr,  # int32 [P]
     bexp_ptr,  # int32 [NB]
     bstart_ptr,  # int32 [NB]
@@ -77,11 +77,10 @@ def _pertoken_fc2_kernel(
     hc = tl.where(h_ok, h, 0)
     w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (HP * IW) + hc.to(tl.int64) * IW, 4)
     s_base = s_ptr + e * (HP * KP)
-    a_row = ac_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(pair * IW, 4)
-    as_row = as_ptr + pair * KP
+    a_row = aq_ptr + tl.multiple_of(pair * INTER, 16)
     acc = tl.zeros([BH, BM], dtype=tl.float32)
     if end > start:
-        acc = pertoken_k_loop(acc, w_row, s_base, hc, h_ok, a_row, as_row, r_ok, INTER, KP, BH, BM, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE)
     alpha = tl.load(alpha_ptr + e)
     y = acc * alpha  # P11
     off = pair[None, :] * H + h[:, None]
@@ -162,8 +161,9 @@ def launch_pertoken_fc2_combine(
     acc2 = torch.zeros((p, h), dtype=torch.float32, device=dev) if tap else y
     wbuf = torch.zeros((t, k), dtype=torch.float32, device=dev) if tap else y
     if p > 0:
+        aq = launch_decode_rows(a_codes, a_scale, inter, cfg["DECODE"])
         _pertoken_fc2_kernel[(triton.cdiv(h, bh), perm.num_blocks)](
-            a_codes, a_scale, perm.order, perm.block_expert, perm.block_start, perm.block_end, weights.fc2_data,
+            aq, perm.order, perm.block_expert, perm.block_start, perm.block_end, weights.fc2_data,
             weights.fc2_scale_swizzled.view(torch.uint8), weights.fc2_alpha, y, acc2,
             H=h, HP=hp, IP=ip, INTER=inter, BH=bh, **grouped_launch_kwargs(cfg, perm.block_m, tap),
         )  # fmt: skip
@@ -190,7 +190,7 @@ def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the FC2 kernel (wgmma, the PDL wait, the bf16 decode multiply; no fused
     multiply-add: P11 is one ``mul.f32``) and of the combine kernel (``fma.rn.f32``, ``cvt.rn.bf16.f32``; both
     routing-weight dtypes)."""
-    sig = {"ac_ptr": "*u8", "as_ptr": "*u8", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32",
+    sig = {"aq_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32",
            "bend_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*fp32",
            "acc_ptr": "*fp32"}  # fmt: skip
     cfg = PERTOKEN_FC2_CONFIG
