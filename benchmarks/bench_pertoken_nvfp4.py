@@ -6,8 +6,8 @@ DeepSeek-V3 (E = 256, H = 7168, I = 2048, k = 8, SwiGLU) at M in {128, 1024, 409
 same token rows and the same expert ids (random top-k, no router: the per-token op takes its routing as an input)
 and end with the combined bf16 output:
 
-- ``pertoken``: ``routed_nvfp4_moe``: input quantizer (P1-P5), ``moe_permute``, FC1 + SwiGLU (fp32 act),
-  the FC2-input quantizer (P10), FC2, combine;
+- ``pertoken``: ``routed_nvfp4_moe``: input quantizer (P1-P5) and its bf16 decode, ``moe_permute``, FC1 +
+  SwiGLU (fp32 act), the FC2-input quantizer (P10) and its decode, FC2, combine;
 - ``w4a16``: ``moe_permute`` + ``nvfp4_grouped_gate_up`` (bf16 tokens) + ``nvfp4_grouped_down`` + combine (shared
   output zero), the path of docs/kernels/nvfp4-grouped.md.
 
@@ -105,14 +105,15 @@ def make_fn(impl: str, M: int):
 
 def bytes_moved(impl: str, M: int) -> int:
     """Weights of the touched experts once, tokens in, output out, and the intermediates each side writes and
-    reads back (pertoken: fp32 act, FC2-input codes and scales, fp32 y; w4a16: bf16 act and y)."""
+    reads back (pertoken: the bf16 decode of the tokens, fp32 act, FC2-input codes and scales and their bf16
+    decode, fp32 y; w4a16: bf16 act and y)."""
     d = DEEPSEEK
     E, H, I, k = d["E"], d["H"], d["I"], d["k"]  # noqa: E741
     used = min(E, M * k)
     w = used * (3 * H * I // 2 + 3 * H * I // 16)
     p = M * k
     if impl == "pertoken":
-        inter = 2 * p * (4 * I + I // 2 + I // 16 + 4 * H) + M * (H // 2 + H // 16 + 4) * 2
+        inter = 2 * p * (4 * I + I // 2 + I // 16 + 2 * I + 4 * H) + M * (H // 2 + H // 16 + 4 + 2 * H) * 2
     else:
         inter = 2 * p * (2 * I + 2 * H)
     return w + inter + 2 * M * H * 2

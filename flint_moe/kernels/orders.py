@@ -31,8 +31,9 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   ``+ 0`` that turns -0 into +0), times 2^8; split-K parts ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)``.
 - NVFP4 grouped: ``tl.dot`` per BK step lowers to BK / 16 ``wgmma.mma_async ... m64nNk16`` in k order,
   chained from a +0 accumulator (the scale-d predicate is constant true).
-- per-token NVFP4 x NVFP4 (``nvfp4/pertoken_fc1.py``, ``pertoken_fc2.py``): the same main-loop structure with
-  both operands decoded to bf16 (``pertoken_k_loop``), hence the grouped order on K = H (FC1) and K = I (FC2).
+- per-token NVFP4 x NVFP4 (``nvfp4/pertoken_fc1.py``, ``pertoken_fc2.py``): the W4A16 grouped main loop
+  (``grouped_gate_up.k_loop``) on the activations' exact bf16 values, hence the grouped order on K = H (FC1)
+  and K = I (FC2).
 """
 
 from __future__ import annotations

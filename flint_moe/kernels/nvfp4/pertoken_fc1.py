@@ -98,7 +98,7 @@ def launch_decode_rows(codes: torch.Tensor, scale: torch.Tensor, k: int, decode:
     """bf16 [M, k]: the exact values of per-token NVFP4 rows (codes uint8 [M, Kpad/2], row-major scale bytes
     uint8 [M, Kpad/16], contiguous, one device; k <= Kpad a multiple of 16), without the row scale. The GEMMs
     read these (the W4A16 grouped main loop, ``grouped_gate_up.k_loop``, with exact bf16 activations): the
-    operand values, hence every product and the summation order, are those of an in-loop decode."""
+    operand values, hence every product and the summation order, equal those of a decode inside the loop."""
     from flint_moe.kernels._launch import INTERPRET
 
     m, kpad = codes.shape[0], 2 * codes.shape[1]
