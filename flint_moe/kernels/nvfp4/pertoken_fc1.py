@@ -39,7 +39,6 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
     _cfg,
     default_warps,
     dequant_tile,
-    grouped_launch_kwargs,
     k_loop,
     row_block,
 )
@@ -52,6 +51,15 @@ __all__ = ["PERTOKEN_FC1_CONFIG", "DECODE_ROWS_CONFIG", "launch_decode_rows", "l
 #: 128 weight rows per tile either way), ``BK`` K elements per main-loop step (a power of two >= 32; it changes
 #: the declared order), ``num_stages``; ``num_warps`` None = ``grouped_gate_up.default_warps(BM)``.
 PERTOKEN_FC1_CONFIG = {"BC": None, "BK": 64, "num_warps": None, "num_stages": 3}
+
+
+def pertoken_launch_kwargs(cfg: dict, block_m: int, tap: bool) -> dict:
+    """Launch keywords of both per-token GEMMs from a config checked by ``grouped_gate_up._cfg``: ``BM`` (the
+    permutation's ``block_m``), ``BK``, ``DECODE``, ``TAP``, ``num_warps`` (``default_warps(block_m)`` unless
+    set), ``num_stages`` and ``launch_options()``."""
+    return {"BM": block_m, "BK": int(cfg["BK"]), "DECODE": cfg["DECODE"], "TAP": tap,
+            "num_warps": int(cfg["num_warps"] or default_warps(block_m)), "num_stages": int(cfg["num_stages"]),
+            **launch_options()}  # fmt: skip
 
 
 def default_bc(gated: bool) -> int:
@@ -253,7 +261,7 @@ def launch_pertoken_fc1(
             xq, x_token_scale, perm.order, perm.block_expert, perm.block_start, perm.block_end,
             weights.fc1_data, weights.fc1_scale_swizzled.view(torch.uint8), weights.fc1_alpha, act, acc1, hbuf,
             H=h, HP=hp, IP=ip, INTER=inter, TOPK=k, GATED=gated, BC=bc,
-            **grouped_launch_kwargs(cfg, perm.block_m, tap),
+            **pertoken_launch_kwargs(cfg, perm.block_m, tap),
         )  # fmt: skip
     a_codes = torch.empty((p, ip // 2), dtype=torch.uint8, device=dev)
     a_scale = torch.empty((p, ip // 16), dtype=torch.uint8, device=dev)

@@ -26,8 +26,8 @@ import triton.language as tl
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, fma_rn
 from flint_moe.kernels.audit.registry import BF16_CVT, DEFAULT_FORBID, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, grouped_launch_kwargs, k_loop, row_block
-from flint_moe.kernels.nvfp4.pertoken_fc1 import launch_decode_rows
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, k_loop, row_block
+from flint_moe.kernels.nvfp4.pertoken_fc1 import launch_decode_rows, pertoken_launch_kwargs
 
 __all__ = ["PERTOKEN_FC2_CONFIG", "PERTOKEN_COMBINE_BLOCK", "launch_pertoken_fc2_combine", "audit_specs"]
 
@@ -165,7 +165,7 @@ def launch_pertoken_fc2_combine(
         _pertoken_fc2_kernel[(triton.cdiv(h, bh), perm.num_blocks)](
             aq, perm.order, perm.block_expert, perm.block_start, perm.block_end, weights.fc2_data,
             weights.fc2_scale_swizzled.view(torch.uint8), weights.fc2_alpha, y, acc2,
-            H=h, HP=hp, IP=ip, INTER=inter, BH=bh, **grouped_launch_kwargs(cfg, perm.block_m, tap),
+            H=h, HP=hp, IP=ip, INTER=inter, BH=bh, **pertoken_launch_kwargs(cfg, perm.block_m, tap),
         )  # fmt: skip
         _pertoken_combine_kernel[(t, triton.cdiv(h, PERTOKEN_COMBINE_BLOCK))](
             local_ids, probabilities, a_token_scale, y, out, wbuf,
