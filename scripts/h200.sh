@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
 # Usage on the GPU machine, from the repository root:
-#   bash scripts/h200.sh [verify] [tests] [conformance] [shards] [modules] [bench] [sweep]
+#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep]
 # (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request; shards = the gpu
-# profile as FLINT_SHARDS shards one after another, merged).
+# profile as FLINT_SHARDS shards one after another, merged; pending = the paths whose kernels have not yet passed
+# an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
+# FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT: seconds per step.
 # FLINT_GIT_COMMIT names the commit the tree was sent from (the device copy has no .git).
 # The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
 # FLINT_BASELINE=reports/h200/report.json: compare the conformance outputs' digests with that report.
@@ -12,7 +14,7 @@ set -uo pipefail
 FINAL_OUT=${OUT:-reports/h200-run}
 if [ "${FLINT_TAR:-0}" = 1 ]; then OUT=$(mktemp -d)/h200-run; else OUT=$FINAL_OUT; fi
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 steps=${*:-verify tests conformance bench}
 rc=0
 {
@@ -26,14 +28,18 @@ for step in $steps; do
   case $step in
     verify) python3 -m flint_moe.tools.mufu verify --report "$OUT/mufu-verify.txt" > "$OUT/mufu-verify.log" 2>&1 || rc=1
             tail -3 "$OUT/mufu-verify.log" ;;
-    tests)  python3 -m pytest -m gpu -n "${FLINT_GPU_WORKERS:-6}" -q -rs -p no:cacheprovider --durations=15 tests \
-              --ignore=tests/checkpoints \
+    tests)  timeout "${FLINT_TESTS_TIMEOUT:-3000}" python3 -m pytest -m gpu -n "${FLINT_GPU_WORKERS:-6}" -q -rfEs \
+              -p no:cacheprovider --durations=15 ${FLINT_TESTS:-tests} --ignore=tests/checkpoints \
               > "$OUT/pytest-gpu.txt" 2>&1 || rc=1
             tail -15 "$OUT/pytest-gpu.txt" ;;
     conformance) t0=$(date +%s); timeout "${FLINT_CONFORMANCE_TIMEOUT:-3000}" python3 -m flint_moe.conformance --profile gpu \
               --out "$OUT/conformance" ${FLINT_BASELINE:+--baseline "$FLINT_BASELINE"} > "$OUT/conformance.log" 2>&1 || rc=1
             echo "conformance wall: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/conformance.log"
             tail -5 "$OUT/conformance.log" ;;
+    pending) t0=$(date +%s); timeout "${FLINT_PENDING_TIMEOUT:-3000}" python3 scripts/h200_pending.py \
+              --out "$OUT/pending" > "$OUT/pending.log" 2>&1 || rc=1
+            echo "pending wall: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/pending.log"
+            tail -4 "$OUT/pending.log" ;;
     shards) # the gpu profile as FLINT_SHARDS (default 2) shards run one after another, then merged: the merged
             # report must carry the same output digests as a single run (compare with --baseline on the next run)
             n=${FLINT_SHARDS:-2}; t0=$(date +%s); dirs=""

@@ -10,6 +10,7 @@ helper                 GPU (sm_90) lowering                     interpreter (CPU
 ``expf_libdevice(x)``  ``libdevice.exp`` (``__nv_expf``, ftz)   SHIM: ``mufu.expf_libdevice``   3
 ``div_rn(a, b)``       ``div.rn.f32`` (``tl.math.div_rn``)      SHIM: numpy fp32 divide (IEEE)  3, 4, 11
 ``bf16_rn(x)``         inline PTX ``cvt.rn.bf16.f32``           SHIM: ``formats.round_bf16``    1, 4, 7-10
+``fma_rn(a, b, c)``    ``fma.rn.f32`` (``tl.fma``)              SHIM: ``combine.fma_f32``       P12
 =====================  =======================================  ==========================  ============
 
 and the rule steps every expert kernel shares, built from them (one copy, used by every kernel):
@@ -19,6 +20,7 @@ helper                          computes                                        
 ==============================  ==========================================================  ============
 ``global_scale(acc, gs)``       ``RN(acc * gs)`` (``mul.f32``)                                 6, 8
 ``swiglu(g, u)``                ``bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1)))))``          7
+``swiglu_f32(g, u)``            the same without the final ``bf16``                          P9
 ``combine_fma(acc, tw, y)``     ``fma(tw, fp32(y), acc)`` (``fma.rn.f32``, one rounding)        9
 ``shared_add(routed, sh)``      ``bf16(RN(fp32(routed) + fp32(sh)))``, routed = bf16(acc)     10
 ==============================  ==========================================================  ============
@@ -41,6 +43,7 @@ from flint_moe.kernels._shims import (
     _SHIM_div_rn,
     _SHIM_ex2_approx_ftz,
     _SHIM_expf_libdevice,
+    _SHIM_fma_rn,
     _SHIM_rcp_approx_ftz,
     _SHIM_rsqrt_approx_ftz,
 )
@@ -52,9 +55,11 @@ __all__ = [
     "expf_libdevice",
     "div_rn",
     "bf16_rn",
+    "fma_rn",
     "SWIGLU_C",
     "global_scale",
     "swiglu",
+    "swiglu_f32",
     "combine_fma",
     "shared_add",
 ]
@@ -126,6 +131,17 @@ def bf16_rn(x):
 
 
 @triton.jit
+def fma_rn(a, b, c):
+    """fp32 ``fma(a, b, c)``, one rounding of the exact ``a * b + c`` (``fma.rn.f32``); fp32 tensors of one shape.
+    Interpreter: SHIM to ``reference.combine.fma_f32`` (the interpreter's ``tl.fma`` rounds the product first,
+    which ``combine_fma`` tolerates only because its products of two bf16 values are exact)."""
+    if _INTERPRET:
+        return _SHIM_fma_rn(a, b, c)
+    else:
+        return tl.fma(a, b, c)
+
+
+@triton.jit
 def global_scale(acc, gs):
     """Rule steps 6 / 8: an fp32 accumulator times the expert's fp32 global scale, ``RN(acc * gs)``
     (``mul.f32``; ``gs`` a scalar or the same shape as ``acc``)."""
@@ -133,15 +149,22 @@ def global_scale(acc, gs):
 
 
 @triton.jit
-def swiglu(g, u):
-    """Rule step 7: bf16 ``act = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1)))))`` from the globally scaled
-    fp32 gate ``g`` and up ``u`` (same shape), c = ``SWIGLU_C``: ``mul.f32``, ``ex2.approx.ftz.f32``,
-    ``add.f32``, ``rcp.approx.ftz.f32``, ``mul.f32``, ``mul.f32``, ``cvt.rn.bf16.f32``."""
+def swiglu_f32(g, u):
+    """Rule step 7 before its bf16 rounding (the per-token recipe's P9): fp32
+    ``RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))`` from fp32 ``g``, ``u`` (same shape), c = ``SWIGLU_C``:
+    ``mul.f32``, ``ex2.approx.ftz.f32``, ``add.f32``, ``rcp.approx.ftz.f32``, ``mul.f32``, ``mul.f32``."""
     a = g * _C
     ex = ex2_approx_ftz(a)
     d = ex + 1.0
     r = rcp_approx_ftz(d)
-    return bf16_rn(u * (g * r))
+    return u * (g * r)
+
+
+@triton.jit
+def swiglu(g, u):
+    """Rule step 7: bf16 ``act = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1)))))`` from the globally scaled
+    fp32 gate ``g`` and up ``u`` (same shape): :func:`swiglu_f32`, then ``cvt.rn.bf16.f32``."""
+    return bf16_rn(swiglu_f32(g, u))
 
 
 @triton.jit

@@ -95,6 +95,23 @@ def _shim_bf16_rn(x: Any) -> Any:
     return _shim_wrap(out.reshape(data.shape), ty, tl.bfloat16)
 
 
+def _shim_fma_rn(a: Any, b: Any, c: Any) -> Any:
+    """INTERPRETER SHIM for PTX fma.rn.f32 on fp32 tensors of one shape: ``reference.combine.fma_f32`` (one
+    rounding of the exact ``a * b + c``; the interpreter's own ``tl.fma`` rounds the product first)."""
+    from flint_moe.reference.combine import fma_f32
+
+    arrs = []
+    ty = None
+    for name, v in (("a", a), ("b", b), ("c", c)):
+        data, t = _shim_data(f"fma_rn(a, b, c): {name}", v, tl.float32)
+        if ty is not None and tuple(t.shape if t.is_block() else ()) != tuple(ty.shape if ty.is_block() else ()):
+            raise ValueError("fma_rn(a, b, c): the operands' shapes differ")
+        ty = t
+        arrs.append(torch.from_numpy(np.array(data, dtype=np.float32, copy=True)))
+    out = fma_f32(*arrs).numpy().astype(np.float32, copy=False)
+    return _shim_wrap(out.reshape(np.asarray(c.handle.data).shape), ty, tl.float32)
+
+
 class _NamedShim:
     """An interpreter shim callable whose ``repr`` names the function, not its address.
 
@@ -135,6 +152,7 @@ _SHIM_rsqrt_approx_ftz = tl.constexpr(_NamedShim(_shim_rsqrt_approx_ftz))
 _SHIM_expf_libdevice = tl.constexpr(_NamedShim(_shim_expf_libdevice))
 _SHIM_div_rn = tl.constexpr(_NamedShim(_shim_div_rn))
 _SHIM_bf16_rn = tl.constexpr(_NamedShim(_shim_bf16_rn))
+_SHIM_fma_rn = tl.constexpr(_NamedShim(_shim_fma_rn))
 
 
 # INTERPRETER SHIM for the widening casts. Triton 3.6's interpreter converts every float cast through

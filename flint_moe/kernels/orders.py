@@ -44,6 +44,9 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   chained from a +0 accumulator (the scale-d predicate is constant true); BK 64 and 128 issue the same k16
   sequence (shared-memory B descriptors at byte offsets 0, 32, 64, 96, then 16384 + the same for the second
   64-column half of a BK 128 tile; one accumulator register set), so the declaration is one k16 chain.
+- per-token NVFP4 x NVFP4 (``nvfp4/pertoken_fc1.py``, ``pertoken_fc2.py``): the W4A16 grouped main loop
+  (``grouped_gate_up.k_loop``) on the activations' exact bf16 values, hence the grouped order on K = H (FC1)
+  and K = I (FC2).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ __all__ = [
     "nvfp4_grouped_order",
     "nvfp4_decode_orders",
     "nvfp4_grouped_orders",
+    "pertoken_orders",
     "bf16_decode_orders",
     "ll_router_orders",
     "ll_expert_order",
@@ -327,3 +331,16 @@ def _ll_plan(H, I, SI, Ip, top_k, E):  # noqa: E741, N803
     from flint_moe.kernels.cute.ll_launch import plan_shapes
 
     return plan_shapes(H, I, I if Ip is None else Ip, SI, E, top_k)
+
+
+def pertoken_orders(H: int, I: int, *, config: dict | None = None) -> dict:  # noqa: E741
+    """Stage -> order of ``ops.routed_nvfp4_moe`` at (H, I) (the valid sizes; padded columns are never read):
+    ``fc1`` (``fc1_acc``, K = H) and ``fc2`` (``fc2_acc``, K = I), each K steps of ``BK`` (the op's
+    ``config["fc1"]`` / ``config["fc2"]``, default 64) in increasing order, BK / 16 chained ``wgmma ... k16``
+    from +0, k slots in element order, K padded to a multiple of BK with zeros; both operands enter as their
+    exact ``E2M1 * E4M3`` bf16 values. The keys are the golden model's (``routed_nvfp4_moe_reference(orders=)``)."""
+    c = config or {}
+    return {
+        "fc1": nvfp4_grouped_order(c.get("fc1"), H, kernel="pertoken_fc1"),
+        "fc2": nvfp4_grouped_order(c.get("fc2"), I, kernel="pertoken_fc2"),
+    }

@@ -14,6 +14,8 @@
   fused with steps 1-4).
 - ``quantize_routed_nvfp4_input``: the per-token NVFP4 input of the routed experts (numerics.md "Per-token
   NVFP4 experts", P1-P5), padded (flint_moe/ops/pertoken_quant.py).
+- ``prepare_routed_nvfp4_weights`` / ``routed_nvfp4_moe``: the per-token NVFP4 x NVFP4 routed experts (P6-P12;
+  flint_moe/ops/moe_pertoken.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
 from .moe_ll import LL_MOE_MAX_TOKENS, flint_moe_ll, ll_route
 from .moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
 from .moe_nvfp4_grouped import GROUPED_MAX_TOKENS, flint_moe_grouped
+from .moe_pertoken import prepare_routed_nvfp4_weights, routed_nvfp4_moe
 from .pertoken_quant import quantize_routed_nvfp4_input
 from .route import ROUTE_GEMV_MAX_TOKENS, make_route_counter, route
 
@@ -39,6 +42,8 @@ __all__ = [
     "flint_moe_ll",
     "ll_route",
     "make_route_counter",
+    "prepare_routed_nvfp4_weights",
     "quantize_routed_nvfp4_input",
     "route",
+    "routed_nvfp4_moe",
 ]

@@ -59,6 +59,9 @@ __all__ = [
 #: ``modules.FlintLLDecodeBlock``. Their kernels need a GPU (CuTe DSL): gpu profile only.
 PATH_NAMES = ("nvfp4_decode", "bf16_decode", "nvfp4_grouped", "nvfp4_module", "bf16_module", "nvfp4_dispatch",
               *BLOCK_PATHS)  # fmt: skip
+#: ``nvfp4_pertoken_swiglu`` / ``nvfp4_pertoken_relu2``: ``flint_moe.ops.routed_nvfp4_moe`` (per-token NVFP4 x NVFP4
+#: experts, routing given; inputs, shapes and cases in ``inputs/pertoken.py``).
+PATH_NAMES += ("nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2")
 
 #: Data profiles each path supports (generators in ``profiles.py``).
 #: BF16 has no block or global scales: there ``global_scales`` spreads per-expert weight magnitudes over
@@ -99,6 +102,8 @@ PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
 PATH_PROFILES["nvfp4_dispatch"] = ("gaussian",)  # the data profiles run on the paths it dispatches to
 PATH_PROFILES["ll_block"] = BLOCK_PROFILES
 PATH_PROFILES["ll_module"] = ("gaussian", "skewed_routing")
+PATH_PROFILES["nvfp4_pertoken_swiglu"] = PATH_PROFILES["nvfp4_pertoken_relu2"] = (
+    "gaussian", "outlier_rows", "zero_rows", "e4m3_clamp", "e2m1_ties", "dispatcher")  # fmt: skip
 
 #: Launch configurations a path can pick besides its default (every kernel configuration a path can
 #: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
@@ -124,6 +129,8 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
     "nvfp4_dispatch": {"default": {}},
     "ll_block": {"default": {}},
     "ll_module": {"default": {}},
+    "nvfp4_pertoken_swiglu": {"default": {}},
+    "nvfp4_pertoken_relu2": {"default": {}},
 }
 
 
@@ -321,7 +328,48 @@ def _cpu_matrix() -> list[Case]:
         # the shipped dispatch on both sides of DECODE_MAX_TOKENS (8): decode at 8, grouped at 9
         + [Case.make("nvfp4_dispatch", a, m, "gaussian") for m in (8, 9)]
         + _derived_cpu_cases()
+        + _pertoken_cases("cpu")
     )
+
+
+#: Shapes of the per-token paths (the routed layout pads H and I to 256: ``pad_to`` 256): interpreter-sized (160,
+#: 176 -> 256, partial K steps), DeepSeek-V3 widths with a small E (the golden model's exact sums and the order
+#: replay stay cheap), gpt-oss-like widths padded to 3072.
+PERTOKEN_SHAPES = {
+    "cpu": ShapeSpec("pt-cpu-E5-H160-I176-P256-k3", 5, 160, 176, 3, 256),
+    "deepseek": ShapeSpec("pt-E16-H7168-I2048-P256-k8", 16, 7168, 2048, 8, 256),
+    "gpt-oss": ShapeSpec("pt-E8-H2880-I2880-P256-k4", 8, 2880, 2880, 4, 256),
+}
+
+
+#: Paths whose kernels have not yet passed an H200 run: their gpu cases (:func:`pending_gpu_cases`) stay out of
+#: the gpu profile, the pull-request gate, and run beside it (``scripts/h200_pending.py``) until a committed H200
+#: run passes them (the decode block's CuTe DSL kernels, the per-token NVFP4 kernels).
+GPU_PENDING_PATHS = ("ll_block", "ll_module", "nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2")
+
+
+def pending_gpu_cases() -> list[Case]:
+    """The gpu cases of :data:`GPU_PENDING_PATHS`: the decode block's (``inputs.block.gpu_block_specs``) and the
+    per-token paths' 13."""
+    return [Case.make(*spec) for spec in gpu_block_specs()] + _pertoken_cases("gpu")
+
+
+def _pertoken_cases(profile: str) -> list[Case]:
+    """cpu: 4 small cases (both activations, stress profiles, the dispatcher buffer); gpu: 13 at real widths,
+    every data profile on both activations (cases sharing weights adjacent)."""
+    sw, r2 = "nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2"
+    if profile == "cpu":
+        s = PERTOKEN_SHAPES["cpu"]
+        spec = [(sw, s, 5, "gaussian"), (r2, s, 6, "outlier_rows"), (sw, s, 7, "dispatcher"), (r2, s, 4, "e2m1_ties")]
+    else:
+        d, g = PERTOKEN_SHAPES["deepseek"], PERTOKEN_SHAPES["gpt-oss"]
+        # small M except one sampled-replay case: a DeepSeek-width case replaying 64 rows costs ~30 s of the
+        # golden model on the H200 (reports/h200), and the gpu profile must stay under 5 minutes
+        spec = [(sw, d, 512, "gaussian"), (sw, d, 48, "dispatcher"), (sw, d, 16, "outlier_rows"),
+                (sw, d, 16, "e2m1_ties"), (sw, d, 12, "zero_rows"), (sw, d, 12, "e4m3_clamp"), (r2, d, 64, "gaussian"),
+                (r2, d, 16, "zero_rows"), (r2, d, 16, "e4m3_clamp"), (r2, d, 48, "dispatcher"),
+                (r2, d, 12, "e2m1_ties"), (sw, g, 16, "gaussian"), (r2, g, 16, "outlier_rows")]  # fmt: skip
+    return [Case.make(p, s, m, prof) for p, s, m, prof in spec]
 
 
 def _derived_cpu_cases() -> list[Case]:
@@ -413,7 +461,7 @@ def _gpu_matrix() -> list[Case]:
             group.sort(key=lambda c: weight_key(c))  # stable: cases sharing weights adjacent
             cases += group
     everything = (cases + _gpu_grouped_cases() + _gpu_config_cases() + _gpu_module_cases() + _gpu_dispatch_cases()
-                  + _gpu_route_cases() + [Case.make(*spec) for spec in gpu_block_specs()])  # fmt: skip
+                  + _gpu_route_cases())  # fmt: skip
     # Run order: the core shapes first (all paths and configurations), then the others; within a shape and
     # path, cases sharing weights stay adjacent (one-entry weight cache). A run stopped by a time limit then
     # still covers the core shapes on every path.
@@ -519,6 +567,10 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
         from flint_moe.conformance.inputs.block import build_block_inputs
 
         return build_block_inputs(case, torch.device(device))
+    if case.path.startswith("nvfp4_pertoken_"):  # routing given, no router: inputs/pertoken.py
+        from flint_moe.conformance.inputs.pertoken import build_pertoken_inputs
+
+        return build_pertoken_inputs(case, torch.device(device))
     from flint_moe.conformance.inputs.profiles import build_inputs
 
     return build_inputs(case, torch.device(device))

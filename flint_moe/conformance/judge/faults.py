@@ -413,6 +413,14 @@ FAULTS: tuple[Fault, ...] = (
           BLOCK_PATHS),
 )  # fmt: skip
 
+
+def _pertoken_faults() -> tuple[Fault, ...]:
+    from flint_moe.conformance.judge.pertoken import pertoken_faults
+
+    return tuple(pertoken_faults(Fault))
+
+
+FAULTS += _pertoken_faults()  # the per-token paths' faults (judge/pertoken.py; named by diagnose_pertoken)
 FAULTS_BY_NAME: dict[str, Fault] = {f.name: f for f in FAULTS}
 
 
@@ -475,6 +483,10 @@ def diagnose(case, inputs, taps: dict, out, result) -> list[str]:
     <what>"``: stage faults whose stage FAILed and whose golden variant equals the kernel's tap bit for bit;
     layout (weights) faults, tried when an accumulation stage FAILed, under which the whole comparison has
     no FAIL. Faults that cannot run on these taps / inputs are skipped silently."""
+    if case.path.startswith("nvfp4_pertoken_"):
+        from flint_moe.conformance.judge.pertoken import diagnose_pertoken
+
+        return diagnose_pertoken(case, inputs, taps, out, result, FAULTS)
     failed = set(result.failed_stages)
     acc_failed = bool(failed & set(ACCUMULATION_STAGES))
     found = []

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from flint_moe.conformance.inputs.block import BLOCK_PATHS
-from flint_moe.conformance.inputs.cases import SHAPES, Case, ShapeSpec
+from flint_moe.conformance.inputs.cases import GPU_PENDING_PATHS, SHAPES, Case, ShapeSpec
 from flint_moe.conformance.judge.block import compare_block_case
 from flint_moe.conformance.judge.block_injections import BLOCK_INJECTIONS, BLOCK_PREPARE, resimulate_block
 from flint_moe.conformance.judge.faults import FAULTS, FAULTS_BY_NAME, diagnose
@@ -90,6 +90,8 @@ MUTATION_SHAPES = {
     # kernels' lane blocking, docs/kernels/ll-block.md)
     "ll_block": SHAPES["cpu-deepseek-v3"],
     "ll_block@cuda": SHAPES["ling-mini-2.0"],
+    "nvfp4_pertoken_swiglu": ShapeSpec("pt-cpu-E5-H160-I176-P256-k3", 5, 160, 176, 3, 256),
+    "nvfp4_pertoken_relu2": ShapeSpec("pt-cpu-E5-H160-I176-P256-k3", 5, 160, 176, 3, 256),
 }
 M_TOKENS = 2
 
@@ -205,10 +207,27 @@ def _muts() -> tuple[Mutation, ...]:
         # the decode block (its kernels need a GPU: on the CPU the tests give the path a stand-in kernel side)
         *(Mutation(name, "ll_block", "gaussian", "tap", fn, _LL_PREPARE.get(name, ""))
           for name, fn in BLOCK_INJECTIONS.items()),
+        *_pertoken_muts(),
     )  # fmt: skip
 
 
 _LL_PREPARE = {"eps_after_rsqrt": "ll_large_tokens", "rsqrt_exact": "ll_rsqrt_probe"}
+
+
+def _pertoken_muts() -> tuple[Mutation, ...]:
+    """The per-token paths' faults, injected into the taps (``judge/pertoken.py`` resimulates what follows)."""
+    from flint_moe.conformance.judge import pertoken as P
+
+    sw, r2 = "nvfp4_pertoken_swiglu", "nvfp4_pertoken_relu2"
+    return (
+        Mutation("pertoken_scale_per_tensor", sw, "gaussian", "tap", P.inject_scale_per_tensor),
+        Mutation("requant_skipped", r2, "gaussian", "tap", P.inject_requant_skipped),
+        Mutation("scale_after_activation", sw, "gaussian", "tap", P.inject_scale_after_activation),
+        Mutation("scale_after_activation", r2, "gaussian", "tap", P.inject_scale_after_activation),
+        Mutation("minus_one_not_masked", sw, "dispatcher", "tap", P.inject_minus_one_unmasked),
+        Mutation("padding_not_zeroed", sw, "gaussian", "tap", P.inject_padding("x_padding")),
+        Mutation("fc2_input_padding_not_zeroed", r2, "gaussian", "tap", P.inject_padding("a_padding")),
+    )
 
 
 MUTATIONS: tuple[Mutation, ...] = _muts()
@@ -284,7 +303,12 @@ def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> Mu
     if not _changed({**clean_taps, "_out": clean_out}, {**taps, "_out": out}):
         res.note = "fault invisible on this data (kernel output and taps unchanged)"
         return res
-    cmp = (compare_block_case if block else compare_case)(case, inputs, taps, out)
+    if case.path.startswith("nvfp4_pertoken_"):  # its own stages, P1-P12
+        from flint_moe.conformance.judge.pertoken import compare_pertoken
+
+        cmp = compare_pertoken(case, inputs, taps, out)
+    else:
+        cmp = (compare_block_case if block else compare_case)(case, inputs, taps, out)
     res.verdict, res.failed_stages = cmp.verdict, cmp.failed_stages
     res.killed = cmp.verdict == FAIL
     if res.killed:
@@ -299,13 +323,15 @@ def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> Mu
 
 def run_mutations(mutations=None, *, device=None) -> list[MutationResult]:
     """Run ``mutations`` (default :data:`MUTATIONS`: every catalogued fault, on each path it has an injection
-    for; on the CPU without the decode block's, whose kernels need a GPU) on ``device`` (default CUDA when
+    for; on the CPU without the decode block's, whose kernels need a GPU; on a GPU without the paths whose kernels
+    have not yet passed there, ``inputs.cases.GPU_PENDING_PATHS``) on ``device`` (default CUDA when
     available, else the CPU) and return one :class:`MutationResult` each.
     On the CPU the interpreter makes this a few minutes (each weights / path injection is a kernel run)."""
     cache: dict = {}
     device = _device() if device is None else torch.device(device)
     if mutations is None:
-        mutations = [m for m in MUTATIONS if device.type == "cuda" or m.path not in BLOCK_PATHS]
+        skip = GPU_PENDING_PATHS if device.type == "cuda" else BLOCK_PATHS
+        mutations = [m for m in MUTATIONS if m.path not in skip]
     return [run_mutation(m, cache=cache, device=device) for m in mutations]
 
 

@@ -196,7 +196,15 @@ def _build() -> dict[str, KernelPath]:
         # the low-latency decode block (inputs.block): step 11 + steps 1-10 with the NVFP4 shared expert
         "ll_block": KernelPath("ll_block", LL_MOE_MAX_TOKENS, "nvfp4", _ll_block),
         "ll_module": KernelPath("ll_module", LL_MOE_MAX_TOKENS, "nvfp4", _ll_module),
+        **_pertoken_paths(),
     }
+
+
+def _pertoken_paths() -> dict[str, KernelPath]:
+    """``ops.routed_nvfp4_moe`` per activation (weights ``RoutedNVFP4Weights``; inputs/pertoken.py)."""
+    from flint_moe.conformance.inputs.pertoken import PERTOKEN_PATHS, run_pertoken
+
+    return {name: KernelPath(name, 1 << 20, "nvfp4_pertoken", run_pertoken) for name in PERTOKEN_PATHS}
 
 
 PATHS: dict[str, KernelPath] = _build()
@@ -288,6 +296,8 @@ def declared_orders(case) -> dict:
     H, I, M = int(case.H), int(case.I), int(case.M)  # noqa: E741
     if path in ("ll_block", "ll_module"):
         return block_orders(case)
+    if path.startswith("nvfp4_pertoken_"):  # stages "fc1", "fc2" (judge/pertoken.py)
+        return orders.pertoken_orders(H, I)
     if path in ("nvfp4_module", "nvfp4_dispatch"):  # ops.flint_moe: decode kernels up to the threshold
         path, config = ("nvfp4_decode" if M <= DECODE_MAX_TOKENS else "nvfp4_grouped"), "default"
     elif path == "bf16_module":

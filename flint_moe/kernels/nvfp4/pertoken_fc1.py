@@ -1,0 +1,330 @@
+"""Per-token NVFP4 x NVFP4 grouped FC1 + activation (docs/numerics.md "Per-token NVFP4 experts", P7-P9), then
+the FC2 input re-quantized per (token, slot) row (P10) by the per-token quantizer kernel.
+
+Both GEMM operands are NVFP4, and both decode exactly to bf16 (``E2M1 * E4M3``: at most 6 significant bits,
+magnitudes in [2^-10, 2688]). ``_decode_rows_kernel`` writes the tokens' exact values once, bf16 [T, H]
+(``grouped_gate_up.dequant_tile`` on the codes and row-major block scales of ``quantize_routed_nvfp4_input``;
+the row scale ``d`` is not applied). ``_pertoken_fc1_kernel`` then runs the W4A16 grouped main loop
+(``grouped_gate_up.k_loop``: the expert's FC1 codes and 128x4-swizzled scales decoded to bf16 in the loop,
+``tl.dot`` with the bf16 token rows, wgmma with fp32 accumulation on sm_90): one program computes ``BC``
+intermediate columns (gated: their up and gate rows) for one row block of one expert's (token, slot) pairs
+(``moe_permute``'s schedule; pairs whose local expert is -1 are in no block). Epilogue: P8 ``h = RN(RN(acc *
+alpha1_e) * d_t)`` (two ``mul.f32``), P9 squared ReLU ``RN(r * r)`` (``r = h`` where ``h > 0`` or NaN, else +0)
+or SwiGLU (``_rule.swiglu_f32``), stored as fp32 (no bf16 rounding) in ``act`` [P, I], row = pair ``t * k + j``.
+Decoding the activations once instead of in every column program leaves the main loop exactly the W4A16 one
+(same operand values, same products, same order), at the cost of one bf16 write and read of the operand.
+
+P10 needs the amax of a whole row of I activations, which no FC1 program sees, so it is a second launch: the
+per-token quantizer (``pertoken_quant.launch_pertoken_quant``, the same kernel as the routed input's, on fp32
+rows) turns ``act`` into the FC2 input codes [P, Ip/2], row-major block-scale bytes [P, Ip/16] and decode
+scales ``d2`` [P]. Rows of pairs that were not computed (empty or non-local slots) hold unspecified values and
+are never read downstream.
+
+Summation order of ``acc1`` (one (pair, column), length H; declared by ``kernels.orders.pertoken_orders``):
+K steps of ``BK`` in increasing order, each one ``tl.dot`` (BK / 16 chained ``wgmma ... k16``) into the fp32
+accumulator from +0; a partial last step adds exact zeros. No scale is applied inside the sum: the products are
+of the decoded values, the fp32 scales multiply the accumulator (P8).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
+from flint_moe.kernels._rule import swiglu_f32
+from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
+from flint_moe.kernels.nvfp4.grouped_gate_up import (
+    _cfg,
+    default_warps,
+    dequant_tile,
+    k_loop,
+    row_block,
+)
+from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
+
+__all__ = ["PERTOKEN_FC1_CONFIG", "DECODE_ROWS_CONFIG", "launch_decode_rows", "launch_pertoken_fc1", "audit_specs"]
+
+#: Default launch configuration: ``BC`` intermediate columns per program (16, 32 or 64: a gated tile's up and
+#: gate rows lie in one 128-row group of the interleave; non-gated 16 ... 128; None = 64 gated, 128 non-gated:
+#: 128 weight rows per tile either way), ``BK`` K elements per main-loop step (a power of two >= 32; it changes
+#: the declared order), ``num_stages``; ``num_warps`` None = ``grouped_gate_up.default_warps(BM)``.
+PERTOKEN_FC1_CONFIG = {"BC": None, "BK": 64, "num_warps": None, "num_stages": 3}
+
+
+def pertoken_launch_kwargs(cfg: dict, block_m: int, tap: bool) -> dict:
+    """Launch keywords of both per-token GEMMs from a config checked by ``grouped_gate_up._cfg``: ``BM`` (the
+    permutation's ``block_m``), ``BK``, ``DECODE``, ``TAP``, ``num_warps`` (``default_warps(block_m)`` unless
+    set), ``num_stages`` and ``launch_options()``."""
+    return {"BM": block_m, "BK": int(cfg["BK"]), "DECODE": cfg["DECODE"], "TAP": tap,
+            "num_warps": int(cfg["num_warps"] or default_warps(block_m)), "num_stages": int(cfg["num_stages"]),
+            **launch_options()}  # fmt: skip
+
+
+def default_bc(gated: bool) -> int:
+    """Columns per program when the config leaves ``BC`` None: 128 weight rows per tile (gated: 64 up + 64
+    gate)."""
+    return 64 if gated else 128
+
+#: Rows and columns per program of the decode pass (``launch_decode_rows``); neither changes a bit.
+DECODE_ROWS_CONFIG = {"ROWS": 32, "BK": 256, "num_warps": 4}
+
+
+@triton.jit
+def _decode_rows_kernel(
+    codes_ptr,  # uint8 [M, KPAD/2]
+    scale_ptr,  # uint8 [M, KPAD/16], row-major
+    out_ptr,  # bf16 [M, K] (out)
+    M,
+    K: tl.constexpr,
+    KPAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    BK: tl.constexpr,
+    DECODE: tl.constexpr,
+):
+    """``out[r, c] = E2M1(code) * E4M3(scale)`` exactly (``grouped_gate_up.dequant_tile``; every such product
+    is a bf16 value) for rows [pid0 ROWS, +ROWS) and columns [pid1 BK, +BK), both masked (M, K)."""
+    gdc_wait()
+    gdc_launch_dependents()
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    r_ok = rows < M
+    rl = tl.where(r_ok, rows, 0).to(tl.int64)
+    k0 = tl.program_id(1) * BK
+    kw = k0 // 8 + tl.arange(0, BK // 8)
+    kc = k0 // 16 + tl.arange(0, BK // 16)
+    kx = k0 + tl.arange(0, BK)
+    words = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rl[:, None] * (KPAD // 8) + kw[None, :],
+                    mask=r_ok[:, None] & (kw < K // 8)[None, :], other=0)  # fmt: skip
+    sb = tl.load(scale_ptr + rl[:, None] * (KPAD // 16) + kc[None, :], mask=r_ok[:, None] & (kc < K // 16)[None, :],
+                 other=0)  # fmt: skip
+    v = dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE)
+    tl.store(out_ptr + rl[:, None] * K + kx[None, :], v.to(tl.bfloat16), mask=r_ok[:, None] & (kx < K)[None, :])
+
+
+def launch_decode_rows(codes: torch.Tensor, scale: torch.Tensor, k: int, decode: int | None = None) -> torch.Tensor:
+    """bf16 [M, k]: the exact values of per-token NVFP4 rows (codes uint8 [M, Kpad/2], row-major scale bytes
+    uint8 [M, Kpad/16], contiguous, one device; k <= Kpad a multiple of 16), without the row scale. The GEMMs
+    read these (the W4A16 grouped main loop, ``grouped_gate_up.k_loop``, with exact bf16 activations): the
+    operand values, hence every product and the summation order, equal those of a decode inside the loop."""
+    from flint_moe.kernels._launch import INTERPRET
+
+    m, kpad = codes.shape[0], 2 * codes.shape[1]
+    out = torch.empty((m, k), dtype=torch.bfloat16, device=codes.device)
+    cfg = DECODE_ROWS_CONFIG
+    if m > 0:
+        dec = (0 if INTERPRET else 3) if decode is None else decode
+        _decode_rows_kernel[(triton.cdiv(m, cfg["ROWS"]), triton.cdiv(k, cfg["BK"]))](
+            codes, scale, out, m, K=k, KPAD=kpad, ROWS=cfg["ROWS"], BK=cfg["BK"], DECODE=dec,
+            num_warps=cfg["num_warps"], **launch_options(),
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
+def relu2_f32(h):
+    """P9 squared ReLU: ``RN(r * r)``, ``r = h`` where ``h > 0`` or ``h`` is NaN, else +0 (``mul.f32``)."""
+    r = tl.where((h > 0.0) | (h != h), h, 0.0)
+    return r * r
+
+
+@triton.jit
+def _pertoken_fc1_kernel(
+    xq_ptr,  # bf16 [T, H]: the tokens' exact NVFP4 values (launch_decode_rows)
+    xd_ptr,  # fp32 [T]: token decode scales d
+    order_ptr,  # int32 [P]: pair ids sorted by local expert
+    bexp_ptr,  # int32 [NB]
+    bstart_ptr,  # int32 [NB]
+    bend_ptr,  # int32 [NB]
+    w_ptr,  # uint8 fc1_data [E, N1P, HP/2]
+    s_ptr,  # uint8 fc1_scale_swizzled [E, N1P, HP/16]
+    alpha_ptr,  # fp32 [E]
+    act_ptr,  # fp32 [P, INTER] (out)
+    acc_ptr,  # fp32 [P, N1] (out, TAP only): acc1, logical columns ([gate; up] when gated)
+    h_ptr,  # fp32 [P, N1] (out, TAP only): h
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    TOPK: tl.constexpr,
+    GATED: tl.constexpr,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    DECODE: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """act[p, n] for columns n in [q*BC, q*BC + BC) (n < INTER) of the pairs of row block b (module docstring).
+
+    Grid ``(cdiv(INTER, BC), NB)``. Gated: tile row r < BC is the up row of column ``q*BC + r`` (physical row
+    ``(n // 64) * 128 + n % 64``), r >= BC its gate row (+64); one accumulator [2 BC, BM] split in the
+    epilogue, then SwiGLU. Non-gated: tile row r is physical row ``q*BC + r``, then squared ReLU."""
+    gdc_wait()
+    gdc_launch_dependents()
+    HW: tl.constexpr = HP // 8  # int32 code words per weight row
+    KP: tl.constexpr = HP // 16
+    N1P: tl.constexpr = 2 * IP if GATED else IP
+    N1: tl.constexpr = 2 * INTER if GATED else INTER
+    R: tl.constexpr = 2 * BC if GATED else BC
+    q = tl.program_id(0)
+    b = tl.program_id(1)
+    e, start, end, pos, r_ok = row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM)
+    pair = tl.load(order_ptr + pos, mask=r_ok, other=0).to(tl.int64)
+    tok = pair // TOPK
+    r = tl.arange(0, R)
+    rcol = q * BC + r % BC
+    w_ok = rcol < INTER
+    if GATED:
+        prow = (rcol // 64) * 128 + rcol % 64 + (r // BC) * 64
+    else:
+        prow = rcol
+    prow = tl.where(w_ok, prow, 0)
+    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (N1P * HW) + prow.to(tl.int64) * HW, 4)
+    s_base = s_ptr + e * (N1P * KP)
+    x_row = xq_ptr + tl.multiple_of(tok * H, 16)
+    acc = tl.zeros([R, BM], dtype=tl.float32)
+    if end > start:
+        acc = k_loop(acc, w_row, s_base, x_row, prow, w_ok, r_ok, H, KP, R, BK, DECODE)
+    alpha = tl.load(alpha_ptr + e)
+    d = tl.load(xd_ptr + tok, mask=r_ok, other=1.0)
+    cols = q * BC + tl.arange(0, BC)
+    ok = (cols < INTER)[:, None] & r_ok[None, :]
+    if GATED:
+        acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, BM]), (1, 2, 0)))
+        h_u = (acc_u * alpha) * d[None, :]  # P8
+        h_g = (acc_g * alpha) * d[None, :]
+        a = swiglu_f32(h_g, h_u)  # P9
+        if TAP:
+            base = pair[None, :] * N1 + cols[:, None]
+            tl.store(acc_ptr + base, acc_g, mask=ok)
+            tl.store(acc_ptr + base + INTER, acc_u, mask=ok)
+            tl.store(h_ptr + base, h_g, mask=ok)
+            tl.store(h_ptr + base + INTER, h_u, mask=ok)
+    else:
+        h = (acc * alpha) * d[None, :]  # P8
+        a = relu2_f32(h)  # P9
+        if TAP:
+            base = pair[None, :] * N1 + cols[:, None]
+            tl.store(acc_ptr + base, acc, mask=ok)
+            tl.store(h_ptr + base, h, mask=ok)
+    tl.store(act_ptr + pair[None, :] * INTER + cols[:, None], a, mask=ok)
+
+
+def launch_pertoken_fc1(
+    x_codes: torch.Tensor,
+    x_scale: torch.Tensor,
+    x_token_scale: torch.Tensor,
+    perm,
+    weights,
+    activation: str,
+    *,
+    taps: dict | None = None,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """P7-P10 for every pair of ``perm``: ``(act, a_codes, a_scale, a_token_scale)``.
+
+    Args (checked by the caller, ``flint_moe.ops.routed_nvfp4_moe``): ``x_codes`` uint8 [T, Hp/2],
+    ``x_scale`` uint8 [T, Hp/16] (row-major), ``x_token_scale`` fp32 [T] (``quantize_routed_nvfp4_input``);
+    ``perm`` = ``moe_permute(local ids int32 [T, k], E, BM)`` (-1 = not computed here); ``weights``
+    ``RoutedNVFP4Weights``; ``activation`` ``"relu2"`` (non-gated weights) or ``"swiglu"`` (gated).
+    taps: None or a dict receiving ``fc1_acc`` and ``h`` fp32 [T, k, N1] (logical columns, [gate; up] when
+        gated) and ``act`` fp32 [T, k, I]; rows of pairs not computed hold unspecified values.
+    config: overrides of :data:`PERTOKEN_FC1_CONFIG` (and ``DECODE``).
+    Returns:
+        ``act`` fp32 [P, I]; FC2 input ``a_codes`` uint8 [P, Ip/2], ``a_scale`` uint8 [P, Ip/16] (row-major),
+        ``a_token_scale`` fp32 [P] (P = T * k, row = pair ``t * k + j``).
+    Raises:
+        ValueError for a bad config.
+    """
+    t, k = perm.order.numel() // perm.top_k, perm.top_k
+    h, hp = weights.hidden_size, weights.padded_hidden_size
+    inter, ip = weights.intermediate_size, weights.padded_intermediate_size
+    gated = bool(weights.gated)
+    cfg = _cfg(config, PERTOKEN_FC1_CONFIG, "pertoken_fc1")
+    bc = int(cfg["BC"] or default_bc(gated))
+    if bc < 16 or bc > (64 if gated else 128) or bc & (bc - 1):
+        raise ValueError(f"pertoken_fc1: config BC = {bc} must be a power of two in [16, {64 if gated else 128}]")
+    dev = x_codes.device
+    p = t * k
+    n1 = 2 * inter if gated else inter
+    act = torch.empty((p, inter), dtype=torch.float32, device=dev)
+    tap = taps is not None
+    if tap:
+        acc1 = torch.zeros((p, n1), dtype=torch.float32, device=dev)
+        hbuf = torch.zeros_like(acc1)
+    else:
+        acc1 = hbuf = act  # never written
+    if p > 0:
+        xq = launch_decode_rows(x_codes, x_scale, h, cfg["DECODE"])
+        grid = (triton.cdiv(inter, bc), perm.num_blocks)
+        _pertoken_fc1_kernel[grid](
+            xq, x_token_scale, perm.order, perm.block_expert, perm.block_start, perm.block_end,
+            weights.fc1_data, weights.fc1_scale_swizzled.view(torch.uint8), weights.fc1_alpha, act, acc1, hbuf,
+            H=h, HP=hp, IP=ip, INTER=inter, TOPK=k, GATED=gated, BC=bc,
+            **pertoken_launch_kwargs(cfg, perm.block_m, tap),
+        )  # fmt: skip
+    a_codes = torch.empty((p, ip // 2), dtype=torch.uint8, device=dev)
+    a_scale = torch.empty((p, ip // 16), dtype=torch.uint8, device=dev)
+    a_d = torch.empty((p,), dtype=torch.float32, device=dev)
+    if p > 0:
+        launch_pertoken_quant(act, ip, a_codes, a_scale, a_d)  # P10
+    if tap:
+        taps.update(fc1_acc=acc1.view(t, k, n1), h=hbuf.view(t, k, n1), act=act.view(t, k, inter))
+    return act, a_codes, a_scale, a_d
+
+
+#: (name, H, I, k, BM, gated, TAP) builds audited for sm_90: DeepSeek-V3 widths, both activations.
+AUDIT_CASES = (
+    ("swiglu.H7168.I2048.BM16", 7168, 2048, 8, 16, True, False),
+    ("relu2.H7168.I2048.BM16", 7168, 2048, 8, 16, False, False),
+    ("swiglu.H7168.I2048.BM64", 7168, 2048, 8, 64, True, False),
+    ("swiglu.H7168.I2048.BM128", 7168, 2048, 8, 128, True, False),
+    ("swiglu.H7168.I2048.BM128.tap", 7168, 2048, 8, 128, True, True),
+    ("relu2.H7168.I2048.BM128", 7168, 2048, 8, 128, False, False),
+    ("relu2.H2880.I2880.BM64", 2880, 2880, 4, 64, False, False),
+)
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of the FC1 kernel: wgmma (tensor cores), the PDL wait, the bf16 decode
+    multiply, and for SwiGLU the pinned ``ex2.approx.ftz.f32`` / ``rcp.approx.ftz.f32``; no fused multiply-add
+    (P8 and P9 are plain ``mul.f32``), no fp64, no approximate division."""
+    sig = {"xq_ptr": "*bf16", "xd_ptr": "*fp32", "order_ptr": "*i32", "bexp_ptr": "*i32",
+           "bstart_ptr": "*i32", "bend_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32",
+           "act_ptr": "*fp32", "acc_ptr": "*fp32", "h_ptr": "*fp32"}  # fmt: skip
+    cfg = PERTOKEN_FC1_CONFIG
+    names = []
+    for name, h, i, k, bm, gated, tap in AUDIT_CASES:
+        ip = (i + 255) // 256 * 256
+        hp = (h + 255) // 256 * 256
+        consts = {"H": h, "HP": hp, "IP": ip, "INTER": i, "TOPK": k, "GATED": gated, "BM": bm,
+                  "BC": cfg["BC"] or default_bc(gated), "BK": cfg["BK"], "DECODE": 3, "TAP": tap}  # fmt: skip
+        require = ["wgmma.mma_async", "griddepcontrol.wait", "mul.rn.bf16x2"]
+        if gated:
+            require += ["ex2.approx.ftz.f32", "rcp.approx.ftz.f32"]
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit(f"pertoken_fc1.{name}", _pertoken_fc1_kernel, sig, consts, require,
+                                    (*DEFAULT_FORBID, "fma.rn.f32", "div.approx"), options=options).name)  # fmt: skip
+    # the decode pass of both operands (H of DeepSeek-V3, I of DeepSeek-V3, a padded width)
+    cfg_d = DECODE_ROWS_CONFIG
+    for k, kpad in ((7168, 7168), (2048, 2048), (2880, 3072)):
+        names.append(register_audit(
+            f"pertoken_decode_rows.K{k}", _decode_rows_kernel,
+            {"codes_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "M": "i32"},
+            {"K": k, "KPAD": kpad, "ROWS": cfg_d["ROWS"], "BK": cfg_d["BK"], "DECODE": 3},
+            ["mul.rn.bf16x2", "griddepcontrol.wait"], (*DEFAULT_FORBID, "fma.rn.f32"),
+            options={"num_warps": cfg_d["num_warps"]}).name)  # fmt: skip
+    # P10: the per-token quantizer kernel on the fp32 FC2-input rows (the routed input's build reads bf16)
+    from flint_moe.kernels.nvfp4.pertoken_quant import PERTOKEN_QUANT_CONFIG, _pertoken_quant_kernel
+
+    qforbid = (*DEFAULT_FORBID, "rcp.approx", "div.approx", "mul.ftz", "fma.rn", "cvt.rn.satfinite.e4m3x2")
+    for i, ip in ((2048, 2048), (2880, 3072)):
+        names.append(register_audit(
+            f"pertoken_quant.fc2_input.I{i}", _pertoken_quant_kernel,
+            {"x_ptr": "*fp32", "codes_ptr": "*u8", "scale_ptr": "*u8", "token_scale_ptr": "*fp32"},
+            {"H": i, "HP": ip, "CHUNK": PERTOKEN_QUANT_CONFIG["CHUNK"]}, ["div.rn.f32", "griddepcontrol.wait"],
+            qforbid, options={"num_warps": PERTOKEN_QUANT_CONFIG["num_warps"]}).name)  # fmt: skip
+    return names
+
+
+audit_specs()
