@@ -189,6 +189,7 @@ def _recording(out: list[Launch]):
 def _fake_inputs(case):
     """``profiles.CaseInputs`` of ``case`` as fake CUDA tensors (call inside ``FakeTensorMode``): the stored
     layouts' shapes and dtypes on device ``cuda``, no data."""
+    from flint_moe.conformance.inputs.pertoken import PERTOKEN_PATHS
     from flint_moe.conformance.inputs.profiles import CaseInputs
 
     E, H, I, Ip, M = case.E, case.H, case.I, case.Ip, case.M  # noqa: E741
@@ -196,6 +197,8 @@ def _fake_inputs(case):
     def t(*shape, dtype=torch.bfloat16):
         return torch.empty(shape, dtype=dtype, device="cuda")
 
+    if case.path in PERTOKEN_PATHS:
+        return _fake_pertoken_inputs(case, t)
     notes = {"top_k": case.k, "injected_row_maps": True}  # fake maps hold no values to check
     if case.path.startswith("nvfp4"):
         from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
@@ -216,10 +219,61 @@ def _fake_inputs(case):
     return CaseInputs(t(M, H), t(E, H), t(M, H), None, stored, notes)
 
 
+def _fake_pertoken_inputs(case, t):
+    """``inputs.pertoken.build_pertoken_inputs`` of ``case`` as fake tensors made by ``t(*shape, dtype=)``: the
+    ``RoutedNVFP4Weights`` stacks' padded shapes (``layouts.routed_nvfp4``), the routing map and probabilities,
+    and the dispatcher profile's rank offset and token capacity (its pre-filled ``out`` left out: the same
+    launches write the op's own output)."""
+    from flint_moe.conformance.inputs.pertoken import PERTOKEN_PATHS
+    from flint_moe.conformance.inputs.profiles import CaseInputs
+    from flint_moe.layouts._core import round_up
+    from flint_moe.layouts.routed_nvfp4 import ROUTED_ALIGNMENT, RoutedNVFP4Weights
+    from flint_moe.layouts.swizzle import mma_view
+
+    E, H, I, M, k = case.E, case.H, case.I, case.M, case.k  # noqa: E741
+    act = PERTOKEN_PATHS[case.path]
+    hp, ip = round_up(H, ROUTED_ALIGNMENT), round_up(I, ROUTED_ALIGNMENT)
+    n1 = 2 * ip if act == "swiglu" else ip
+    s1, s2 = t(E, n1, hp // 16, dtype=torch.float8_e4m3fn), t(E, hp, ip // 16, dtype=torch.float8_e4m3fn)
+    stored = RoutedNVFP4Weights(
+        H, I, hp, ip, act == "swiglu", t(E, n1, hp // 2, dtype=torch.uint8), s1, mma_view(s1, name="fc1_scale"),
+        t(E, dtype=torch.float32), t(E, hp, ip // 2, dtype=torch.uint8), s2, mma_view(s2, name="fc2_scale"),
+        t(E, dtype=torch.float32),
+    )  # fmt: skip
+    disp = case.profile == "dispatcher"
+    notes = {
+        "top_k": k, "routing_map": t(M, k, dtype=torch.int32), "probabilities": t(M, k, dtype=torch.float32),
+        "num_experts": 2 * E if disp else E, "local_expert_offset": E if disp else 0,
+        "token_capacity": M - M // 4 if disp else None, "activation": act,
+        "out_init": None,  # fake tensors share address 0, which the op's overlap check of ``out=`` refuses
+    }  # fmt: skip
+    return CaseInputs(t(M, H), t(E, H), t(M, H), None, stored, notes)
+
+
 #: The op path each module path runs (``modules.FlintNvfp4Experts.forward`` calls ``ops.flint_moe``,
 #: ``modules.FlintBf16DecodeMoE.forward`` calls ``ops.flint_moe_bf16_decode``, default configurations; the
 #: modules only load / repack the weights, and pass their own route counter and shared output).
 _MODULE_OP_PATH = {"nvfp4_module": "nvfp4_decode", "bf16_module": "bf16_decode"}
+
+
+def _fake_row_slicing(getitem):
+    """``Tensor.__getitem__`` that takes basic slicing ``t[a:b, ..., :c]`` (unit steps) as ``narrow`` per dimension (the
+    same view): indexing a fake CUDA tensor needs a CUDA build of PyTorch, narrowing does not."""
+
+    def item(self, index):
+        parts = index if isinstance(index, tuple) else (index,)
+        if parts.count(Ellipsis) == 1 and len(parts) <= self.dim() + 1:
+            i = parts.index(Ellipsis)
+            parts = parts[:i] + (slice(None),) * (self.dim() - len(parts) + 1) + parts[i + 1 :]
+        if not all(isinstance(p, slice) and p.step in (None, 1) for p in parts) or len(parts) > self.dim():
+            return getitem(self, index)
+        out = self
+        for d, p in enumerate(parts):
+            start, stop, _ = p.indices(out.shape[d])
+            out = out.narrow(d, start, max(stop - start, 0))
+        return out
+
+    return item
 
 
 def _shape_only_permute(ids, num_experts, block_m):
@@ -244,6 +298,7 @@ def _case_launches(case, counter) -> list[Launch]:
     from dataclasses import replace
 
     import flint_moe.ops.moe_nvfp4_grouped as grouped_op
+    import flint_moe.ops.moe_pertoken as pertoken_op
     from flint_moe.conformance.run.paths import PATHS, path_for
 
     run_case = case
@@ -257,7 +312,12 @@ def _case_launches(case, counter) -> list[Launch]:
     if run_case.config != "default":
         runs.append((PATHS[run_case.path], inputs, {}))
     launches: list[Launch] = []
-    with _recording(launches), _patched(grouped_op, "moe_permute", _shape_only_permute):
+    with (
+        _recording(launches),
+        _patched(grouped_op, "moe_permute", _shape_only_permute),
+        _patched(pertoken_op, "moe_permute", _shape_only_permute),
+        _patched(torch.Tensor, "__getitem__", _fake_row_slicing(torch.Tensor.__getitem__)),
+    ):
         for p, inp, taps in runs:
             p.fn(inp, counter, taps)
     return launches
@@ -326,12 +386,15 @@ def _swap_path(require: tuple, mma: bool) -> tuple:
 
 def _rule_lists(kernel: Any, constexprs: dict, specs: dict) -> tuple[tuple, tuple]:
     """(require, forbid) of ``kernel``'s own registered specs (a kernel's rule instructions do not depend on its
-    sizes). For a kernel with an ``MMA`` constexpr, the specs with the same ``MMA`` value; when its module audits
+    sizes). For a kernel with a ``GATED`` constexpr, the specs with the same ``GATED`` value; with an ``MMA``
+    constexpr, the specs with the same ``MMA`` value; when its module audits
     only the other path, that path's list with the path instructions swapped as the module's ``audit_specs()``
     swaps them (``_swap_path``). Raises LookupError when the kernel module registers no spec for this kernel or
     its specs disagree."""
     fn = getattr(kernel, "fn", kernel)
     own = [s for s in specs.values() if getattr(s.kernel, "fn", s.kernel) is fn and not s.name.startswith("matrix.")]
+    if "GATED" in constexprs:  # the activation's instructions (SwiGLU's sigmoid) depend on it
+        own = [s for s in own if bool(s.constexprs.get("GATED")) == bool(constexprs["GATED"])]
     lists = {(s.require, s.forbid) for s in own}
     if "MMA" in constexprs:
         mma = bool(constexprs["MMA"])

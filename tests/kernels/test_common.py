@@ -213,7 +213,7 @@ def test_shim_constexpr_reprs_name_the_function() -> None:
     shims = {k: v for k, v in vars(_shims).items() if k.startswith("_SHIM_")}
     assert sorted(shims) == sorted(
         f"_SHIM_{n}" for n in ("rcp_approx_ftz", "ex2_approx_ftz", "rsqrt_approx_ftz", "expf_libdevice", "div_rn",
-                               "bf16_rn")
+                               "bf16_rn", "fma_rn")
     )
     for name, v in shims.items():
         text = repr(v.value)

@@ -137,10 +137,15 @@ def test_declared_orders():
     o = K.pertoken_orders(7168, 2048)
     assert o["fc1"]["kernel"] == "pertoken_fc1" and o["fc1"]["length"] == 7168 and o["fc1"]["part_length"] == 7168
     assert o["fc2"]["kernel"] == "pertoken_fc2" and o["fc2"]["length"] == 2048
-    assert o["fc1"]["axes"] == [["step", 112], ["k16", 4], ["slot", 16]]
+    # the W4A16 grouped main loop: one wgmma chain over the K16 steps of the padded width, 16 slots each
+    chain = [{"op": "mma_chain", "chain": ["k16"], "slots": ["slot"], "instruction": "wgmma.m64nNk16"}]
+    assert o["fc1"]["program"] == chain and o["fc2"]["program"] == chain
+    assert o["fc1"]["axes"] == [["k16", 7168 // 16], ["slot", 16]]
+    assert o["fc2"]["axes"] == [["k16", 2048 // 16], ["slot", 16]]
     o = K.pertoken_orders(160, 176, config={"fc2": {"BK": 128}})
-    assert o["fc1"]["axes"] == [["step", 3], ["k16", 4], ["slot", 16]] and o["fc1"]["part_length"] == 192
-    assert o["fc2"]["axes"] == [["step", 2], ["k16", 8], ["slot", 16]] and o["fc2"]["part_length"] == 256
+    # 160 -> 192 (BK 64), 176 -> 256 (BK 128): the chain runs over the zero-padded tail
+    assert o["fc1"]["axes"] == [["k16", 192 // 16], ["slot", 16]] and o["fc1"]["part_length"] == 192
+    assert o["fc2"]["axes"] == [["k16", 256 // 16], ["slot", 16]] and o["fc2"]["part_length"] == 256
 
 
 def _bad_calls(w, wr, x, ids, p):

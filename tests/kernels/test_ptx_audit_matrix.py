@@ -78,6 +78,15 @@ _GROUPED = _ROUTER | {
     "nvfp4.grouped_down._grouped_combine_kernel",
 }
 _BF16 = _ROUTER | {"bf16.gate_up._bf16_gate_up_kernel", "bf16.down_combine._bf16_down_combine_kernel"}
+#: The per-token op (no router): the per-token quantizer (of the tokens and of FC2's input), the decode pass of
+#: both operands, FC1 + activation, FC2 and the weighted combine.
+_PERTOKEN = {
+    "nvfp4.pertoken_quant._pertoken_quant_kernel",
+    "nvfp4.pertoken_fc1._decode_rows_kernel",
+    "nvfp4.pertoken_fc1._pertoken_fc1_kernel",
+    "nvfp4.pertoken_fc2._pertoken_fc2_kernel",
+    "nvfp4.pertoken_fc2._pertoken_combine_kernel",
+}
 EXPECTED_KERNELS = {
     "nvfp4_decode": _NVFP4_DECODE,
     "nvfp4_grouped": _GROUPED,
@@ -85,6 +94,8 @@ EXPECTED_KERNELS = {
     "bf16_decode": _BF16,
     "bf16_module": _BF16,
     "nvfp4_dispatch": _NVFP4_DECODE | _GROUPED,
+    "nvfp4_pertoken_swiglu": _PERTOKEN,
+    "nvfp4_pertoken_relu2": _PERTOKEN,
 }
 
 
