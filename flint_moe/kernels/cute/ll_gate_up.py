@@ -1,5 +1,5 @@
 """CuTe DSL split-K NVFP4 gate/up GEMV of the low-latency decode block (rule steps 5-7): a first version,
-compiled for sm_90 and its PTX audited on the CPU; NOT YET RUN ON A GPU (no correctness or speed claim).
+compiled for sm_90 and its PTX audited on the CPU, bitwise on the H200 (tests/ops/test_moe_ll_gpu.py); not yet tuned.
 
 Two kernels (``nvidia-cutlass-dsl``, the ``cute`` extra; this module imports without it and then reports
 the package missing from :func:`cute_available`):
@@ -31,8 +31,8 @@ c % 4`` inside an expert's [Mp, Kp] block.
 Limits: H % 16 == 0, 1 <= S <= H / 16 (a lane past its split's last block reads nothing), Ip % 64 == 0;
 offsets are 32-bit (E * 2Ip * H / 8 < 2^31: Kimi-K2's 384 x 4096 x 896 = 1.41e9 fits).
 
-Not done yet (the GPU session's work): running it at all, the conformance path, tuning (one warp per row and
-byte-wise scale loads are the simplest mapping, not a fast one), fusing ``finish`` into ``partial`` (last
+Ran on the H200 bitwise (tests/ops/test_moe_ll_gpu.py). Not done yet: the conformance path on the GPU, tuning
+(one warp per row and byte-wise scale loads are the simplest mapping, not a fast one), fusing ``finish`` into ``partial`` (last
 CTA of a row tile by an atomic ticket), the taps' place in the block op.
 """
 
