@@ -32,8 +32,8 @@ Limits: H % 16 == 0, 1 <= S <= H / 16 (a lane past its split's last block reads 
 offsets are 32-bit (E * 2Ip * H / 8 < 2^31: Kimi-K2's 384 x 4096 x 896 = 1.41e9 fits).
 
 Ran on the H200 bitwise (tests/ops/test_moe_ll_gpu.py). Not done yet: the conformance path on the GPU, tuning
-(one warp per row and byte-wise scale loads are the simplest mapping, not a fast one), fusing ``finish`` into ``partial`` (last
-CTA of a row tile by an atomic ticket), the taps' place in the block op.
+(one warp per row and byte-wise scale loads are the simplest mapping, not a fast one), fusing ``finish`` into
+``partial`` (last CTA of a row tile by an atomic ticket), the taps' place in the block op.
 """
 
 from __future__ import annotations
