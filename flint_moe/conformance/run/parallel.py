@@ -14,11 +14,19 @@ Scheduling (:func:`plan_units`, :func:`pick_unit`):
   weight cache works as in a serial run.
 - **Longest first.** Units are handed out by decreasing estimated cost (:func:`estimate_seconds`), so the
   long ones (large-M grouped cases, DeepSeek-V3 layers) do not start last.
+- **Measured costs.** Where an earlier GPU report has the case (:func:`measured_costs`: by default the
+  committed ``reports/h200/report.json``, ``FLINT_PLAN_FROM=path`` another, ``FLINT_PLAN_FROM=none`` none), its
+  measured seconds replace :func:`estimate_seconds` and its peak reserved device memory (``meta.
+  peak_reserved_bytes``, recorded by ``runner.run_case``) plus :data:`CONTEXT_BYTES`, times
+  :data:`MEASURED_MARGIN`, replaces :func:`estimate_bytes`: the workers are packed by what they really held (the
+  model's allowance is conservative and kept workers idle: on the H200 one of 8 workers got no unit). Only the
+  order and the packing change, never what a case runs; an underestimate costs an out-of-memory retry.
 - **Device memory.** A unit starts only while the estimated device memory of the running units plus its own
-  (:func:`estimate_bytes`: the logical and stored expert weights and a fixed allowance for the golden model)
-  stays within the budget (default 85 % of the free device memory at the start); a unit bigger than the
-  budget runs alone. The BF16 Kimi-K2 and Llama-4-Maverick layers hold ~70 GB each: two at once would not fit
-  on a 141 GB H200. After each unit a worker drops its weight cache and returns cached blocks to the driver.
+  (:func:`estimate_bytes`: the logical and stored expert weights and a fixed allowance for the golden model,
+  or the measured peak) stays within the budget (default 85 % of the free device memory at the start); a unit
+  bigger than the budget runs alone. The BF16 Kimi-K2 and Llama-4-Maverick layers hold ~70 GB each: two at
+  once would not fit on a 141 GB H200. After each unit a worker drops its weight cache and returns cached
+  blocks to the driver.
 - **Several GPUs.** With CUDA the workers are spread round robin over every visible GPU; each worker process
   sees only its own (``CUDA_VISIBLE_DEVICES``), and the memory budget above holds per GPU.
 - **Mutation self-test.** ``mutation.run_mutations`` is one more unit, run beside the cases.
@@ -46,6 +54,7 @@ __all__ = [
     "estimate_seconds",
     "gpu_slots",
     "pick_unit",
+    "measured_costs",
     "plan_units",
     "run_parallel",
     "visible_gpus",
@@ -59,6 +68,13 @@ GOLDEN_ALLOWANCE = 12 << 30
 MUTATION_SECONDS = 25.0
 #: Device memory of the mutation self-test (small shapes).
 MUTATION_BYTES = 2 << 30
+#: Device memory a worker holds outside the caching allocator's reserved pool (CUDA context, cuBLAS and
+#: Triton workspaces), added to a measured peak, with :data:`MEASURED_MARGIN` on top.
+CONTEXT_BYTES = 2 << 30
+MEASURED_MARGIN = 1.10
+#: The report whose measured case costs plan a CUDA run (relative to the working directory; the repository root
+#: in ``scripts/h200.sh``): the committed GPU report.
+DEFAULT_PLAN_FROM = "reports/h200/report.json"
 
 
 @dataclass
@@ -100,11 +116,52 @@ def estimate_seconds(case) -> float:
     return 0.5 + 3e-9 * experts * 3 * case.H * case.I
 
 
-def plan_units(cases: list, *, max_cases: int = 8, max_seconds: float = 15.0, mutation: bool = False) -> list[Unit]:
+def measured_costs(report_path: str | os.PathLike | None) -> dict[str, tuple[float, int | None]]:
+    """Case id -> (``meta.seconds``, ``meta.peak_reserved_bytes`` or None) of the cases of a conformance report
+    JSON made on a GPU (``env.gpu`` set); {} when ``report_path`` is None, missing, unreadable, or not a GPU run."""
+    import json
+
+    if report_path is None:
+        return {}
+    try:
+        with open(report_path) as f:
+            rep = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(rep, dict) or not (rep.get("env") or {}).get("gpu"):
+        return {}
+    out: dict[str, tuple[float, int | None]] = {}
+    for c in rep.get("cases") or []:
+        meta = c.get("meta") or {}
+        sec, peak = meta.get("seconds"), meta.get("peak_reserved_bytes")
+        if isinstance(c.get("case_id"), str) and isinstance(sec, (int, float)):
+            out[c["case_id"]] = (float(sec), int(peak) if isinstance(peak, int) else None)
+    return out
+
+
+def _case_cost(case, measured: dict) -> tuple[float, int]:
+    sec, peak = measured.get(case.id, (None, None))
+    sec = estimate_seconds(case) if sec is None else sec
+    nbytes = estimate_bytes(case) if peak is None else int(MEASURED_MARGIN * (peak + CONTEXT_BYTES))
+    return sec, nbytes
+
+
+def plan_units(
+    cases: list,
+    *,
+    max_cases: int = 8,
+    max_seconds: float = 15.0,
+    mutation: bool = False,
+    measured: dict | None = None,
+) -> list[Unit]:
     """Units of ``cases`` (see the module docstring), longest estimated first; a unit ends after ``max_cases``
     cases or before the case that would take its estimate past ``max_seconds`` (a long case is a unit of its
-    own); with ``mutation`` the mutation self-test is one more unit."""
+    own); with ``mutation`` the mutation self-test is one more unit. ``measured``: :func:`measured_costs` of an
+    earlier run; its cases' seconds and peak device memory replace the estimates."""
     from flint_moe.conformance.inputs.profiles import weight_key
+
+    measured = measured or {}
+    cost = {id(c): _case_cost(c, measured) for c in cases}
 
     groups: dict[tuple, list] = {}
     for pos, case in enumerate(cases):
@@ -113,16 +170,16 @@ def plan_units(cases: list, *, max_cases: int = 8, max_seconds: float = 15.0, mu
     for members in groups.values():
         part: list = []
         for pos, case in members:
-            est = sum(estimate_seconds(c) for _, c in part)
-            if part and (len(part) == max_cases or est + estimate_seconds(case) > max_seconds):
+            est = sum(cost[id(c)][0] for _, c in part)
+            if part and (len(part) == max_cases or est + cost[id(case)][0] > max_seconds):
                 pieces.append(part)
                 part = []
             part.append((pos, case))
         pieces.append(part)
     units: list[Unit] = []
     for part in pieces:
-        sec = 2.0 + sum(estimate_seconds(c) for _, c in part)  # + the first case's compiles
-        units.append(Unit(len(units), "cases", part, sec, max(estimate_bytes(c) for _, c in part)))
+        sec = 2.0 + sum(cost[id(c)][0] for _, c in part)  # + the first case's compiles
+        units.append(Unit(len(units), "cases", part, sec, max(cost[id(c)][1] for _, c in part)))
     if mutation:
         units.append(Unit(len(units), "mutation", [], MUTATION_SECONDS, MUTATION_BYTES))
     units.sort(key=lambda u: -u.seconds)
@@ -311,7 +368,9 @@ def run_parallel(
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
     gpus = visible_gpus() if device.startswith("cuda") else []
     budgets = [_budget(device, index=i) for i in range(len(gpus))] or [_budget(device)]
-    pending = plan_units(cases, max_cases=max_cases, max_seconds=max_seconds, mutation=mutation)
+    plan_from = os.environ.get("FLINT_PLAN_FROM", DEFAULT_PLAN_FROM) if gpus else None
+    measured = measured_costs(None if plan_from in (None, "", "none") else plan_from)
+    pending = plan_units(cases, max_cases=max_cases, max_seconds=max_seconds, mutation=mutation, measured=measured)
     n_units = len(pending)
     results_q = ctx.Queue()
     workers: dict[int, tuple] = {}  # wid -> (process, task queue)
@@ -415,6 +474,8 @@ def run_parallel(
         "device_memory_budget_bytes": budgets[0] if gpus else None,
         "device_memory_budget_bytes_per_gpu": budgets if gpus else None,
         "units": n_units,
+        "plan_from": plan_from if measured else None,
+        "measured_cases": sum(c.id in measured for c in cases),
         "worker_busy_seconds": {str(k): round(v, 1) for k, v in sorted(busy.items())},
     }
     return [done[pos] for pos in sorted(done)], mutation_rep, info

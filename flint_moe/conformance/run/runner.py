@@ -109,14 +109,21 @@ def run_case(
     exact summation). ``black_box``: judge the case as a kernel without taps would be judged
     (``blackbox.compare_blackbox``: the path runs its production build, the output is compared end to end with
     the golden model's intervals, ``mode = "black-box"``; no stages, no diagnosis). Returns the CaseResult
-    (FAIL cases of the taps mode carry ``faults.diagnose`` names)."""
+    (FAIL cases of the taps mode carry ``faults.diagnose`` names). On CUDA, ``meta["peak_reserved_bytes"]`` is the
+    caching allocator's peak reserved device memory during the case (weights cached by earlier cases of the
+    worker included), which ``parallel.plan_units`` reads back from a committed report."""
     from flint_moe.reference.exact import filtered_sums
 
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     with filtered_sums():
         res = _run_case(case, device, counter, invariance, inputs, black_box)
     if isinstance(getattr(res, "meta", None), dict):
         res.meta["seconds"] = round(time.perf_counter() - t0, 3)  # wall time of the case (run + golden + checks)
+        if cuda:  # the process's device footprint during the case (the planner packs workers by it)
+            res.meta["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
     return res
 
 

@@ -120,3 +120,35 @@ def test_visible_to_children_sets_and_restores(monkeypatch, tmp_path):
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     with parallel.visible_to_children(None):
         assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_measured_costs_replace_the_estimates(tmp_path):
+    """A GPU report's seconds and peak reserved bytes plan the units of the cases it has (the others keep the
+    model); a CPU report, a missing file and junk give no measurements."""
+    import json
+
+    a, b, c = (Case.make("nvfp4_grouped", "deepseek-v3", m, "gaussian") for m in (1, 2, 3))
+    gib = 1 << 30
+    rep = {"env": {"gpu": "NVIDIA H200"}, "cases": [
+        {"case_id": a.id, "meta": {"seconds": 30.0, "peak_reserved_bytes": 10 * gib}},
+        {"case_id": b.id, "meta": {"seconds": 4.0}},  # an older report: seconds only
+        {"case_id": "junk", "meta": {"seconds": "slow"}},
+    ]}  # fmt: skip
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(rep))
+    measured = parallel.measured_costs(path)
+    assert measured == {a.id: (30.0, 10 * gib), b.id: (4.0, None)}
+    units = plan_units([a, b, c], max_cases=8, max_seconds=20.0, measured=measured)
+    by_first = {u.cases[0][1].id: u for u in units}
+    # a alone (30 s measured > 20); b and c together: 4 s measured + c's estimate
+    assert sorted([p for p, _ in u.cases] for u in units) == [[0], [1, 2]]
+    assert by_first[a.id].seconds == 2.0 + 30.0
+    assert by_first[b.id].seconds == 2.0 + 4.0 + parallel.estimate_seconds(c)
+    assert by_first[a.id].nbytes == int(parallel.MEASURED_MARGIN * (10 * gib + parallel.CONTEXT_BYTES))
+    assert by_first[b.id].nbytes == max(estimate_bytes(b), estimate_bytes(c))  # no peak measured for them
+    assert units[0] is by_first[a.id]  # longest first, by the measured seconds
+    path.write_text(json.dumps({**rep, "env": {"gpu": None}}))
+    assert parallel.measured_costs(path) == {}
+    path.write_text("{not json")
+    assert parallel.measured_costs(path) == {} == parallel.measured_costs(tmp_path / "missing.json")
+    assert parallel.measured_costs(None) == {}
