@@ -14,11 +14,9 @@ configurations is ``benchmarks/tune/decode_nvfp4.py``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -156,22 +154,15 @@ def main(argv=None) -> int:
                 )
         del w
         torch.cuda.empty_cache()
-    with open(os.path.join(args.out, "bench_nvfp4.json"), "w") as f:
-        json.dump({"copy_bw": bw, "rows": rows, "time": time.time()}, f, indent=1)
+    from benchmarks.runner import write_table
+
     lines = [
-        f"copy bandwidth (2 GiB D2D, read + write): {bw / 1e12:.3f} TB/s",
-        "",
-        "| model | variant | M | us | MB moved | TB/s | % of copy |",
-        "|---|---|---|---|---|---|---|",
+        f"| {r['model']} | {r['variant']} | {r['M']} | {r['us']:.1f} | {r['bytes'] / 1e6:.1f} | "
+        f"{r['tbps']:.3f} | {100 * r['frac']:.1f} |"
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['variant']} | {r['M']} | {r['us']:.1f} | {r['bytes'] / 1e6:.1f} | "
-            f"{r['tbps']:.3f} | {100 * r['frac']:.1f} |"
-        )
-    with open(os.path.join(args.out, "bench_nvfp4.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    header = "model | variant | M | us | MB moved | TB/s | % of copy"
+    print(write_table(args.out, "bench_nvfp4", bw, rows, header, lines))
     return 0
 
 

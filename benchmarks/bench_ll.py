@@ -21,11 +21,9 @@ residual_out written (averaged over the input sets). ``CASES`` / ``prepare`` plu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -172,14 +170,9 @@ def main(argv=None) -> int:
                 print(f"{model:14s} {path:6s} M={M} {r['us']:8.1f} us {r['gbps']:8.1f} GB/s "
                       f"{100 * r['frac']:5.1f}% of copy {r['error']}", flush=True)  # fmt: skip
     _LAYER.clear()
-    with open(os.path.join(args.out, "bench_ll.json"), "w") as f:
-        json.dump({"copy_bw": bw, "rows": rows, "time": time.time()}, f, indent=1)
-    lines = [
-        f"copy bandwidth (2 GiB D2D, read + write): {bw / 1e12:.3f} TB/s",
-        "",
-        "| model | M | ll us | triton us | ll GB/s | triton GB/s | ll % of copy | triton % of copy | MB moved |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    from benchmarks.runner import write_table
+
+    lines = []
     by = {(r["model"], r["M"], r["path"]): r for r in rows}
     for model in args.models.split(","):
         for M in (int(t) for t in args.tokens.split(",")):  # noqa: N806
@@ -189,10 +182,8 @@ def main(argv=None) -> int:
                 f"{100 * a['frac']:.1f} | {100 * b['frac']:.1f} | {max(a['bytes'], b['bytes']) / 1e6:.1f} |"
             )
     errors = [f"{r['model']} {r['path']} M={r['M']}: {r['error']}" for r in rows if r["error"]]
-    text = "\n".join(lines + ([""] + errors if errors else [])) + "\n"
-    with open(os.path.join(args.out, "bench_ll.md"), "w") as f:
-        f.write(text)
-    print(text)
+    header = "model | M | ll us | triton us | ll GB/s | triton GB/s | ll % of copy | triton % of copy | MB moved"
+    print(write_table(args.out, "bench_ll", bw, rows, header, lines + ([""] + errors if errors else [])))
     return 1 if errors else 0
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Prepared", "copy_bandwidth", "time_graph", "main"]
+__all__ = ["Prepared", "copy_bandwidth", "time_graph", "write_table", "main"]
 
 
 @dataclass
@@ -94,6 +94,28 @@ def replay_median(graph: torch.cuda.CUDAGraph, calls: int, replays: int) -> floa
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e-3 / calls)
     return statistics.median(times)
+
+
+def write_table(out_dir: str, stem: str, copy_bw: float, rows: list[dict], header: str, lines: list[str]) -> str:
+    """Write one benchmark's results: ``out_dir/stem.json`` (``copy_bw`` in bytes/s, the ``rows``, the time) and
+    ``out_dir/stem.md`` (the same-run copy bandwidth, then the markdown table ``header`` (its cells, without the
+    outer pipes) with the row ``lines``). Returns the markdown text."""
+    import os
+    import time
+
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump({"copy_bw": copy_bw, "rows": rows, "time": time.time()}, f, indent=1)
+    cells = [c.strip() for c in header.split("|")]
+    text = "\n".join([
+        f"copy bandwidth (2 GiB D2D, read + write): {copy_bw / 1e12:.3f} TB/s",
+        "",
+        "| " + " | ".join(cells) + " |",
+        "|" + "---|" * len(cells),
+        *lines,
+    ]) + "\n"  # fmt: skip
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write(text)
+    return text
 
 
 def _modules() -> list:

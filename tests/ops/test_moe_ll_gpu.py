@@ -12,6 +12,7 @@ import torch
 
 from flint_moe.kernels.cute.ll_gate_up import cute_available
 from flint_moe.ops import flint_moe_ll, make_route_counter
+from tests.kernels._nvfp4_check import capture_graph
 from tests.ops._ll_check import EPS, check_block, make_block, make_block_inputs, same
 
 pytestmark = [
@@ -69,14 +70,7 @@ def test_cuda_graph_replay_equals_eager(name: str) -> None:
         return flint_moe_ll(attn, res, lnw, EPS, b.w, b.top_k, counter)
 
     eager = run()  # compiles every specialisation outside the capture
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = run()
+    graph, got = capture_graph(run)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
