@@ -14,7 +14,9 @@ shape, top_k, expert count or launch configuration in ``cases.matrix`` cannot sl
   recorded as a ``Launch`` (kernel, argument types, constexpr values, compile options) exactly as the launcher
   computed them on a CUDA device (default configs, K-splits, warps, register caps, ...). Two stand-ins:
   ``moe_permute`` (pure torch, no kernel) returns its outputs' shapes only, and the module paths run the op
-  their ``forward`` calls (``_MODULE_OP_PATH``).
+  their ``forward`` calls (the fake inputs and stand-ins: ``conformance.audit_fakes``). The decode block's
+  cases record its Triton router kernel; its CuTe DSL kernels are listed from their plans by
+  ``conformance.audit_block`` and audited by tests/kernels/test_cute_ptx.py.
 - Launches are deduplicated by what changes the compiled kernel: the kernel function, the Triton types of
   its runtime arguments (dead tap pointers included: Triton caches one binary per signature), its constexpr
   arguments, and the compile options (``num_warps``, ``num_stages``, ``maxnreg``, ``enable_fp_fusion``, ...).
@@ -186,137 +188,48 @@ def _recording(out: list[Launch]):
         JITFunction.run = orig
 
 
-def _fake_inputs(case):
-    """``profiles.CaseInputs`` of ``case`` as fake CUDA tensors (call inside ``FakeTensorMode``): the stored
-    layouts' shapes and dtypes on device ``cuda``, no data."""
-    from flint_moe.conformance.inputs.pertoken import PERTOKEN_PATHS
-    from flint_moe.conformance.inputs.profiles import CaseInputs
-
-    E, H, I, Ip, M = case.E, case.H, case.I, case.Ip, case.M  # noqa: E741
-
-    def t(*shape, dtype=torch.bfloat16):
-        return torch.empty(shape, dtype=dtype, device="cuda")
-
-    if case.path in PERTOKEN_PATHS:
-        return _fake_pertoken_inputs(case, t)
-    notes = {"top_k": case.k, "injected_row_maps": True}  # fake maps hold no values to check
-    if case.path.startswith("nvfp4"):
-        from flint_moe.layouts.flashinfer_w4a16 import FlintMoEWeights
-        from flint_moe.layouts.swizzle import swizzled_scale_shape
-
-        stored = FlintMoEWeights(
-            w1=t(E, 2 * Ip, H // 2, dtype=torch.uint8),
-            w1_sf_swizzled=t(E, *swizzled_scale_shape(2 * Ip, H // 16), dtype=torch.float8_e4m3fn),
-            w1_alpha=t(E, dtype=torch.float32),
-            w2=t(E, H, Ip // 2, dtype=torch.uint8),
-            w2_sf_swizzled=t(E, *swizzled_scale_shape(H, Ip // 16), dtype=torch.float8_e4m3fn),
-            w2_alpha=t(E, dtype=torch.float32),
-            valid_intermediate=I,
-        )
-    else:
-        stored = (t(E, H // 64, 2 * Ip, 64), t(E, Ip // 64, H, 64), (t(2 * Ip, dtype=torch.int32),
-                  t(H, dtype=torch.int32)))  # fmt: skip
-    return CaseInputs(t(M, H), t(E, H), t(M, H), None, stored, notes)
-
-
-def _fake_pertoken_inputs(case, t):
-    """``inputs.pertoken.build_pertoken_inputs`` of ``case`` as fake tensors made by ``t(*shape, dtype=)``: the
-    ``RoutedNVFP4Weights`` stacks' padded shapes (``layouts.routed_nvfp4``), the routing map and probabilities,
-    and the dispatcher profile's rank offset and token capacity (its pre-filled ``out`` left out: the same
-    launches write the op's own output)."""
-    from flint_moe.conformance.inputs.pertoken import PERTOKEN_PATHS
-    from flint_moe.conformance.inputs.profiles import CaseInputs
-    from flint_moe.layouts._core import round_up
-    from flint_moe.layouts.routed_nvfp4 import ROUTED_ALIGNMENT, RoutedNVFP4Weights
-    from flint_moe.layouts.swizzle import mma_view
-
-    E, H, I, M, k = case.E, case.H, case.I, case.M, case.k  # noqa: E741
-    act = PERTOKEN_PATHS[case.path]
-    hp, ip = round_up(H, ROUTED_ALIGNMENT), round_up(I, ROUTED_ALIGNMENT)
-    n1 = 2 * ip if act == "swiglu" else ip
-    s1, s2 = t(E, n1, hp // 16, dtype=torch.float8_e4m3fn), t(E, hp, ip // 16, dtype=torch.float8_e4m3fn)
-    stored = RoutedNVFP4Weights(
-        H, I, hp, ip, act == "swiglu", t(E, n1, hp // 2, dtype=torch.uint8), s1, mma_view(s1, name="fc1_scale"),
-        t(E, dtype=torch.float32), t(E, hp, ip // 2, dtype=torch.uint8), s2, mma_view(s2, name="fc2_scale"),
-        t(E, dtype=torch.float32),
-    )  # fmt: skip
-    disp = case.profile == "dispatcher"
-    notes = {
-        "top_k": k, "routing_map": t(M, k, dtype=torch.int32), "probabilities": t(M, k, dtype=torch.float32),
-        "num_experts": 2 * E if disp else E, "local_expert_offset": E if disp else 0,
-        "token_capacity": M - M // 4 if disp else None, "activation": act,
-        "out_init": None,  # fake tensors share address 0, which the op's overlap check of ``out=`` refuses
-    }  # fmt: skip
-    return CaseInputs(t(M, H), t(E, H), t(M, H), None, stored, notes)
-
-
-#: The op path each module path runs (``modules.FlintNvfp4Experts.forward`` calls ``ops.flint_moe``,
-#: ``modules.FlintBf16DecodeMoE.forward`` calls ``ops.flint_moe_bf16_decode``, default configurations; the
-#: modules only load / repack the weights, and pass their own route counter and shared output).
-_MODULE_OP_PATH = {"nvfp4_module": "nvfp4_decode", "bf16_module": "bf16_decode"}
-
-
-def _fake_row_slicing(getitem):
-    """``Tensor.__getitem__`` that takes basic slicing ``t[a:b, ..., :c]`` (unit steps) as ``narrow`` per dimension (the
-    same view): indexing a fake CUDA tensor needs a CUDA build of PyTorch, narrowing does not."""
-
-    def item(self, index):
-        parts = index if isinstance(index, tuple) else (index,)
-        if parts.count(Ellipsis) == 1 and len(parts) <= self.dim() + 1:
-            i = parts.index(Ellipsis)
-            parts = parts[:i] + (slice(None),) * (self.dim() - len(parts) + 1) + parts[i + 1 :]
-        if not all(isinstance(p, slice) and p.step in (None, 1) for p in parts) or len(parts) > self.dim():
-            return getitem(self, index)
-        out = self
-        for d, p in enumerate(parts):
-            start, stop, _ = p.indices(out.shape[d])
-            out = out.narrow(d, start, max(stop - start, 0))
-        return out
-
-    return item
-
-
-def _shape_only_permute(ids, num_experts, block_m):
-    """``moe_permute`` (pure torch, no Triton kernel) reduced to its outputs' shapes: its index arithmetic
-    needs a real device, and the grouped launchers read only the sizes and ``block_m`` on the host."""
-    from flint_moe.kernels.nvfp4.permute import MoEPermutation, num_blocks_bound
-
-    m, k = ids.shape
-    nb = num_blocks_bound(m * k, num_experts, block_m)
-
-    def i32(n):
-        return torch.empty(n, dtype=torch.int32, device=ids.device)
-
-    return MoEPermutation(i32(m * k), i32(num_experts + 1), i32(nb), i32(nb), i32(nb), num_experts, int(k), block_m)
-
-
 def _case_launches(case, counter) -> list[Launch]:
     """The launches of every run the conformance harness makes for ``case``: the compared run (taps), the
     production build (determinism / row independence / CUDA-graph replays: taps None), each row alone at M = 1
     (``invariance.batch_invariance``, taps; the grouped path keeps its op at M = 1, with a smaller row block),
-    and, for a non-default configuration, the default path at the same M (``mutation``: ``PATHS[case.path]``)."""
+    and, for a non-default configuration, the default path at the same M (``mutation``: ``PATHS[case.path]``).
+    A decode-block case records its router kernel in both builds (the router's constexprs do not depend on M;
+    the CuTe DSL expert kernels are ``audit_block``'s)."""
     from dataclasses import replace
 
     import flint_moe.ops.moe_nvfp4_grouped as grouped_op
     import flint_moe.ops.moe_pertoken as pertoken_op
+    from flint_moe.conformance.audit_fakes import (
+        MODULE_OP_PATH,
+        fake_block_router,
+        fake_inputs,
+        fake_row_slicing,
+        shape_only_permute,
+    )
+    from flint_moe.conformance.inputs.block import BLOCK_PATHS
     from flint_moe.conformance.run.paths import PATHS, path_for
 
+    launches: list[Launch] = []
+    if case.path in BLOCK_PATHS:
+        with _recording(launches):
+            for taps in ({}, None):
+                fake_block_router(case, counter, taps)
+        return launches
     run_case = case
-    if case.path in _MODULE_OP_PATH:
-        run_case = replace(case, path=_MODULE_OP_PATH[case.path], profile="gaussian")
+    if case.path in MODULE_OP_PATH:
+        run_case = replace(case, path=MODULE_OP_PATH[case.path], profile="gaussian")
     path = path_for(run_case)
-    inputs = _fake_inputs(case)
+    inputs = fake_inputs(case)
     runs = [(path, inputs, {}), (path, inputs, None)]
     if case.M >= 2:
-        runs.append((path, _fake_inputs(replace(case, M=1, route=None)), {}))
+        runs.append((path, fake_inputs(replace(case, M=1, route=None)), {}))
     if run_case.config != "default":
         runs.append((PATHS[run_case.path], inputs, {}))
-    launches: list[Launch] = []
     with (
         _recording(launches),
-        _patched(grouped_op, "moe_permute", _shape_only_permute),
-        _patched(pertoken_op, "moe_permute", _shape_only_permute),
-        _patched(torch.Tensor, "__getitem__", _fake_row_slicing(torch.Tensor.__getitem__)),
+        _patched(grouped_op, "moe_permute", shape_only_permute),
+        _patched(pertoken_op, "moe_permute", shape_only_permute),
+        _patched(torch.Tensor, "__getitem__", fake_row_slicing(torch.Tensor.__getitem__)),
     ):
         for p, inp, taps in runs:
             p.fn(inp, counter, taps)
@@ -325,21 +238,19 @@ def _case_launches(case, counter) -> list[Launch]:
 
 def matrix_launches(profiles: Sequence[str] = ("gpu", "cpu")) -> dict[tuple, tuple[Launch, list[str]]]:
     """Distinct launches (``launch_key`` -> (first ``Launch``, ids of the cases that launch it)) of every case
-    of ``cases.matrix(p)`` for ``p`` in ``profiles``. Raises RuntimeError under TRITON_INTERPRET=1 and any
-    error a launcher raises for a case (with the case id)."""
+    of ``cases.matrix(p)`` for ``p`` in ``profiles``, and with ``"gpu"`` of ``cases.pending_gpu_cases()`` (the
+    paths that run beside the gpu profile until their first committed H200 run). Raises RuntimeError under
+    TRITON_INTERPRET=1 and any error a launcher raises for a case (with the case id)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from flint_moe.conformance.inputs.block import BLOCK_PATHS
-    from flint_moe.conformance.inputs.cases import matrix
+    from flint_moe.conformance.inputs.cases import matrix, pending_gpu_cases
 
     _check_not_interpreted()
     out: dict[tuple, tuple[Launch, list[str]]] = {}
     with FakeTensorMode():
         counter = torch.zeros(64, dtype=torch.int32, device="cuda")
         for profile in profiles:
-            for case in matrix(profile):
-                if case.path in BLOCK_PATHS:  # CuTe DSL kernels + the ll router: audited by their own specs
-                    continue
+            for case in [*matrix(profile), *(pending_gpu_cases() if profile == "gpu" else [])]:
                 try:
                     launches = _case_launches(case, counter)
                 except Exception as e:

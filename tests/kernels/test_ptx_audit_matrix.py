@@ -1,8 +1,9 @@
 """sm_90 PTX audit of every kernel specialisation the conformance matrix launches (on the CPU, in CI).
 
 ``flint_moe.conformance.audit`` records the launches of every case of ``cases.matrix("gpu")`` and
-``matrix("cpu")`` (every path and PATH_CONFIGS entry, tapped and production builds) on fake CUDA tensors,
-deduplicates them by (kernel, argument types, constexprs, compile options), and turns the ones no kernel
+``matrix("cpu")`` and the paths pending their first H200 run (every path and PATH_CONFIGS entry, tapped and
+production builds; the decode block's Triton router, its CuTe DSL kernels being test_cute_ptx.py's) on fake
+CUDA tensors, deduplicates them by (kernel, argument types, constexprs, compile options), and turns the ones no kernel
 module's ``audit_specs()`` covers into audit specs (``matrix.<kernel>...``) with that kernel's own
 require / forbid lists. This module:
 
@@ -96,6 +97,9 @@ EXPECTED_KERNELS = {
     "nvfp4_dispatch": _NVFP4_DECODE | _GROUPED,
     "nvfp4_pertoken_swiglu": _PERTOKEN,
     "nvfp4_pertoken_relu2": _PERTOKEN,
+    # the decode block's Triton kernel (its CuTe DSL kernels: tests/kernels/test_cute_ptx.py)
+    "ll_block": {"ll_router._ll_router_kernel"},
+    "ll_module": {"ll_router._ll_router_kernel"},
 }
 
 
@@ -136,6 +140,7 @@ from flint_moe.kernels.audit.registry import collect_audit_specs
 s = C.ShapeSpec("audit-probe", 48, 3584, 1792, 6)
 C.SHAPES[s.name] = s
 C.matrix = lambda profile: [C.Case.make("nvfp4_decode", s, 1, "gaussian"), C.Case.make("bf16_decode", s, 2, "gaussian")]
+C.pending_gpu_cases = lambda: []
 launches = A.matrix_launches(("gpu",))
 before = A.uncovered_launches(launches, collect_audit_specs())
 names = A.register_matrix_audit(("gpu",))
