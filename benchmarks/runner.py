@@ -13,8 +13,9 @@ each case captures a CUDA graph of ``graph_calls`` calls cycling through the set
 ``replays`` timed replays with CUDA events), and reports the median time per call, achieved bandwidth and its
 fraction of the measured copy bandwidth (METHOD.md: events, warm-up, graphs, rotation, median).
 
-``python -m benchmarks.runner [--filter SUBSTR] [--out DIR]`` writes ``DIR/bench.md`` and ``DIR/bench.json``
-(default ``reports/bench``) and prints the table last.
+``python -m benchmarks.runner [--filter SUBSTR ...] [--out DIR]`` writes ``DIR/bench.md`` and ``DIR/bench.json``
+(default ``reports/bench``) after every case (a run cut short keeps what it measured; a case that raises is a
+row with its error, and the exit status is 1) and prints the table last.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Prepared", "copy_bandwidth", "time_graph", "write_table", "main"]
+__all__ = ["Prepared", "copy_bandwidth", "time_graph", "write_table", "write_results", "main"]
 
 
 @dataclass
@@ -123,60 +124,80 @@ def _modules() -> list:
     return [importlib.import_module(f"benchmarks.{p.stem}") for p in sorted(here.glob("bench_*.py"))]
 
 
+def write_results(out: pathlib.Path, env: dict, rows: list[dict]) -> str:
+    """Write ``out/bench.json`` (``env`` and ``rows``) and ``out/bench.md`` (the table; a failed case's row
+    carries its error instead of numbers); returns the markdown. The runner calls it after every case, so a
+    run cut short (a device-time limit) keeps what it measured."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))
+    lines = [
+        f"# Benchmarks on {env['gpu']}",
+        "",
+        f"torch {env['torch']}, CUDA {env['cuda']}, triton {env['triton']}, {env['date_utc']}; "
+        f"measured copy bandwidth {env['copy_bandwidth_TBps']:.2f} TB/s (read + write). Times: median per call, "
+        "CUDA graph.",
+        "",
+        "| case | time (us) | bytes moved | TB/s | of copy BW | TFLOP/s | note |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['case']} | - | - | - | - | - | failed: {r['error']} |")
+            continue
+        lines.append(
+            f"| {r['case']} | {r['us']:.1f} | {r['bytes']:,} | {r['TB/s']:.2f} | {r['of_copy_bw']:.0%} | "
+            f"{r['TFLOP/s']:.1f} | {r['note']} |"
+        )
+    text = "\n".join(lines) + "\n"
+    (out / "bench.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.runner")
-    parser.add_argument("--filter", default="", help="run only cases whose module.name contains this")
+    parser.add_argument(
+        "--filter", action="append", default=[], help="run only cases whose module.name contains this (repeatable: any)"
+    )
     parser.add_argument("--out", default="reports/bench")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks need a CUDA device (the H200); nothing timed", file=sys.stderr)
         return 2
     bw = copy_bandwidth()
-    gpu = torch.cuda.get_device_name()
-    rows = []
-    for mod in _modules():
-        short = mod.__name__.split(".")[-1].removeprefix("bench_")
-        for case in mod.CASES:
-            name = f"{short}.{case['name']}"
-            if args.filter not in name:
-                continue
-            params = {k: v for k, v in case.items() if k != "name"}
-            prep = mod.prepare(**params)
-            t = time_graph(prep)
-            achieved = prep.bytes_moved / t
-            rows.append(
-                {"case": name, "us": t * 1e6, "bytes": prep.bytes_moved, "TB/s": achieved / 1e12,
-                 "of_copy_bw": achieved / bw, "TFLOP/s": prep.flops / t / 1e12, "note": prep.note}
-            )  # fmt: skip
-            print(f"{name}: {t * 1e6:.1f} us, {achieved / 1e12:.2f} TB/s = {achieved / bw:.0%} of copy", flush=True)
-            del prep
-            torch.cuda.empty_cache()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     env = {
-        "gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "triton": importlib.import_module("triton").__version__,
         "date_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "copy_bandwidth_TBps": bw / 1e12,
     }  # fmt: skip
-    (out / "bench.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))
-    lines = [
-        f"# Benchmarks on {gpu}",
-        "",
-        f"torch {env['torch']}, CUDA {env['cuda']}, triton {env['triton']}, {env['date_utc']}; "
-        f"measured copy bandwidth {bw / 1e12:.2f} TB/s (read + write). Times: median per call, CUDA graph.",
-        "",
-        "| case | time (us) | bytes moved | TB/s | of copy BW | note |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {r['us']:.1f} | {r['bytes']:,} | {r['TB/s']:.2f} | {r['of_copy_bw']:.0%} | {r['note']} |"
-        )
-    text = "\n".join(lines) + "\n"
-    (out / "bench.md").write_text(text)
+    out = pathlib.Path(args.out)
+    rows: list[dict] = []
+    text = "no benchmark case matches the filters"
+    for mod in _modules():
+        short = mod.__name__.split(".")[-1].removeprefix("bench_")
+        for case in mod.CASES:
+            name = f"{short}.{case['name']}"
+            if args.filter and not any(f in name for f in args.filter):
+                continue
+            params = {k: v for k, v in case.items() if k != "name"}
+            try:
+                prep = mod.prepare(**params)
+                t = time_graph(prep)
+            except Exception as exc:  # noqa: BLE001  (one failing case must not hide the others' numbers)
+                rows.append({"case": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                print(f"{name}: failed: {rows[-1]['error']}", flush=True)
+            else:
+                achieved = prep.bytes_moved / t
+                rows.append(
+                    {"case": name, "us": t * 1e6, "bytes": prep.bytes_moved, "TB/s": achieved / 1e12,
+                     "of_copy_bw": achieved / bw, "TFLOP/s": prep.flops / t / 1e12, "note": prep.note}
+                )  # fmt: skip
+                print(f"{name}: {t * 1e6:.1f} us, {achieved / 1e12:.2f} TB/s = {achieved / bw:.0%} of copy", flush=True)
+                del prep
+            torch.cuda.empty_cache()
+            text = write_results(out, env, rows)
     print(text)
-    return 0
+    return 1 if any(r.get("error") for r in rows) else 0
 
 
 if __name__ == "__main__":
