@@ -5,7 +5,8 @@
 # (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request; shards = the gpu
 # profile as FLINT_SHARDS shards one after another, merged; pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
-# FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT: seconds per step.
+# FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT: seconds per step.
+# FLINT_BENCH=a,b: the bench step runs only the cases whose module.name contains a or b (e.g. ll.,pertoken).
 # FLINT_GIT_COMMIT names the commit the tree was sent from (the device copy has no .git).
 # The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
 # FLINT_BASELINE=reports/h200/report.json: compare the conformance outputs' digests with that report.
@@ -54,7 +55,9 @@ for step in $steps; do
             tail -5 "$OUT/pytest-modules.txt" ;;
     sweep)  python3 -m benchmarks.bench_decode_bf16 --sweep > "$OUT/sweep-bf16.txt" 2>&1 || rc=1
             tail -20 "$OUT/sweep-bf16.txt" ;;
-    bench)  python3 -m benchmarks.runner --out "$OUT" > "$OUT/bench.log" 2>&1 || rc=1
+    bench)  filters=(); IFS=, read -ra sel <<< "${FLINT_BENCH:-}"; for f in "${sel[@]}"; do filters+=(--filter "$f"); done
+            timeout "${FLINT_BENCH_TIMEOUT:-3000}" python3 -m benchmarks.runner --out "$OUT" "${filters[@]}" \
+              > "$OUT/bench.log" 2>&1 || rc=1
             tail -30 "$OUT/bench.log" ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
