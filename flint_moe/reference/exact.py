@@ -30,42 +30,19 @@ from collections.abc import Callable
 
 import torch
 
+from . import accumulation as _accumulation
 from ._checks import check_tensor
-from .accumulation import (
-    FP32_MAX,
-    FP32_OVERFLOW,
-    FP32_RN,
-    FP32_TRUNCATE,
-    Accumulation,
-    AccumulatorReport,
-    SummationModel,
-    _s_upper,
-    accumulator_report,
-    block_model,
-    check_accumulator,
-    gamma,
-    ulp_fp32,
-)
+from .accumulation import *  # noqa: F403  (re-exported: the models, Accumulation, the criterion)
+from .accumulation import FP32_RN, Accumulation, SummationModel, _s_upper
 from .exact_sum import _FILTER, _MAX_TERMS, _exact_sum_terms, _filtered_chunk, filtered_sums
 
 __all__ = [
-    "SummationModel",
-    "FP32_RN",
-    "FP32_TRUNCATE",
-    "block_model",
-    "Accumulation",
-    "gamma",
+    *_accumulation.__all__,
     "dot_accumulate",
     "dot_accumulate_rows",
     "filtered_sums",
     "sum_squares_accumulate",
     "round_exact",
-    "check_accumulator",
-    "AccumulatorReport",
-    "accumulator_report",
-    "ulp_fp32",
-    "FP32_OVERFLOW",
-    "FP32_MAX",
 ]
 
 _FP32_MIN_NORMAL = 2.0**-126
