@@ -3,10 +3,10 @@
 Modules: ``formats`` (bit-level bf16 / E2M1 / E4M3), ``weights`` (checkpoint-layout containers), ``quantize``
 (ModelOpt NVFP4 recipe), ``pertoken`` (the per-token NVFP4 quantizer), ``mufu`` (bit-exact PTX special
 functions), ``mma`` (bit-exact H200 tensor-core k16 step), ``exact`` (exact long reductions and their certified
-bounds), ``routing`` (steps 1-4), ``experts`` (steps 5-8), ``pertoken_experts`` (per-token NVFP4 x NVFP4
-experts, steps P6-P12), ``combine`` (steps 9-10), ``decode_block`` (step 11), ``model`` (end to end). The
-public names of each are re-exported here; ``layouts`` (independent decoders of the stored kernel layouts) is
-reachable as a module.
+bounds; ``exact_sum`` and ``accumulation`` behind it), ``routing`` (steps 1-4), ``experts`` (steps 5-8),
+``pertoken_experts`` (per-token NVFP4 x NVFP4 experts, steps P6-P12), ``combine`` (steps 9-10),
+``decode_block`` (step 11), ``model`` (end to end). The public names of each are re-exported here; ``layouts``
+(independent decoders of the stored kernel layouts) is reachable as a module.
 """
 
 from __future__ import annotations

@@ -37,13 +37,11 @@ from .formats import (
     _e2m1_magnitude_code,
     _first_index,
     bits_to_f32,
-    e2m1_to_float,
-    e4m3_bytes,
     e4m3_to_float,
     float_to_e4m3,
     pack_e2m1,
-    unpack_e2m1,
 )
+from .quantize import dequantize_nvfp4
 
 __all__ = [
     "PERTOKEN_BLOCK",
@@ -155,6 +153,8 @@ def quantize_nvfp4_pertoken(x: torch.Tensor, *, name: str = "x") -> tuple[torch.
 def dequantize_nvfp4_rows(codes: torch.Tensor, block_scale: torch.Tensor) -> torch.Tensor:
     """``E2M1(code) * E4M3(S_b)`` of each element, exact, as bf16 [M, K] (the GEMM operand, no row scale).
 
+    The rows case of :func:`.quantize.dequantize_nvfp4` without a global scale (its exact product), in bf16.
+
     Args:
         codes: uint8 [M, K/2] packed E2M1 (low nibble = even element); block_scale: uint8 or
             float8_e4m3fn [M, K/16] with no NaN byte.
@@ -164,16 +164,4 @@ def dequantize_nvfp4_rows(codes: torch.Tensor, block_scale: torch.Tensor) -> tor
         TypeError / ValueError naming ``codes`` or ``block_scale``.
     """
     check_tensor("codes", codes, dtype=torch.uint8, ndim=2)
-    m, half = codes.shape
-    k = 2 * half
-    check_multiple("codes", k, PERTOKEN_BLOCK, "unpacked row length (2 x last dimension)")
-    sb = e4m3_bytes("block_scale", block_scale)
-    check_tensor("block_scale", sb, shape=(m, k // PERTOKEN_BLOCK))
-    if sb.device != codes.device:
-        raise ValueError(f"block_scale: on {sb.device}, but codes is on {codes.device}")
-    nan = (sb & 0x7F) == 0x7F
-    if bool(nan.any()):
-        raise ValueError(f"block_scale: NaN byte at index {_first_index(nan)}")
-    vals = e2m1_to_float(unpack_e2m1(codes)).reshape(m, k // PERTOKEN_BLOCK, PERTOKEN_BLOCK)
-    w = vals * e4m3_to_float(sb).unsqueeze(-1)  # exact
-    return w.reshape(m, k).to(torch.bfloat16)  # exact (representable)
+    return dequantize_nvfp4(codes, block_scale, None).to(torch.bfloat16)  # exact (representable)

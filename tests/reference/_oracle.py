@@ -7,6 +7,7 @@ and Python floats are moved in and out of binary32 with ``struct``.
 from __future__ import annotations
 
 import math
+import random
 import struct
 from fractions import Fraction
 
@@ -74,6 +75,15 @@ def bf16(q: Fraction | float) -> float:
     if isinstance(q, float) and (q == 0 or not math.isfinite(q)):
         return q
     return _round(Fraction(q), 7)
+
+
+def random_bf16(rng: random.Random, n: int, lo: int = -20, hi: int = 20) -> list[float]:
+    """``n`` random bf16 values (8 significant bits, random sign) with exponents in [lo, hi)."""
+    out = []
+    for _ in range(n):
+        m = rng.randrange(128, 256) / 128.0  # 8 significant bits
+        out.append(rng.choice((-1.0, 1.0)) * m * 2.0 ** rng.randrange(lo, hi))
+    return out
 
 
 def t32(values) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The golden model on CUDA tensors gives the same bits as on the CPU.
 
 Every stage must agree bit for bit, the exact accumulations included: ``exact`` is computed by exact,
-order-independent binned summation (flint_moe/reference/exact.py), so neither the BLAS nor the device may change
+order-independent binned summation (flint_moe/reference/exact_sum.py), so neither the BLAS nor the device may change
 it. (The certified bounds use a float64 sum of |terms| whose order may differ; both are valid bounds and are not
 compared.)
 """

@@ -363,5 +363,5 @@ def test_bad_input_names_the_tensor():
         quantize_nvfp4_rows(torch.zeros(1, 16), torch.tensor([0.0]))
     with pytest.raises(ValueError, match="amax: must be finite and >= 0"):
         pertoken_global_scale(torch.tensor([-1.0]))
-    with pytest.raises(ValueError, match="block_scale: NaN byte"):
+    with pytest.raises(ValueError, match=r"block_scale: E4M3 NaN scale byte 0x7F at index \(0, 0\)"):
         dequantize_nvfp4_rows(torch.zeros(1, 8, dtype=torch.uint8), torch.tensor([[0x7F]], dtype=torch.uint8))

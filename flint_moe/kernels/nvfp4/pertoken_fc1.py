@@ -129,6 +129,27 @@ def relu2_f32(h):
 
 
 @triton.jit
+def expert_rows_acc(w_ptr, s_ptr, a_ptr, e, wrow, w_ok, a_idx, r_ok, start, end, N: tl.constexpr, K: tl.constexpr,
+                    KPAD: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                    DECODE: tl.constexpr):  # fmt: skip
+    """The main loop of both per-token GEMMs: fp32 [ROWS, BM] from +0, ``grouped_gate_up.k_loop`` over expert
+    ``e``'s physical weight rows ``wrow`` [ROWS] (``w_ok`` masks them; a masked row reads row 0) of an NVFP4
+    matrix with N rows of KPAD codes each (int32 code words, 128x4-swizzled scales: ``RoutedNVFP4Weights``) and
+    the bf16 activation rows ``a_idx`` [BM] of ``a_ptr`` (length K; ``r_ok`` masks the pairs); no step runs for
+    an empty row block (``end <= start``)."""
+    wrow = tl.where(w_ok, wrow, 0)
+    KW: tl.constexpr = KPAD // 8  # int32 code words per weight row
+    KP: tl.constexpr = KPAD // 16
+    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (N * KW) + wrow.to(tl.int64) * KW, 4)
+    s_base = s_ptr + e * (N * KP)
+    a_row = a_ptr + tl.multiple_of(a_idx * K, 16)
+    acc = tl.zeros([ROWS, BM], dtype=tl.float32)
+    if end > start:
+        acc = k_loop(acc, w_row, s_base, a_row, wrow, w_ok, r_ok, K, KP, ROWS, BK, DECODE)
+    return acc
+
+
+@triton.jit
 def _pertoken_fc1_kernel(
     xq_ptr,  # bf16 [T, H]: the tokens' exact NVFP4 values (launch_decode_rows)
     xd_ptr,  # fp32 [T]: token decode scales d
@@ -161,8 +182,6 @@ def _pertoken_fc1_kernel(
     epilogue, then SwiGLU. Non-gated: tile row r is physical row ``q*BC + r``, then squared ReLU."""
     gdc_wait()
     gdc_launch_dependents()
-    HW: tl.constexpr = HP // 8  # int32 code words per weight row
-    KP: tl.constexpr = HP // 16
     N1P: tl.constexpr = 2 * IP if GATED else IP
     N1: tl.constexpr = 2 * INTER if GATED else INTER
     R: tl.constexpr = 2 * BC if GATED else BC
@@ -178,13 +197,7 @@ def _pertoken_fc1_kernel(
         prow = (rcol // 64) * 128 + rcol % 64 + (r // BC) * 64
     else:
         prow = rcol
-    prow = tl.where(w_ok, prow, 0)
-    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (N1P * HW) + prow.to(tl.int64) * HW, 4)
-    s_base = s_ptr + e * (N1P * KP)
-    x_row = xq_ptr + tl.multiple_of(tok * H, 16)
-    acc = tl.zeros([R, BM], dtype=tl.float32)
-    if end > start:
-        acc = k_loop(acc, w_row, s_base, x_row, prow, w_ok, r_ok, H, KP, R, BK, DECODE)
+    acc = expert_rows_acc(w_ptr, s_ptr, xq_ptr, e, prow, w_ok, tok, r_ok, start, end, N1P, H, HP, R, BM, BK, DECODE)
     alpha = tl.load(alpha_ptr + e)
     d = tl.load(xd_ptr + tok, mask=r_ok, other=1.0)
     cols = q * BC + tl.arange(0, BC)

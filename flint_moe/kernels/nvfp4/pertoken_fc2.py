@@ -26,8 +26,8 @@ import triton.language as tl
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, fma_rn
 from flint_moe.kernels.audit.registry import BF16_CVT, DEFAULT_FORBID, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, k_loop, row_block
-from flint_moe.kernels.nvfp4.pertoken_fc1 import launch_decode_rows, pertoken_launch_kwargs
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, row_block
+from flint_moe.kernels.nvfp4.pertoken_fc1 import expert_rows_acc, launch_decode_rows, pertoken_launch_kwargs
 
 __all__ = ["PERTOKEN_FC2_CONFIG", "PERTOKEN_COMBINE_BLOCK", "launch_pertoken_fc2_combine", "audit_specs"]
 
@@ -66,21 +66,13 @@ def _pertoken_fc2_kernel(
     b; grid ``(cdiv(H, BH), NB)`` (module docstring)."""
     gdc_wait()
     gdc_launch_dependents()
-    IW: tl.constexpr = IP // 8  # int32 code words per row
-    KP: tl.constexpr = IP // 16
     q = tl.program_id(0)
     b = tl.program_id(1)
     e, start, end, pos, r_ok = row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM)
     pair = tl.load(order_ptr + pos, mask=r_ok, other=0).to(tl.int64)
     h = q * BH + tl.arange(0, BH)
     h_ok = h < H
-    hc = tl.where(h_ok, h, 0)
-    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (HP * IW) + hc.to(tl.int64) * IW, 4)
-    s_base = s_ptr + e * (HP * KP)
-    a_row = aq_ptr + tl.multiple_of(pair * INTER, 16)
-    acc = tl.zeros([BH, BM], dtype=tl.float32)
-    if end > start:
-        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE)
+    acc = expert_rows_acc(w_ptr, s_ptr, aq_ptr, e, h, h_ok, pair, r_ok, start, end, HP, INTER, IP, BH, BM, BK, DECODE)
     alpha = tl.load(alpha_ptr + e)
     y = acc * alpha  # P11
     off = pair[None, :] * H + h[:, None]
