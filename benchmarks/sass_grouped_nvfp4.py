@@ -54,9 +54,12 @@ def _tool(name: str) -> str:
     return str(pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int = 2048, k: int = 8):  # noqa: E741
+def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int = 2048, k: int = 8,  # noqa: E741
+                 tail: int = 0):  # fmt: skip
     """The compiled sm_90 kernel (``triton.compile`` result) of the grouped gate/up (``kind`` "gate_up") or down
-    ("down") production build (TAP off, DECODE 3) at (H, I, k) with row block ``bm``, K step ``bk``."""
+    ("down") production build (TAP off, DECODE 3) at (H, I, k) with row block ``bm``, K step ``bk``; ``tail`` > 0:
+    the expert-wide row-block build (``_grouped_gate_up_rows_kernel`` / ``_grouped_down_rows_kernel``, blocks of
+    ``bm + tail`` pairs)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -71,11 +74,15 @@ def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int
                "uacc_ptr": "*fp32"}  # fmt: skip
         consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "BM": bm, "BC": gu.GROUPED_GATE_UP_CONFIG["BC"], "BK": bk,
                   "DECODE": 3, "TAP": False}  # fmt: skip
+        if tail:
+            kern, consts = gu._grouped_gate_up_rows_kernel, {**consts, "TAIL": tail}
     elif kind == "down":
         kern = gd._grouped_down_kernel
         sig = {"act_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
                "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*bf16", "dacc_ptr": "*fp32"}  # fmt: skip
         consts = {"H": H, "IP": ip, "INTER": I, "BM": bm, "BH": gd.default_bh(bm), "BK": bk, "DECODE": 3, "TAP": False}
+        if tail:
+            kern, consts = gd._grouped_down_rows_kernel, {**consts, "TAIL": tail}
     else:
         raise ValueError(f"compile_sm90: kind must be 'gate_up' or 'down', got {kind!r}")
     full = {a: ("constexpr" if a in consts else sig[a]) for a in kern.arg_names}

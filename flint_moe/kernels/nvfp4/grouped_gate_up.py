@@ -112,11 +112,15 @@ def dequant_tile(words, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.conste
 
 @triton.jit
 def mma(w, xt, acc):
-    """``acc + w . xt`` with fp32 accumulation: GPU ``tl.dot`` on bf16 (wgmma); interpreter: an fp32 dot of
-    the exact fp32 values (INTERPRETER SHIM: Triton 3.6's interpreter multiplies bf16 bit patterns as
-    integers), ``input_precision="ieee"`` (numpy fp32 matmul, round-to-nearest)."""
+    """``acc + w . xt`` with fp32 accumulation: GPU ``tl.dot`` on bf16 (wgmma); interpreter (INTERPRETER SHIM:
+    Triton 3.6's interpreter multiplies bf16 bit patterns as integers, and numpy's fp32 matmul sums an element
+    in an order that depends on the matrix shape and the element's column): the exact fp32 products summed
+    in increasing k order in fp32 (round-to-nearest; a sum over the outermost axis, one [R, N] slice after
+    the other), then added to ``acc``: each element's arithmetic is independent of the tile's shape, as the
+    hardware's k16 chain is on the GPU."""
     if _INTERPRET:
-        return tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
+        prod = tl.trans(w)[:, :, None] * xt.to(tl.float32)[:, None, :]  # [BK, R, N], exact products
+        return acc + tl.sum(prod, axis=0)
     else:
         return tl.dot(w, xt, acc)
 
@@ -243,6 +247,132 @@ def _grouped_gate_up_kernel(
         tl.store(uacc_ptr + off, acc_u, mask=ok)
 
 
+@triton.jit
+def k_loop_tail(acc, acc_t, w_row, s_base, a_row, a_row_t, srow, w_ok, r_ok, t_ok, K: tl.constexpr,
+                KP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):  # fmt: skip
+    """:func:`k_loop` for an expert-wide row block: ``acc`` fp32 [ROWS, BM] over the pairs ``a_row`` / ``r_ok``
+    and ``acc_t`` fp32 [ROWS, TAIL] over the tail pairs ``a_row_t`` / ``t_ok``; each K step's dequantised
+    weight tile is computed once and multiplied into both (two ``tl.dot``, the same k16 chain per element as
+    :func:`k_loop`: per output element, K steps of ``BK`` in increasing order into its own accumulator)."""
+    for k0 in tl.range(0, K, BK):
+        kw = k0 // 8 + tl.arange(0, BK // 8)
+        kc = k0 // 16 + tl.arange(0, BK // 16)
+        kx = k0 + tl.arange(0, BK)
+        if K % BK == 0:  # masks constant along K: vector loads
+            wmask = w_ok[:, None]
+            amask = r_ok[:, None]
+            tmask = t_ok[:, None]
+        else:
+            wmask = w_ok[:, None] & (kw < K // 8)[None, :]
+            amask = r_ok[:, None] & (kx < K)[None, :]
+            tmask = t_ok[:, None] & (kx < K)[None, :]
+        words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
+        sb = tl.load(
+            s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+            mask=w_ok[:, None] & (kc < K // 16)[None, :],
+            other=0,
+        )
+        at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
+        att = tl.load(a_row_t[:, None] + kx[None, :], mask=tmask, other=0.0)
+        w = dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE)
+        acc = mma(w, tl.trans(at), acc)
+        acc_t = mma(w, tl.trans(att), acc_t)
+    return acc, acc_t
+
+
+@triton.jit
+def _gate_up_epilogue(acc, pair, r_ok, gs, q, act_ptr, gacc_ptr, uacc_ptr, INTER: tl.constexpr, N: tl.constexpr,
+                      BC: tl.constexpr, TAP: tl.constexpr):  # fmt: skip
+    """The gate/up epilogue of ``_grouped_gate_up_kernel`` for an accumulator [2 * BC, N] of the pairs ``pair``
+    [N] (mask ``r_ok``): split into up and gate, rule steps 6-7, store ``act`` (and with TAP g_acc / u_acc)."""
+    acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, N]), (1, 2, 0)))
+    cols = q * BC + tl.arange(0, BC)
+    c_ok = cols < INTER
+    act = swiglu(global_scale(acc_g, gs), global_scale(acc_u, gs))
+    off = pair.to(tl.int64)[None, :] * INTER + cols[:, None]
+    ok = c_ok[:, None] & r_ok[None, :]
+    tl.store(act_ptr + off, act, mask=ok)
+    if TAP:
+        tl.store(gacc_ptr + off, acc_g, mask=ok)
+        tl.store(uacc_ptr + off, acc_u, mask=ok)
+
+
+@triton.jit
+def tail_rows(order_ptr, start, end, BM: tl.constexpr, TAIL: tl.constexpr):
+    """The tail of an expert-wide row block (``moe_permute(..., tail=TAIL)``): pair ids [TAIL] of positions
+    ``start + BM + i`` (0 where masked), their mask (positions below ``end``), and whether any is used."""
+    pos_t = start + BM + tl.arange(0, TAIL)
+    t_ok = pos_t < end
+    pair_t = tl.load(order_ptr + pos_t, mask=t_ok, other=0)
+    return pair_t, t_ok, end - start > BM
+
+
+@triton.jit
+def _grouped_gate_up_rows_kernel(
+    x_ptr,  # bf16 [M, H]
+    order_ptr,  # int32 [P]: pair ids sorted by expert
+    bexp_ptr,  # int32 [NB]: expert of row block b
+    bstart_ptr,  # int32 [NB]: first position of block b in order
+    bend_ptr,  # int32 [NB]: one past its last position (at most BM + TAIL pairs)
+    w_ptr,  # uint8 w1 [E, 2 * IP, H / 2]
+    s_ptr,  # uint8 w1 scales, 128x4 swizzle [E, roundup(2 * IP, 128), KP]
+    alpha_ptr,  # fp32 [E]
+    act_ptr,  # bf16 [P, INTER] (out), row = pair id
+    gacc_ptr,  # fp32 [P, INTER] (out, TAP only)
+    uacc_ptr,  # fp32 [P, INTER] (out, TAP only)
+    H: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    TOPK: tl.constexpr,
+    BM: tl.constexpr,
+    TAIL: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    DECODE: tl.constexpr,
+    TAP: tl.constexpr,
+):
+    """``_grouped_gate_up_kernel`` on expert-wide row blocks (``moe_permute(ids, E, BM, tail=TAIL)``: up to
+    ``BM + TAIL`` pairs per block): the first BM pairs of block b in an fp32 accumulator [2 * BC, BM], the next
+    (at most TAIL) in a second one [2 * BC, TAIL] whose MMAs run only when the block has more than BM pairs;
+    the dequantised weight tile of each K step feeds both. Per (pair, column), the same computation as
+    ``_grouped_gate_up_kernel``: K steps of ``BK`` in increasing order, each one ``tl.dot`` of the exact bf16
+    weights and the bf16 token row into that element's fp32 accumulator from +0 (tensor cores; the MMA's N,
+    BM or TAIL, is the row-block size, which the declared order does not depend on), then rule steps 6-7 with
+    the same instructions. Bound ``FP32_TRUNCATE`` (u = 2^-23, d = H). TAP: also store g_acc / u_acc."""
+    gdc_wait()
+    gdc_launch_dependents()
+    HB: tl.constexpr = H // 2
+    KP: tl.constexpr = (H // 16 + 3) // 4 * 4
+    MP: tl.constexpr = (2 * IP + 127) // 128 * 128
+    q = tl.program_id(0)
+    b = tl.program_id(1)
+    e, start, end, pos, r_ok = row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM)
+    pair = tl.load(order_ptr + pos, mask=r_ok, other=0)
+    pair_t, t_ok, has_tail = tail_rows(order_ptr, start, end, BM, TAIL)
+    R: tl.constexpr = 2 * BC
+    r = tl.arange(0, R)
+    rcol = q * BC + r % BC  # tile row r: up row of column rcol (r < BC), else its gate row
+    r_c_ok = rcol < INTER
+    prow = (rcol // 64) * 128 + rcol % 64 + (r // BC) * 64  # physical row in w1
+    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(
+        e * (2 * IP * HB // 4) + prow.to(tl.int64) * (HB // 4), 4
+    )
+    s_base = s_ptr + e * (MP * KP)
+    x_row = x_ptr + tl.multiple_of((pair // TOPK).to(tl.int64) * H, 16)
+    x_row_t = x_ptr + tl.multiple_of((pair_t // TOPK).to(tl.int64) * H, 16)
+    acc = tl.zeros([R, BM], dtype=tl.float32)
+    acc_t = tl.zeros([R, TAIL], dtype=tl.float32)
+    if has_tail:
+        acc, acc_t = k_loop_tail(acc, acc_t, w_row, s_base, x_row, x_row_t, prow, r_c_ok, r_ok, t_ok, H, KP, R, BK,
+                                 DECODE)  # fmt: skip
+    elif end > start:
+        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE)
+    gs = tl.load(alpha_ptr + e)
+    _gate_up_epilogue(acc, pair, r_ok, gs, q, act_ptr, gacc_ptr, uacc_ptr, INTER, BM, BC, TAP)
+    if has_tail:
+        _gate_up_epilogue(acc_t, pair_t, t_ok, gs, q, act_ptr, gacc_ptr, uacc_ptr, INTER, TAIL, BC, TAP)
+
+
 def _check_perm(perm, tokens: int, top_k: int, num_experts: int, dev: torch.device) -> None:
     """Check ``perm`` (``moe_permute``) against ``tokens`` x ``top_k`` pairs and ``num_experts`` experts."""
     from flint_moe.kernels.nvfp4.permute import MoEPermutation
@@ -257,6 +387,9 @@ def _check_perm(perm, tokens: int, top_k: int, num_experts: int, dev: torch.devi
         check_op_tensor(f"perm.{name}", getattr(perm, name), dtype=torch.int32, shape=(nb,), device=dev)
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+    tail = perm.tail
+    if not isinstance(tail, int) or (tail and (tail < 16 or tail > perm.block_m or tail & (tail - 1))):
+        raise ValueError(f"perm: tail = {tail!r} must be 0 or a power of two in [16, block_m = {perm.block_m}]")
 
 
 def grouped_launch_kwargs(cfg: dict, block_m: int, tap: bool, k: int) -> dict:
@@ -296,7 +429,8 @@ def nvfp4_grouped_gate_up(
     Args:
         x: bf16 [M, H] contiguous (never modified).
         ids: int32 [M, k] contiguous (rule step 2): the experts ``perm`` was built from.
-        perm: ``moe_permute(ids, E, block_m)``; ``block_m`` is the kernel's BM.
+        perm: ``moe_permute(ids, E, block_m, tail)``; ``block_m`` is the kernel's BM; ``tail`` > 0 launches the
+            expert-wide row-block build (``_grouped_gate_up_rows_kernel``: the same bits as tail = 0).
         weights: ``FlintMoEWeights`` (w1 uint8 [E, 2Ip, H/2], 128x4-swizzled E4M3 scales, w1_alpha fp32 [E]).
         taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, I] (before the
             global scale) and ``act`` bf16 [M, k, I].
@@ -330,7 +464,12 @@ def nvfp4_grouped_gate_up(
     act, gacc, uacc = gate_up_buffers(P, INTER, tap, dev)
     if P > 0:
         grid = (triton.cdiv(INTER, bc), perm.num_blocks)
-        _grouped_gate_up_kernel[grid](
+        kw = grouped_launch_kwargs(cfg, perm.block_m, tap, H)
+        if perm.tail:  # expert-wide row blocks: BM + tail pairs per program
+            kernel, kw = _grouped_gate_up_rows_kernel, {**kw, "TAIL": perm.tail}
+        else:
+            kernel = _grouped_gate_up_kernel
+        kernel[grid](
             x,
             perm.order,
             perm.block_expert,
@@ -340,7 +479,7 @@ def nvfp4_grouped_gate_up(
             act,
             gacc,
             uacc,
-            H=H, IP=IP, INTER=INTER, TOPK=top_k, BC=bc, **grouped_launch_kwargs(cfg, perm.block_m, tap, H),
+            H=H, IP=IP, INTER=INTER, TOPK=top_k, BC=bc, **kw,
         )  # fmt: skip
     if tap:
         publish_gate_up_taps(taps, M, top_k, act, gacc, uacc)
