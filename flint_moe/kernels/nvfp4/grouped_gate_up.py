@@ -119,10 +119,43 @@ def mma(w, xt, acc):
     the other), then added to ``acc``: each element's arithmetic is independent of the tile's shape, as the
     hardware's k16 chain is on the GPU."""
     if _INTERPRET:
-        prod = tl.trans(w)[:, :, None] * xt.to(tl.float32)[:, None, :]  # [BK, R, N], exact products
-        return acc + tl.sum(prod, axis=0)
+        return acc + _kdot_rows4(w, xt.to(tl.float32))
     else:
         return tl.dot(w, xt, acc)
+
+
+@triton.jit
+def _kdot(w, xt):
+    """Interpreter: fp32 [R, BK] . [BK, N] -> [R, N], each element's exact products summed in increasing k
+    (numpy's sum over the outermost axis adds one [R, N] slice after the other)."""
+    return tl.sum(tl.trans(w)[:, :, None] * xt[:, None, :], axis=0)
+
+
+@triton.jit
+def _join_rows(a, b):
+    """[R, N] and [R, N] -> [2R, N]: the rows of ``a``, then those of ``b`` (no arithmetic)."""
+    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), [2 * a.shape[0], a.shape[1]])
+
+
+@triton.jit
+def _kdot_rows2(w, xt):
+    """:func:`_kdot`, the rows in two halves where the [BK, R, N] products would exceed Triton's 2^20 elements
+    per tensor (a row split leaves every element's arithmetic as it is)."""
+    if w.shape[0] * w.shape[1] * xt.shape[1] > 1048576:
+        lo, hi = tl.split(tl.permute(tl.reshape(w, [2, w.shape[0] // 2, w.shape[1]]), (1, 2, 0)))
+        return _join_rows(_kdot(lo, xt), _kdot(hi, xt))
+    else:
+        return _kdot(w, xt)
+
+
+@triton.jit
+def _kdot_rows4(w, xt):
+    """:func:`_kdot_rows2` of each half of the rows where one split is not enough (up to 2^22 products)."""
+    if w.shape[0] * w.shape[1] * xt.shape[1] > 2097152:
+        lo, hi = tl.split(tl.permute(tl.reshape(w, [2, w.shape[0] // 2, w.shape[1]]), (1, 2, 0)))
+        return _join_rows(_kdot_rows2(lo, xt), _kdot_rows2(hi, xt))
+    else:
+        return _kdot_rows2(w, xt)
 
 
 @triton.jit
@@ -525,9 +558,32 @@ def grouped_audit_runs():
             yield h, i, ip, k, bm, f".H{h}.I{i}.BM{bm}{'.tap' if tap else ''}", tap
 
 
+#: (H, I, k, BM, TAIL) specialisations of the expert-wide row-block build (op config ``TAIL``) audited for sm_90:
+#: the benchmark's shapes at M = 4096 (BM 128) and DeepSeek-V3 at M = 16384 (BM 256), and the conformance
+#: matrix's ``rows-tail32`` cases at M = 64 (BM 16, tail min(32, 16)).
+ROWS_AUDIT_CASES = [
+    (7168, 2048, 8, 128, 32),
+    (7168, 2048, 8, 256, 32),
+    (7168, 2048, 8, 16, 16),
+    (2048, 768, 8, 16, 16),
+    (4096, 1536, 8, 128, 32),
+    (2880, 2880, 4, 128, 32),
+]
+
+
+def grouped_rows_audit_runs():
+    """The audited builds of both grouped GEMMs' expert-wide row-block kernels: ``(H, I, Ip, k, BM, TAIL, name
+    suffix, TAP)`` for every ``ROWS_AUDIT_CASES`` entry, and the tapped build of DeepSeek-V3 (BM 128, TAIL 32)."""
+    for h, i, k, bm, tail in ROWS_AUDIT_CASES:
+        ip = (i + 63) // 64 * 64
+        for tap in (False, True) if (h, i, bm) == (7168, 2048, 128) else (False,):
+            yield h, i, ip, k, bm, tail, f".H{h}.I{i}.BM{bm}.T{tail}{'.tap' if tap else ''}", tap
+
+
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the grouped gate/up kernel (production builds, and the tapped build of
-    DeepSeek-V3): the rule's instructions present, wgmma present (tensor cores), no fp64 / div.full."""
+    DeepSeek-V3) and of its expert-wide row-block build (``ROWS_AUDIT_CASES``): the rule's instructions present,
+    wgmma present (tensor cores), no fp64 / div.full."""
     sig = {"x_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
         "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16", "gacc_ptr": "*fp32",
         "uacc_ptr": "*fp32"}
@@ -541,6 +597,12 @@ def audit_specs() -> list[str]:
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_gate_up" + suffix, _grouped_gate_up_kernel, sig, consts, require,
                                     options=options).name)  # fmt: skip
+    for h, i, ip, k, bm, tail, suffix, tap in grouped_rows_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "TAIL": tail, "BC": cfg["BC"],
+                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": tap}  # fmt: skip
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit("nvfp4_grouped_gate_up_rows" + suffix, _grouped_gate_up_rows_kernel, sig, consts,
+                                    require, options=options).name)  # fmt: skip
     return names
 
 
