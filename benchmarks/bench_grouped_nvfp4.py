@@ -246,7 +246,8 @@ def schedule_counts(perm, pairs: int, row_tiles: int) -> dict:
     tails = int((n > perm.block_m).sum())
     mma_rows = used * perm.block_m + tails * perm.tail
     return {"BM": perm.block_m, "tail": perm.tail, "blocks_used": used, "tails": tails,
-            "programs": perm.num_blocks * row_tiles, "mma_rows": mma_rows, "fill": pairs / max(mma_rows, 1)}  # fmt: skip
+            "programs": perm.num_blocks * row_tiles, "mma_rows": mma_rows,
+            "fill": pairs / max(mma_rows, 1)}  # fmt: skip
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -300,8 +301,8 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
     for name, cfg in AB_VARIANTS.items():
         cfg, perm = cfg or {}, perms[name]
         act = launch_grouped_gate_up(x, ids, perm, layer.w, config=cfg.get("gate_up"))
-        fns[f"{name} gate/up kernel"] = lambda i, c=cfg, p=perm: launch_grouped_gate_up(x, ids, p, layer.w,
-                                                                                       config=c.get("gate_up"))  # fmt: skip
+        fns[f"{name} gate/up kernel"] = lambda i, c=cfg, p=perm: launch_grouped_gate_up(
+            x, ids, p, layer.w, config=c.get("gate_up"))  # fmt: skip
         fns[f"{name} down kernel"] = lambda i, c=cfg, a=act, p=perm: launch_grouped_down(
             a, ids, tw, p, layer.w, shared, config=c.get("down"))  # fmt: skip
     for _ in range(rounds):

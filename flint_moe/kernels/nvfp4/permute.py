@@ -87,7 +87,8 @@ def moe_permute(ids: torch.Tensor, num_experts: int, block_m: int, tail: int = 0
         raise ValueError(f"num_experts: expected an int >= 1, got {num_experts!r}")
     if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m: expected a power of two >= 16, got {block_m!r}")
-    if isinstance(tail, bool) or not isinstance(tail, int) or (tail and (tail < 16 or tail > block_m or tail & (tail - 1))):
+    bad_tail = isinstance(tail, bool) or not isinstance(tail, int)
+    if bad_tail or (tail and (tail < 16 or tail > block_m or tail & (tail - 1))):
         raise ValueError(f"tail: expected 0 or a power of two in [16, block_m = {block_m}], got {tail!r}")
     m, k = ids.shape
     p = m * k
