@@ -26,8 +26,9 @@ __all__ = ["compile_sm90", "sass_of", "hgmma_loops", "main_loop", "loop_mix", "B
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
-#: (kernel, BM, BK, num_stages, name[, TAIL]); num_warps from the kernels' default_warps(BM), BH from default_bh;
-#: TAIL > 0: the expert-wide row-block build (two main loops: with the tail accumulator, and without).
+#: (kernel, BM, BK, num_stages, name[, TAIL[, SW]]); num_warps from the kernels' default_warps(BM), BH from
+#: default_bh; TAIL > 0: the expert-wide row-block build (two main loops: with the tail accumulator, and without);
+#: SW: the scales as one word per row per 64 K (config ``SCALE_WORD``).
 BUILDS = [
     ("gate_up", 128, 64, 3, "gate/up BM128 BK64"),
     ("gate_up", 128, 128, 3, "gate/up BM128 BK128"),
@@ -50,6 +51,12 @@ BUILDS = [
     ("down", 128, 128, 3, "down rows BM128+32 BK128", 32),
     ("gate_up", 256, 64, 3, "gate/up rows BM256+32 BK64", 32),
     ("down", 256, 64, 3, "down rows BM256+32 BK64", 32),
+    ("gate_up", 128, 64, 3, "gate/up BM128 BK64 SW", 0, True),
+    ("gate_up", 256, 64, 3, "gate/up BM256 BK64 SW", 0, True),
+    ("down", 256, 64, 3, "down BM256 BK64 SW", 0, True),
+    ("gate_up", 16, 64, 3, "gate/up BM16 BK64 SW", 0, True),
+    ("gate_up", 256, 64, 3, "gate/up rows BM256+32 BK64 SW", 32, True),
+    ("down", 256, 64, 3, "down rows BM256+32 BK64 SW", 32, True),
 ]
 
 
@@ -60,11 +67,11 @@ def _tool(name: str) -> str:
 
 
 def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int = 2048, k: int = 8,  # noqa: E741
-                 tail: int = 0):  # fmt: skip
+                 tail: int = 0, sw: bool = False):  # fmt: skip
     """The compiled sm_90 kernel (``triton.compile`` result) of the grouped gate/up (``kind`` "gate_up") or down
     ("down") production build (TAP off, DECODE 3) at (H, I, k) with row block ``bm``, K step ``bk``; ``tail`` > 0:
     the expert-wide row-block build (``_grouped_gate_up_rows_kernel`` / ``_grouped_down_rows_kernel``, blocks of
-    ``bm + tail`` pairs)."""
+    ``bm + tail`` pairs); ``sw``: the scales loaded as one word per row per 64 K (config ``SCALE_WORD``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -78,14 +85,15 @@ def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int
                "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16", "gacc_ptr": "*fp32",
                "uacc_ptr": "*fp32"}  # fmt: skip
         consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "BM": bm, "BC": gu.GROUPED_GATE_UP_CONFIG["BC"], "BK": bk,
-                  "DECODE": 3, "TAP": False}  # fmt: skip
+                  "DECODE": 3, "TAP": False, "SW": sw}  # fmt: skip
         if tail:
             kern, consts = gu._grouped_gate_up_rows_kernel, {**consts, "TAIL": tail}
     elif kind == "down":
         kern = gd._grouped_down_kernel
         sig = {"act_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
                "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*bf16", "dacc_ptr": "*fp32"}  # fmt: skip
-        consts = {"H": H, "IP": ip, "INTER": I, "BM": bm, "BH": gd.default_bh(bm), "BK": bk, "DECODE": 3, "TAP": False}
+        consts = {"H": H, "IP": ip, "INTER": I, "BM": bm, "BH": gd.default_bh(bm), "BK": bk, "DECODE": 3, "TAP": False,
+                  "SW": sw}  # fmt: skip
         if tail:
             kern, consts = gd._grouped_down_rows_kernel, {**consts, "TAIL": tail}
     else:
@@ -277,14 +285,15 @@ def main(argv=None) -> int:
     for idx in sel:
         kind, bm, bk, stages, name, *extra = BUILDS[idx]
         tail = extra[0] if extra else 0
+        sw = bool(extra[1]) if len(extra) > 1 else False
         if a.only and kind != a.only:
             continue
-        c = compile_sm90(kind, bm, bk, stages, H, I, k, tail=tail)
+        c = compile_sm90(kind, bm, bk, stages, H, I, k, tail=tail, sw=sw)
         sass = sass_of(c.asm["cubin"])
         if a.dump:
             d = pathlib.Path(a.dump)
             d.mkdir(parents=True, exist_ok=True)
-            (d / f"{kind}.BM{bm}.BK{bk}.S{stages}{f'.T{tail}' if tail else ''}.sass").write_text(sass)
+            (d / f"{kind}.BM{bm}.BK{bk}.S{stages}{f'.T{tail}' if tail else ''}{'.SW' if sw else ''}.sass").write_text(sass)
         res = _resources(c)
         if tail:  # the loop with the tail accumulator (more HGMMAs) and the one without
             loops = sorted(hgmma_loops(sass), key=len, reverse=True)

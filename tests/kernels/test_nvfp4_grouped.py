@@ -89,6 +89,13 @@ def test_poisoned_padding_changes_nothing():
         w.w2_sf_swizzled.view(torch.uint8).view(E, -1) == 0, 0x7F, w.w2_sf_swizzled.view(torch.uint8).view(E, -1)
     )
     assert same(_run(w, x, ids, tw, sh), clean)
+    # SCALE_WORD: the last K step's scale words hold columns past K / 16 (w2: I / 16 = 11 of 12, the twelfth
+    # poisoned with 0x7F, a NaN in E4M3): masked to 0, so the same bits
+    perm = moe_permute(ids, E, 16)
+    _, out_sw = _run_perm(w, x, ids, tw, sh, perm, sw=True)
+    assert same(out_sw, clean)
+    _, out_rows = _run_perm(w, x, ids, tw, sh, moe_permute(ids, E, 16, 16), sw=True)
+    assert same(out_rows, clean)
 
 
 def test_op_end_to_end_and_dispatch():
@@ -116,10 +123,10 @@ def test_op_end_to_end_and_dispatch():
 _STAGES = ("gate_acc", "up_acc", "act", "down_acc", "y", "out")
 
 
-def _run_perm(w, x, ids, tw, sh, perm):
+def _run_perm(w, x, ids, tw, sh, perm, sw=False):
     taps: dict = {}
-    act = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps, config=GU)
-    out = nvfp4_grouped_down(act, ids, tw, perm, w, sh, taps=taps, config=DN)
+    act = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps, config={**GU, "SCALE_WORD": sw})
+    out = nvfp4_grouped_down(act, ids, tw, perm, w, sh, taps=taps, config={**DN, "SCALE_WORD": sw})
     return taps, out
 
 
@@ -153,6 +160,12 @@ def test_expert_wide_row_blocks_same_bits_as_default():
         assert same(t2[name], t0[name]), f"BM 16 + tail 16: {name} differs"
     act = nvfp4_grouped_gate_up(x, ids, rows, w, config=GU)
     assert same(nvfp4_grouped_down(act, ids, tw, rows, w, sh, config=DN), o0), "production build differs"
+    # the scales as one word per row per 64 K (SCALE_WORD), default and expert-wide schedules: the same bits
+    for perm in (moe_permute(ids, E, 128), rows):
+        t3, o3 = _run_perm(w, x, ids, tw, sh, perm, sw=True)
+        assert same(o3, o0)
+        for name in _STAGES:
+            assert same(t3[name], t0[name]), f"SCALE_WORD, tail {perm.tail}: {name} differs"
 
 
 def test_op_tail_config_same_bits():
@@ -233,6 +246,10 @@ def test_bad_inputs_raise():
         nvfp4_grouped_gate_up(x, ids, perm, w, config={"BC": 128})
     with pytest.raises(ValueError, match="unknown config"):
         nvfp4_grouped_gate_up(x, ids, perm, w, config={"BN": 8})
+    with pytest.raises(ValueError, match="SCALE_WORD needs BK a multiple of 64"):
+        nvfp4_grouped_gate_up(x, ids, perm, w, config={"BK": 32, "SCALE_WORD": True})
+    with pytest.raises(ValueError, match="SCALE_WORD must be a bool"):
+        nvfp4_grouped_gate_up(x, ids, perm, w, config={"SCALE_WORD": 1})
     act = torch.zeros(M * k, I, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^act"):
         nvfp4_grouped_down(act[:3], ids, tw, perm, w, sh)

@@ -43,8 +43,9 @@ __all__ = [
 
 #: Default launch configuration: ``BH`` hidden rows per program (a power of two >= 64; None = ``default_bh(BM)``),
 #: ``BK`` K elements per main-loop step (a power of two >= 32; None = ``grouped_gate_up.default_bk(BM, I)``),
-#: ``num_stages``; ``num_warps`` None = ``default_warps(BM)`` (``BM`` comes from the permutation).
-GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3}
+#: ``num_stages``; ``num_warps`` None = ``default_warps(BM)`` (``BM`` comes from the permutation); ``SCALE_WORD``
+#: as in ``grouped_gate_up.GROUPED_GATE_UP_CONFIG``.
+GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
 
 
 def default_bh(block_m: int) -> int:
@@ -78,6 +79,7 @@ def _grouped_down_kernel(
     BK: tl.constexpr,
     DECODE: tl.constexpr,
     TAP: tl.constexpr,
+    SW: tl.constexpr,
 ):
     """y[p, h] = bf16(RN(y_acc[p, h] * gs2[e])) (rule step 8) for the pairs of row block b, rows h.
 
@@ -109,7 +111,7 @@ def _grouped_down_kernel(
     a_row = act_ptr + tl.multiple_of(pair * INTER, 16)
     acc = tl.zeros([BH, BM], dtype=tl.float32)
     if end > start:
-        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE, SW)
     gs = tl.load(alpha_ptr + e)
     y = bf16_rn(global_scale(acc, gs))
     off = pair[None, :] * H + h[:, None]
@@ -153,6 +155,7 @@ def _grouped_down_rows_kernel(
     BK: tl.constexpr,
     DECODE: tl.constexpr,
     TAP: tl.constexpr,
+    SW: tl.constexpr,
 ):
     """``_grouped_down_kernel`` on expert-wide row blocks (``moe_permute(ids, E, BM, tail=TAIL)``: up to
     ``BM + TAIL`` pairs per block): the first BM pairs in an fp32 accumulator [BH, BM], the next (at most TAIL)
@@ -183,9 +186,9 @@ def _grouped_down_rows_kernel(
     acc_t = tl.zeros([BH, TAIL], dtype=tl.float32)
     if has_tail:
         acc, acc_t = k_loop_tail(acc, acc_t, w_row, s_base, a_row, a_row_t, hc, h_ok, r_ok, t_ok, INTER, KP, BH, BK,
-                                 DECODE)  # fmt: skip
+                                 DECODE, SW)  # fmt: skip
     elif end > start:
-        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE, SW)
     gs = tl.load(alpha_ptr + e)
     _down_epilogue(acc, pair, r_ok, gs, h, h_ok, y_ptr, dacc_ptr, H, TAP)
     if has_tail:
@@ -238,7 +241,7 @@ def nvfp4_grouped_down(
         taps: if a dict, the tapped build stores ``down_acc`` fp32 [M, k, H] (before the global scale),
             ``y`` bf16 [M, k, H] and ``out`` bf16 [M, H].
         config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK`` (None: ``default_bk(BM, I)``), ``num_warps``,
-            ``num_stages``, ``DECODE``).
+            ``num_stages``, ``SCALE_WORD``, ``DECODE``).
         out: None, or a bf16 [M, H] contiguous tensor the combine writes and that is returned (no overlap with
             any input: the op checks that, ``ops._checks.check_out``).
         check: False skips the tensor checks, for a caller that made them (``launch_grouped_down``); the config
@@ -324,13 +327,13 @@ def audit_specs() -> list[str]:
     names = []
     for h, i, ip, _k, bm, suffix, tap in grouped_audit_runs():
         consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "BH": default_bh(bm), "BK": cfg["BK"] or default_bk(bm, i),
-                  "DECODE": 3, "TAP": tap}  # fmt: skip
+                  "DECODE": 3, "TAP": tap, "SW": False}  # fmt: skip
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_down" + suffix, _grouped_down_kernel, sig, consts, require,
                                     options=options).name)  # fmt: skip
     for h, i, ip, _k, bm, tail, suffix, tap in grouped_rows_audit_runs():
         consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "TAIL": tail, "BH": default_bh(bm),
-                  "BK": cfg["BK"] or default_bk(bm, i), "DECODE": 3, "TAP": tap}  # fmt: skip
+                  "BK": cfg["BK"] or default_bk(bm, i), "DECODE": 3, "TAP": tap, "SW": False}  # fmt: skip
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_down_rows" + suffix, _grouped_down_rows_kernel, sig, consts,
                                     require, options=options).name)  # fmt: skip

@@ -46,7 +46,10 @@ _INTERPRET = tl.constexpr(INTERPRET)
 #: k16 tensor-core steps into loop iterations: every BK issues the same wgmma k16 steps in increasing k order
 #: on one accumulator (read from the sm_90 PTX; docs/kernels/nvfp4-grouped.md), so it changes neither the
 #: order nor the bits where K is a multiple of BK (a partial last step adds exact zero products).
-GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3}
+#: ``SCALE_WORD``: load the E4M3 scales as one int32 word per row per 64 K (``scale_words``; needs BK a multiple
+#: of 64) instead of byte by byte: at BK 64 a thread's scales then reach the 4 bytes ``cp.async`` needs and are
+#: pipelined instead of loaded synchronously in the loop; the same scale values, hence the same bits.
+GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
 
 
 def default_bk(block_m: int, k: int) -> int:
@@ -170,14 +173,36 @@ def row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM: tl.constexpr):
 
 
 @triton.jit
+def scale_words(s_base, srow, w_ok, k0, K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr):
+    """The E4M3 scale bytes [ROWS, BK/16] (int32 0..255) of the K step at ``k0`` (a multiple of ``BK``, itself a
+    multiple of 64), loaded as one int32 word per row per 64 K: the 128x4 swizzle keeps a row's scale columns
+    4g..4g+3 in 4 contiguous, 4-byte-aligned bytes (``swizzled_scale_offsets`` with c % 4 = 0; byte c % 4 of the
+    little-endian word is column c). Columns >= K / 16 (a partial last step, the padding to KP) read as 0."""
+    kg = k0 // 64 + tl.arange(0, BK // 64)
+    off = swizzled_scale_offsets(srow[:, None], kg[None, :] * 4, KP) // 4
+    if K % BK == 0:
+        wmask = w_ok[:, None]
+    else:
+        wmask = w_ok[:, None] & (kg < KP // 4)[None, :]
+    words = tl.load(s_base.to(tl.pointer_type(tl.int32)) + off, mask=wmask, other=0)
+    sb = tl.reshape(words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :], [ROWS, BK // 16]) & 0xFF
+    if K % BK != 0:
+        kc = k0 // 16 + tl.arange(0, BK // 16)
+        sb = tl.where((kc < K // 16)[None, :], sb, 0)
+    return sb
+
+
+@triton.jit
 def k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr,
-           BK: tl.constexpr, DECODE: tl.constexpr):  # fmt: skip
+           BK: tl.constexpr, DECODE: tl.constexpr, SW: tl.constexpr = False):  # fmt: skip
     """The main loop of both grouped GEMMs: ``acc`` fp32 [ROWS, BM] plus, for K steps of ``BK`` in increasing
     order, ``mma(dequant_tile(codes, scales), activations^T)`` (module docstrings: the summation order).
 
     ``w_row`` int32 pointers [ROWS] to each weight row's code words, ``s_base`` the expert's swizzled scales,
     ``srow`` [ROWS] the rows' scale rows, ``a_row`` pointers [BM] to each pair's activation row (length K);
-    ``w_ok`` [ROWS] / ``r_ok`` [BM] mask weight rows / pairs. Masks along K only when ``K % BK`` != 0."""
+    ``w_ok`` [ROWS] / ``r_ok`` [BM] mask weight rows / pairs. Masks along K only when ``K % BK`` != 0. ``SW``:
+    the scales as one int32 word per row per 64 K (:func:`scale_words`; ``BK`` a multiple of 64), else byte by
+    byte; the same scale values either way."""
     for k0 in tl.range(0, K, BK):
         kw = k0 // 8 + tl.arange(0, BK // 8)
         kc = k0 // 16 + tl.arange(0, BK // 16)
@@ -189,11 +214,14 @@ def k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K: tl.constexpr, KP: tl.
             wmask = w_ok[:, None] & (kw < K // 8)[None, :]
             amask = r_ok[:, None] & (kx < K)[None, :]
         words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
-        sb = tl.load(
-            s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
-            mask=w_ok[:, None] & (kc < K // 16)[None, :],
-            other=0,
-        )
+        if SW:
+            sb = scale_words(s_base, srow, w_ok, k0, K, KP, ROWS, BK)
+        else:
+            sb = tl.load(
+                s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+                mask=w_ok[:, None] & (kc < K // 16)[None, :],
+                other=0,
+            )
         at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
         acc = mma(dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE), tl.trans(at), acc)
     return acc
@@ -221,6 +249,7 @@ def _grouped_gate_up_kernel(
     BK: tl.constexpr,
     DECODE: tl.constexpr,
     TAP: tl.constexpr,
+    SW: tl.constexpr,
 ):
     """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
 
@@ -266,7 +295,7 @@ def _grouped_gate_up_kernel(
     x_row = x_ptr + tl.multiple_of(tok * H, 16)
     acc = tl.zeros([R, BM], dtype=tl.float32)
     if end > start:
-        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE, SW)
     acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, BM]), (1, 2, 0)))
     cols = q * BC + tl.arange(0, BC)
     c_ok = cols < INTER
@@ -282,7 +311,8 @@ def _grouped_gate_up_kernel(
 
 @triton.jit
 def k_loop_tail(acc, acc_t, w_row, s_base, a_row, a_row_t, srow, w_ok, r_ok, t_ok, K: tl.constexpr,
-                KP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):  # fmt: skip
+                KP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr,
+                SW: tl.constexpr = False):  # fmt: skip
     """:func:`k_loop` for an expert-wide row block: ``acc`` fp32 [ROWS, BM] over the pairs ``a_row`` / ``r_ok``
     and ``acc_t`` fp32 [ROWS, TAIL] over the tail pairs ``a_row_t`` / ``t_ok``; each K step's dequantised
     weight tile is computed once and multiplied into both (two ``tl.dot``, the same k16 chain per element as
@@ -300,11 +330,14 @@ def k_loop_tail(acc, acc_t, w_row, s_base, a_row, a_row_t, srow, w_ok, r_ok, t_o
             amask = r_ok[:, None] & (kx < K)[None, :]
             tmask = t_ok[:, None] & (kx < K)[None, :]
         words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
-        sb = tl.load(
-            s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
-            mask=w_ok[:, None] & (kc < K // 16)[None, :],
-            other=0,
-        )
+        if SW:
+            sb = scale_words(s_base, srow, w_ok, k0, K, KP, ROWS, BK)
+        else:
+            sb = tl.load(
+                s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+                mask=w_ok[:, None] & (kc < K // 16)[None, :],
+                other=0,
+            )
         at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
         att = tl.load(a_row_t[:, None] + kx[None, :], mask=tmask, other=0.0)
         w = dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE)
@@ -363,6 +396,7 @@ def _grouped_gate_up_rows_kernel(
     BK: tl.constexpr,
     DECODE: tl.constexpr,
     TAP: tl.constexpr,
+    SW: tl.constexpr,
 ):
     """``_grouped_gate_up_kernel`` on expert-wide row blocks (``moe_permute(ids, E, BM, tail=TAIL)``: up to
     ``BM + TAIL`` pairs per block): the first BM pairs of block b in an fp32 accumulator [2 * BC, BM], the next
@@ -397,9 +431,9 @@ def _grouped_gate_up_rows_kernel(
     acc_t = tl.zeros([R, TAIL], dtype=tl.float32)
     if has_tail:
         acc, acc_t = k_loop_tail(acc, acc_t, w_row, s_base, x_row, x_row_t, prow, r_c_ok, r_ok, t_ok, H, KP, R, BK,
-                                 DECODE)  # fmt: skip
+                                 DECODE, SW)  # fmt: skip
     elif end > start:
-        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE, SW)
     gs = tl.load(alpha_ptr + e)
     _gate_up_epilogue(acc, pair, r_ok, gs, q, act_ptr, gacc_ptr, uacc_ptr, INTER, BM, BC, TAP)
     if has_tail:
@@ -427,10 +461,14 @@ def _check_perm(perm, tokens: int, top_k: int, num_experts: int, dev: torch.devi
 
 def grouped_launch_kwargs(cfg: dict, block_m: int, tap: bool, k: int) -> dict:
     """The launch keywords both grouped GEMMs share: ``BM`` (the permutation's ``block_m``), ``BK``
-    (``default_bk(block_m, k)`` unless set; ``k`` the reduction length), ``DECODE``, ``TAP``, ``num_warps``
+    (``default_bk(block_m, k)`` unless set; ``k`` the reduction length), ``DECODE``, ``TAP``, ``SW`` (config
+    ``SCALE_WORD``; ValueError unless BK is a multiple of 64), ``num_warps``
     (``default_warps(block_m)`` unless set) and ``num_stages`` of the checked ``cfg``, and ``launch_options()``."""
     bk = int(cfg["BK"] or default_bk(block_m, k))
-    return {"BM": block_m, "BK": bk, "DECODE": cfg["DECODE"], "TAP": tap,
+    sw = bool(cfg.get("SCALE_WORD", False))
+    if sw and bk % 64:
+        raise ValueError(f"config SCALE_WORD needs BK a multiple of 64, got BK = {bk}")
+    return {"BM": block_m, "BK": bk, "DECODE": cfg["DECODE"], "TAP": tap, "SW": sw,
             "num_warps": int(cfg["num_warps"] or default_warps(block_m)), "num_stages": int(cfg["num_stages"]),
             **launch_options()}  # fmt: skip
 
@@ -442,6 +480,8 @@ def _cfg(config: dict | None, default: dict, name: str) -> dict:
         if unknown:
             raise ValueError(f"{name}: unknown config keys {sorted(unknown)}")
         cfg.update(config)
+    if "SCALE_WORD" in cfg and not isinstance(cfg["SCALE_WORD"], bool):
+        raise ValueError(f"{name}: config SCALE_WORD must be a bool, got {cfg['SCALE_WORD']!r}")
     if cfg["BK"] is not None:
         bk = int(cfg["BK"])
         if bk < 32 or bk & (bk - 1):
@@ -468,7 +508,7 @@ def nvfp4_grouped_gate_up(
         taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, I] (before the
             global scale) and ``act`` bf16 [M, k, I].
         config: overrides of ``GROUPED_GATE_UP_CONFIG`` (``BC``, ``BK`` (None: ``default_bk(BM, H)``),
-            ``num_warps``, ``num_stages``) and
+            ``num_warps``, ``num_stages``, ``SCALE_WORD``) and
             ``DECODE`` (GPU: 3 = one inline-PTX call per code word giving bf16 weights times the scale (default),
             2 / 1 = the decode kernels' fp16x2 / bf16x2 E2M1 decodes, 0 = plain integer ops; identical values,
             hence identical bits; the interpreter always takes the plain path).
@@ -593,13 +633,13 @@ def audit_specs() -> list[str]:
     names = []
     for h, i, ip, k, bm, suffix, tap in grouped_audit_runs():
         consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "BC": cfg["BC"],
-                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": tap}  # fmt: skip
+                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": tap, "SW": False}  # fmt: skip
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_gate_up" + suffix, _grouped_gate_up_kernel, sig, consts, require,
                                     options=options).name)  # fmt: skip
     for h, i, ip, k, bm, tail, suffix, tap in grouped_rows_audit_runs():
         consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "TAIL": tail, "BC": cfg["BC"],
-                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": tap}  # fmt: skip
+                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": tap, "SW": False}  # fmt: skip
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_gate_up_rows" + suffix, _grouped_gate_up_rows_kernel, sig, consts,
                                     require, options=options).name)  # fmt: skip
