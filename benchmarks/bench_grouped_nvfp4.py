@@ -2,9 +2,10 @@
 
 ``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``;
 ``... --ab [--model deepseek-v3 --M 4096] --out DIR``: only the default launch configuration against the
-expert-wide row blocks (op config ``TAIL`` 32) and the bf16 layer, alternated over two rounds, and each variant's
-two GEMM kernels alone, bits compared, the row blocks and programs of each schedule (``ab``), at ``AB_CASES``
-(DeepSeek-V3 M = 4096 and 16384, Qwen3-235B-A22B and gpt-oss-120b M = 4096) unless --model / --M name one.
+expert-wide row blocks (op config ``TAIL`` 32, without and with ``SCALE_WORD``) and the bf16 layer, alternated
+over two rounds, and each variant's two GEMM kernels alone, bits compared, the row blocks and programs of each
+schedule (``ab``), at ``AB_CASES`` (DeepSeek-V3 M = 4096 and 16384, Qwen3-235B-A22B and gpt-oss-120b M = 4096)
+unless --model / --M name one.
 
 Both sides run the same layer end to end from the same tokens and router: ``route`` (same ids and routing
 weights), then
@@ -231,7 +232,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 #: ``--ab`` variants: the default launch configuration against the expert-wide row blocks (op config ``TAIL``:
 #: BM + 32 pairs per program, the 32-pair tail accumulator's MMAs only where an expert has more than BM pairs).
-AB_VARIANTS = {"default": None, "rows": {"TAIL": 32}}
+#: ``rows+sw`` adds the scales as one word per row per 64 K (``SCALE_WORD``) in both GEMMs.
+_SW = {"SCALE_WORD": True}
+AB_VARIANTS = {"default": None, "rows": {"TAIL": 32}, "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW}}
 #: ``--ab`` (model, M) cases when no ``--model`` / ``--M`` is given.
 AB_CASES = (("deepseek-v3", 4096), ("deepseek-v3", 16384), ("qwen3-235b-a22b", 4096), ("gpt-oss-120b", 4096))
 
@@ -321,7 +324,8 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
         per = ", ".join(f"{r[n]:.1f}" for r in res["rounds"])
         tf = "" if "kernel" in n else f"{fl / (med[n] * 1e-6) / 1e12:.1f}"
         ratio = "" if "kernel" in n else f"{med['bf16'] / med[n]:.2f}"
-        base = n.replace("rows", "default", 1) if n.startswith("rows") else None
+        variant = next((v for v in sorted(AB_VARIANTS, key=len, reverse=True) if n.split(" ")[0] == v), None)
+        base = "default" + n[len(variant):] if variant and variant != "default" else None
         speed = f"{med[base] / med[n]:.2f}" if base in med else ""
         print(f"| {n} | {per} | {tf} | {ratio} | {speed} |")
     return res

@@ -293,7 +293,8 @@ def main(argv=None) -> int:
         if a.dump:
             d = pathlib.Path(a.dump)
             d.mkdir(parents=True, exist_ok=True)
-            (d / f"{kind}.BM{bm}.BK{bk}.S{stages}{f'.T{tail}' if tail else ''}{'.SW' if sw else ''}.sass").write_text(sass)
+            tag = f"{f'.T{tail}' if tail else ''}{'.SW' if sw else ''}"
+            (d / f"{kind}.BM{bm}.BK{bk}.S{stages}{tag}.sass").write_text(sass)
         res = _resources(c)
         if tail:  # the loop with the tail accumulator (more HGMMAs) and the one without
             loops = sorted(hgmma_loops(sass), key=len, reverse=True)

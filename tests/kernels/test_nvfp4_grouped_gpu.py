@@ -143,7 +143,8 @@ def test_expert_with_every_token():
 def test_expert_wide_row_blocks_same_bits(E, H, I, k, M):  # noqa: E741
     """The op's ``TAIL`` option (BM + 32 pairs per program, a second accumulator for the pairs past BM) gives
     the default's bits: the production output, and every tap of the tapped build (accumulators, act, y, out);
-    the schedule really runs tails (experts with more than BM pairs) and fewer row blocks."""
+    also with ``SCALE_WORD`` in both GEMMs, and ``SCALE_WORD`` alone; the schedule really runs tails (experts
+    with more than BM pairs) and fewer row blocks."""
     w = _weights(E, H, I)
     x, router, shared = _tokens(M, H, E, 19)
     counter = make_route_counter("cuda")
@@ -154,8 +155,15 @@ def test_expert_wide_row_blocks_same_bits(E, H, I, k, M):  # noqa: E741
     assert same(o1, o0)
     for name in ("gate_acc", "up_acc", "act", "down_acc", "y", "out"):
         assert same(t1[name], t0[name]), f"TAIL 32: {name} differs from the default"
-    del t0, t1
+    t2: dict = {}
+    sw = {"TAIL": 32, "gate_up": {"SCALE_WORD": True}, "down": {"SCALE_WORD": True}}
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared, taps=t2, config=sw), o0)
+    for name in ("gate_acc", "up_acc", "down_acc"):
+        assert same(t2[name], t0[name]), f"TAIL 32 + SCALE_WORD: {name} differs from the default"
+    del t0, t1, t2
     assert same(flint_moe_grouped(x, router, w, k, counter, shared, config={"TAIL": 32}), o0)
+    one = {"gate_up": {"SCALE_WORD": True}, "down": {"SCALE_WORD": True}}  # the default schedule with SCALE_WORD
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=one), o0)
     bm = grouped_config(M * k, E)["BM"]
     ids, _ = route(x, router, k, counter)
     p0, p1 = moe_permute(ids, E, bm), moe_permute(ids, E, bm, 32)

@@ -316,9 +316,13 @@ def accumulation_model(config: dict | None = None):
 
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the grouped down kernel (the real shapes' specialisations, the tapped
-    DeepSeek-V3 build), of its expert-wide row-block build (``grouped_gate_up.ROWS_AUDIT_CASES``) and of the
-    combine kernel (k = 8 and 4)."""
-    from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_audit_runs, grouped_rows_audit_runs
+    DeepSeek-V3 build), of its expert-wide row-block build (``grouped_gate_up.ROWS_AUDIT_CASES``), of its
+    ``SCALE_WORD`` builds (``grouped_gate_up.SCALE_WORD_AUDIT_CASES``) and of the combine kernel (k = 8 and 4)."""
+    from flint_moe.kernels.nvfp4.grouped_gate_up import (
+        grouped_audit_runs,
+        grouped_rows_audit_runs,
+        grouped_sw_audit_runs,
+    )
 
     sig = {"act_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
         "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*bf16", "dacc_ptr": "*fp32"}
@@ -337,6 +341,14 @@ def audit_specs() -> list[str]:
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_down_rows" + suffix, _grouped_down_rows_kernel, sig, consts,
                                     require, options=options).name)  # fmt: skip
+    for h, i, ip, _k, bm, tail, suffix in grouped_sw_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "BH": default_bh(bm), "BK": cfg["BK"] or default_bk(bm, i),
+                  "DECODE": 3, "TAP": False, "SW": True}  # fmt: skip
+        kernel, base = _grouped_down_kernel, "nvfp4_grouped_down"
+        if tail:
+            kernel, base, consts = _grouped_down_rows_kernel, base + "_rows", {**consts, "TAIL": tail}
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit(base + suffix, kernel, sig, consts, require, options=options).name)
     for h, k in ((7168, 8), (2880, 4)):
         name = f"nvfp4_grouped_combine.H{h}.k{k}"
         register_audit(

@@ -611,6 +611,23 @@ ROWS_AUDIT_CASES = [
 ]
 
 
+#: (H, I, k, BM, TAIL) builds audited with ``SCALE_WORD`` (TAIL 0: the default schedule's kernel): the BK 64
+#: builds it is for (M = 16384 at BM 256, gpt-oss-120b, BM 16) and DeepSeek-V3 at BM 128 + 32 (BK 128).
+SCALE_WORD_AUDIT_CASES = [
+    (7168, 2048, 8, 256, 0),
+    (7168, 2048, 8, 256, 32),
+    (7168, 2048, 8, 16, 0),
+    (7168, 2048, 8, 128, 32),
+    (2880, 2880, 4, 128, 32),
+]
+
+
+def grouped_sw_audit_runs():
+    """``(H, I, Ip, k, BM, TAIL, name suffix)`` of every ``SCALE_WORD_AUDIT_CASES`` entry (production builds)."""
+    for h, i, k, bm, tail in SCALE_WORD_AUDIT_CASES:
+        yield h, i, (i + 63) // 64 * 64, k, bm, tail, f".H{h}.I{i}.BM{bm}{f'.T{tail}' if tail else ''}.SW"
+
+
 def grouped_rows_audit_runs():
     """The audited builds of both grouped GEMMs' expert-wide row-block kernels: ``(H, I, Ip, k, BM, TAIL, name
     suffix, TAP)`` for every ``ROWS_AUDIT_CASES`` entry, and the tapped build of DeepSeek-V3 (BM 128, TAIL 32)."""
@@ -622,8 +639,9 @@ def grouped_rows_audit_runs():
 
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the grouped gate/up kernel (production builds, and the tapped build of
-    DeepSeek-V3) and of its expert-wide row-block build (``ROWS_AUDIT_CASES``): the rule's instructions present,
-    wgmma present (tensor cores), no fp64 / div.full."""
+    DeepSeek-V3), of its expert-wide row-block build (``ROWS_AUDIT_CASES``) and of ``SCALE_WORD`` builds
+    (``SCALE_WORD_AUDIT_CASES``): the rule's instructions present, wgmma present (tensor cores), no fp64 /
+    div.full."""
     sig = {"x_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
         "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16", "gacc_ptr": "*fp32",
         "uacc_ptr": "*fp32"}
@@ -643,6 +661,14 @@ def audit_specs() -> list[str]:
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_gate_up_rows" + suffix, _grouped_gate_up_rows_kernel, sig, consts,
                                     require, options=options).name)  # fmt: skip
+    for h, i, ip, k, bm, tail, suffix in grouped_sw_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "BC": cfg["BC"],
+                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": False, "SW": True}  # fmt: skip
+        kernel, base = _grouped_gate_up_kernel, "nvfp4_grouped_gate_up"
+        if tail:
+            kernel, base, consts = _grouped_gate_up_rows_kernel, base + "_rows", {**consts, "TAIL": tail}
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit(base + suffix, kernel, sig, consts, require, options=options).name)
     return names
 
 
