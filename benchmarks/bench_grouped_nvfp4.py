@@ -1,8 +1,11 @@
 """Grouped NVFP4 path (``flint_moe_grouped``) vs ``torch._grouped_mm`` on bf16 weights, on the H200.
 
 ``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``;
-``... --ab [--model deepseek-v3 --M 4096] --out DIR``: only the default launch configuration against BK 64 and
-the bf16 layer, alternated over two rounds, and each variant's two GEMM kernels alone (``ab``).
+``... --ab [--model deepseek-v3 --M 4096] --out DIR``: only the default launch configuration against the
+expert-wide row blocks (op config ``TAIL`` 32, without and with ``SCALE_WORD``) and the bf16 layer, alternated
+over two rounds, and each variant's two GEMM kernels alone, bits compared, the row blocks and programs of each
+schedule (``ab``), at ``AB_CASES`` (DeepSeek-V3 M = 4096 and 16384, Qwen3-235B-A22B and gpt-oss-120b M = 4096)
+unless --model / --M name one.
 
 Both sides run the same layer end to end from the same tokens and router: ``route`` (same ids and routing
 weights), then
@@ -227,65 +230,121 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-#: ``--ab`` variants: the default launch configuration against the K step of 64 in both GEMMs.
-AB_VARIANTS = {"default": None, "BK64": {"gate_up": {"BK": 64}, "down": {"BK": 64}}}
+#: ``--ab`` variants: the default launch configuration against the expert-wide row blocks (op config ``TAIL``:
+#: BM + 32 pairs per program, the 32-pair tail accumulator's MMAs only where an expert has more than BM pairs).
+#: ``rows+sw`` adds the scales as one word per row per 64 K (``SCALE_WORD``) in both GEMMs.
+_SW = {"SCALE_WORD": True}
+AB_VARIANTS = {"default": None, "rows": {"TAIL": 32}, "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW}}
+#: ``--ab`` (model, M) cases when no ``--model`` / ``--M`` is given.
+AB_CASES = (("deepseek-v3", 4096), ("deepseek-v3", 16384), ("qwen3-235b-a22b", 4096), ("gpt-oss-120b", 4096))
 
 
-def ab(model: str, M: int, out: str, rounds: int = 2) -> dict:
+def schedule_counts(perm, pairs: int, row_tiles: int) -> dict:
+    """Row blocks of a permutation (``moe_permute``): ``blocks_used`` (non-empty), ``tails`` (blocks with more
+    than ``block_m`` pairs: their tail accumulator runs), ``programs`` (launched: the grid bound x ``row_tiles``
+    weight tiles), ``mma_rows`` (token columns the MMAs run on: BM per used block plus the tail per tail),
+    ``fill`` (pairs / mma_rows)."""
+    n = perm.block_end - perm.block_start
+    used = int((n > 0).sum())
+    tails = int((n > perm.block_m).sum())
+    mma_rows = used * perm.block_m + tails * perm.tail
+    return {"BM": perm.block_m, "tail": perm.tail, "blocks_used": used, "tails": tails,
+            "programs": perm.num_blocks * row_tiles, "mma_rows": mma_rows,
+            "fill": pairs / max(mma_rows, 1)}  # fmt: skip
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    iv = torch.int32 if a.dtype == torch.float32 else torch.int16
+    return a.shape == b.shape and bool(torch.equal(a.contiguous().view(iv), b.contiguous().view(iv)))
+
+
+def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
     """One model and M: the grouped layer under each ``AB_VARIANTS`` configuration and the bf16
     ``torch._grouped_mm`` layer, timed in alternation for ``rounds`` rounds (the spread of one version across
-    rounds is the noise), plus each variant's two GEMM kernels alone on a fixed permutation; bits of every
-    variant against the default; the row blocks the permutation uses. Writes ``out/bench_ab.json``, prints a
-    table last."""
+    rounds is the noise), plus each variant's two GEMM kernels alone on its permutation; bits of every variant
+    against the default (the output of the production build, and every tap of the tapped build); the row
+    blocks and programs each variant's schedule uses. Returns the results (printed as a table)."""
     from flint_moe.kernels.nvfp4.grouped_down import launch_grouped_down
-    from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, launch_grouped_gate_up
+    from flint_moe.kernels.nvfp4.grouped_gate_up import GROUPED_GATE_UP_CONFIG, grouped_config, launch_grouped_gate_up
     from flint_moe.kernels.nvfp4.permute import moe_permute
     from flint_moe.ops import flint_moe_grouped, make_route_counter, route
 
     t0 = time.time()
-    layer = Layer(model)
+    layer = layer or Layer(model)
     counter = make_route_counter(layer.device)
     x, router, shared = layer.inputs(M, seed=5)
     fl = flops(M, layer.H, layer.I, layer.k)
     ids, tw = route(x, router, layer.k, counter)
     bm = grouped_config(M * layer.k, layer.E)["BM"]
-    perm = moe_permute(ids, layer.E, bm)
     counts = torch.bincount(ids.reshape(-1).long(), minlength=layer.E)
-    used = int((perm.block_end > perm.block_start).sum())
     res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "model": model, "M": M,
-           "flops": fl, "BM": bm, "blocks_used": used, "fill": M * layer.k / (used * bm), "rounds": [],
+           "flops": fl, "BM": bm, "rounds": [], "schedule": {}, "bits_equal_default": {},
            "pairs_per_expert": [int(counts.min()), float(counts.float().mean()), int(counts.max())]}  # fmt: skip
-    ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
+    tiles = -(-layer.I // GROUPED_GATE_UP_CONFIG["BC"]) + -(-layer.H // 128)  # gate/up + down weight tiles
+    perms = {}
     for name, cfg in AB_VARIANTS.items():
-        o = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=cfg)
-        res.setdefault("bits_equal_default", {})[name] = bool(torch.equal(o.view(torch.int16), ref.view(torch.int16)))
+        perms[name] = moe_permute(ids, layer.E, bm, min(int((cfg or {}).get("TAIL", 0)), bm))
+        res["schedule"][name] = schedule_counts(perms[name], M * layer.k, tiles)
+    ref_taps: dict = {}
+    ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, taps=ref_taps)
+    ref_out = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
+    for name, cfg in AB_VARIANTS.items():
+        taps: dict = {}
+        o = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=cfg, taps=taps)
+        eq = {"out": _bits_equal(flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=cfg), ref_out),
+              "tapped out": _bits_equal(o, ref)}  # fmt: skip
+        for t in ("gate_acc", "up_acc", "act", "down_acc", "y"):
+            eq[t] = _bits_equal(taps[t], ref_taps[t])
+        res["bits_equal_default"][name] = eq
+        del taps, o
+    del ref_taps
+    torch.cuda.empty_cache()
     fns = {name: _grouped(layer, x, router, shared, counter, cfg) for name, cfg in AB_VARIANTS.items()}
     fns["bf16"] = _bf16(layer, x, router, shared, counter)
     for name, cfg in AB_VARIANTS.items():
-        cfg = cfg or {}
+        cfg, perm = cfg or {}, perms[name]
         act = launch_grouped_gate_up(x, ids, perm, layer.w, config=cfg.get("gate_up"))
-        fns[f"{name} gate/up kernel"] = lambda i, c=cfg: launch_grouped_gate_up(x, ids, perm, layer.w,
-                                                                               config=c.get("gate_up"))  # fmt: skip
-        fns[f"{name} down kernel"] = lambda i, c=cfg, a=act: launch_grouped_down(a, ids, tw, perm, layer.w, shared,
-                                                                                 config=c.get("down"))  # fmt: skip
+        fns[f"{name} gate/up kernel"] = lambda i, c=cfg, p=perm: launch_grouped_gate_up(
+            x, ids, p, layer.w, config=c.get("gate_up"))  # fmt: skip
+        fns[f"{name} down kernel"] = lambda i, c=cfg, a=act, p=perm: launch_grouped_down(
+            a, ids, tw, p, layer.w, shared, config=c.get("down"))  # fmt: skip
     for _ in range(rounds):
         res["rounds"].append({name: time_fn(fn) * 1e6 for name, fn in fns.items()})
     res["elapsed_s"] = time.time() - t0
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "bench_ab.json"), "w") as f:
-        json.dump(res, f, indent=1)
     med = {n: statistics.median(r[n] for r in res["rounds"]) for n in fns}
-    print(f"{model} M={M}: BM {bm}, {used} row blocks used (fill {res['fill']:.2f}), pairs per expert "
-          f"min/mean/max {res['pairs_per_expert']}, bits equal to default {res['bits_equal_default']}, "
-          f"{res['elapsed_s']:.0f} s")  # fmt: skip
-    print("| variant | us per round | TFLOP/s | bf16 / variant |")
-    print("|---|---|---:|---:|")
+    res["median_us"] = med
+    print(f"\n{model} M={M}: pairs per expert min/mean/max {res['pairs_per_expert']}, {res['elapsed_s']:.0f} s")
+    for name, sc in res["schedule"].items():
+        print(f"  {name}: BM {sc['BM']} + tail {sc['tail']}: {sc['blocks_used']} row blocks used ({sc['tails']} "
+              f"with a tail), {sc['programs']} programs launched, MMA on {sc['mma_rows']} token columns "
+              f"(fill {sc['fill']:.2f}); bits equal to default: {res['bits_equal_default'][name]}")  # fmt: skip
+    print("| variant | us per round | TFLOP/s | bf16 / variant | default / variant |")
+    print("|---|---|---:|---:|---:|")
     for n in fns:
         per = ", ".join(f"{r[n]:.1f}" for r in res["rounds"])
         tf = "" if "kernel" in n else f"{fl / (med[n] * 1e-6) / 1e12:.1f}"
         ratio = "" if "kernel" in n else f"{med['bf16'] / med[n]:.2f}"
-        print(f"| {n} | {per} | {tf} | {ratio} |")
+        variant = next((v for v in sorted(AB_VARIANTS, key=len, reverse=True) if n.split(" ")[0] == v), None)
+        base = "default" + n[len(variant):] if variant and variant != "default" else None
+        speed = f"{med[base] / med[n]:.2f}" if base in med else ""
+        print(f"| {n} | {per} | {tf} | {ratio} | {speed} |")
     return res
+
+
+def ab_all(cases, out: str, rounds: int = 2) -> list:
+    """:func:`ab` for every (model, M) of ``cases`` (one layer per model, built once); writes
+    ``out/bench_ab.json`` after each case."""
+    os.makedirs(out, exist_ok=True)
+    results, layers = [], {}
+    for model, M in cases:
+        if model not in layers:
+            layers.clear()
+            torch.cuda.empty_cache()
+            layers[model] = Layer(model)
+        results.append(ab(model, M, rounds, layers[model]))
+        with open(os.path.join(out, "bench_ab.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    return results
 
 
 def main(argv=None) -> int:
@@ -294,15 +353,20 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="DeepSeek-V3 only, fewer M")
     p.add_argument("--budget-s", type=float, default=240.0, help="stop starting new sections after this")
     p.add_argument("--ab", action="store_true",
-                   help="only the A/B of the default launch configuration vs BK 64 vs bf16 (--model, --M)")  # fmt: skip
-    p.add_argument("--model", default="deepseek-v3", choices=sorted(MODELS))
-    p.add_argument("--M", type=int, default=4096)
+                   help="only the A/B of the default launch configuration vs the expert-wide row blocks vs bf16 "
+                        "(AB_CASES, or --model / --M)")  # fmt: skip
+    p.add_argument("--model", choices=sorted(MODELS), help="--ab: this model only (default: AB_CASES)")
+    p.add_argument("--M", type=int, help="--ab: this M only (with --model; default 4096)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device (the H200)", file=sys.stderr)
         return 2
     if args.ab:
-        ab(args.model, args.M, args.out)
+        if args.model is None and args.M is None:
+            cases = AB_CASES
+        else:
+            cases = [(args.model or "deepseek-v3", args.M or 4096)]
+        ab_all(cases, args.out)
         return 0
     from flint_moe.ops import flint_moe_grouped, make_route_counter
 

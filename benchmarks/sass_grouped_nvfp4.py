@@ -22,11 +22,13 @@ import re
 import subprocess
 import tempfile
 
-__all__ = ["compile_sm90", "sass_of", "main_loop", "loop_mix", "BUILDS"]
+__all__ = ["compile_sm90", "sass_of", "hgmma_loops", "main_loop", "loop_mix", "BUILDS"]
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
-#: (kernel, BM, BK, num_stages, name); num_warps from the kernels' default_warps(BM), BH from default_bh.
+#: (kernel, BM, BK, num_stages, name[, TAIL[, SW]]); num_warps from the kernels' default_warps(BM), BH from
+#: default_bh; TAIL > 0: the expert-wide row-block build (two main loops: with the tail accumulator, and without);
+#: SW: the scales as one word per row per 64 K (config ``SCALE_WORD``).
 BUILDS = [
     ("gate_up", 128, 64, 3, "gate/up BM128 BK64"),
     ("gate_up", 128, 128, 3, "gate/up BM128 BK128"),
@@ -45,6 +47,16 @@ BUILDS = [
     ("down", 64, 128, 3, "down BM64 BK128"),
     ("down", 256, 128, 3, "down BM256 BK128"),
     ("down", 16, 128, 3, "down BM16 BK128"),
+    ("gate_up", 128, 128, 3, "gate/up rows BM128+32 BK128", 32),
+    ("down", 128, 128, 3, "down rows BM128+32 BK128", 32),
+    ("gate_up", 256, 64, 3, "gate/up rows BM256+32 BK64", 32),
+    ("down", 256, 64, 3, "down rows BM256+32 BK64", 32),
+    ("gate_up", 128, 64, 3, "gate/up BM128 BK64 SW", 0, True),
+    ("gate_up", 256, 64, 3, "gate/up BM256 BK64 SW", 0, True),
+    ("down", 256, 64, 3, "down BM256 BK64 SW", 0, True),
+    ("gate_up", 16, 64, 3, "gate/up BM16 BK64 SW", 0, True),
+    ("gate_up", 256, 64, 3, "gate/up rows BM256+32 BK64 SW", 32, True),
+    ("down", 256, 64, 3, "down rows BM256+32 BK64 SW", 32, True),
 ]
 
 
@@ -54,9 +66,12 @@ def _tool(name: str) -> str:
     return str(pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int = 2048, k: int = 8):  # noqa: E741
+def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int = 2048, k: int = 8,  # noqa: E741
+                 tail: int = 0, sw: bool = False):  # fmt: skip
     """The compiled sm_90 kernel (``triton.compile`` result) of the grouped gate/up (``kind`` "gate_up") or down
-    ("down") production build (TAP off, DECODE 3) at (H, I, k) with row block ``bm``, K step ``bk``."""
+    ("down") production build (TAP off, DECODE 3) at (H, I, k) with row block ``bm``, K step ``bk``; ``tail`` > 0:
+    the expert-wide row-block build (``_grouped_gate_up_rows_kernel`` / ``_grouped_down_rows_kernel``, blocks of
+    ``bm + tail`` pairs); ``sw``: the scales loaded as one word per row per 64 K (config ``SCALE_WORD``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -70,12 +85,17 @@ def compile_sm90(kind: str, bm: int, bk: int, stages: int, H: int = 7168, I: int
                "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16", "gacc_ptr": "*fp32",
                "uacc_ptr": "*fp32"}  # fmt: skip
         consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "BM": bm, "BC": gu.GROUPED_GATE_UP_CONFIG["BC"], "BK": bk,
-                  "DECODE": 3, "TAP": False}  # fmt: skip
+                  "DECODE": 3, "TAP": False, "SW": sw}  # fmt: skip
+        if tail:
+            kern, consts = gu._grouped_gate_up_rows_kernel, {**consts, "TAIL": tail}
     elif kind == "down":
         kern = gd._grouped_down_kernel
         sig = {"act_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
                "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*bf16", "dacc_ptr": "*fp32"}  # fmt: skip
-        consts = {"H": H, "IP": ip, "INTER": I, "BM": bm, "BH": gd.default_bh(bm), "BK": bk, "DECODE": 3, "TAP": False}
+        consts = {"H": H, "IP": ip, "INTER": I, "BM": bm, "BH": gd.default_bh(bm), "BK": bk, "DECODE": 3, "TAP": False,
+                  "SW": sw}  # fmt: skip
+        if tail:
+            kern, consts = gd._grouped_down_rows_kernel, {**consts, "TAIL": tail}
     else:
         raise ValueError(f"compile_sm90: kind must be 'gate_up' or 'down', got {kind!r}")
     full = {a: ("constexpr" if a in consts else sig[a]) for a in kern.arg_names}
@@ -105,10 +125,11 @@ def _instructions(sass: str) -> list[tuple[int, str]]:
     return out
 
 
-def main_loop(sass: str) -> list[str]:
-    """The instructions of the innermost backward-branch loop that holds HGMMA instructions (the K loop)."""
+def hgmma_loops(sass: str) -> list[list[str]]:
+    """The instructions of every backward-branch loop that holds HGMMA instructions and no other such loop
+    (the K loops; the expert-wide row-block build has two), in address order."""
     ins = _instructions(sass)
-    best = None
+    loops = []
     for addr, text in ins:
         m = re.search(r"BRA\S*\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
         if m is None or not _opcode(text).startswith("BRA"):
@@ -117,11 +138,18 @@ def main_loop(sass: str) -> list[str]:
         if tgt >= addr:
             continue
         body = [t for a, t in ins if tgt <= a <= addr]
-        if any(_opcode(t).startswith("HGMMA") for t in body) and (best is None or len(body) < len(best)):
-            best = body
-    if best is None:
-        raise RuntimeError("main_loop: no backward branch around an HGMMA")
-    return best
+        if any(_opcode(t).startswith("HGMMA") for t in body):
+            loops.append((tgt, addr, body))
+    inner = [b for t, a, b in loops if not any(t <= t2 and a2 <= a and (t2, a2) != (t, a) for t2, a2, _ in loops)]
+    if not inner:
+        raise RuntimeError("hgmma_loops: no backward branch around an HGMMA")
+    return inner
+
+
+def main_loop(sass: str) -> list[str]:
+    """The instructions of the innermost backward-branch loop that holds HGMMA instructions (the K loop; of
+    several, the shortest)."""
+    return min(hgmma_loops(sass), key=len)
 
 
 def _opcode(text: str) -> str:
@@ -195,25 +223,29 @@ def _smem_bytes_per_thread(body: list[str]) -> dict:
     return out
 
 
-def step_model(kind: str, bm: int, bk: int, res: dict, mix: dict) -> dict:
+def step_model(kind: str, bm: int, bk: int, res: dict, mix: dict, cols: int | None = None) -> dict:
     """Per CTA and K step: MMA cycles at the dense bf16 rate, issue cycles (warps x loop instructions / 4
     schedulers), shared-memory bytes (cp.async fill, LDS, STS, LDSM per thread x threads, plus the wgmma B
-    operand: each warpgroup reads the [BM, BK] bf16 token tile) and cycles at 128 B/clk, CTAs per SM."""
+    operand: each warpgroup reads the [cols, BK] bf16 token tile) and cycles at 128 B/clk, CTAs per SM.
+    ``cols``: the token columns the loop's MMAs cover (BM, or BM + TAIL in the loop with the tail
+    accumulator); the budget is the mean N / 2 of the loop's HGMMAs."""
     from flint_moe.kernels.nvfp4.grouped_gate_up import default_warps
 
     warps = default_warps(bm)
+    cols = cols or bm
     rows = 128  # gate/up: 2 * BC = 128 [up; gate] rows; down: BH = 128 hidden rows
-    mma = rows * bm * bk / MAC_PER_CLK
+    mma = rows * cols * bk / MAC_PER_CLK
     issue = warps * mix["total"] / SCHEDULERS
     per_thread = _smem_bytes_per_thread(mix["body"])
-    b_operand = (warps // 4) * bm * bk * 2
+    b_operand = (warps // 4) * cols * bk * 2
     smem = sum(per_thread.values()) * 32 * warps + b_operand
     regs_cta = -(-max(res["regs"], 1) // 8) * 8 * 32 * warps
     ctas = min(65536 // regs_cta, (228 * 1024) // (res["smem"] + 1024), 64 // warps, 32)
     n_mma = sum(mix["shapes"].values())
+    n_sum = sum(int(shape.split(".")[1].split("x")[1]) * n for shape, n in mix["shapes"].items())
     return {"mma": mma, "issue": issue, "smem_bytes": smem, "smem": smem / SMEM_B_PER_CLK, "ctas": ctas,
-            "per_hgmma": mix["total"] / max(n_mma, 1), "budget": bm / 2, "per_thread": dict(per_thread),
-            "b_operand": b_operand}  # fmt: skip
+            "per_hgmma": mix["total"] / max(n_mma, 1), "budget": n_sum / 2 / max(n_mma, 1),
+            "per_thread": dict(per_thread), "b_operand": b_operand}  # fmt: skip
 
 
 def _resources(compiled) -> dict:
@@ -251,31 +283,38 @@ def main(argv=None) -> int:
     sel = range(len(BUILDS)) if not a.builds else [int(v) for v in a.builds.split(",")]
     rows = []
     for idx in sel:
-        kind, bm, bk, stages, name = BUILDS[idx]
+        kind, bm, bk, stages, name, *extra = BUILDS[idx]
+        tail = extra[0] if extra else 0
+        sw = bool(extra[1]) if len(extra) > 1 else False
         if a.only and kind != a.only:
             continue
-        c = compile_sm90(kind, bm, bk, stages, H, I, k)
+        c = compile_sm90(kind, bm, bk, stages, H, I, k, tail=tail, sw=sw)
         sass = sass_of(c.asm["cubin"])
         if a.dump:
             d = pathlib.Path(a.dump)
             d.mkdir(parents=True, exist_ok=True)
-            (d / f"{kind}.BM{bm}.BK{bk}.S{stages}.sass").write_text(sass)
-        body = main_loop(sass)
-        mix = loop_mix(body)
+            tag = f"{f'.T{tail}' if tail else ''}{'.SW' if sw else ''}"
+            (d / f"{kind}.BM{bm}.BK{bk}.S{stages}{tag}.sass").write_text(sass)
         res = _resources(c)
-        n_mma = sum(mix["shapes"].values())
-        rows.append((name, res, mix, n_mma))
-        print(f"## {name}: {res['regs']} regs, {res['spills']} spills, {res['smem']} B smem, "
-              f"cp.async {res['cp_async']} / TMA {res['tma']} in PTX; loop {mix['total']} instr, "
-              f"{n_mma} HGMMA {dict(mix['shapes'])} (A from registers: {mix['a_from_regs']})")  # fmt: skip
-        for g, n in sorted(mix["groups"].items(), key=lambda t: -t[1]):
-            print(f"   {g:28s} {n:5d}  {n / max(n_mma, 1):7.2f} / HGMMA")
-        print("   opcodes:", ", ".join(f"{o} {n}" for o, n in mix["ops"].most_common()))
-        m = step_model(kind, bm, bk, res, mix)
-        rows[-1] = rows[-1] + (m,)
-        print(f"   per CTA-step: MMA {m['mma']:.0f} clk, issue {m['issue']:.0f} clk, shared memory "
-              f"{m['smem_bytes'] / 1024:.0f} KiB = {m['smem']:.0f} clk {m['per_thread']} + B {m['b_operand']} B; "
-              f"{m['ctas']} CTAs/SM")  # fmt: skip
+        if tail:  # the loop with the tail accumulator (more HGMMAs) and the one without
+            loops = sorted(hgmma_loops(sass), key=len, reverse=True)
+            named = [(f"{name} [tail]", loops[0], bm + tail), (f"{name} [no tail]", loops[-1], bm)]
+        else:
+            named = [(name, main_loop(sass), bm)]
+        for lname, body, cols in named:
+            mix = loop_mix(body)
+            n_mma = sum(mix["shapes"].values())
+            print(f"## {lname}: {res['regs']} regs, {res['spills']} spills, {res['smem']} B smem, "
+                  f"cp.async {res['cp_async']} / TMA {res['tma']} in PTX; loop {mix['total']} instr, "
+                  f"{n_mma} HGMMA {dict(mix['shapes'])} (A from registers: {mix['a_from_regs']})")  # fmt: skip
+            for g, n in sorted(mix["groups"].items(), key=lambda t: -t[1]):
+                print(f"   {g:28s} {n:5d}  {n / max(n_mma, 1):7.2f} / HGMMA")
+            print("   opcodes:", ", ".join(f"{o} {n}" for o, n in mix["ops"].most_common()))
+            m = step_model(kind, bm, bk, res, mix, cols)
+            rows.append((lname, res, mix, n_mma, m))
+            print(f"   per CTA-step: MMA {m['mma']:.0f} clk, issue {m['issue']:.0f} clk, shared memory "
+                  f"{m['smem_bytes'] / 1024:.0f} KiB = {m['smem']:.0f} clk {m['per_thread']} + B "
+                  f"{m['b_operand']} B; {m['ctas']} CTAs/SM")  # fmt: skip
     if a.markdown:
         _markdown(rows)
     return 0

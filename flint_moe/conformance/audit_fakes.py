@@ -114,18 +114,19 @@ def fake_row_slicing(getitem):
     return item
 
 
-def shape_only_permute(ids, num_experts, block_m):
+def shape_only_permute(ids, num_experts, block_m, tail=0):
     """``moe_permute`` (pure torch, no Triton kernel) reduced to its outputs' shapes: its index arithmetic
-    needs a real device, and the grouped launchers read only the sizes and ``block_m`` on the host."""
+    needs a real device, and the grouped launchers read only the sizes, ``block_m`` and ``tail`` on the host."""
     from flint_moe.kernels.nvfp4.permute import MoEPermutation, num_blocks_bound
 
     m, k = ids.shape
-    nb = num_blocks_bound(m * k, num_experts, block_m)
+    nb = num_blocks_bound(m * k, num_experts, block_m, tail)
 
     def i32(n):
         return torch.empty(n, dtype=torch.int32, device=ids.device)
 
-    return MoEPermutation(i32(m * k), i32(num_experts + 1), i32(nb), i32(nb), i32(nb), num_experts, int(k), block_m)
+    return MoEPermutation(i32(m * k), i32(num_experts + 1), i32(nb), i32(nb), i32(nb), num_experts, int(k), block_m,
+                          tail)  # fmt: skip
 
 
 def fake_block_router(case, counter, taps) -> None:

@@ -249,7 +249,8 @@ def nvfp4_decode_orders(H: int, I: int, *, M: int = 1, gate_up: dict | None = No
 
 def nvfp4_grouped_orders(H: int, I: int, *, M: int, config: dict | None = None) -> dict:  # noqa: E741
     """Stage -> order of ``ops.flint_moe_grouped`` for M tokens at (H, I); ``config`` is the op's
-    (``{"gate_up": {...}, "down": {...}, "BM": int}``; BM does not change the order)."""
+    (``{"gate_up": {...}, "down": {...}, "BM": int, "TAIL": int}``; neither BM nor TAIL, the row-block sizes,
+    changes the order)."""
     c = config or {}
     return {
         "router": router_order(H, M),

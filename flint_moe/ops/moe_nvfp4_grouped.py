@@ -49,7 +49,11 @@ def flint_moe_grouped(
             ``gate_acc``, ``up_acc`` fp32 [M, k, I], ``act`` bf16 [M, k, I], ``down_acc`` fp32 [M, k, H],
             ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/ARCHITECTURE.md, section 2); outputs are bitwise those of
             the production build.
-        config: optional ``{"gate_up": {...}, "down": {...}, "BM": int}`` launch overrides (benchmarks).
+        config: optional ``{"gate_up": {...}, "down": {...}, "BM": int, "TAIL": int}`` launch overrides
+            (benchmarks, conformance). ``TAIL`` (default 0, off): expert-wide row blocks, each program one
+            expert's next ``BM + TAIL`` pairs in a BM-pair and a TAIL-pair accumulator, the TAIL one's MMAs run
+            only where the block has more than BM pairs (``moe_permute(..., tail=min(TAIL, BM))``; a power of
+            two >= 16); the same bits as the default (docs/kernels/nvfp4-grouped.md, "Expert-wide row blocks").
         out: None, or a preallocated bf16 [M, H] contiguous tensor that receives the result and is returned;
             the aliasing rules of ``flint_moe.ops.flint_moe`` apply (no memory shared with any input).
     Returns:
@@ -67,7 +71,7 @@ def flint_moe_grouped(
     check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weights, out, dev)
     check_taps(taps)
     cfg = dict(config or {})
-    unknown = set(cfg) - {"gate_up", "down", "BM"}
+    unknown = set(cfg) - {"gate_up", "down", "BM", "TAIL"}
     if unknown:
         raise ValueError(f"config: unknown keys {sorted(unknown)}")
     from flint_moe.ops.route import route
@@ -76,7 +80,7 @@ def flint_moe_grouped(
         return out if out is not None else torch.empty((0, weights.hidden_size), dtype=torch.bfloat16, device=dev)
     ids, tw = route(x, router_weight, top_k, counter, taps=taps)
     bm = int(cfg.get("BM", grouped_config(M * top_k, E)["BM"]))
-    perm = moe_permute(ids, E, bm)
+    perm = moe_permute(ids, E, bm, min(int(cfg.get("TAIL", 0)), bm))
     # validated once, here: the launchers take the checked inputs, route's outputs and the permutation as they are
     act = launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=cfg.get("gate_up"))
     if shared_ready is not None:

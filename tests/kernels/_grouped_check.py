@@ -77,3 +77,15 @@ def _bits_eq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _first(mask: torch.Tensor) -> list:
     return torch.nonzero(mask)[:5].tolist()
+
+
+def ids_with_counts(counts: list[int], k: int, seed: int) -> torch.Tensor:
+    """int32 [M, k] with M = sum(counts) / k in which expert e is picked by exactly ``counts[e]`` tokens (each
+    count <= M; the experts' runs laid out slot after slot, so a token never picks one expert twice), the
+    tokens then shuffled by ``seed``."""
+    M = sum(counts) // k
+    assert M * k == sum(counts) and max(counts) <= M
+    seq = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)])
+    ids = seq.view(k, M).t().contiguous()
+    g = torch.Generator().manual_seed(seed)
+    return ids[torch.randperm(M, generator=g)].contiguous()

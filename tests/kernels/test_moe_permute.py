@@ -12,10 +12,13 @@ import torch
 
 from flint_moe.kernels.nvfp4.permute import moe_permute, num_blocks_bound
 
+from ._grouped_check import ids_with_counts
+
 BACKEND = "any"
 
 
 def _reference(ids: torch.Tensor, E: int, bm: int):
+    """(order, offsets, blocks) built from per-expert lists; blocks of at most ``bm`` pairs."""
     flat = ids.reshape(-1).tolist()
     per = [[p for p, e in enumerate(flat) if e == ex] for ex in range(E)]
     order = [p for lst in per for p in lst]
@@ -29,12 +32,13 @@ def _reference(ids: torch.Tensor, E: int, bm: int):
     return order, offsets, blocks
 
 
-def _check(ids, E, bm):
-    perm = moe_permute(ids, E, bm)
-    order, offsets, blocks = _reference(ids.cpu(), E, bm)
+def _check(ids, E, bm, tail=0):
+    perm = moe_permute(ids, E, bm, tail) if tail else moe_permute(ids, E, bm)
+    order, offsets, blocks = _reference(ids.cpu(), E, bm + tail)
     assert perm.order.tolist() == order
     assert perm.offsets.tolist() == offsets
-    nb = num_blocks_bound(ids.numel(), E, bm)
+    assert (perm.block_m, perm.tail, perm.rows_per_block) == (bm, tail, bm + tail)
+    nb = num_blocks_bound(ids.numel(), E, bm, tail)
     assert perm.num_blocks == nb >= len(blocks)
     got = list(zip(perm.block_expert.tolist(), perm.block_start.tolist(), perm.block_end.tolist(), strict=True))
     assert got[: len(blocks)] == blocks
@@ -69,6 +73,31 @@ def test_empty_experts_and_expert_with_every_token():
     assert perm.order[off[2] : off[3]].tolist() == [2 * t for t in range(M)]
 
 
+def test_expert_wide_blocks_of_block_m_plus_tail():
+    # counts 0, 1, 128, 129, 160 = 128 + 32 and 200: blocks of at most 160 pairs -> [1], [128], [129], [160],
+    # [160, 40]; with tail 0 the same pairs make [1], [128], [128, 1], [128, 32], [128, 72]
+    counts = [0, 1, 128, 129, 160, 200]
+    ids = ids_with_counts(counts, 3, 1)
+    assert torch.bincount(ids.reshape(-1).long(), minlength=6).tolist() == counts
+    perm = _check(ids, 6, 128, 32)
+    sizes = (perm.block_end - perm.block_start).tolist()
+    used = [(ex, n) for ex, n in zip(perm.block_expert.tolist(), sizes, strict=True) if n > 0]
+    assert used == [(1, 1), (2, 128), (3, 129), (4, 160), (5, 160), (5, 40)]
+    assert perm.num_blocks == -(-618 // 160) + 6
+    default = _check(ids, 6, 128)
+    assert int((default.block_end > default.block_start).sum()) == 8
+    _check(ids, 6, 16, 16)  # blocks of 32: expert 5 in 7 blocks, the last of 8 pairs
+
+
+@pytest.mark.parametrize(
+    "M,E,k,bm,tail", [(9, 7, 3, 16, 16), (200, 6, 4, 32, 16), (300, 5, 2, 64, 32), (70, 257, 8, 64, 64)]
+)
+def test_tail_matches_reference_random(M, E, k, bm, tail):
+    g = torch.Generator().manual_seed(M * 1000 + E + tail)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).to(torch.int32)
+    _check(ids, E, bm, tail)
+
+
 def test_single_expert_layer_and_deterministic():
     ids = torch.zeros(33, 1, dtype=torch.int32)
     p1 = _check(ids, 1, 16)
@@ -88,3 +117,6 @@ def test_errors():
         moe_permute(ids, 4, 24)
     with pytest.raises(ValueError, match="^block_m"):
         moe_permute(ids, 4, 8)
+    for tail in (8, 24, 32, True):  # below 16, not a power of two, above block_m = 16, not an int
+        with pytest.raises(ValueError, match="^tail"):
+            moe_permute(ids, 4, 16, tail)

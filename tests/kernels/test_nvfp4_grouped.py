@@ -25,7 +25,7 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
 from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_grouped, make_route_counter
 
-from ._grouped_check import check_grouped_taps
+from ._grouped_check import check_grouped_taps, ids_with_counts
 from ._nvfp4_check import make_inputs, make_weights, same
 from ._router_check import check_route
 
@@ -89,6 +89,13 @@ def test_poisoned_padding_changes_nothing():
         w.w2_sf_swizzled.view(torch.uint8).view(E, -1) == 0, 0x7F, w.w2_sf_swizzled.view(torch.uint8).view(E, -1)
     )
     assert same(_run(w, x, ids, tw, sh), clean)
+    # SCALE_WORD: the last K step's scale words hold columns past K / 16 (w2: I / 16 = 11 of 12, the twelfth
+    # poisoned with 0x7F, a NaN in E4M3): masked to 0, so the same bits
+    perm = moe_permute(ids, E, 16)
+    _, out_sw = _run_perm(w, x, ids, tw, sh, perm, sw=True)
+    assert same(out_sw, clean)
+    _, out_rows = _run_perm(w, x, ids, tw, sh, moe_permute(ids, E, 16, 16), sw=True)
+    assert same(out_rows, clean)
 
 
 def test_op_end_to_end_and_dispatch():
@@ -111,6 +118,75 @@ def test_op_end_to_end_and_dispatch():
     t2: dict = {}
     o2 = flint_moe_grouped(x[:3].contiguous(), router, w, k, counter, shared[:3].contiguous(), taps=t2)
     check_grouped_taps(w, x[:3], t2["ids"], t2["weights"], shared[:3], t2, o2)
+
+
+_STAGES = ("gate_acc", "up_acc", "act", "down_acc", "y", "out")
+
+
+def _run_perm(w, x, ids, tw, sh, perm, sw=False):
+    taps: dict = {}
+    act = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps, config={**GU, "SCALE_WORD": sw})
+    out = nvfp4_grouped_down(act, ids, tw, perm, w, sh, taps=taps, config={**DN, "SCALE_WORD": sw})
+    return taps, out
+
+
+def test_expert_wide_row_blocks_same_bits_as_default():
+    """Row blocks of BM + tail pairs (two accumulators per program, the tail's MMAs only past BM pairs) give the
+    default schedule's bits in both GEMMs: experts with 0, 1, 128, 129, 160 = 128 + 32 and 200 pairs (BM 128,
+    tail 32: one program each, two for the last), H = 160 and I = 176 (padded to 192) ending in a partial K
+    step of 64; also BM 16 with tail 16 (every count above 32 split over several programs)."""
+    E, H, I, k = 6, 160, 176, 3  # noqa: E741
+    counts = [0, 1, 128, 129, 160, 200]
+    w = make_weights(E, H, I, seed=21, pad_to=192)
+    ids = ids_with_counts(counts, k, 21)
+    M = ids.shape[0]
+    x, _, tw, sh = make_inputs(M, H, E, k, seed=21)
+    t0, o0 = _run_perm(w, x, ids, tw, sh, moe_permute(ids, E, 128))
+    rows = moe_permute(ids, E, 128, 32)
+    assert ((rows.block_end - rows.block_start).tolist()[:6]) == [1, 128, 129, 160, 160, 40]
+    t1, o1 = _run_perm(w, x, ids, tw, sh, rows)
+    assert same(o1, o0), "expert-wide row blocks: out differs from the default schedule"
+    for name in _STAGES:
+        assert same(t1[name], t0[name]), f"expert-wide row blocks: {name} differs"
+    # the default itself against the golden model, at pairs in the main and in the tail part of a block:
+    # positions 0, 127 (main) and 128, 159 (tail) of expert 4, position 160 (second block) of expert 5
+    order = rows.order.tolist()
+    off = rows.offsets.tolist()
+    picks = [order[off[4] + i] for i in (0, 127, 128, 159)] + [order[off[5] + 160], order[off[3] + 128]]
+    check_grouped_taps(w, x, ids, tw, sh, t1, o1, acc_pairs=[(p // k, p % k) for p in picks])
+    t2, o2 = _run_perm(w, x, ids, tw, sh, moe_permute(ids, E, 16, 16))
+    assert same(o2, o0)
+    for name in _STAGES:
+        assert same(t2[name], t0[name]), f"BM 16 + tail 16: {name} differs"
+    act = nvfp4_grouped_gate_up(x, ids, rows, w, config=GU)
+    assert same(nvfp4_grouped_down(act, ids, tw, rows, w, sh, config=DN), o0), "production build differs"
+    # the scales as one word per row per 64 K (SCALE_WORD), default and expert-wide schedules: the same bits
+    for perm in (moe_permute(ids, E, 128), rows):
+        t3, o3 = _run_perm(w, x, ids, tw, sh, perm, sw=True)
+        assert same(o3, o0)
+        for name in _STAGES:
+            assert same(t3[name], t0[name]), f"SCALE_WORD, tail {perm.tail}: {name} differs"
+
+
+def test_op_tail_config_same_bits():
+    """``flint_moe_grouped(config={"TAIL": 32})``: tail min(32, BM) = 16 at BM 16 (M = 40, E = 5, k = 2: 16
+    pairs per expert on average, so several experts run a tail); the same bits and taps as the default."""
+    E, H, I, k, M = 5, 96, 64, 2, 40  # noqa: E741
+    w = make_weights(E, H, I, seed=23)
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    router = (torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16)
+    shared = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    counter = make_route_counter("cpu")
+    t0: dict = {}
+    t1: dict = {}
+    o0 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t0)
+    o1 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t1, config={"TAIL": 32})
+    counts = torch.bincount(t0["ids"].reshape(-1).long(), minlength=E)
+    assert grouped_config(M * k, E)["BM"] == 16 and int((counts > 16).sum()) >= 1, counts
+    assert same(o1, o0)
+    for name in _STAGES:
+        assert same(t1[name], t0[name]), name
 
 
 def test_grouped_config():
@@ -170,6 +246,10 @@ def test_bad_inputs_raise():
         nvfp4_grouped_gate_up(x, ids, perm, w, config={"BC": 128})
     with pytest.raises(ValueError, match="unknown config"):
         nvfp4_grouped_gate_up(x, ids, perm, w, config={"BN": 8})
+    with pytest.raises(ValueError, match="SCALE_WORD needs BK a multiple of 64"):
+        nvfp4_grouped_gate_up(x, ids, perm, w, config={"BK": 32, "SCALE_WORD": True})
+    with pytest.raises(ValueError, match="SCALE_WORD must be a bool"):
+        nvfp4_grouped_gate_up(x, ids, perm, w, config={"SCALE_WORD": 1})
     act = torch.zeros(M * k, I, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^act"):
         nvfp4_grouped_down(act[:3], ids, tw, perm, w, sh)
@@ -188,4 +268,10 @@ def test_bad_inputs_raise():
         flint_moe_grouped(x, router, object(), k, None, sh)
     with pytest.raises(ValueError, match="^config"):
         flint_moe_grouped(x, router, w, k, None, sh, config={"BN": 1})
+    with pytest.raises(ValueError, match="^tail"):
+        flint_moe_grouped(x, router, w, k, make_route_counter("cpu"), sh, config={"TAIL": 12})
+    bad = moe_permute(ids, E, 16)
+    object.__setattr__(bad, "tail", 48)
+    with pytest.raises(ValueError, match="^perm: tail"):
+        nvfp4_grouped_gate_up(x, ids, bad, w)
     assert flint_moe_grouped(x[:0], router, w, k, None, sh[:0]).shape == (0, H)

@@ -5,7 +5,8 @@ of DECODE_MAX_TOKENS up to 16384: every order-free step (global scale, SwiGLU, b
 add) bit-exact from the taps for EVERY (token, slot) pair; accumulators within the certified FP32_TRUNCATE
 bound (tensor-core accumulation, any order) for sampled pairs; tapped build == production build; repeated
 runs and CUDA-graph replays bitwise identical; E2M1 decode variants (inline PTX vs plain integer ops) give
-identical bits; an expert picked by every token; row independence of the tile schedule.
+identical bits; an expert picked by every token; row independence of the tile schedule; the expert-wide row
+blocks (op config ``TAIL``) bitwise equal to the default schedule.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from flint_moe.kernels.nvfp4.grouped_down import nvfp4_grouped_down
 from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
 from flint_moe.kernels.nvfp4.permute import moe_permute
-from flint_moe.ops import flint_moe, flint_moe_grouped, make_route_counter
+from flint_moe.ops import flint_moe, flint_moe_grouped, make_route_counter, route
 
 from ._grouped_check import check_grouped_taps
 from ._nvfp4_check import capture_graph, run_op_checked, same
@@ -134,6 +135,40 @@ def test_expert_with_every_token():
     act = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps)
     out = nvfp4_grouped_down(act, ids, tw, perm, w, shared, taps=taps)
     check_grouped_taps(w, x, ids, tw, shared, taps, out, acc_pairs=[(0, 0), (M - 1, 0), (1500, 5)])
+
+
+@pytest.mark.parametrize(
+    "E,H,I,k,M", [(256, 7168, 2048, 8, 4096), (256, 7168, 2048, 8, 16384), (128, 2880, 2880, 4, 4096)]
+)
+def test_expert_wide_row_blocks_same_bits(E, H, I, k, M):  # noqa: E741
+    """The op's ``TAIL`` option (BM + 32 pairs per program, a second accumulator for the pairs past BM) gives
+    the default's bits: the production output, and every tap of the tapped build (accumulators, act, y, out);
+    also with ``SCALE_WORD`` in both GEMMs, and ``SCALE_WORD`` alone; the schedule really runs tails (experts
+    with more than BM pairs) and fewer row blocks."""
+    w = _weights(E, H, I)
+    x, router, shared = _tokens(M, H, E, 19)
+    counter = make_route_counter("cuda")
+    t0: dict = {}
+    t1: dict = {}
+    o0 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t0)
+    o1 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t1, config={"TAIL": 32})
+    assert same(o1, o0)
+    for name in ("gate_acc", "up_acc", "act", "down_acc", "y", "out"):
+        assert same(t1[name], t0[name]), f"TAIL 32: {name} differs from the default"
+    t2: dict = {}
+    sw = {"TAIL": 32, "gate_up": {"SCALE_WORD": True}, "down": {"SCALE_WORD": True}}
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared, taps=t2, config=sw), o0)
+    for name in ("gate_acc", "up_acc", "down_acc"):
+        assert same(t2[name], t0[name]), f"TAIL 32 + SCALE_WORD: {name} differs from the default"
+    del t0, t1, t2
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared, config={"TAIL": 32}), o0)
+    one = {"gate_up": {"SCALE_WORD": True}, "down": {"SCALE_WORD": True}}  # the default schedule with SCALE_WORD
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=one), o0)
+    bm = grouped_config(M * k, E)["BM"]
+    ids, _ = route(x, router, k, counter)
+    p0, p1 = moe_permute(ids, E, bm), moe_permute(ids, E, bm, 32)
+    n0, n1 = p0.block_end - p0.block_start, p1.block_end - p1.block_start
+    assert int((n1 > bm).sum()) > 0 and int((n1 > 0).sum()) < int((n0 > 0).sum())
 
 
 def test_row_independence():

@@ -107,11 +107,12 @@ PATH_PROFILES["nvfp4_pertoken_swiglu"] = PATH_PROFILES["nvfp4_pertoken_relu2"] =
 
 #: Launch configurations a path can pick besides its default (every kernel configuration a path can
 #: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
-#: or the name of one in flint_moe/kernels/nvfp4/tuned.py; ``BM`` for the grouped path).
+#: or the name of one in flint_moe/kernels/nvfp4/tuned.py; ``BM`` and ``TAIL`` for the grouped path).
 #: ``flint_moe.conformance.run.paths.path_for`` runs them and ``stages.expert_models`` bounds their accumulations
 #: with the model each kernel declares for that configuration. NVFP4 decode: the other measured path of each
 #: kernel (CUDA cores / tensor cores; docs/kernels/nvfp4-decode.md); BF16: the faster Qwen M=1 gate/up of the
-#: launch sweep and a deeper down unroll; grouped: the smallest and a larger row block.
+#: launch sweep and a deeper down unroll; grouped: the smallest and a larger row block, and the expert-wide row
+#: blocks (``TAIL``: BM + min(TAIL, BM) pairs per program, a second accumulator for the pairs past BM).
 PATH_CONFIGS: dict[str, dict[str, dict]] = {
     "nvfp4_decode": {
         "default": {},
@@ -123,7 +124,7 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
         "gu-bn4-w1-u8": {"gate_up": {"BN": 4, "num_warps": 1, "UNROLL": 8}},
         "dn-bh8-u8": {"down": {"BH": 8, "UNROLL": 8}},
     },
-    "nvfp4_grouped": {"default": {}, "bm64": {"BM": 64}, "bm128": {"BM": 128}},
+    "nvfp4_grouped": {"default": {}, "bm64": {"BM": 64}, "bm128": {"BM": 128}, "rows-tail32": {"TAIL": 32}},
     "nvfp4_module": {"default": {}},
     "bf16_module": {"default": {}},
     "nvfp4_dispatch": {"default": {}},
@@ -522,6 +523,9 @@ def _gpu_config_cases() -> list[Case]:
             for config in PATH_CONFIGS[path]:
                 if config != "default":
                     cases += [Case.make(path, name, m, "gaussian", 0, config) for m in ms]
+    # the expert-wide row blocks' tail accumulator runs only past BM pairs: an expert with 128 of 256 tokens
+    # (BM 16, tail 16: four blocks of 32 pairs, each with its tail)
+    cases.append(Case.make("nvfp4_grouped", "deepseek-v3", 256, "gaussian", 0, "rows-tail32", route="count-128-5"))
     return cases
 
 

@@ -26,7 +26,9 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
     default_warps,
     grouped_launch_kwargs,
     k_loop,
+    k_loop_tail,
     row_block,
+    tail_rows,
 )
 
 __all__ = [
@@ -41,8 +43,9 @@ __all__ = [
 
 #: Default launch configuration: ``BH`` hidden rows per program (a power of two >= 64; None = ``default_bh(BM)``),
 #: ``BK`` K elements per main-loop step (a power of two >= 32; None = ``grouped_gate_up.default_bk(BM, I)``),
-#: ``num_stages``; ``num_warps`` None = ``default_warps(BM)`` (``BM`` comes from the permutation).
-GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3}
+#: ``num_stages``; ``num_warps`` None = ``default_warps(BM)`` (``BM`` comes from the permutation); ``SCALE_WORD``
+#: as in ``grouped_gate_up.GROUPED_GATE_UP_CONFIG``.
+GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
 
 
 def default_bh(block_m: int) -> int:
@@ -76,6 +79,7 @@ def _grouped_down_kernel(
     BK: tl.constexpr,
     DECODE: tl.constexpr,
     TAP: tl.constexpr,
+    SW: tl.constexpr,
 ):
     """y[p, h] = bf16(RN(y_acc[p, h] * gs2[e])) (rule step 8) for the pairs of row block b, rows h.
 
@@ -107,7 +111,7 @@ def _grouped_down_kernel(
     a_row = act_ptr + tl.multiple_of(pair * INTER, 16)
     acc = tl.zeros([BH, BM], dtype=tl.float32)
     if end > start:
-        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE, SW)
     gs = tl.load(alpha_ptr + e)
     y = bf16_rn(global_scale(acc, gs))
     off = pair[None, :] * H + h[:, None]
@@ -115,6 +119,80 @@ def _grouped_down_kernel(
     tl.store(y_ptr + off, y, mask=ok)
     if TAP:
         tl.store(dacc_ptr + off, acc, mask=ok)
+
+
+@triton.jit
+def _down_epilogue(acc, pair, r_ok, gs, h, h_ok, y_ptr, dacc_ptr, H: tl.constexpr, TAP: tl.constexpr):
+    """The down epilogue of ``_grouped_down_kernel`` for an accumulator [BH, N] of the pairs ``pair`` (int64 [N],
+    mask ``r_ok``) and hidden rows ``h`` (mask ``h_ok``): ``y = bf16(RN(acc * gs))`` (rule step 8), stored with
+    the accumulator under TAP."""
+    y = bf16_rn(global_scale(acc, gs))
+    off = pair[None, :] * H + h[:, None]
+    ok = h_ok[:, None] & r_ok[None, :]
+    tl.store(y_ptr + off, y, mask=ok)
+    if TAP:
+        tl.store(dacc_ptr + off, acc, mask=ok)
+
+
+@triton.jit
+def _grouped_down_rows_kernel(
+    act_ptr,  # bf16 [P, INTER], row = pair id
+    order_ptr,  # int32 [P]
+    bexp_ptr,  # int32 [NB]
+    bstart_ptr,  # int32 [NB]
+    bend_ptr,  # int32 [NB]: at most BM + TAIL pairs after bstart
+    w_ptr,  # uint8 w2 [E, H, IP / 2]
+    s_ptr,  # uint8 w2 scales, 128x4 swizzle [E, roundup(H, 128), KP]
+    alpha_ptr,  # fp32 [E]
+    y_ptr,  # bf16 [P, H] (out), row = pair id
+    dacc_ptr,  # fp32 [P, H] (out, TAP only)
+    H: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    BM: tl.constexpr,
+    TAIL: tl.constexpr,
+    BH: tl.constexpr,
+    BK: tl.constexpr,
+    DECODE: tl.constexpr,
+    TAP: tl.constexpr,
+    SW: tl.constexpr,
+):
+    """``_grouped_down_kernel`` on expert-wide row blocks (``moe_permute(ids, E, BM, tail=TAIL)``: up to
+    ``BM + TAIL`` pairs per block): the first BM pairs in an fp32 accumulator [BH, BM], the next (at most TAIL)
+    in one [BH, TAIL] whose MMAs run only when the block has more than BM pairs; each K step's dequantised
+    weight tile feeds both. Per (pair, row) the same computation as ``_grouped_down_kernel``: K steps of ``BK``
+    in increasing order (``tl.dot``, exact products, fp32 from +0 on the tensor cores; the MMA's N is the
+    row-block size, which the declared order does not depend on), then rule step 8. Bound ``FP32_TRUNCATE``
+    (u = 2^-23, d = I)."""
+    gdc_wait()
+    gdc_launch_dependents()
+    IPB: tl.constexpr = IP // 2
+    KP: tl.constexpr = (IP // 16 + 3) // 4 * 4
+    MP: tl.constexpr = (H + 127) // 128 * 128
+    q = tl.program_id(0)
+    b = tl.program_id(1)
+    e, start, end, pos, r_ok = row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM)
+    pair = tl.load(order_ptr + pos, mask=r_ok, other=0).to(tl.int64)
+    pair_t, t_ok, has_tail = tail_rows(order_ptr, start, end, BM, TAIL)
+    pair_t = pair_t.to(tl.int64)
+    h = q * BH + tl.arange(0, BH)
+    h_ok = h < H
+    hc = tl.where(h_ok, h, 0)
+    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (H * IPB // 4) + hc.to(tl.int64) * (IPB // 4), 4)
+    s_base = s_ptr + e * (MP * KP)
+    a_row = act_ptr + tl.multiple_of(pair * INTER, 16)
+    a_row_t = act_ptr + tl.multiple_of(pair_t * INTER, 16)
+    acc = tl.zeros([BH, BM], dtype=tl.float32)
+    acc_t = tl.zeros([BH, TAIL], dtype=tl.float32)
+    if has_tail:
+        acc, acc_t = k_loop_tail(acc, acc_t, w_row, s_base, a_row, a_row_t, hc, h_ok, r_ok, t_ok, INTER, KP, BH, BK,
+                                 DECODE, SW)  # fmt: skip
+    elif end > start:
+        acc = k_loop(acc, w_row, s_base, a_row, hc, h_ok, r_ok, INTER, KP, BH, BK, DECODE, SW)
+    gs = tl.load(alpha_ptr + e)
+    _down_epilogue(acc, pair, r_ok, gs, h, h_ok, y_ptr, dacc_ptr, H, TAP)
+    if has_tail:
+        _down_epilogue(acc_t, pair_t, t_ok, gs, h, h_ok, y_ptr, dacc_ptr, H, TAP)
 
 
 @triton.jit
@@ -156,13 +234,14 @@ def nvfp4_grouped_down(
     Args:
         act: bf16 [M * k, I] contiguous (row = pair t * k + j; I = ``weights.valid_intermediate``).
         ids: int32 [M, k]; tw: fp32 [M, k] holding bf16 values (rule step 4); both contiguous.
-        perm: ``moe_permute(ids, E, block_m)`` (the same one the gate/up GEMM used).
+        perm: ``moe_permute(ids, E, block_m, tail)`` (the same one the gate/up GEMM used; ``tail`` > 0 launches
+            the expert-wide row-block build ``_grouped_down_rows_kernel``, the same bits as tail = 0).
         weights: ``FlintMoEWeights`` (w2 uint8 [E, H, Ip/2], swizzled E4M3 scales, w2_alpha fp32 [E]).
         shared_output: bf16 [M, H] contiguous (rule step 10).
         taps: if a dict, the tapped build stores ``down_acc`` fp32 [M, k, H] (before the global scale),
             ``y`` bf16 [M, k, H] and ``out`` bf16 [M, H].
         config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK`` (None: ``default_bk(BM, I)``), ``num_warps``,
-            ``num_stages``, ``DECODE``).
+            ``num_stages``, ``SCALE_WORD``, ``DECODE``).
         out: None, or a bf16 [M, H] contiguous tensor the combine writes and that is returned (no overlap with
             any input: the op checks that, ``ops._checks.check_out``).
         check: False skips the tensor checks, for a caller that made them (``launch_grouped_down``); the config
@@ -192,7 +271,12 @@ def nvfp4_grouped_down(
     tap = taps is not None
     dacc = torch.empty((P, H), dtype=torch.float32, device=dev) if tap else y
     if P > 0:
-        _grouped_down_kernel[(triton.cdiv(H, bh), perm.num_blocks)](
+        kw = grouped_launch_kwargs(cfg, perm.block_m, tap, INTER)
+        if perm.tail:  # expert-wide row blocks: BM + tail pairs per program
+            kernel, kw = _grouped_down_rows_kernel, {**kw, "TAIL": perm.tail}
+        else:
+            kernel = _grouped_down_kernel
+        kernel[(triton.cdiv(H, bh), perm.num_blocks)](
             act,
             perm.order,
             perm.block_expert,
@@ -203,7 +287,7 @@ def nvfp4_grouped_down(
             weights.w2_alpha,
             y,
             dacc,
-            H=H, IP=IP, INTER=INTER, BH=bh, **grouped_launch_kwargs(cfg, perm.block_m, tap, INTER),
+            H=H, IP=IP, INTER=INTER, BH=bh, **kw,
         )  # fmt: skip
         _grouped_combine_kernel[(M, triton.cdiv(H, COMBINE_BLOCK))](
             tw, y, shared_output, out, H=H, TOPK=top_k, BLOCK=COMBINE_BLOCK, num_warps=4, **launch_options()
@@ -232,8 +316,13 @@ def accumulation_model(config: dict | None = None):
 
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the grouped down kernel (the real shapes' specialisations, the tapped
-    DeepSeek-V3 build) and of the combine kernel (k = 8 and 4)."""
-    from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_audit_runs
+    DeepSeek-V3 build), of its expert-wide row-block build (``grouped_gate_up.ROWS_AUDIT_CASES``), of its
+    ``SCALE_WORD`` builds (``grouped_gate_up.SCALE_WORD_AUDIT_CASES``) and of the combine kernel (k = 8 and 4)."""
+    from flint_moe.kernels.nvfp4.grouped_gate_up import (
+        grouped_audit_runs,
+        grouped_rows_audit_runs,
+        grouped_sw_audit_runs,
+    )
 
     sig = {"act_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
         "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*bf16", "dacc_ptr": "*fp32"}
@@ -242,10 +331,24 @@ def audit_specs() -> list[str]:
     names = []
     for h, i, ip, _k, bm, suffix, tap in grouped_audit_runs():
         consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "BH": default_bh(bm), "BK": cfg["BK"] or default_bk(bm, i),
-                  "DECODE": 3, "TAP": tap}  # fmt: skip
+                  "DECODE": 3, "TAP": tap, "SW": False}  # fmt: skip
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_down" + suffix, _grouped_down_kernel, sig, consts, require,
                                     options=options).name)  # fmt: skip
+    for h, i, ip, _k, bm, tail, suffix, tap in grouped_rows_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "TAIL": tail, "BH": default_bh(bm),
+                  "BK": cfg["BK"] or default_bk(bm, i), "DECODE": 3, "TAP": tap, "SW": False}  # fmt: skip
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit("nvfp4_grouped_down_rows" + suffix, _grouped_down_rows_kernel, sig, consts,
+                                    require, options=options).name)  # fmt: skip
+    for h, i, ip, _k, bm, tail, suffix in grouped_sw_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "BM": bm, "BH": default_bh(bm), "BK": cfg["BK"] or default_bk(bm, i),
+                  "DECODE": 3, "TAP": False, "SW": True}  # fmt: skip
+        kernel, base = _grouped_down_kernel, "nvfp4_grouped_down"
+        if tail:
+            kernel, base, consts = _grouped_down_rows_kernel, base + "_rows", {**consts, "TAIL": tail}
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit(base + suffix, kernel, sig, consts, require, options=options).name)
     for h, k in ((7168, 8), (2880, 4)):
         name = f"nvfp4_grouped_combine.H{h}.k{k}"
         register_audit(

@@ -46,7 +46,10 @@ _INTERPRET = tl.constexpr(INTERPRET)
 #: k16 tensor-core steps into loop iterations: every BK issues the same wgmma k16 steps in increasing k order
 #: on one accumulator (read from the sm_90 PTX; docs/kernels/nvfp4-grouped.md), so it changes neither the
 #: order nor the bits where K is a multiple of BK (a partial last step adds exact zero products).
-GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3}
+#: ``SCALE_WORD``: load the E4M3 scales as one int32 word per row per 64 K (``scale_words``; needs BK a multiple
+#: of 64) instead of byte by byte: at BK 64 a thread's scales then reach the 4 bytes ``cp.async`` needs and are
+#: pipelined instead of loaded synchronously in the loop; the same scale values, hence the same bits.
+GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
 
 
 def default_bk(block_m: int, k: int) -> int:
@@ -112,13 +115,50 @@ def dequant_tile(words, sb, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.conste
 
 @triton.jit
 def mma(w, xt, acc):
-    """``acc + w . xt`` with fp32 accumulation: GPU ``tl.dot`` on bf16 (wgmma); interpreter: an fp32 dot of
-    the exact fp32 values (INTERPRETER SHIM: Triton 3.6's interpreter multiplies bf16 bit patterns as
-    integers), ``input_precision="ieee"`` (numpy fp32 matmul, round-to-nearest)."""
+    """``acc + w . xt`` with fp32 accumulation: GPU ``tl.dot`` on bf16 (wgmma); interpreter (INTERPRETER SHIM:
+    Triton 3.6's interpreter multiplies bf16 bit patterns as integers, and numpy's fp32 matmul sums an element
+    in an order that depends on the matrix shape and the element's column): the exact fp32 products summed
+    in increasing k order in fp32 (round-to-nearest; a sum over the outermost axis, one [R, N] slice after
+    the other), then added to ``acc``: each element's arithmetic is independent of the tile's shape, as the
+    hardware's k16 chain is on the GPU."""
     if _INTERPRET:
-        return tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
+        return acc + _kdot_rows4(w, xt.to(tl.float32))
     else:
         return tl.dot(w, xt, acc)
+
+
+@triton.jit
+def _kdot(w, xt):
+    """Interpreter: fp32 [R, BK] . [BK, N] -> [R, N], each element's exact products summed in increasing k
+    (numpy's sum over the outermost axis adds one [R, N] slice after the other)."""
+    return tl.sum(tl.trans(w)[:, :, None] * xt[:, None, :], axis=0)
+
+
+@triton.jit
+def _join_rows(a, b):
+    """[R, N] and [R, N] -> [2R, N]: the rows of ``a``, then those of ``b`` (no arithmetic)."""
+    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), [2 * a.shape[0], a.shape[1]])
+
+
+@triton.jit
+def _kdot_rows2(w, xt):
+    """:func:`_kdot`, the rows in two halves where the [BK, R, N] products would exceed Triton's 2^20 elements
+    per tensor (a row split leaves every element's arithmetic as it is)."""
+    if w.shape[0] * w.shape[1] * xt.shape[1] > 1048576:
+        lo, hi = tl.split(tl.permute(tl.reshape(w, [2, w.shape[0] // 2, w.shape[1]]), (1, 2, 0)))
+        return _join_rows(_kdot(lo, xt), _kdot(hi, xt))
+    else:
+        return _kdot(w, xt)
+
+
+@triton.jit
+def _kdot_rows4(w, xt):
+    """:func:`_kdot_rows2` of each half of the rows where one split is not enough (up to 2^22 products)."""
+    if w.shape[0] * w.shape[1] * xt.shape[1] > 2097152:
+        lo, hi = tl.split(tl.permute(tl.reshape(w, [2, w.shape[0] // 2, w.shape[1]]), (1, 2, 0)))
+        return _join_rows(_kdot_rows2(lo, xt), _kdot_rows2(hi, xt))
+    else:
+        return _kdot_rows2(w, xt)
 
 
 @triton.jit
@@ -133,14 +173,36 @@ def row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM: tl.constexpr):
 
 
 @triton.jit
+def scale_words(s_base, srow, w_ok, k0, K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr):
+    """The E4M3 scale bytes [ROWS, BK/16] (int32 0..255) of the K step at ``k0`` (a multiple of ``BK``, itself a
+    multiple of 64), loaded as one int32 word per row per 64 K: the 128x4 swizzle keeps a row's scale columns
+    4g..4g+3 in 4 contiguous, 4-byte-aligned bytes (``swizzled_scale_offsets`` with c % 4 = 0; byte c % 4 of the
+    little-endian word is column c). Columns >= K / 16 (a partial last step, the padding to KP) read as 0."""
+    kg = k0 // 64 + tl.arange(0, BK // 64)
+    off = swizzled_scale_offsets(srow[:, None], kg[None, :] * 4, KP) // 4
+    if K % BK == 0:
+        wmask = w_ok[:, None]
+    else:
+        wmask = w_ok[:, None] & (kg < KP // 4)[None, :]
+    words = tl.load(s_base.to(tl.pointer_type(tl.int32)) + off, mask=wmask, other=0)
+    sb = tl.reshape(words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :], [ROWS, BK // 16]) & 0xFF
+    if K % BK != 0:
+        kc = k0 // 16 + tl.arange(0, BK // 16)
+        sb = tl.where((kc < K // 16)[None, :], sb, 0)
+    return sb
+
+
+@triton.jit
 def k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr,
-           BK: tl.constexpr, DECODE: tl.constexpr):  # fmt: skip
+           BK: tl.constexpr, DECODE: tl.constexpr, SW: tl.constexpr = False):  # fmt: skip
     """The main loop of both grouped GEMMs: ``acc`` fp32 [ROWS, BM] plus, for K steps of ``BK`` in increasing
     order, ``mma(dequant_tile(codes, scales), activations^T)`` (module docstrings: the summation order).
 
     ``w_row`` int32 pointers [ROWS] to each weight row's code words, ``s_base`` the expert's swizzled scales,
     ``srow`` [ROWS] the rows' scale rows, ``a_row`` pointers [BM] to each pair's activation row (length K);
-    ``w_ok`` [ROWS] / ``r_ok`` [BM] mask weight rows / pairs. Masks along K only when ``K % BK`` != 0."""
+    ``w_ok`` [ROWS] / ``r_ok`` [BM] mask weight rows / pairs. Masks along K only when ``K % BK`` != 0. ``SW``:
+    the scales as one int32 word per row per 64 K (:func:`scale_words`; ``BK`` a multiple of 64), else byte by
+    byte; the same scale values either way."""
     for k0 in tl.range(0, K, BK):
         kw = k0 // 8 + tl.arange(0, BK // 8)
         kc = k0 // 16 + tl.arange(0, BK // 16)
@@ -152,11 +214,14 @@ def k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K: tl.constexpr, KP: tl.
             wmask = w_ok[:, None] & (kw < K // 8)[None, :]
             amask = r_ok[:, None] & (kx < K)[None, :]
         words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
-        sb = tl.load(
-            s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
-            mask=w_ok[:, None] & (kc < K // 16)[None, :],
-            other=0,
-        )
+        if SW:
+            sb = scale_words(s_base, srow, w_ok, k0, K, KP, ROWS, BK)
+        else:
+            sb = tl.load(
+                s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+                mask=w_ok[:, None] & (kc < K // 16)[None, :],
+                other=0,
+            )
         at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
         acc = mma(dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE), tl.trans(at), acc)
     return acc
@@ -184,6 +249,7 @@ def _grouped_gate_up_kernel(
     BK: tl.constexpr,
     DECODE: tl.constexpr,
     TAP: tl.constexpr,
+    SW: tl.constexpr,
 ):
     """act[p, n] = bf16(RN(u * RN(g * rcp(RN(ex2(RN(g * c)) + 1))))), g = RN(g_acc * gs), u = RN(u_acc * gs).
 
@@ -229,7 +295,7 @@ def _grouped_gate_up_kernel(
     x_row = x_ptr + tl.multiple_of(tok * H, 16)
     acc = tl.zeros([R, BM], dtype=tl.float32)
     if end > start:
-        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE, SW)
     acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, BM]), (1, 2, 0)))
     cols = q * BC + tl.arange(0, BC)
     c_ok = cols < INTER
@@ -241,6 +307,137 @@ def _grouped_gate_up_kernel(
     if TAP:
         tl.store(gacc_ptr + off, acc_g, mask=ok)
         tl.store(uacc_ptr + off, acc_u, mask=ok)
+
+
+@triton.jit
+def k_loop_tail(acc, acc_t, w_row, s_base, a_row, a_row_t, srow, w_ok, r_ok, t_ok, K: tl.constexpr,
+                KP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr,
+                SW: tl.constexpr = False):  # fmt: skip
+    """:func:`k_loop` for an expert-wide row block: ``acc`` fp32 [ROWS, BM] over the pairs ``a_row`` / ``r_ok``
+    and ``acc_t`` fp32 [ROWS, TAIL] over the tail pairs ``a_row_t`` / ``t_ok``; each K step's dequantised
+    weight tile is computed once and multiplied into both (two ``tl.dot``, the same k16 chain per element as
+    :func:`k_loop`: per output element, K steps of ``BK`` in increasing order into its own accumulator)."""
+    for k0 in tl.range(0, K, BK):
+        kw = k0 // 8 + tl.arange(0, BK // 8)
+        kc = k0 // 16 + tl.arange(0, BK // 16)
+        kx = k0 + tl.arange(0, BK)
+        if K % BK == 0:  # masks constant along K: vector loads
+            wmask = w_ok[:, None]
+            amask = r_ok[:, None]
+            tmask = t_ok[:, None]
+        else:
+            wmask = w_ok[:, None] & (kw < K // 8)[None, :]
+            amask = r_ok[:, None] & (kx < K)[None, :]
+            tmask = t_ok[:, None] & (kx < K)[None, :]
+        words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
+        if SW:
+            sb = scale_words(s_base, srow, w_ok, k0, K, KP, ROWS, BK)
+        else:
+            sb = tl.load(
+                s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+                mask=w_ok[:, None] & (kc < K // 16)[None, :],
+                other=0,
+            )
+        at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
+        att = tl.load(a_row_t[:, None] + kx[None, :], mask=tmask, other=0.0)
+        w = dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE)
+        acc = mma(w, tl.trans(at), acc)
+        acc_t = mma(w, tl.trans(att), acc_t)
+    return acc, acc_t
+
+
+@triton.jit
+def _gate_up_epilogue(acc, pair, r_ok, gs, q, act_ptr, gacc_ptr, uacc_ptr, INTER: tl.constexpr, N: tl.constexpr,
+                      BC: tl.constexpr, TAP: tl.constexpr):  # fmt: skip
+    """The gate/up epilogue of ``_grouped_gate_up_kernel`` for an accumulator [2 * BC, N] of the pairs ``pair``
+    [N] (mask ``r_ok``): split into up and gate, rule steps 6-7, store ``act`` (and with TAP g_acc / u_acc)."""
+    acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, N]), (1, 2, 0)))
+    cols = q * BC + tl.arange(0, BC)
+    c_ok = cols < INTER
+    act = swiglu(global_scale(acc_g, gs), global_scale(acc_u, gs))
+    off = pair.to(tl.int64)[None, :] * INTER + cols[:, None]
+    ok = c_ok[:, None] & r_ok[None, :]
+    tl.store(act_ptr + off, act, mask=ok)
+    if TAP:
+        tl.store(gacc_ptr + off, acc_g, mask=ok)
+        tl.store(uacc_ptr + off, acc_u, mask=ok)
+
+
+@triton.jit
+def tail_rows(order_ptr, start, end, BM: tl.constexpr, TAIL: tl.constexpr):
+    """The tail of an expert-wide row block (``moe_permute(..., tail=TAIL)``): pair ids [TAIL] of positions
+    ``start + BM + i`` (0 where masked), their mask (positions below ``end``), and whether any is used."""
+    pos_t = start + BM + tl.arange(0, TAIL)
+    t_ok = pos_t < end
+    pair_t = tl.load(order_ptr + pos_t, mask=t_ok, other=0)
+    return pair_t, t_ok, end - start > BM
+
+
+@triton.jit
+def _grouped_gate_up_rows_kernel(
+    x_ptr,  # bf16 [M, H]
+    order_ptr,  # int32 [P]: pair ids sorted by expert
+    bexp_ptr,  # int32 [NB]: expert of row block b
+    bstart_ptr,  # int32 [NB]: first position of block b in order
+    bend_ptr,  # int32 [NB]: one past its last position (at most BM + TAIL pairs)
+    w_ptr,  # uint8 w1 [E, 2 * IP, H / 2]
+    s_ptr,  # uint8 w1 scales, 128x4 swizzle [E, roundup(2 * IP, 128), KP]
+    alpha_ptr,  # fp32 [E]
+    act_ptr,  # bf16 [P, INTER] (out), row = pair id
+    gacc_ptr,  # fp32 [P, INTER] (out, TAP only)
+    uacc_ptr,  # fp32 [P, INTER] (out, TAP only)
+    H: tl.constexpr,
+    IP: tl.constexpr,
+    INTER: tl.constexpr,
+    TOPK: tl.constexpr,
+    BM: tl.constexpr,
+    TAIL: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    DECODE: tl.constexpr,
+    TAP: tl.constexpr,
+    SW: tl.constexpr,
+):
+    """``_grouped_gate_up_kernel`` on expert-wide row blocks (``moe_permute(ids, E, BM, tail=TAIL)``: up to
+    ``BM + TAIL`` pairs per block): the first BM pairs of block b in an fp32 accumulator [2 * BC, BM], the next
+    (at most TAIL) in a second one [2 * BC, TAIL] whose MMAs run only when the block has more than BM pairs;
+    the dequantised weight tile of each K step feeds both. Per (pair, column), the same computation as
+    ``_grouped_gate_up_kernel``: K steps of ``BK`` in increasing order, each one ``tl.dot`` of the exact bf16
+    weights and the bf16 token row into that element's fp32 accumulator from +0 (tensor cores; the MMA's N,
+    BM or TAIL, is the row-block size, which the declared order does not depend on), then rule steps 6-7 with
+    the same instructions. Bound ``FP32_TRUNCATE`` (u = 2^-23, d = H). TAP: also store g_acc / u_acc."""
+    gdc_wait()
+    gdc_launch_dependents()
+    HB: tl.constexpr = H // 2
+    KP: tl.constexpr = (H // 16 + 3) // 4 * 4
+    MP: tl.constexpr = (2 * IP + 127) // 128 * 128
+    q = tl.program_id(0)
+    b = tl.program_id(1)
+    e, start, end, pos, r_ok = row_block(bexp_ptr, bstart_ptr, bend_ptr, b, BM)
+    pair = tl.load(order_ptr + pos, mask=r_ok, other=0)
+    pair_t, t_ok, has_tail = tail_rows(order_ptr, start, end, BM, TAIL)
+    R: tl.constexpr = 2 * BC
+    r = tl.arange(0, R)
+    rcol = q * BC + r % BC  # tile row r: up row of column rcol (r < BC), else its gate row
+    r_c_ok = rcol < INTER
+    prow = (rcol // 64) * 128 + rcol % 64 + (r // BC) * 64  # physical row in w1
+    w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(
+        e * (2 * IP * HB // 4) + prow.to(tl.int64) * (HB // 4), 4
+    )
+    s_base = s_ptr + e * (MP * KP)
+    x_row = x_ptr + tl.multiple_of((pair // TOPK).to(tl.int64) * H, 16)
+    x_row_t = x_ptr + tl.multiple_of((pair_t // TOPK).to(tl.int64) * H, 16)
+    acc = tl.zeros([R, BM], dtype=tl.float32)
+    acc_t = tl.zeros([R, TAIL], dtype=tl.float32)
+    if has_tail:
+        acc, acc_t = k_loop_tail(acc, acc_t, w_row, s_base, x_row, x_row_t, prow, r_c_ok, r_ok, t_ok, H, KP, R, BK,
+                                 DECODE, SW)  # fmt: skip
+    elif end > start:
+        acc = k_loop(acc, w_row, s_base, x_row, prow, r_c_ok, r_ok, H, KP, R, BK, DECODE, SW)
+    gs = tl.load(alpha_ptr + e)
+    _gate_up_epilogue(acc, pair, r_ok, gs, q, act_ptr, gacc_ptr, uacc_ptr, INTER, BM, BC, TAP)
+    if has_tail:
+        _gate_up_epilogue(acc_t, pair_t, t_ok, gs, q, act_ptr, gacc_ptr, uacc_ptr, INTER, TAIL, BC, TAP)
 
 
 def _check_perm(perm, tokens: int, top_k: int, num_experts: int, dev: torch.device) -> None:
@@ -257,14 +454,21 @@ def _check_perm(perm, tokens: int, top_k: int, num_experts: int, dev: torch.devi
         check_op_tensor(f"perm.{name}", getattr(perm, name), dtype=torch.int32, shape=(nb,), device=dev)
     if perm.top_k != top_k:
         raise ValueError(f"perm: built for top_k = {perm.top_k}, ids has k = {top_k}")
+    tail = perm.tail
+    if not isinstance(tail, int) or (tail and (tail < 16 or tail > perm.block_m or tail & (tail - 1))):
+        raise ValueError(f"perm: tail = {tail!r} must be 0 or a power of two in [16, block_m = {perm.block_m}]")
 
 
 def grouped_launch_kwargs(cfg: dict, block_m: int, tap: bool, k: int) -> dict:
     """The launch keywords both grouped GEMMs share: ``BM`` (the permutation's ``block_m``), ``BK``
-    (``default_bk(block_m, k)`` unless set; ``k`` the reduction length), ``DECODE``, ``TAP``, ``num_warps``
+    (``default_bk(block_m, k)`` unless set; ``k`` the reduction length), ``DECODE``, ``TAP``, ``SW`` (config
+    ``SCALE_WORD``; ValueError unless BK is a multiple of 64), ``num_warps``
     (``default_warps(block_m)`` unless set) and ``num_stages`` of the checked ``cfg``, and ``launch_options()``."""
     bk = int(cfg["BK"] or default_bk(block_m, k))
-    return {"BM": block_m, "BK": bk, "DECODE": cfg["DECODE"], "TAP": tap,
+    sw = bool(cfg.get("SCALE_WORD", False))
+    if sw and bk % 64:
+        raise ValueError(f"config SCALE_WORD needs BK a multiple of 64, got BK = {bk}")
+    return {"BM": block_m, "BK": bk, "DECODE": cfg["DECODE"], "TAP": tap, "SW": sw,
             "num_warps": int(cfg["num_warps"] or default_warps(block_m)), "num_stages": int(cfg["num_stages"]),
             **launch_options()}  # fmt: skip
 
@@ -276,6 +480,8 @@ def _cfg(config: dict | None, default: dict, name: str) -> dict:
         if unknown:
             raise ValueError(f"{name}: unknown config keys {sorted(unknown)}")
         cfg.update(config)
+    if "SCALE_WORD" in cfg and not isinstance(cfg["SCALE_WORD"], bool):
+        raise ValueError(f"{name}: config SCALE_WORD must be a bool, got {cfg['SCALE_WORD']!r}")
     if cfg["BK"] is not None:
         bk = int(cfg["BK"])
         if bk < 32 or bk & (bk - 1):
@@ -296,12 +502,13 @@ def nvfp4_grouped_gate_up(
     Args:
         x: bf16 [M, H] contiguous (never modified).
         ids: int32 [M, k] contiguous (rule step 2): the experts ``perm`` was built from.
-        perm: ``moe_permute(ids, E, block_m)``; ``block_m`` is the kernel's BM.
+        perm: ``moe_permute(ids, E, block_m, tail)``; ``block_m`` is the kernel's BM; ``tail`` > 0 launches the
+            expert-wide row-block build (``_grouped_gate_up_rows_kernel``: the same bits as tail = 0).
         weights: ``FlintMoEWeights`` (w1 uint8 [E, 2Ip, H/2], 128x4-swizzled E4M3 scales, w1_alpha fp32 [E]).
         taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, I] (before the
             global scale) and ``act`` bf16 [M, k, I].
         config: overrides of ``GROUPED_GATE_UP_CONFIG`` (``BC``, ``BK`` (None: ``default_bk(BM, H)``),
-            ``num_warps``, ``num_stages``) and
+            ``num_warps``, ``num_stages``, ``SCALE_WORD``) and
             ``DECODE`` (GPU: 3 = one inline-PTX call per code word giving bf16 weights times the scale (default),
             2 / 1 = the decode kernels' fp16x2 / bf16x2 E2M1 decodes, 0 = plain integer ops; identical values,
             hence identical bits; the interpreter always takes the plain path).
@@ -330,7 +537,12 @@ def nvfp4_grouped_gate_up(
     act, gacc, uacc = gate_up_buffers(P, INTER, tap, dev)
     if P > 0:
         grid = (triton.cdiv(INTER, bc), perm.num_blocks)
-        _grouped_gate_up_kernel[grid](
+        kw = grouped_launch_kwargs(cfg, perm.block_m, tap, H)
+        if perm.tail:  # expert-wide row blocks: BM + tail pairs per program
+            kernel, kw = _grouped_gate_up_rows_kernel, {**kw, "TAIL": perm.tail}
+        else:
+            kernel = _grouped_gate_up_kernel
+        kernel[grid](
             x,
             perm.order,
             perm.block_expert,
@@ -340,7 +552,7 @@ def nvfp4_grouped_gate_up(
             act,
             gacc,
             uacc,
-            H=H, IP=IP, INTER=INTER, TOPK=top_k, BC=bc, **grouped_launch_kwargs(cfg, perm.block_m, tap, H),
+            H=H, IP=IP, INTER=INTER, TOPK=top_k, BC=bc, **kw,
         )  # fmt: skip
     if tap:
         publish_gate_up_taps(taps, M, top_k, act, gacc, uacc)
@@ -386,9 +598,50 @@ def grouped_audit_runs():
             yield h, i, ip, k, bm, f".H{h}.I{i}.BM{bm}{'.tap' if tap else ''}", tap
 
 
+#: (H, I, k, BM, TAIL) specialisations of the expert-wide row-block build (op config ``TAIL``) audited for sm_90:
+#: the benchmark's shapes at M = 4096 (BM 128) and DeepSeek-V3 at M = 16384 (BM 256), and the conformance
+#: matrix's ``rows-tail32`` cases at M = 64 (BM 16, tail min(32, 16)).
+ROWS_AUDIT_CASES = [
+    (7168, 2048, 8, 128, 32),
+    (7168, 2048, 8, 256, 32),
+    (7168, 2048, 8, 16, 16),
+    (2048, 768, 8, 16, 16),
+    (4096, 1536, 8, 128, 32),
+    (2880, 2880, 4, 128, 32),
+]
+
+
+#: (H, I, k, BM, TAIL) builds audited with ``SCALE_WORD`` (TAIL 0: the default schedule's kernel): the BK 64
+#: builds it is for (M = 16384 at BM 256, gpt-oss-120b, BM 16) and DeepSeek-V3 at BM 128 + 32 (BK 128).
+SCALE_WORD_AUDIT_CASES = [
+    (7168, 2048, 8, 256, 0),
+    (7168, 2048, 8, 256, 32),
+    (7168, 2048, 8, 16, 0),
+    (7168, 2048, 8, 128, 32),
+    (2880, 2880, 4, 128, 32),
+]
+
+
+def grouped_sw_audit_runs():
+    """``(H, I, Ip, k, BM, TAIL, name suffix)`` of every ``SCALE_WORD_AUDIT_CASES`` entry (production builds)."""
+    for h, i, k, bm, tail in SCALE_WORD_AUDIT_CASES:
+        yield h, i, (i + 63) // 64 * 64, k, bm, tail, f".H{h}.I{i}.BM{bm}{f'.T{tail}' if tail else ''}.SW"
+
+
+def grouped_rows_audit_runs():
+    """The audited builds of both grouped GEMMs' expert-wide row-block kernels: ``(H, I, Ip, k, BM, TAIL, name
+    suffix, TAP)`` for every ``ROWS_AUDIT_CASES`` entry, and the tapped build of DeepSeek-V3 (BM 128, TAIL 32)."""
+    for h, i, k, bm, tail in ROWS_AUDIT_CASES:
+        ip = (i + 63) // 64 * 64
+        for tap in (False, True) if (h, i, bm) == (7168, 2048, 128) else (False,):
+            yield h, i, ip, k, bm, tail, f".H{h}.I{i}.BM{bm}.T{tail}{'.tap' if tap else ''}", tap
+
+
 def audit_specs() -> list[str]:
     """Register the sm_90 PTX audit of the grouped gate/up kernel (production builds, and the tapped build of
-    DeepSeek-V3): the rule's instructions present, wgmma present (tensor cores), no fp64 / div.full."""
+    DeepSeek-V3), of its expert-wide row-block build (``ROWS_AUDIT_CASES``) and of ``SCALE_WORD`` builds
+    (``SCALE_WORD_AUDIT_CASES``): the rule's instructions present, wgmma present (tensor cores), no fp64 /
+    div.full."""
     sig = {"x_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32", "bend_ptr": "*i32",
         "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16", "gacc_ptr": "*fp32",
         "uacc_ptr": "*fp32"}
@@ -398,10 +651,24 @@ def audit_specs() -> list[str]:
     names = []
     for h, i, ip, k, bm, suffix, tap in grouped_audit_runs():
         consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "BC": cfg["BC"],
-                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": tap}  # fmt: skip
+                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": tap, "SW": False}  # fmt: skip
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit("nvfp4_grouped_gate_up" + suffix, _grouped_gate_up_kernel, sig, consts, require,
                                     options=options).name)  # fmt: skip
+    for h, i, ip, k, bm, tail, suffix, tap in grouped_rows_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "TAIL": tail, "BC": cfg["BC"],
+                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": tap, "SW": False}  # fmt: skip
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit("nvfp4_grouped_gate_up_rows" + suffix, _grouped_gate_up_rows_kernel, sig, consts,
+                                    require, options=options).name)  # fmt: skip
+    for h, i, ip, k, bm, tail, suffix in grouped_sw_audit_runs():
+        consts = {"H": h, "IP": ip, "INTER": i, "TOPK": k, "BM": bm, "BC": cfg["BC"],
+                  "BK": cfg["BK"] or default_bk(bm, h), "DECODE": 3, "TAP": False, "SW": True}  # fmt: skip
+        kernel, base = _grouped_gate_up_kernel, "nvfp4_grouped_gate_up"
+        if tail:
+            kernel, base, consts = _grouped_gate_up_rows_kernel, base + "_rows", {**consts, "TAIL": tail}
+        options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
+        names.append(register_audit(base + suffix, kernel, sig, consts, require, options=options).name)
     return names
 
 

@@ -10,10 +10,12 @@ Definitions (P = M * k pairs; pair p = t * k + j is token t's j-th selected expe
   merge sort on every device, and the tie order is fixed by stability, not by the device.
 - ``offsets`` int32 [E + 1]: expert e's pairs are ``order[offsets[e]:offsets[e + 1]]`` (``offsets[0] = 0``,
   ``offsets[E] = P``); an expert with no pair has an empty range, an expert picked by every token has M.
-- the tile schedule: expert e is cut into ``cdiv(count_e, block_m)`` row blocks of at most ``block_m`` pairs;
-  the blocks of all experts are numbered consecutively (expert order). ``num_blocks`` (host int) =
-  ``cdiv(P, block_m) + min(E, P)``, an upper bound of the real block count that depends only on (P, E,
-  block_m), so the launch grid never needs a device-to-host copy (CUDA-graph safe). Block b has
+- the tile schedule: expert e is cut into ``cdiv(count_e, block_m + tail)`` row blocks of at most
+  ``block_m + tail`` pairs (``tail`` = 0 unless asked: the expert-wide row blocks of the grouped GEMMs, whose
+  programs carry a ``block_m``-pair accumulator plus a ``tail``-pair one); the blocks of all experts are
+  numbered consecutively (expert order). ``num_blocks`` (host int) = ``cdiv(P, block_m + tail) + min(E, P)``,
+  an upper bound of the real block count that depends only on (P, E, block_m, tail), so the launch grid never
+  needs a device-to-host copy (CUDA-graph safe). Block b has
   ``block_expert[b]``, ``block_start[b]`` and ``block_end[b]`` (int32 positions into ``order``). The unused
   blocks at the end are empty (``start == end == 0``) and name expert ``E - 1`` (a valid index, so a kernel
   may read that expert's global scale without a bounds check).
@@ -47,25 +49,34 @@ class MoEPermutation:
     num_experts: int
     top_k: int
     block_m: int
+    tail: int = 0
 
     @property
     def num_blocks(self) -> int:
         """Launch-grid size of the row blocks (an upper bound of the used blocks)."""
         return int(self.block_expert.numel())
 
+    @property
+    def rows_per_block(self) -> int:
+        """Most pairs of one row block: ``block_m + tail``."""
+        return self.block_m + self.tail
 
-def num_blocks_bound(pairs: int, num_experts: int, block_m: int) -> int:
-    """``cdiv(pairs, block_m) + min(num_experts, pairs)``: at most this many row blocks are used."""
-    return -(-pairs // block_m) + min(num_experts, pairs)
+
+def num_blocks_bound(pairs: int, num_experts: int, block_m: int, tail: int = 0) -> int:
+    """``cdiv(pairs, block_m + tail) + min(num_experts, pairs)``: at most this many row blocks are used."""
+    return -(-pairs // (block_m + tail)) + min(num_experts, pairs)
 
 
-def moe_permute(ids: torch.Tensor, num_experts: int, block_m: int) -> MoEPermutation:
+def moe_permute(ids: torch.Tensor, num_experts: int, block_m: int, tail: int = 0) -> MoEPermutation:
     """Sort the (token, slot) pairs of ``ids`` by expert and build the grouped GEMMs' row-block schedule.
 
     Args:
         ids: int32 [M, k] contiguous, the selected experts (rule step 2), values in [0, num_experts).
         num_experts: E >= 1.
         block_m: rows (pairs) per block, a power of two >= 16.
+        tail: 0 (row blocks of ``block_m`` pairs), or a power of two in [16, block_m]: row blocks of up to
+            ``block_m + tail`` pairs, for the grouped GEMMs' expert-wide row blocks (the first ``block_m``
+            pairs of a block in one accumulator, the rest in a ``tail``-pair one).
     Returns:
         :class:`MoEPermutation` (module docstring); ``ids`` is not modified.
     Raises:
@@ -76,6 +87,9 @@ def moe_permute(ids: torch.Tensor, num_experts: int, block_m: int) -> MoEPermuta
         raise ValueError(f"num_experts: expected an int >= 1, got {num_experts!r}")
     if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m: expected a power of two >= 16, got {block_m!r}")
+    bad_tail = isinstance(tail, bool) or not isinstance(tail, int)
+    if bad_tail or (tail and (tail < 16 or tail > block_m or tail & (tail - 1))):
+        raise ValueError(f"tail: expected 0 or a power of two in [16, block_m = {block_m}], got {tail!r}")
     m, k = ids.shape
     p = m * k
     if p >= 2**31:
@@ -87,16 +101,17 @@ def moe_permute(ids: torch.Tensor, num_experts: int, block_m: int) -> MoEPermuta
     probes = torch.arange(E + 1, dtype=torch.int32, device=dev)
     offsets = torch.searchsorted(sorted_e, probes).to(torch.int32)  # first position with expert >= e
     counts = offsets[1:] - offsets[:-1]
-    nblk = (counts + (block_m - 1)) // block_m
+    rows = block_m + tail
+    nblk = (counts + (rows - 1)) // rows
     blk_end = torch.cumsum(nblk, 0, dtype=torch.int32)  # [E]: one past the last block of expert e
-    nb = num_blocks_bound(p, E, block_m)
+    nb = num_blocks_bound(p, E, block_m, tail)
     b = torch.arange(nb, dtype=torch.int32, device=dev)
     be = torch.searchsorted(blk_end, b, right=True).to(torch.int32)  # first expert whose blocks end after b
     used = be < E
     bec = torch.clamp(be, max=E - 1).long()
     first = blk_end[bec] - nblk[bec]
-    start = offsets[bec] + (b - first) * block_m
-    end = torch.minimum(start + block_m, offsets[bec + 1])
+    start = offsets[bec] + (b - first) * rows
+    end = torch.minimum(start + rows, offsets[bec + 1])
     zero = torch.zeros_like(start)
     return MoEPermutation(
         order=order.to(torch.int32),
@@ -107,4 +122,5 @@ def moe_permute(ids: torch.Tensor, num_experts: int, block_m: int) -> MoEPermuta
         num_experts=E,
         top_k=int(k),
         block_m=block_m,
+        tail=tail,
     )
