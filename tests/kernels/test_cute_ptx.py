@@ -61,13 +61,13 @@ def test_block_launches_cover_the_conformance_block_cases() -> None:
     hand count gives: 2 * 2048 = 4096 gate/up rows in CTAs of 4 warps (one row each) = 1024 CTAs per split, at
     least the 528 targeted, so 1 split; down: 7168 rows, 1792 CTAs, 1 split."""
     from flint_moe.conformance.inputs.block import BLOCK_PATHS
-    from flint_moe.conformance.inputs.cases import pending_gpu_cases
+    from flint_moe.conformance.inputs.cases import matrix, pending_gpu_cases
     from flint_moe.kernels.cute.ll_down import DownSpec
     from flint_moe.kernels.cute.ll_gate_up import GateUpSpec
     from flint_moe.kernels.cute.ll_launch import SPLIT_TARGET_CTAS, WARPS
 
     launches = block_launches()
-    shapes = {c.shape for c in pending_gpu_cases() if c.path in BLOCK_PATHS}
+    shapes = {c.shape for c in matrix("gpu") + pending_gpu_cases() if c.path in BLOCK_PATHS}
     assert shapes == {"deepseek-v3", "kimi-k2", "glm-4.5", "ling-mini-2.0"}
     for tap in (True, False):
         assert all(sum(k[2] == tap and k[0] == kern for k in launches) >= len(shapes) for kern in ("gate_up", "down"))
