@@ -32,7 +32,8 @@ Scheduling (:func:`plan_units`, :func:`pick_unit`):
 - **Mutation self-test.** ``mutation.run_mutations`` is one more unit, run beside the cases.
 
 A case that raises is a FAIL with the exception (``runner.raised_result``), as in the serial runner, except
-that a CUDA out-of-memory error is retried after a pause (:func:`_run_with_retries`); a worker that dies
+that a CUDA out-of-memory error is retried after a pause (:func:`_run_with_retries`; out of memory on every
+attempt: NOT-JUDGED, as the serial runner's out of memory); a worker that dies
 (e.g. a device fault) fails the rest of its unit with the exit code and is replaced.
 SIGTERM / SIGINT to the parent stops the workers; the cases finished so far are returned (INCOMPLETE report).
 """
@@ -294,8 +295,9 @@ OOM_ATTEMPTS = 4
 def _run_with_retries(case, dev, counter, invariance, run_case, raised_result, black_box=False):
     """``run_case``; a CUDA out-of-memory error (the device is shared by the workers, and the memory estimates
     are estimates) frees this worker's cached blocks, waits and runs the case again from scratch, at most
-    :data:`OOM_ATTEMPTS` times; the attempts are recorded in ``meta.oom_retries``. Any other exception, or
-    the last out-of-memory error, is a FAIL of the case (``raised_result``)."""
+    :data:`OOM_ATTEMPTS` times; the attempts are recorded in ``meta.oom_retries``. Any other exception is a FAIL
+    of the case (``raised_result``); out of memory on the last attempt leaves the case NOT-JUDGED (neither a pass
+    nor a FAIL of the kernel; the run's exit status is 1)."""
     import gc
 
     import torch
@@ -306,7 +308,7 @@ def _run_with_retries(case, dev, counter, invariance, run_case, raised_result, b
         except torch.OutOfMemoryError as e:
             if attempt + 1 == OOM_ATTEMPTS:
                 traceback.print_exc()
-                return raised_result(case, e)
+                return raised_result(case, e, OOM_ATTEMPTS)  # NOT-JUDGED: the device's memory, not the kernel
             gc.collect()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
