@@ -514,16 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if jobs > 1:
             console.print(f"{jobs} worker processes on {device}" + (f" ({n_gpus} GPUs)" if n_gpus > 1 else ""))
-            results, mutation, info = run_parallel(
-                cases,
-                jobs,
-                str(device),
-                console,
-                invariance=invariance,
-                mutation=want_mutation,
-                stopped=stopped,
-                black_box=args.black_box,
-            )
+            results, mutation, info = run_parallel(cases, jobs, str(device), console, invariance=invariance,
+                                                   mutation=want_mutation, stopped=stopped, black_box=args.black_box,
+                                                   profile=profile)  # fmt: skip
             env["parallel"] = info
         else:
             if want_mutation:
