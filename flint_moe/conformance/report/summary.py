@@ -318,13 +318,13 @@ def _header(cases: list[dict], env: dict, gpu_report, title: str) -> list[str]:
     lines.append("Totals: " + ", ".join(f"{v} {totals.get(v, 0)}" for v in VERDICT_ORDER)
                  + (f", {NOT_JUDGED} {totals[NOT_JUDGED]}" if totals.get(NOT_JUDGED) else "")
                  + f" (of {len(cases)} cases)")  # fmt: skip
-    nj = [c["case_id"] for c in cases if c["verdict"] == NOT_JUDGED]
-    if nj:
-        shown = ", ".join(md(i, code=True) for i in nj[:8]) + (f" and {len(nj) - 8} more" if len(nj) > 8 else "")
-        lines.append(f"**{len(nj)} {NOT_JUDGED}** (out of device memory on every attempt; not a pass): {shown}")
     n_bb = sum(_mode(c) == BLACK_BOX for c in cases)
     if n_bb:
         lines[-1] += f"; {n_bb} {BLACK_BOX} (end to end only, no taps)"
+    nj = [c["case_id"] for c in cases if c["verdict"] == NOT_JUDGED]
+    if nj:
+        shown = ", ".join(md(i, code=True) for i in nj[:8]) + (f" and {len(nj) - 8} more" if len(nj) > 8 else "")
+        lines += ["", f"**{len(nj)} {NOT_JUDGED}** (out of device memory on every attempt; not a pass): {shown}"]
     return lines
 
 
