@@ -14,8 +14,9 @@ each case captures a CUDA graph of ``graph_calls`` calls cycling through the set
 fraction of the measured copy bandwidth (METHOD.md: events, warm-up, graphs, rotation, median).
 
 ``python -m benchmarks.runner [--filter SUBSTR ...] [--out DIR]`` writes ``DIR/bench.md`` and ``DIR/bench.json``
-(default ``reports/bench``) after every case (a run cut short keeps what it measured; a case that raises is a
-row with its error, and the exit status is 1) and prints the table last.
+(default ``reports/bench``) after every case, each file replaced atomically (a run cut short keeps what it
+measured, never half a file; a case that raises is a row with its error on one line, and the exit status is 1)
+and prints the table last. No case matching the filters: nothing is measured, exit status 1.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import datetime as _dt
 import importlib
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -33,6 +35,23 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Prepared", "copy_bandwidth", "time_graph", "write_table", "write_results", "main"]
+
+
+def _write_atomic(path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and ``os.replace``: a reader (or a
+    run killed mid-write) sees the old file or the new one, never a part."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _cell(value) -> str:
+    """A markdown table cell: each line break (``\\n``, ``\\r\\n``, ``\\r``, ...) as one space, pipes escaped."""
+    return " ".join(str(value).splitlines()).replace("|", "\\|")
 
 
 @dataclass
@@ -101,11 +120,10 @@ def write_table(out_dir: str, stem: str, copy_bw: float, rows: list[dict], heade
     """Write one benchmark's results: ``out_dir/stem.json`` (``copy_bw`` in bytes/s, the ``rows``, the time) and
     ``out_dir/stem.md`` (the same-run copy bandwidth, then the markdown table ``header`` (its cells, without the
     outer pipes) with the row ``lines``). Returns the markdown text."""
-    import os
     import time
 
-    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
-        json.dump({"copy_bw": copy_bw, "rows": rows, "time": time.time()}, f, indent=1)
+    _write_atomic(os.path.join(out_dir, f"{stem}.json"),
+                  json.dumps({"copy_bw": copy_bw, "rows": rows, "time": time.time()}, indent=1))  # fmt: skip
     cells = [c.strip() for c in header.split("|")]
     text = "\n".join([
         f"copy bandwidth (2 GiB D2D, read + write): {copy_bw / 1e12:.3f} TB/s",
@@ -114,8 +132,7 @@ def write_table(out_dir: str, stem: str, copy_bw: float, rows: list[dict], heade
         "|" + "---|" * len(cells),
         *lines,
     ]) + "\n"  # fmt: skip
-    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
-        f.write(text)
+    _write_atomic(os.path.join(out_dir, f"{stem}.md"), text)
     return text
 
 
@@ -126,10 +143,11 @@ def _modules() -> list:
 
 def write_results(out: pathlib.Path, env: dict, rows: list[dict]) -> str:
     """Write ``out/bench.json`` (``env`` and ``rows``) and ``out/bench.md`` (the table; a failed case's row
-    carries its error instead of numbers); returns the markdown. The runner calls it after every case, so a
-    run cut short (a device-time limit) keeps what it measured."""
+    carries its error instead of numbers, on one line with its pipes escaped); returns the markdown. The runner
+    calls it after every case, so a run cut short (a device-time limit) keeps what it measured; each file is
+    replaced atomically."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"env": env, "rows": rows}, indent=2))
+    _write_atomic(out / "bench.json", json.dumps({"env": env, "rows": rows}, indent=2))
     lines = [
         f"# Benchmarks on {env['gpu']}",
         "",
@@ -142,14 +160,14 @@ def write_results(out: pathlib.Path, env: dict, rows: list[dict]) -> str:
     ]
     for r in rows:
         if r.get("error"):
-            lines.append(f"| {r['case']} | - | - | - | - | - | failed: {r['error']} |")
+            lines.append(f"| {_cell(r['case'])} | - | - | - | - | - | failed: {_cell(r['error'])} |")
             continue
         lines.append(
-            f"| {r['case']} | {r['us']:.1f} | {r['bytes']:,} | {r['TB/s']:.2f} | {r['of_copy_bw']:.0%} | "
-            f"{r['TFLOP/s']:.1f} | {r['note']} |"
+            f"| {_cell(r['case'])} | {r['us']:.1f} | {r['bytes']:,} | {r['TB/s']:.2f} | {r['of_copy_bw']:.0%} | "
+            f"{r['TFLOP/s']:.1f} | {_cell(r['note'])} |"
         )
     text = "\n".join(lines) + "\n"
-    (out / "bench.md").write_text(text)
+    _write_atomic(out / "bench.md", text)
     return text
 
 
@@ -163,6 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks need a CUDA device (the H200); nothing timed", file=sys.stderr)
         return 2
+    selected = []
+    for mod in _modules():
+        short = mod.__name__.split(".")[-1].removeprefix("bench_")
+        for case in mod.CASES:
+            name = f"{short}.{case['name']}"
+            if not args.filter or any(f in name for f in args.filter):
+                selected.append((mod, name, {k: v for k, v in case.items() if k != "name"}))
+    if not selected:
+        print(f"no benchmark case matches the filters {args.filter}; nothing timed", file=sys.stderr)
+        return 1
     bw = copy_bandwidth()
     env = {
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -172,30 +200,26 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     out = pathlib.Path(args.out)
     rows: list[dict] = []
-    text = "no benchmark case matches the filters"
-    for mod in _modules():
-        short = mod.__name__.split(".")[-1].removeprefix("bench_")
-        for case in mod.CASES:
-            name = f"{short}.{case['name']}"
-            if args.filter and not any(f in name for f in args.filter):
-                continue
-            params = {k: v for k, v in case.items() if k != "name"}
-            try:
-                prep = mod.prepare(**params)
-                t = time_graph(prep)
-            except Exception as exc:  # noqa: BLE001  (one failing case must not hide the others' numbers)
-                rows.append({"case": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-                print(f"{name}: failed: {rows[-1]['error']}", flush=True)
-            else:
-                achieved = prep.bytes_moved / t
-                rows.append(
-                    {"case": name, "us": t * 1e6, "bytes": prep.bytes_moved, "TB/s": achieved / 1e12,
-                     "of_copy_bw": achieved / bw, "TFLOP/s": prep.flops / t / 1e12, "note": prep.note}
-                )  # fmt: skip
-                print(f"{name}: {t * 1e6:.1f} us, {achieved / 1e12:.2f} TB/s = {achieved / bw:.0%} of copy", flush=True)
-                del prep
-            torch.cuda.empty_cache()
-            text = write_results(out, env, rows)
+    text = ""
+    for mod, name, params in selected:
+        prep = None
+        try:
+            prep = mod.prepare(**params)
+            t = time_graph(prep)
+        except Exception as exc:  # noqa: BLE001  (one failing case must not hide the others' numbers)
+            rows.append({"case": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            print(f"{name}: failed: {rows[-1]['error']}", flush=True)
+        else:
+            achieved = prep.bytes_moved / t
+            rows.append(
+                {"case": name, "us": t * 1e6, "bytes": prep.bytes_moved, "TB/s": achieved / 1e12,
+                 "of_copy_bw": achieved / bw, "TFLOP/s": prep.flops / t / 1e12, "note": prep.note}
+            )  # fmt: skip
+            print(f"{name}: {t * 1e6:.1f} us, {achieved / 1e12:.2f} TB/s = {achieved / bw:.0%} of copy", flush=True)
+        finally:
+            prep = None  # the case's weights and inputs, released before the cache is emptied
+        text = write_results(out, env, rows)  # first: an error in freeing memory must not lose this row
+        torch.cuda.empty_cache()
     print(text)
     return 1 if any(r.get("error") for r in rows) else 0
 

@@ -6,9 +6,12 @@ report.html), labelled with the selection. Once a committed run of this passes, 
 Usage (repository root, on the GPU; the decode block needs CuTe DSL importable):
     python scripts/h200_pending.py --out DIR [--filter S ...] [--no-mutation] [--case ID ...] [--jobs N]
 On CUDA the cases run in the gpu profile's worker processes (``run.parallel``, ``--jobs``, default as the gpu
-profile's); the report of the cases is written as soon as they are done, then again with the mutations. SIGTERM
-(``timeout``) stops the run: the report covers what finished and says INCOMPLETE. Exit status 0 when every case
-passed and every mutation was killed and named, 3 for a stopped run, 1 otherwise.
+profile's); the report of the cases is written as soon as they are done, then again with the mutations, into a
+staging directory beside ``--out`` (``.<name>.partial-<run id>``) that replaces ``--out`` when the run completes,
+as the CLI does (``run.outdir``; the committed GPU evidence is refused). SIGTERM (``timeout``) stops the run: the
+report covers what finished, says INCOMPLETE and in which phase (the cases or the mutations), and stays in the
+staging directory. Exit status 1 when a case FAILed or was not judged, or a mutation was not killed and named
+(or the self-test raised); else 3 for a stopped run; else 0 (2: ``--out`` refused).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import traceback
 from datetime import UTC, datetime
 
 import torch
@@ -27,8 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     from flint_moe.conformance.__main__ import environment, summary_table
     from flint_moe.conformance.inputs.cases import GPU_PENDING_PATHS, Case, pending_gpu_cases
     from flint_moe.conformance.judge.mutation import MUTATIONS, mutation_report, run_mutations
+    from flint_moe.conformance.judge.results import fail_counts
     from flint_moe.conformance.report.report import write_report
     from flint_moe.conformance.report.summary import mutation_line
+    from flint_moe.conformance.run.outdir import OutDirError, RunKind, evidence_guard, new_run_id, publish, staging_dir
     from flint_moe.conformance.run.parallel import default_jobs, run_parallel
     from flint_moe.conformance.run.runner import RunStopped, run_cases, stop_handler
 
@@ -55,39 +61,65 @@ def main(argv: list[str] | None = None) -> int:
                cases_run=f"{len(cases)} pending-path cases ({', '.join(GPU_PENDING_PATHS)})",
                invariance=not args.no_invariance, black_box=False)  # fmt: skip
     jobs = args.jobs if args.jobs is not None else default_jobs(device.type)
+    run_id = new_run_id(datetime.now(UTC), "pending")
+    staging = staging_dir(args.out, run_id)
+    try:  # as the CLI: never into the committed evidence; the report is staged and published once complete
+        evidence_guard(args.out, RunKind(device.type == "cuda", env["profile"], ("pending paths",)))
+        staging.mkdir(parents=True)
+    except OutDirError as e:
+        print(e, file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"--out {args.out}: cannot create {staging}: {e}", file=sys.stderr)
+        return 2
     stopped: list[str] = []
     old_term = signal.signal(signal.SIGTERM, stop_handler())
-    results, mutation = [], None
+    results, mutation, phase = [], None, "cases"
     try:
         if jobs > 1:
-            results, _, env["parallel"] = run_parallel(
-                cases, jobs, str(device), console, invariance=not args.no_invariance, stopped=stopped
-            )
+            results, _, env["parallel"] = run_parallel(cases, jobs, str(device), console,
+                                                       invariance=not args.no_invariance, stopped=stopped,
+                                                       profile=env["profile"])  # fmt: skip
         else:
             results = run_cases(cases, device, console, invariance=not args.no_invariance, stopped=stopped)
-        if stopped:
-            env["incomplete"] = f"stopped by {stopped[0]} after {len(results)} of {len(cases)} cases"
-        paths = write_report(results, env, args.out)  # the cases' verdicts, whatever happens to the mutations
-        wanted = {c.path for c in cases}
-        muts = [m for m in MUTATIONS if m.path in GPU_PENDING_PATHS and m.path in wanted]
-        if muts and not args.no_mutation and not stopped:
-            mutation = mutation_report(run_mutations(muts, device=device))
-            paths = write_report(results, env, args.out, mutation=mutation)
-    except (RunStopped, KeyboardInterrupt) as e:  # during the mutations: the cases' report is written
+        if not stopped:
+            write_report(results, env, staging)  # the cases' verdicts, whatever happens to the mutations
+            wanted = {c.path for c in cases}
+            muts = [m for m in MUTATIONS if m.path in GPU_PENDING_PATHS and m.path in wanted]
+            if muts and not args.no_mutation:
+                phase = "mutations"
+                try:
+                    mutation = mutation_report(run_mutations(muts, device=device))
+                except Exception as e:  # noqa: BLE001  (reported as a self-test that did not pass)
+                    traceback.print_exc()
+                    mutation = {"error": f"{type(e).__name__}: {e}"}
+    except (RunStopped, KeyboardInterrupt) as e:  # during the mutations (run_cases records a stop itself)
         stopped.append(str(e) or "SIGINT")
-        env["incomplete"] = f"stopped by {stopped[-1]} during the mutations"
-        paths = write_report(results, env, args.out)
     finally:
         signal.signal(signal.SIGTERM, old_term)
+    if stopped:
+        env["incomplete"] = (f"stopped by {stopped[0]} after {len(results)} of {len(cases)} cases" if phase == "cases"
+                             else f"stopped by {stopped[0]} during the mutations (after all {len(cases)} cases)")
+        env["cases_run"] = f"{len(results)} (INCOMPLETE: {env['incomplete']}) of {env['cases_run']}"
+    paths = write_report(results, env, staging, mutation=mutation)
+    if not stopped:  # a complete run replaces --out; an INCOMPLETE one stays in the staging directory
+        final = publish(staging, args.out, run_id)
+        paths = {k: final / p.name for k, p in paths.items()}
     console.print(summary_table(results))
-    if mutation:
+    if mutation and "error" not in mutation:
         console.print(mutation_line(mutation), markup=False)
-    n_fail = sum((r["verdict"] if isinstance(r, dict) else r.verdict) == "FAIL" for r in results)
-    print(f"{len(results)} of {len(cases)} pending cases, {n_fail} FAIL"
+    elif mutation:
+        console.print(f"mutation self-test raised {mutation['error']}", style="bold red", markup=False)
+    n_fail, n_nj = fail_counts(results)
+    print(f"{len(results)} of {len(cases)} pending cases, {n_fail} FAIL" + (f", {n_nj} NOT-JUDGED" if n_nj else "")
           + (f" ({env['incomplete']})" if stopped else "") + f"; report: {', '.join(map(str, paths.values()))}")
-    missed = mutation is not None and mutation["killed"] < mutation["total"]
-    return 3 if stopped else 1 if n_fail or missed else 0
-
+    if stopped:
+        print(f"INCOMPLETE RUN: {env['incomplete']}; its report stays in {staging} ({args.out} was not replaced)")
+    total = int((mutation or {}).get("total") or 0)
+    missed = mutation is not None and (
+        "error" in mutation or mutation.get("killed", 0) < total or mutation.get("named", 0) < total
+    )  # as the CLI's mutation line: every catalogued fault killed AND named by the diagnosis
+    return 1 if n_fail or n_nj or missed else 3 if stopped else 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,11 +12,12 @@ its kernel path with taps (``paths.PATHS``), compare with the golden model (``st
 run completes, ``outdir.publish``): report.json, summary.md (the short pull-request summary), summary-full.md
 and report.html; ``--mutation`` adds the self-test (``mutation.self_test``), ``--baseline OTHER`` the verdict
 and output digest changes (``baseline.compare_reports``). Every run ends with the freshness line of the
-committed GPU report (``digest.check_report``). Exit status 1 on any FAIL (or a case that raised); 2 for a bad
-baseline, a refused gpu profile or ``--out`` (a file, a non-empty directory without ``--overwrite``, the GPU
-evidence from a run that is not a complete gpu-profile GPU run), before the first case; 3 for a run stopped by SIGTERM /
-SIGINT (the report covers the cases done, says INCOMPLETE, stays staged); else 0. Without CUDA the kernels
-run under Triton's interpreter (TRITON_INTERPRET=1, set here); console strings are printed literally.
+committed GPU report (``digest.check_report``). Exit status 1 on any FAIL (or a case that raised) or NOT-JUDGED
+case (out of device memory on every attempt); 2 for a bad baseline, a refused gpu profile or ``--out`` (a file,
+a non-empty directory without ``--overwrite``, the GPU evidence from a run that is not a complete gpu-profile GPU
+run), before the first case; 3 for a run stopped by SIGTERM / SIGINT (the report covers the cases done, says
+INCOMPLETE, stays staged); else 0. Without CUDA the kernels run under Triton's interpreter (TRITON_INTERPRET=1,
+set here); console strings are printed literally.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from flint_moe.conformance.run.runner import (  # noqa: E402  (re-exported: the 
 __all__ = ["RunStopped", "environment", "main", "raised_result", "run_case", "run_cases"]
 
 INTERPRETER_BACKEND = "triton-interpreter (CPU): bit-exactness NOT claimed"
+_NOT_PASS = ("FAIL", "NOT-JUDGED")  # verdicts that make the exit status 1 (NOT-JUDGED: out of device memory)
 
 
 def environment() -> dict:
@@ -103,10 +105,8 @@ def run_kind(args, profile: str, invariance: bool, mutation: bool):
 
 def _driver() -> str | None:
     try:
-        r = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
-        )  # fmt: skip
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)  # fmt: skip
         return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -241,7 +241,7 @@ def _mutation(console) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (1 on any FAIL or no case selected, 2 for a refused gpu
+    """CLI entry point; returns the exit status (1 on any FAIL / NOT-JUDGED or no case selected, 2 for a refused gpu
     profile, an unusable baseline or --rerun-failed report, or a refused --out, 3 for a stopped run, else 0)."""
     from rich.console import Console
 
@@ -514,16 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if jobs > 1:
             console.print(f"{jobs} worker processes on {device}" + (f" ({n_gpus} GPUs)" if n_gpus > 1 else ""))
-            results, mutation, info = run_parallel(
-                cases,
-                jobs,
-                str(device),
-                console,
-                invariance=invariance,
-                mutation=want_mutation,
-                stopped=stopped,
-                black_box=args.black_box,
-            )
+            results, mutation, info = run_parallel(cases, jobs, str(device), console, invariance=invariance,
+                                                   mutation=want_mutation, stopped=stopped, black_box=args.black_box,
+                                                   profile=profile)  # fmt: skip
             env["parallel"] = info
         else:
             if want_mutation:
@@ -566,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         final = publish(staging, out_dir, run_id)
         paths = {k: final / p.name for k, p in paths.items()}
     console.print(summary_table(results))
-    n_fail = sum((r["verdict"] if isinstance(r, dict) else r.verdict) == "FAIL" for r in results)
+    n_fail, n_nj = (sum((r["verdict"] if isinstance(r, dict) else r.verdict) == v for r in results) for v in _NOT_PASS)
     if mutation:
         from flint_moe.conformance.report.summary import mutation_line
 
@@ -582,8 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         if not n_cmp:
             console.print(f"no case of this run is in the baseline {diff['other']} (another profile or filter?): "
                           "nothing was compared", style="bold yellow", markup=False)  # fmt: skip
-    console.print(f"{len(results)} cases, {n_fail} FAIL; report: {', '.join(str(p) for p in paths.values())}",
-                  markup=False)  # fmt: skip
+    console.print(f"{len(results)} cases, {n_fail} FAIL{f', {n_nj} NOT-JUDGED' * bool(n_nj)}; report: "
+                  f"{', '.join(str(p) for p in paths.values())}", markup=False)  # fmt: skip
     console.print(f"pull-request summary: {paths['summary']} (the full tables: {paths['summary_full']})",
                   markup=False, highlight=False)  # fmt: skip
     style = "bold green" if fresh.current else "bold yellow"
@@ -591,8 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     if stopped:
         console.print(f"INCOMPLETE RUN: {env['incomplete']}; its report stays in {staging} ({out_dir} was not "
                       "replaced)", style="bold red", markup=False)  # fmt: skip
-        return 1 if n_fail else 3
-    return 1 if n_fail else 0
+        return 1 if n_fail or n_nj else 3
+    return 1 if n_fail or n_nj else 0
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ shape, top_k, expert count or launch configuration in ``cases.matrix`` cannot sl
 - ``matrix_launches(profiles)`` runs every case of ``cases.matrix("gpu")`` and ``cases.matrix("cpu")`` (every
   path and ``cases.PATH_CONFIGS`` entry) through the same op / launcher calls as
   ``flint_moe.conformance.run.paths`` does, as the harness runs it (``_case_launches``: with taps, the TAP builds
-  the conformance run compares; without, the production builds its determinism / CUDA-graph replays run; each
-  row alone at M = 1 for batch invariance; the default path for mutation testing), on fake CUDA tensors of the
+  the conformance run compares and its invariance reruns; without, the production builds its production-build /
+  CUDA-graph checks run; each row alone at M = 1 for batch invariance), plus, with ``"gpu"``, the cases the
+  mutation self-test runs on CUDA (``self_test_cases``: the default path with taps), on fake CUDA tensors of the
   case's real sizes (``torch._subclasses.fake_tensor.FakeTensorMode``: device ``cuda``, no data, no GPU), with
   ``JITFunction.run`` replaced by a recorder: no kernel compiles or runs; each ``kernel[grid](...)`` launch is
   recorded as a ``Launch`` (kernel, argument types, constexpr values, compile options) exactly as the launcher
@@ -52,6 +53,7 @@ __all__ = [
     "Launch",
     "IGNORED_OPTIONS",
     "matrix_launches",
+    "self_test_cases",
     "spec_key",
     "launch_key",
     "uncovered_launches",
@@ -189,25 +191,20 @@ def _recording(out: list[Launch]):
 
 
 def _case_launches(case, counter) -> list[Launch]:
-    """The launches of every run the conformance harness makes for ``case``: the compared run (taps), the
-    production build (determinism / row independence / CUDA-graph replays: taps None), each row alone at M = 1
-    (``invariance.batch_invariance``, taps; the grouped path keeps its op at M = 1, with a smaller row block),
-    and, for a non-default configuration, the default path at the same M (``mutation``: ``PATHS[case.path]``).
-    A decode-block case records its router kernel in both builds (the router's constexprs do not depend on M;
-    the CuTe DSL expert kernels are ``audit_block``'s)."""
+    """The launches of every run the conformance harness makes for ``case`` (``runner.run_case`` with the
+    invariances, ``invariance.check_invariances``): the compared run and its determinism / row-independence
+    reruns (taps), the production build (``production_build`` and the CUDA-graph capture: taps None), and each
+    row alone at M = 1 (``batch_invariance``, taps; the grouped path keeps its op at M = 1, with a smaller row
+    block), all through the case's configuration (``paths.path_for``). The per-token paths take their routing
+    as an input of M rows and skip the batch invariance: no M = 1 run. A decode-block case records its router
+    kernel in both builds (the router's constexprs do not depend on M; the CuTe DSL expert kernels are
+    ``audit_block``'s). The mutation self-test's runs are :func:`_self_test_launches`."""
     from dataclasses import replace
 
-    import flint_moe.ops.moe_nvfp4_grouped as grouped_op
-    import flint_moe.ops.moe_pertoken as pertoken_op
-    from flint_moe.conformance.audit_fakes import (
-        MODULE_OP_PATH,
-        fake_block_router,
-        fake_inputs,
-        fake_row_slicing,
-        shape_only_permute,
-    )
+    from flint_moe.conformance.audit_fakes import MODULE_OP_PATH, fake_block_router, fake_inputs
     from flint_moe.conformance.inputs.block import BLOCK_PATHS
-    from flint_moe.conformance.run.paths import PATHS, path_for
+    from flint_moe.conformance.inputs.pertoken import PERTOKEN_PATHS
+    from flint_moe.conformance.run.paths import path_for
 
     launches: list[Launch] = []
     if case.path in BLOCK_PATHS:
@@ -221,25 +218,69 @@ def _case_launches(case, counter) -> list[Launch]:
     path = path_for(run_case)
     inputs = fake_inputs(case)
     runs = [(path, inputs, {}), (path, inputs, None)]
-    if case.M >= 2:
+    if case.M >= 2 and case.path not in PERTOKEN_PATHS:
         runs.append((path, fake_inputs(replace(case, M=1, route=None)), {}))
-    if run_case.config != "default":
-        runs.append((PATHS[run_case.path], inputs, {}))
+    with _fake_run_patches(launches):
+        for p, inp, taps in runs:
+            p.fn(inp, counter, taps)
+    return launches
+
+
+@contextlib.contextmanager
+def _fake_run_patches(launches: list[Launch]):
+    """The recorder plus the stand-ins the ops need on fake tensors (``conformance.audit_fakes``)."""
+    import flint_moe.ops.moe_nvfp4_grouped as grouped_op
+    import flint_moe.ops.moe_pertoken as pertoken_op
+    from flint_moe.conformance.audit_fakes import fake_row_slicing, shape_only_permute
+
     with (
         _recording(launches),
         _patched(grouped_op, "moe_permute", shape_only_permute),
         _patched(pertoken_op, "moe_permute", shape_only_permute),
         _patched(torch.Tensor, "__getitem__", fake_row_slicing(torch.Tensor.__getitem__)),
     ):
-        for p, inp, taps in runs:
-            p.fn(inp, counter, taps)
+        yield
+
+
+def self_test_cases() -> list:
+    """The cases the gpu profile's mutation self-test (``mutation.self_test``) runs on CUDA, each once, in
+    order: the case ``m.case("cuda")`` of every catalogued mutation ``run_mutations`` runs there (not the
+    paths of ``cases.GPU_PENDING_PATHS``), without the decode block's (its Triton router at the block's
+    shapes is recorded from the matrix, its CuTe DSL kernels are ``audit_block``'s), then the sub-bound cases
+    (``subbound.SUB_BOUND_CASES["cuda"]``)."""
+    from flint_moe.conformance.inputs.block import BLOCK_PATHS
+    from flint_moe.conformance.inputs.cases import GPU_PENDING_PATHS, Case
+    from flint_moe.conformance.judge.mutation import MUTATIONS
+    from flint_moe.conformance.judge.subbound import SUB_BOUND_CASES
+
+    out: dict[str, Any] = {}
+    for m in MUTATIONS:
+        if m.path not in BLOCK_PATHS and m.path not in GPU_PENDING_PATHS:
+            c = m.case("cuda")
+            out.setdefault(c.id, c)
+    for cid in SUB_BOUND_CASES["cuda"]:
+        out.setdefault(cid, Case.from_id(cid))
+    return list(out.values())
+
+
+def _self_test_launches(case, counter) -> list[Launch]:
+    """The launches of a self-test run of ``case``: the default path (``paths.PATHS[case.path]``) with taps,
+    as ``mutation.run_mutation`` (clean and weights / path injected runs: the same shapes) and
+    ``subbound.run_sub_bound`` run it."""
+    from flint_moe.conformance.audit_fakes import fake_inputs
+    from flint_moe.conformance.run.paths import PATHS
+
+    launches: list[Launch] = []
+    with _fake_run_patches(launches):
+        PATHS[case.path].fn(fake_inputs(case), counter, {})
     return launches
 
 
 def matrix_launches(profiles: Sequence[str] = ("gpu", "cpu")) -> dict[tuple, tuple[Launch, list[str]]]:
     """Distinct launches (``launch_key`` -> (first ``Launch``, ids of the cases that launch it)) of every case
     of ``cases.matrix(p)`` for ``p`` in ``profiles``, and with ``"gpu"`` of ``cases.pending_gpu_cases()`` (the
-    paths that run beside the gpu profile until their first committed H200 run). Raises RuntimeError under
+    paths that run beside the gpu profile until their first committed H200 run) and of the mutation self-test's
+    CUDA cases (:func:`self_test_cases`, those not already recorded). Raises RuntimeError under
     TRITON_INTERPRET=1 and any error a launcher raises for a case (with the case id)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -249,10 +290,17 @@ def matrix_launches(profiles: Sequence[str] = ("gpu", "cpu")) -> dict[tuple, tup
     out: dict[tuple, tuple[Launch, list[str]]] = {}
     with FakeTensorMode():
         counter = torch.zeros(64, dtype=torch.int32, device="cuda")
+        seen: set[str] = set()
         for profile in profiles:
-            for case in [*matrix(profile), *(pending_gpu_cases() if profile == "gpu" else [])]:
+            runs = [(c, _case_launches) for c in [*matrix(profile), *(pending_gpu_cases() if profile == "gpu" else [])]]
+            if profile == "gpu":
+                runs += [(c, _self_test_launches) for c in self_test_cases()]
+            for case, record in runs:
+                if record is _self_test_launches and case.id in seen:
+                    continue  # a matrix case of the default configuration: the same tapped run, already recorded
+                seen.add(case.id)
                 try:
-                    launches = _case_launches(case, counter)
+                    launches = record(case, counter)
                 except Exception as e:
                     raise RuntimeError(f"matrix_launches: case {case.id}: {type(e).__name__}: {e}") from e
                 for ln in launches:

@@ -16,6 +16,10 @@ require / forbid lists. This module:
   subprocess per chunk, like tests/kernels/test_ptx_audit.py, so pytest-xdist spreads them);
 - ``test_new_matrix_shape_is_caught``: a matrix with one more shape launches specialisations the kernel
   modules' registry lacks, and the derivation covers them;
+- ``test_self_test_cases_are_recorded``: the mutation self-test's CUDA cases (catalogued mutations outside the
+  decode block, sub-bound cases) are recorded, each with its one tapped run of the default path;
+- ``test_case_runs_follow_the_invariances``: a case records the runs the harness makes (no M = 1 run for the
+  per-token paths, whose batch invariance is skipped; no extra default-path run for a launch configuration);
 - ``test_matrix_audit_reports_problems``: the ``--specs`` audit path really compiles and reports a missing
   instruction;
 - ``test_stable_cache_keys``: two processes compute the same kernel cache keys (Triton's on-disk cache serves
@@ -141,6 +145,7 @@ s = C.ShapeSpec("audit-probe", 48, 3584, 1792, 6)
 C.SHAPES[s.name] = s
 C.matrix = lambda profile: [C.Case.make("nvfp4_decode", s, 1, "gaussian"), C.Case.make("bf16_decode", s, 2, "gaussian")]
 C.pending_gpu_cases = lambda: []
+A.self_test_cases = lambda: []
 launches = A.matrix_launches(("gpu",))
 before = A.uncovered_launches(launches, collect_audit_specs())
 names = A.register_matrix_audit(("gpu",))
@@ -163,6 +168,97 @@ def test_new_matrix_shape_is_caught() -> None:
         + ["bf16.down_combine._bf16_down_combine_kernel"] * 2
     )
     assert (n_names, n_after) == (10, 0)
+
+
+_SELF_TEST = """
+import json
+from flint_moe.conformance import audit as A
+from flint_moe.conformance.inputs import cases as C
+C.matrix = lambda profile: []
+C.pending_gpu_cases = lambda: []
+ids = [c.id for c in A.self_test_cases()]
+recorded = {}
+for ln, cs in A.matrix_launches(("gpu",)).values():
+    for cid in cs:
+        recorded.setdefault(cid, []).append([ln.kernel_name, dict(ln.constexprs).get("TAP")])
+print(json.dumps([ids, {k: sorted(v) for k, v in recorded.items()}]))
+"""
+
+#: The mutation self-test's CUDA cases: the catalogued mutations' (decode block left out), then the sub-bound ones.
+SELF_TEST_IDS = [
+    "nvfp4_decode/cpu-E6-H96-I64-k3/M2/gaussian/s0",
+    "bf16_decode/mut-E6-H128-I64-k3/M2/gaussian/s0",
+    "nvfp4_decode/mut-E6-H96-I128-k3/M2/gaussian/s0",
+    "nvfp4_decode/cpu-E6-H96-I64-k3/M2/asymmetric/s0",
+    "nvfp4_decode/cpu-E6-H96-I64-k3/M2/tied_logits/s0",
+    "bf16_decode/mut-E6-H128-I64-k3/M2/tied_logits/s0",
+    "nvfp4_decode/cpu-E6-H96-I64-k3/M2/tiny_sigmoids/s0",
+    "nvfp4_grouped/cpu-E6-H96-I64-k3/M2/gaussian/s0",
+    "nvfp4_pertoken_swiglu/pt-cpu-E5-H160-I176-P256-k3/M2/gaussian/s0",
+    "nvfp4_pertoken_relu2/pt-cpu-E5-H160-I176-P256-k3/M2/gaussian/s0",
+    "nvfp4_pertoken_swiglu/pt-cpu-E5-H160-I176-P256-k3/M2/dispatcher/s0",
+    "nvfp4_decode/deepseek-v3/M1/gaussian/s0",
+    "bf16_decode/qwen3-30b-a3b/M1/gaussian/s0",
+]
+
+
+def test_self_test_cases_are_recorded() -> None:
+    """``matrix_launches(("gpu",))`` records the self-test's CUDA cases (here with an empty matrix): every case,
+    each with one tapped run of its default path (the pertoken quantiser and row decoder have no TAP)."""
+    ids, recorded = _json_tail(_run(["-c", _SELF_TEST]))
+    assert ids == SELF_TEST_IDS
+    assert sorted(recorded) == sorted(SELF_TEST_IDS)
+    tapped = {
+        "nvfp4_decode": [
+            ["nvfp4.down_combine._nvfp4_down_split_kernel", True], ["nvfp4.gate_up._nvfp4_gate_up_kernel", True],
+            ["router._router_gemv_topk_kernel", True],
+        ],
+        "bf16_decode": [
+            ["bf16.down_combine._bf16_down_combine_kernel", True], ["bf16.gate_up._bf16_gate_up_kernel", True],
+            ["router._router_gemv_topk_kernel", True],
+        ],
+        "nvfp4_grouped": [
+            ["nvfp4.grouped_down._grouped_combine_kernel", None], ["nvfp4.grouped_down._grouped_down_kernel", True],
+            ["nvfp4.grouped_gate_up._grouped_gate_up_kernel", True], ["router._router_gemv_topk_kernel", True],
+        ],
+        "pertoken": [  # the quantiser and the row decoder once for FC1's operands, once for FC2's
+            ["nvfp4.pertoken_fc1._decode_rows_kernel", None], ["nvfp4.pertoken_fc1._decode_rows_kernel", None],
+            ["nvfp4.pertoken_fc1._pertoken_fc1_kernel", True], ["nvfp4.pertoken_fc2._pertoken_combine_kernel", True],
+            ["nvfp4.pertoken_fc2._pertoken_fc2_kernel", True], ["nvfp4.pertoken_quant._pertoken_quant_kernel", None],
+            ["nvfp4.pertoken_quant._pertoken_quant_kernel", None],
+        ],
+    }  # fmt: skip
+    for cid, launches in recorded.items():
+        path = cid.split("/")[0]
+        assert launches == tapped["pertoken" if path.startswith("nvfp4_pertoken_") else path], cid
+
+
+_CASE_RUNS = """
+import json, torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from flint_moe.conformance import audit as A
+from flint_moe.conformance.inputs.cases import Case
+ids = ["nvfp4_pertoken_swiglu/pt-E16-H7168-I2048-P256-k8/M512/gaussian/s0", "nvfp4_decode/deepseek-v3/M6/asymmetric/s0",
+       "nvfp4_decode/deepseek-v3/M1/gaussian/s0/c-gu-cuda-core"]
+out = []
+with FakeTensorMode():
+    counter = torch.zeros(64, dtype=torch.int32, device="cuda")
+    for cid in ids:
+        runs = A._case_launches(Case.from_id(cid), counter)
+        out.append([cid, [dict(ln.constexprs).get("TAP") for ln in runs]])
+print(json.dumps(out))
+"""
+
+
+def test_case_runs_follow_the_invariances() -> None:
+    """The runs ``_case_launches`` records are the harness's: tapped + production (+ the M = 1 batch-invariance
+    run, tapped, except on the per-token paths); a launch configuration records its own path only."""
+    pt, nv, cfg = _json_tail(_run(["-c", _CASE_RUNS]))
+    # per-token: quant, decode, FC1, quant, decode, FC2, combine; TAP on FC1 / FC2 / combine only
+    one = [None, None, "T", None, None, "T", "T"]
+    assert pt[1] == [x if x is None else True for x in one] + [x if x is None else False for x in one]
+    assert nv[1] == [True] * 3 + [False] * 3 + [True] * 3  # tapped, production, M = 1 alone
+    assert cfg[1] == [True] * 3 + [False] * 3  # M = 1: no batch invariance; no default-path run
 
 
 def test_matrix_audit_reports_problems(matrix_report: dict, tmp_path: Path) -> None:

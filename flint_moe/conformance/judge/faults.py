@@ -452,6 +452,8 @@ def _reproduces_stage(f: Fault, case, inputs, taps, out) -> bool:
         return False
     try:
         gold = faulty_stage(f, case, inputs, taps)
+    except torch.OutOfMemoryError:  # a diagnosis cut short by the device must not read as "no match"
+        raise
     except Exception:  # noqa: BLE001  (taps unusable for this fault)
         return False
     kernel = kernel.detach().to(gold.device)
@@ -473,6 +475,8 @@ def _reproduces_weights(f: Fault, case, inputs, taps, out) -> bool:
     try:
         logical = faulty_weights(f, case, inputs)
         res = compare(case, _with_logical(inputs, logical), taps, out)
+    except torch.OutOfMemoryError:  # a diagnosis cut short by the device must not read as "no match"
+        raise
     except Exception:  # noqa: BLE001  (not applicable, or the faulty decode is not a valid checkpoint)
         return False
     return res.verdict != FAIL

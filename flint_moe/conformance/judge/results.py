@@ -17,6 +17,7 @@ __all__ = [
     "WITHIN_BOUND",
     "EXPLAINED",
     "FAIL",
+    "NOT_JUDGED",
     "VERDICT_ORDER",
     "STAGES",
     "ACCUMULATION_STAGES",
@@ -25,6 +26,7 @@ __all__ = [
     "EndToEndResult",
     "CaseResult",
     "worst_verdict",
+    "fail_counts",
 ]
 
 EXACT = "EXACT"
@@ -33,6 +35,9 @@ EXPLAINED = "EXPLAINED"
 FAIL = "FAIL"
 #: Verdicts from best to worst.
 VERDICT_ORDER = (EXACT, WITHIN_BOUND, EXPLAINED, FAIL)
+#: A case the runner could not judge: it ran out of device memory on every attempt (``runner.raised_result``). Not a
+#: pass and not a FAIL of the kernel: outside :data:`VERDICT_ORDER`, counted apart in the totals, exit status 1.
+NOT_JUDGED = "NOT-JUDGED"
 
 #: Stages in rule order (docs/ARCHITECTURE.md section 2).
 STAGES = ("router_acc", "logits", "ids", "weights", "gate_acc", "up_acc", "act", "down_acc", "y", "out")
@@ -201,6 +206,13 @@ def worst_verdict(verdicts) -> str:
             raise ValueError(f"unknown verdict {v!r}; expected one of {VERDICT_ORDER}")
         worst = max(worst, VERDICT_ORDER.index(v))
     return VERDICT_ORDER[worst]
+
+
+def fail_counts(results) -> tuple[int, int]:
+    """(FAIL cases, NOT-JUDGED cases) of ``results`` (``CaseResult`` objects or their JSON dicts): either makes a
+    run's exit status 1."""
+    verdicts = [r["verdict"] if isinstance(r, dict) else r.verdict for r in results]
+    return verdicts.count(FAIL), verdicts.count(NOT_JUDGED)
 
 
 def _json_safe(obj):

@@ -214,7 +214,7 @@ def _names(paths: list[str]) -> str:
 def _not_evidence(env: dict, totals: dict | None) -> list[str]:
     """Why a report of the current sources still is not the GPU evidence (fields a report lacks are not held
     against it): not run on a GPU, another profile, filtered, a checkpoint or black-box run, incomplete, or with
-    FAIL cases."""
+    FAIL or NOT-JUDGED cases."""
     why = []
     if "gpu" in env and not env["gpu"]:
         why.append("not run on a GPU")
@@ -234,6 +234,8 @@ def _not_evidence(env: dict, totals: dict | None) -> list[str]:
         why.append(f"shard {where} of a run (merge the shards)")
     if isinstance(totals, dict) and totals.get("FAIL"):
         why.append(f"{totals['FAIL']} FAIL")
+    if isinstance(totals, dict) and totals.get("NOT-JUDGED"):
+        why.append(f"{totals['NOT-JUDGED']} NOT-JUDGED")
     return why
 
 

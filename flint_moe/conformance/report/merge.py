@@ -197,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     stage = staging_dir(args.out, run_id)
     write_report(cases, env, stage, mutation=mutation, gpu_report=fresh.to_json(), html=args.html)
     out = publish(stage, args.out, run_id)
-    n_fail = sum(c.get("verdict") == "FAIL" for c in cases)
-    print(f"{len(cases)} cases from {len(reports)} shards, {n_fail} FAIL; report: {out}")
+    from flint_moe.conformance.judge.results import fail_counts
+
+    n_fail, n_nj = fail_counts(cases)
+    n_fail += n_nj  # a NOT-JUDGED case is no pass either
+    print(f"{len(cases)} cases from {len(reports)} shards, {n_fail - n_nj} FAIL{f', {n_nj} NOT-JUDGED' * bool(n_nj)}; "
+          f"report: {out}")
     print(fresh.line)
     if env.get("incomplete"):
         print(f"INCOMPLETE MERGE: {env['incomplete']}")

@@ -18,7 +18,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from flint_moe.conformance.judge.results import VERDICT_ORDER
+from flint_moe.conformance.judge.results import NOT_JUDGED, VERDICT_ORDER
 from flint_moe.conformance.report.summary import FULL_SUMMARY_FILE, SUMMARY_FILE, case_dicts, summary_markdown
 from flint_moe.conformance.report.summary_full import full_summary_markdown
 
@@ -39,7 +39,10 @@ def report_dict(results, env: dict, *, mutation=None, baseline=None, gpu_report=
     out = {
         "schema": SCHEMA,
         "env": dict(env),
-        "totals": {v: int(totals.get(v, 0)) for v in VERDICT_ORDER} | {"cases": len(cases)},
+        # NOT-JUDGED (out of device memory on every attempt) only when a case is
+        "totals": {v: int(totals.get(v, 0)) for v in VERDICT_ORDER}
+        | ({NOT_JUDGED: int(totals[NOT_JUDGED])} if totals.get(NOT_JUDGED) else {})
+        | {"cases": len(cases)},
         "cases": cases,
     }
     for key, val in (("mutation", mutation), ("baseline", baseline), ("gpu_report", gpu_report)):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from flint_moe.conformance.judge.results import ACCUMULATION_STAGES, FAIL, VERDICT_ORDER
+from flint_moe.conformance.judge.results import ACCUMULATION_STAGES, FAIL, NOT_JUDGED, VERDICT_ORDER
 from flint_moe.conformance.report.markdown import md
 
 __all__ = [
@@ -315,10 +315,16 @@ def _header(cases: list[dict], env: dict, gpu_report, title: str) -> list[str]:
     fl = freshness_line(gpu_report)
     if fl:
         lines += [fl, ""]
-    lines.append("Totals: " + ", ".join(f"{v} {totals.get(v, 0)}" for v in VERDICT_ORDER) + f" (of {len(cases)} cases)")
+    lines.append("Totals: " + ", ".join(f"{v} {totals.get(v, 0)}" for v in VERDICT_ORDER)
+                 + (f", {NOT_JUDGED} {totals[NOT_JUDGED]}" if totals.get(NOT_JUDGED) else "")
+                 + f" (of {len(cases)} cases)")  # fmt: skip
     n_bb = sum(_mode(c) == BLACK_BOX for c in cases)
     if n_bb:
         lines[-1] += f"; {n_bb} {BLACK_BOX} (end to end only, no taps)"
+    nj = [c["case_id"] for c in cases if c["verdict"] == NOT_JUDGED]
+    if nj:
+        shown = ", ".join(md(i, code=True) for i in nj[:8]) + (f" and {len(nj) - 8} more" if len(nj) > 8 else "")
+        lines += ["", f"**{len(nj)} {NOT_JUDGED}** (out of device memory on every attempt; not a pass): {shown}"]
     return lines
 
 

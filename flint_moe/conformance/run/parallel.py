@@ -14,8 +14,9 @@ Scheduling (:func:`plan_units`, :func:`pick_unit`):
   weight cache works as in a serial run.
 - **Longest first.** Units are handed out by decreasing estimated cost (:func:`estimate_seconds`), so the
   long ones (large-M grouped cases, DeepSeek-V3 layers) do not start last.
-- **Measured costs.** Where an earlier GPU report has the case (:func:`measured_costs`: by default the
-  committed ``reports/h200/report.json``, ``FLINT_PLAN_FROM=path`` another, ``FLINT_PLAN_FROM=none`` none), its
+- **Measured costs.** Where an earlier GPU report of the same profile and GPU, with the invariances and not
+  black-box, has the case without out-of-memory retries (:func:`measured_costs`: by default the committed
+  ``reports/h200/report.json``, ``FLINT_PLAN_FROM=path`` another, ``FLINT_PLAN_FROM=none`` none), its
   measured seconds replace :func:`estimate_seconds` and its peak reserved device memory (``meta.
   peak_reserved_bytes``, recorded by ``runner.run_case``) plus :data:`CONTEXT_BYTES`, times
   :data:`MEASURED_MARGIN`, replaces :func:`estimate_bytes`: the workers are packed by what they really held (the
@@ -25,14 +26,15 @@ Scheduling (:func:`plan_units`, :func:`pick_unit`):
   (:func:`estimate_bytes`: the logical and stored expert weights and a fixed allowance for the golden model,
   or the measured peak) stays within the budget (default 85 % of the free device memory at the start); a unit
   bigger than the budget runs alone. The BF16 Kimi-K2 and Llama-4-Maverick layers hold ~70 GB each: two at
-  once would not fit on a 141 GB H200. After each unit a worker drops its weight cache and returns cached
-  blocks to the driver.
+  once would not fit on a 141 GB H200. After each unit a worker drops every weight cache (:func:`clear_caches`)
+  and returns cached blocks to the driver.
 - **Several GPUs.** With CUDA the workers are spread round robin over every visible GPU; each worker process
   sees only its own (``CUDA_VISIBLE_DEVICES``), and the memory budget above holds per GPU.
 - **Mutation self-test.** ``mutation.run_mutations`` is one more unit, run beside the cases.
 
 A case that raises is a FAIL with the exception (``runner.raised_result``), as in the serial runner, except
-that a CUDA out-of-memory error is retried after a pause (:func:`_run_with_retries`); a worker that dies
+that a CUDA out-of-memory error is retried after a pause (:func:`_run_with_retries`; out of memory on every
+attempt: NOT-JUDGED, as the serial runner's out of memory); a worker that dies
 (e.g. a device fault) fails the rest of its unit with the exit code and is replaced.
 SIGTERM / SIGINT to the parent stops the workers; the cases finished so far are returned (INCOMPLETE report).
 """
@@ -49,6 +51,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "Unit",
+    "clear_caches",
     "default_jobs",
     "estimate_bytes",
     "estimate_seconds",
@@ -93,16 +96,26 @@ def _params(case) -> int:
     return case.E * 3 * case.Ip * case.H  # stored (padded) intermediate size
 
 
+#: Bytes per NVFP4 weight: the E2M1 code (half a byte) and one E4M3 block scale per 16 weights.
+NVFP4_BYTES = 0.5 + 1 / 16
+
+
 def estimate_bytes(case) -> int:
-    """Device memory (bytes) a case's weights occupy in a worker: NVFP4 0.5625 bytes per parameter (codes +
-    E4M3 block scales) twice (the checkpoint layout and FlintMoEWeights), plus the fp32 / bf16 expert stacks the
-    ``modelopt`` profile quantises (and the module path's own repacked copy); BF16 2 bytes per parameter
-    twice (the logical stack and the TRT-LLM layout); plus :data:`GOLDEN_ALLOWANCE`."""
+    """Device memory (bytes) a case's weights occupy in a worker: NVFP4 (the ``nvfp4_*`` paths and the decode
+    block's, ``ll_block`` / ``ll_module``) :data:`NVFP4_BYTES` per parameter twice (the checkpoint layout and
+    FlintMoEWeights), plus the fp32 / bf16 expert stacks the ``modelopt`` profile quantises (and the module
+    path's own repacked copy; the decode block's shared expert, [2 SI, H] and [H, SI] in NVFP4 plus a copy of
+    its scales swizzled); BF16 2 bytes per parameter twice (the logical stack and the TRT-LLM layout); plus
+    :data:`GOLDEN_ALLOWANCE`."""
+    from flint_moe.conformance.inputs.block import BLOCK_PATHS, block_shape
+
     p = _params(case)
-    if case.path.startswith("nvfp4_"):
-        b = int(2 * 0.5625 * p) + (6 * p if case.profile == "modelopt" else 0)
+    if case.path.startswith("nvfp4_") or case.path in BLOCK_PATHS:
+        b = int(2 * NVFP4_BYTES * p) + (6 * p if case.profile == "modelopt" else 0)
         if case.path == "nvfp4_module":  # the module repacks its own FlintMoEWeights
-            b += int(0.5625 * p)
+            b += int(NVFP4_BYTES * p)
+        if case.path in BLOCK_PATHS:
+            b += int((NVFP4_BYTES + 1 / 16) * 3 * block_shape(case.shape)[0].shared_intermediate * case.H)
     else:
         b = 4 * p
     return b + GOLDEN_ALLOWANCE
@@ -116,9 +129,15 @@ def estimate_seconds(case) -> float:
     return 0.5 + 3e-9 * experts * 3 * case.H * case.I
 
 
-def measured_costs(report_path: str | os.PathLike | None) -> dict[str, tuple[float, int | None]]:
+def measured_costs(
+    report_path: str | os.PathLike | None, *, profile: str | None = None, gpu: str | None = None
+) -> dict[str, tuple[float, int | None]]:
     """Case id -> (``meta.seconds``, ``meta.peak_reserved_bytes`` or None) of the cases of a conformance report
-    JSON made on a GPU (``env.gpu`` set); {} when ``report_path`` is None, missing, unreadable, or not a GPU run."""
+    JSON that measured what this run will run: made on a GPU (``env.gpu`` set; equal to ``gpu`` when given), of
+    ``profile`` (when given), with the invariances on (``env.invariance``) and not black-box (``env.black_box``);
+    cases retried after running out of device memory (``meta.oom_retries`` / ``meta.oom_attempts``: their time
+    includes the waits, their peak another worker's squeeze) are left out. {} when ``report_path`` is None,
+    missing, unreadable, or the report is of another kind."""
     import json
 
     if report_path is None:
@@ -128,11 +147,18 @@ def measured_costs(report_path: str | os.PathLike | None) -> dict[str, tuple[flo
             rep = json.load(f)
     except (OSError, ValueError):
         return {}
-    if not isinstance(rep, dict) or not (rep.get("env") or {}).get("gpu"):
+    env = rep.get("env") if isinstance(rep, dict) else None
+    if not isinstance(env, dict) or not env.get("gpu") or (gpu is not None and env.get("gpu") != gpu):
+        return {}
+    if (profile is not None and env.get("profile") != profile) or env.get("invariance") is not True:
+        return {}
+    if env.get("black_box"):
         return {}
     out: dict[str, tuple[float, int | None]] = {}
     for c in rep.get("cases") or []:
         meta = c.get("meta") or {}
+        if meta.get("oom_retries") or meta.get("oom_attempts"):
+            continue
         sec, peak = meta.get("seconds"), meta.get("peak_reserved_bytes")
         if isinstance(c.get("case_id"), str) and isinstance(sec, (int, float)):
             out[c["case_id"]] = (float(sec), int(peak) if isinstance(peak, int) else None)
@@ -255,7 +281,6 @@ def _worker(wid: int, tasks, results, invariance: bool, device: str, black_box: 
 
     import torch
 
-    from flint_moe.conformance.inputs import profiles
     from flint_moe.conformance.run.runner import raised_result, run_case
     from flint_moe.ops import make_route_counter
 
@@ -280,11 +305,23 @@ def _worker(wid: int, tasks, results, invariance: bool, device: str, black_box: 
             for pos, case in unit.cases:
                 r = _run_with_retries(case, dev, counter, invariance, run_case, raised_result, black_box)
                 results.put(("case", wid, unit.uid, pos, r.to_json()))
-        profiles._cache.clear()
+        clear_caches()
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         results.put(("done", wid, unit.uid, round(time.perf_counter() - t0, 3)))
+
+
+def clear_caches() -> None:
+    """Drop every case-data cache a worker keeps between cases (each holds the weights of the last shape): the
+    inputs' (``inputs.profiles``, ``inputs.block``, ``inputs.pertoken``) and the module paths' loaded modules
+    (``run.paths``: ``_MODULE``, ``_BF16_MODULE``, ``_LL_MODULE``). Called at the end of each unit."""
+    from flint_moe.conformance.inputs import block, pertoken, profiles
+    from flint_moe.conformance.run import paths
+
+    for cache in (profiles._cache, block._cache, pertoken._cache, paths._MODULE, paths._BF16_MODULE,
+                  paths._LL_MODULE):  # fmt: skip
+        cache.clear()
 
 
 #: Attempts of a case that runs out of device memory in a worker (other workers' peaks come and go).
@@ -294,8 +331,9 @@ OOM_ATTEMPTS = 4
 def _run_with_retries(case, dev, counter, invariance, run_case, raised_result, black_box=False):
     """``run_case``; a CUDA out-of-memory error (the device is shared by the workers, and the memory estimates
     are estimates) frees this worker's cached blocks, waits and runs the case again from scratch, at most
-    :data:`OOM_ATTEMPTS` times; the attempts are recorded in ``meta.oom_retries``. Any other exception, or
-    the last out-of-memory error, is a FAIL of the case (``raised_result``)."""
+    :data:`OOM_ATTEMPTS` times; the attempts are recorded in ``meta.oom_retries``. Any other exception is a FAIL
+    of the case (``raised_result``); out of memory on the last attempt leaves the case NOT-JUDGED (neither a pass
+    nor a FAIL of the kernel; the run's exit status is 1)."""
     import gc
 
     import torch
@@ -306,7 +344,7 @@ def _run_with_retries(case, dev, counter, invariance, run_case, raised_result, b
         except torch.OutOfMemoryError as e:
             if attempt + 1 == OOM_ATTEMPTS:
                 traceback.print_exc()
-                return raised_result(case, e)
+                return raised_result(case, e, OOM_ATTEMPTS)  # NOT-JUDGED: the device's memory, not the kernel
             gc.collect()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -324,6 +362,13 @@ def _run_with_retries(case, dev, counter, invariance, run_case, raised_result, b
 # ------------------------------------------------------------------------------------------------------
 # parent
 # ------------------------------------------------------------------------------------------------------
+
+
+def _gpu_name() -> str:
+    """The name of the first visible GPU, as a report's ``env.gpu`` records it."""
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 def _budget(device: str, fraction: float = 0.85, index: int = 0) -> int:
@@ -347,6 +392,7 @@ def run_parallel(
     black_box: bool = False,
     max_cases: int = 8,
     max_seconds: float = 15.0,
+    profile: str | None = None,
 ) -> tuple[list[dict], dict | None, dict]:
     """Run ``cases`` in ``jobs`` worker processes on ``device`` ("cuda" or "cpu").
 
@@ -356,7 +402,9 @@ def run_parallel(
 
     Returns (case result dicts of the finished cases in ``cases`` order, the mutation report or None, run
     info: jobs, GPUs, per-GPU budget bytes, units, per-worker busy seconds). ``stopped`` receives the signal
-    name when SIGTERM / SIGINT stops the run (the parent's handlers raise ``__main__.RunStopped``)."""
+    name when SIGTERM / SIGINT stops the run (the parent's handlers raise ``__main__.RunStopped``). ``profile``:
+    the run's case matrix profile ("gpu" / "cpu"), which a report must share for its measured costs to plan the
+    units (:func:`measured_costs`; None: no measured costs)."""
     import multiprocessing as mp
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -369,7 +417,9 @@ def run_parallel(
     gpus = visible_gpus() if device.startswith("cuda") else []
     budgets = [_budget(device, index=i) for i in range(len(gpus))] or [_budget(device)]
     plan_from = os.environ.get("FLINT_PLAN_FROM", DEFAULT_PLAN_FROM) if gpus else None
-    measured = measured_costs(None if plan_from in (None, "", "none") else plan_from)
+    if plan_from in (None, "", "none") or profile is None:
+        plan_from = None  # without the run's profile no report can be matched to it
+    measured = measured_costs(plan_from, profile=profile, gpu=_gpu_name() if gpus else None)
     pending = plan_units(cases, max_cases=max_cases, max_seconds=max_seconds, mutation=mutation, measured=measured)
     n_units = len(pending)
     results_q = ctx.Queue()

@@ -49,7 +49,8 @@ def run_cases(
     With ``invariance``, each case's invariances (``invariance.check_invariances``) are attached; a required
     one that FAILs makes the case FAIL. FAIL cases get ``faults.diagnose`` names.
     An exception in a case (bad inputs, a kernel error) is printed with its traceback and recorded as a FAIL
-    with one stage ``run`` whose note names the exception (:func:`raised_result`); the run goes on."""
+    with one stage ``run`` whose note names the exception (:func:`raised_result`; out of device memory: NOT-JUDGED);
+    the run goes on."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flint_moe.ops import make_route_counter
@@ -78,17 +79,23 @@ def run_cases(
     return results
 
 
-def raised_result(case, exc: BaseException):
+def raised_result(case, exc: BaseException, attempts: int = 1):
     """The CaseResult of a case whose run raised ``exc``: verdict FAIL, one stage ``run`` (FAIL) whose note is
-    ``raised <Type>: <message>``, the case parameters in ``meta``."""
-    from flint_moe.conformance.judge.results import FAIL, CaseResult, StageResult
+    ``raised <Type>: <message>``, the case parameters in ``meta``. A ``torch.OutOfMemoryError`` (on the last of
+    ``attempts``) says nothing about the kernel: verdict and stage NOT-JUDGED (``results.NOT_JUDGED``), note
+    ``not judged: out of device memory on <attempts> attempt(s): <message>``, ``meta.oom_attempts``."""
+    from flint_moe.conformance.judge.results import FAIL, NOT_JUDGED, CaseResult, StageResult
 
     meta = {k: getattr(case, k) for k in ("shape", "M", "k", "E", "H", "I", "profile", "seed") if hasattr(case, k)}
     meta = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in meta.items()}
-    note = f"raised {type(exc).__name__}: {exc}"
+    verdict, note = FAIL, f"raised {type(exc).__name__}: {exc}"
+    if isinstance(exc, torch.OutOfMemoryError):
+        verdict = NOT_JUDGED
+        note = f"not judged: out of device memory on {attempts} attempt{'s' if attempts > 1 else ''}: {exc}"
+        meta["oom_attempts"] = attempts
     return CaseResult(
-        case_id=str(case.id), path=str(case.path), verdict=FAIL, stages=[StageResult("run", "bits", FAIL, note=note)],
-        meta=meta,
+        case_id=str(case.id), path=str(case.path), verdict=verdict,
+        stages=[StageResult("run", "bits", verdict, note=note)], meta=meta,
     )  # fmt: skip
 
 

@@ -47,6 +47,17 @@ def test_pick_unit_respects_the_memory_budget():
     assert pick_unit(pending, [10], 50) is mid and pending == []
 
 
+def test_estimate_bytes_of_the_decode_block():
+    """ll_block / ll_module hold NVFP4 weights (codes + one E4M3 scale per 16), not BF16: the routed experts
+    twice and the shared expert [2 SI, H] + [H, SI] with a swizzled copy of its scales."""
+    p = 256 * 3 * 512 * 2048  # Ling-mini-2.0: E 256, I 512, H 2048
+    shared = 3 * 512 * 2048  # SI 512
+    for path in ("ll_block", "ll_module"):
+        case = Case.make(path, "ling-mini-2.0", 1, "gaussian")
+        assert estimate_bytes(case) == int(2 * 0.5625 * p) + int(0.625 * shared) + GOLDEN_ALLOWANCE
+        assert estimate_bytes(case) == 905_969_664 + 1_966_080 + GOLDEN_ALLOWANCE
+
+
 def test_estimate_bytes_by_path():
     bf16 = Case.make("bf16_decode", "deepseek-v3", 1, "gaussian")
     nv = Case.make("nvfp4_decode", "deepseek-v3", 1, "gaussian")
@@ -129,7 +140,7 @@ def test_measured_costs_replace_the_estimates(tmp_path):
 
     a, b, c = (Case.make("nvfp4_grouped", "deepseek-v3", m, "gaussian") for m in (1, 2, 3))
     gib = 1 << 30
-    rep = {"env": {"gpu": "NVIDIA H200"}, "cases": [
+    rep = {"env": {"gpu": "NVIDIA H200", "profile": "gpu", "invariance": True, "black_box": False}, "cases": [
         {"case_id": a.id, "meta": {"seconds": 30.0, "peak_reserved_bytes": 10 * gib}},
         {"case_id": b.id, "meta": {"seconds": 4.0}},  # an older report: seconds only
         {"case_id": "junk", "meta": {"seconds": "slow"}},
@@ -147,8 +158,54 @@ def test_measured_costs_replace_the_estimates(tmp_path):
     assert by_first[a.id].nbytes == int(parallel.MEASURED_MARGIN * (10 * gib + parallel.CONTEXT_BYTES))
     assert by_first[b.id].nbytes == max(estimate_bytes(b), estimate_bytes(c))  # no peak measured for them
     assert units[0] is by_first[a.id]  # longest first, by the measured seconds
-    path.write_text(json.dumps({**rep, "env": {"gpu": None}}))
+    path.write_text(json.dumps({**rep, "env": {**rep["env"], "gpu": None}}))
     assert parallel.measured_costs(path) == {}
     path.write_text("{not json")
     assert parallel.measured_costs(path) == {} == parallel.measured_costs(tmp_path / "missing.json")
     assert parallel.measured_costs(None) == {}
+
+
+def _report(tmp_path, env: dict, cases: list) -> str:
+    import json
+
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"env": env, "cases": cases}))
+    return str(path)
+
+
+def test_measured_costs_only_from_a_report_of_this_kind(tmp_path):
+    """Only a report of the same profile and GPU, with the invariances and not black-box, plans a run; cases retried
+    after running out of device memory are left out."""
+    env = {"gpu": "NVIDIA H200", "profile": "gpu", "invariance": True, "black_box": False}
+    cases = [
+        {"case_id": "a", "meta": {"seconds": 3.0, "peak_reserved_bytes": 7}},
+        {"case_id": "b", "meta": {"seconds": 40.0, "peak_reserved_bytes": 9, "oom_retries": 2}},
+        {"case_id": "c", "verdict": "NOT-JUDGED", "meta": {"oom_attempts": 4}},
+        {"case_id": "d", "meta": {"seconds": 1.5}},
+    ]
+    path = _report(tmp_path, env, cases)
+    assert parallel.measured_costs(path, profile="gpu", gpu="NVIDIA H200") == {"a": (3.0, 7), "d": (1.5, None)}
+    assert parallel.measured_costs(path, profile="cpu", gpu="NVIDIA H200") == {}
+    assert parallel.measured_costs(path, profile="gpu", gpu="NVIDIA H100 80GB HBM3") == {}
+    for change in ({"invariance": False}, {"invariance": None}, {"black_box": True}, {"profile": "cpu"}):
+        path = _report(tmp_path, {**env, **change}, cases)
+        assert parallel.measured_costs(path, profile="gpu", gpu="NVIDIA H200") == {}, change
+
+
+def test_worker_clears_every_cache_after_a_unit(monkeypatch):
+    """At the end of each unit a worker empties the inputs' caches and the module paths' loaded modules."""
+    import queue
+
+    from flint_moe.conformance.inputs import block, pertoken, profiles
+    from flint_moe.conformance.run import paths
+
+    caches = (profiles._cache, block._cache, pertoken._cache, paths._MODULE, paths._BF16_MODULE, paths._LL_MODULE)
+    for c in caches:
+        c["probe"] = object()
+    tasks, results = queue.Queue(), queue.Queue()
+    tasks.put(Unit(0, "cases"))
+    tasks.put(None)
+    monkeypatch.setattr(parallel.signal, "signal", lambda *a: None)  # the worker's SIGINT handler: not in pytest
+    parallel._worker(0, tasks, results, False, "cpu")
+    assert results.get_nowait()[:3] == ("done", 0, 0)
+    assert [len(c) for c in caches] == [0] * 6
