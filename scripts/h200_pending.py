@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from flint_moe.conformance.judge.results import fail_counts
     from flint_moe.conformance.report.report import write_report
     from flint_moe.conformance.report.summary import mutation_line
-    from flint_moe.conformance.run.outdir import OutDirError, RunKind, evidence_guard, new_run_id, publish, staging_dir
+    from flint_moe.conformance.run.outdir import OutDirError, RunKind, new_run_id, prepare_staging, publish
     from flint_moe.conformance.run.parallel import default_jobs, run_parallel
     from flint_moe.conformance.run.runner import RunStopped, run_cases, stop_handler
 
@@ -62,15 +62,11 @@ def main(argv: list[str] | None = None) -> int:
                invariance=not args.no_invariance, black_box=False)  # fmt: skip
     jobs = args.jobs if args.jobs is not None else default_jobs(device.type)
     run_id = new_run_id(datetime.now(UTC), "pending")
-    staging = staging_dir(args.out, run_id)
+    kind = RunKind(device.type == "cuda", env["profile"], ("pending paths",))
     try:  # as the CLI: never into the committed evidence; the report is staged and published once complete
-        evidence_guard(args.out, RunKind(device.type == "cuda", env["profile"], ("pending paths",)))
-        staging.mkdir(parents=True)
+        staging = prepare_staging(args.out, run_id, kind, overwrite=True)
     except OutDirError as e:
         print(e, file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"--out {args.out}: cannot create {staging}: {e}", file=sys.stderr)
         return 2
     stopped: list[str] = []
     old_term = signal.signal(signal.SIGTERM, stop_handler())

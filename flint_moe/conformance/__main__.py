@@ -467,14 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(cases)} (shard {shard.index}/{shard.count} of {shard_env['selection_size']} selected) "
             f"of {len(matrix(profile))}"
         )
-    from flint_moe.conformance.run.outdir import (
-        OutDirError,
-        check_out,
-        evidence_guard,
-        new_run_id,
-        publish,
-        staging_dir,
-    )
+    from flint_moe.conformance.run.outdir import OutDirError, new_run_id, prepare_staging, publish
 
     run_id = new_run_id(now, profile)
     out_dir = Path(args.out) if args.out else Path("reports") / run_id
@@ -483,16 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     kind = run_kind(args, profile, invariance, want_mutation)
     if shard is not None:
         want_mutation = shard.mutation  # one shard runs the self-test
-    staging = staging_dir(out_dir, run_id)
     try:
-        evidence_guard(out_dir, kind)
-        check_out(out_dir, args.overwrite)
-        staging.mkdir(parents=True)
+        staging = prepare_staging(out_dir, run_id, kind, args.overwrite)
     except OutDirError as e:
         print(e, file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"--out {out_dir}: cannot create {staging}: {e}", file=sys.stderr)
         return 2
     console.print(f"backend: {env['backend']}; {len(cases)} cases ({profile}); report -> {out_dir}", markup=False)
     env["invariance"] = invariance

@@ -33,6 +33,7 @@ __all__ = [
     "evidence_dir",
     "evidence_guard",
     "new_run_id",
+    "prepare_staging",
     "publish",
     "staging_dir",
 ]
@@ -141,6 +142,24 @@ def staging_dir(out_dir, run_id: str) -> Path:
     symlinked ``--out`` is published where it points). Not created here."""
     out = Path(out_dir).resolve()
     return out.parent / f".{out.name}.partial-{run_id}"
+
+
+def prepare_staging(out_dir, run_id: str, run_kind: RunKind, overwrite: bool) -> Path:
+    """Check ``out_dir`` before a run (:func:`evidence_guard`, :func:`check_out`) and create the run's staging
+    directory (:func:`staging_dir`); returns it.
+
+    Raises:
+        OutDirError: a check refuses ``out_dir``, or the staging directory cannot be created (the message names
+        it and the OS error).
+    """
+    staging = staging_dir(out_dir, run_id)
+    evidence_guard(out_dir, run_kind)
+    check_out(out_dir, overwrite)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as e:
+        raise OutDirError(f"--out {out_dir}: cannot create {staging}: {e}") from e
+    return staging
 
 
 def publish(staging, out_dir, run_id: str) -> Path:
