@@ -2,7 +2,8 @@
 
 ``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``;
 ``... --ab [--model deepseek-v3 --M 4096] --out DIR``: only the default launch configuration against the
-expert-wide row blocks (op config ``TAIL`` 32, without and with ``SCALE_WORD``) and the bf16 layer, alternated
+schedule with both launch options off and the expert-wide row blocks (op config ``TAIL`` 32, without and with
+``SCALE_WORD``; ``AB_VARIANTS``) and the bf16 layer, alternated
 over two rounds, and each variant's two GEMM kernels alone, bits compared, the row blocks and programs of each
 schedule (``ab``), at ``AB_CASES`` (DeepSeek-V3 M = 4096 and 16384, Qwen3-235B-A22B and gpt-oss-120b M = 4096)
 unless --model / --M name one.
@@ -230,11 +231,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-#: ``--ab`` variants: the default launch configuration against the expert-wide row blocks (op config ``TAIL``:
-#: BM + 32 pairs per program, the 32-pair tail accumulator's MMAs only where an expert has more than BM pairs).
-#: ``rows+sw`` adds the scales as one word per row per 64 K (``SCALE_WORD``) in both GEMMs.
-_SW = {"SCALE_WORD": True}
-AB_VARIANTS = {"default": None, "rows": {"TAIL": 32}, "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW}}
+#: ``--ab`` variants: the default launch configuration (from row blocks of 128 pairs on: ``rows+sw``,
+#: ``grouped_gate_up.large_block_options``) against the row-block schedule with both options off (``classic``),
+#: the expert-wide row blocks alone (op config ``TAIL``: BM + 32 pairs per program, the 32-pair tail
+#: accumulator's MMAs only where an expert has more than BM pairs) and with the scales as one word per row per
+#: 64 K (``SCALE_WORD``) in both GEMMs.
+_SW, _NO_SW = {"SCALE_WORD": True}, {"SCALE_WORD": False}
+AB_VARIANTS = {"default": None, "classic": {"TAIL": 0, "gate_up": _NO_SW, "down": _NO_SW},
+               "rows": {"TAIL": 32, "gate_up": _NO_SW, "down": _NO_SW},
+               "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW}}  # fmt: skip
 #: ``--ab`` (model, M) cases when no ``--model`` / ``--M`` is given.
 AB_CASES = (("deepseek-v3", 4096), ("deepseek-v3", 16384), ("qwen3-235b-a22b", 4096), ("gpt-oss-120b", 4096))
 
@@ -275,7 +280,11 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
     x, router, shared = layer.inputs(M, seed=5)
     fl = flops(M, layer.H, layer.I, layer.k)
     ids, tw = route(x, router, layer.k, counter)
-    bm = grouped_config(M * layer.k, layer.E)["BM"]
+    auto = grouped_config(M * layer.k, layer.E)
+    bm = auto["BM"]
+    # the default variant's launch options as the op resolves them (its kernels timed alone below)
+    resolved = {"TAIL": auto["TAIL"], "gate_up": {"SCALE_WORD": auto["SCALE_WORD"]},
+                "down": {"SCALE_WORD": auto["SCALE_WORD"]}}  # fmt: skip
     counts = torch.bincount(ids.reshape(-1).long(), minlength=layer.E)
     res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "model": model, "M": M,
            "flops": fl, "BM": bm, "rounds": [], "schedule": {}, "bits_equal_default": {},
@@ -283,7 +292,7 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
     tiles = -(-layer.I // GROUPED_GATE_UP_CONFIG["BC"]) + -(-layer.H // 128)  # gate/up + down weight tiles
     perms = {}
     for name, cfg in AB_VARIANTS.items():
-        perms[name] = moe_permute(ids, layer.E, bm, min(int((cfg or {}).get("TAIL", 0)), bm))
+        perms[name] = moe_permute(ids, layer.E, bm, min(int((cfg or resolved)["TAIL"]), bm))
         res["schedule"][name] = schedule_counts(perms[name], M * layer.k, tiles)
     ref_taps: dict = {}
     ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, taps=ref_taps)
@@ -302,7 +311,7 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
     fns = {name: _grouped(layer, x, router, shared, counter, cfg) for name, cfg in AB_VARIANTS.items()}
     fns["bf16"] = _bf16(layer, x, router, shared, counter)
     for name, cfg in AB_VARIANTS.items():
-        cfg, perm = cfg or {}, perms[name]
+        cfg, perm = cfg or resolved, perms[name]
         act = launch_grouped_gate_up(x, ids, perm, layer.w, config=cfg.get("gate_up"))
         fns[f"{name} gate/up kernel"] = lambda i, c=cfg, p=perm: launch_grouped_gate_up(
             x, ids, p, layer.w, config=c.get("gate_up"))  # fmt: skip

@@ -1,6 +1,6 @@
 """``python -m flint_moe.conformance``: run the conformance matrix and write the report.
 
-    python -m flint_moe.conformance [--profile auto|cpu|gpu] [--filter S] [--out DIR [--overwrite]] [--list]
+    python -m flint_moe.conformance [--profile auto|cpu|gpu|gpu-full] [--filter S] [--out DIR [--overwrite]] [--list]
                                     [--shape NAME|E,H,I,k[,SI]] [--route SPEC]
                                     [--invariance | --no-invariance] [--mutation | --no-mutation]
                                     [--baseline OTHER] [--no-html] [--gpu-report REPORT] [--black-box]
@@ -38,6 +38,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from flint_moe.conformance.inputs.cases import GPU_PROFILES, PROFILES  # noqa: E402
 from flint_moe.conformance.run.runner import (  # noqa: E402  (re-exported: the CLI's case runner)
     RunStopped,
     raised_result,
@@ -96,8 +97,8 @@ def run_kind(args, profile: str, invariance: bool, mutation: bool):
     for flag, on in (("--shape", getattr(args, "shape", None)), ("--route", getattr(args, "route", None)),
                      ("--rerun-failed", args.rerun_failed), ("--black-box", args.black_box),
                      ("--checkpoint", args.checkpoint is not None), ("--no-html", not args.html),
-                     ("--no-invariance", profile == "gpu" and not invariance),
-                     ("--no-mutation", profile == "gpu" and not mutation)):  # fmt: skip
+                     ("--no-invariance", profile in GPU_PROFILES and not invariance),
+                     ("--no-mutation", profile in GPU_PROFILES and not mutation)):  # fmt: skip
         if on:
             partial.append(flag)
     return RunKind(gpu=_compiled_cuda(), profile=profile, partial=tuple(partial))
@@ -251,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flint_moe.conformance", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--profile",
-        choices=("auto", "cpu", "gpu"),
+        choices=("auto", *PROFILES),
         default="auto",
-        help="case matrix: gpu (real layers) or cpu (small shapes); auto = gpu if CUDA is present",
+        help="case matrix: gpu (real layers, the pull-request gate), gpu-full (gpu plus its slowest cases) or cpu "
+        "(small shapes); auto = gpu if CUDA is present",
     )
     ap.add_argument(
         "--filter",
@@ -413,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
             return 1
         selected = [c.id for c in cases]
-        wants = (profile == "gpu") if args.mutation is None else args.mutation
+        wants = (profile in GPU_PROFILES) if args.mutation is None else args.mutation
         shard = plan_shards(cases, n, mutation=wants)[k - 1]
         cases, shard_env = shard.cases, shard_record(shard, selected)
     console = Console(markup=False, emoji=False)  # paths, filters, report contents: printed as they are
@@ -471,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run_id = new_run_id(now, profile)
     out_dir = Path(args.out) if args.out else Path("reports") / run_id
-    invariance = (profile == "gpu") if args.invariance is None else bool(args.invariance)
-    want_mutation = (profile == "gpu") if args.mutation is None else args.mutation
+    invariance = (profile in GPU_PROFILES) if args.invariance is None else bool(args.invariance)
+    want_mutation = (profile in GPU_PROFILES) if args.mutation is None else args.mutation
     kind = run_kind(args, profile, invariance, want_mutation)
     if shard is not None:
         want_mutation = shard.mutation  # one shard runs the self-test

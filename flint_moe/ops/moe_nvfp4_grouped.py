@@ -50,10 +50,13 @@ def flint_moe_grouped(
             ``y`` bf16 [M, k, H], ``out`` bf16 [M, H] (docs/ARCHITECTURE.md, section 2); outputs are bitwise those of
             the production build.
         config: optional ``{"gate_up": {...}, "down": {...}, "BM": int, "TAIL": int}`` launch overrides
-            (benchmarks, conformance). ``TAIL`` (default 0, off): expert-wide row blocks, each program one
-            expert's next ``BM + TAIL`` pairs in a BM-pair and a TAIL-pair accumulator, the TAIL one's MMAs run
-            only where the block has more than BM pairs (``moe_permute(..., tail=min(TAIL, BM))``; a power of
-            two >= 16); the same bits as the default (docs/kernels/nvfp4-grouped.md, "Expert-wide row blocks").
+            (benchmarks, conformance). ``TAIL``: expert-wide row blocks, each program one expert's next
+            ``BM + TAIL`` pairs in a BM-pair and a TAIL-pair accumulator, the TAIL one's MMAs run only where the
+            block has more than BM pairs (``moe_permute(..., tail=min(TAIL, BM))``; 0 = off, else a power of
+            two >= 16); ``SCALE_WORD`` in ``gate_up`` / ``down``: the scales as int32 words. Defaults from
+            ``grouped_config(M * top_k, E)`` (``large_block_options``: both on from row blocks of 128 pairs,
+            where the H200 measured them faster), whatever ``BM`` is given; every value gives the same bits
+            (docs/kernels/nvfp4-grouped.md, "Expert-wide row blocks").
         out: None, or a preallocated bf16 [M, H] contiguous tensor that receives the result and is returned;
             the aliasing rules of ``flint_moe.ops.flint_moe`` apply (no memory shared with any input).
     Returns:
@@ -79,11 +82,21 @@ def flint_moe_grouped(
     if M == 0:
         return out if out is not None else torch.empty((0, weights.hidden_size), dtype=torch.bfloat16, device=dev)
     ids, tw = route(x, router_weight, top_k, counter, taps=taps)
-    bm = int(cfg.get("BM", grouped_config(M * top_k, E)["BM"]))
-    perm = moe_permute(ids, E, bm, min(int(cfg.get("TAIL", 0)), bm))
+    auto = grouped_config(M * top_k, E)
+    bm = int(cfg.get("BM", auto["BM"]))
+    perm = moe_permute(ids, E, bm, min(int(cfg.get("TAIL", auto["TAIL"])), bm))
+    gate_up_cfg = _with_scale_word(cfg.get("gate_up"), auto["SCALE_WORD"])
+    down_cfg = _with_scale_word(cfg.get("down"), auto["SCALE_WORD"])
     # validated once, here: the launchers take the checked inputs, route's outputs and the permutation as they are
-    act = launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=cfg.get("gate_up"))
+    act = launch_grouped_gate_up(x, ids, perm, weights, taps=taps, config=gate_up_cfg)
     if shared_ready is not None:
         shared_ready.wait(torch.cuda.current_stream(dev))
-    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=cfg.get("down"),
-                              out=out)  # fmt: skip
+    return launch_grouped_down(act, ids, tw, perm, weights, shared_output, taps=taps, config=down_cfg, out=out)
+
+
+def _with_scale_word(config: dict | None, default: bool) -> dict | None:
+    """One GEMM's launch overrides with ``SCALE_WORD`` set to ``default`` unless given, or unless a given ``BK``
+    is not a multiple of 64 (scale words need whole 64-K words; the launcher raises for an explicit request)."""
+    if not default or (config and ("SCALE_WORD" in config or (config.get("BK") or 64) % 64)):
+        return config
+    return {**(config or {}), "SCALE_WORD": True}

@@ -190,11 +190,59 @@ def test_op_tail_config_same_bits():
 
 
 def test_grouped_config():
-    assert grouped_config(8 * 16384, 256) == {"BM": 256, "num_warps": 8}
-    assert grouped_config(8 * 4096, 256) == {"BM": 128, "num_warps": 8}
-    assert grouped_config(8 * 1024, 256) == {"BM": 32, "num_warps": 4}
-    assert grouped_config(8 * 2048, 256) == {"BM": 64, "num_warps": 8}
-    assert grouped_config(8 * 16, 256) == {"BM": 16, "num_warps": 4}
+    big, small = {"TAIL": 32, "SCALE_WORD": True}, {"TAIL": 0, "SCALE_WORD": False}
+    assert grouped_config(8 * 16384, 256) == {"BM": 256, "num_warps": 8, **big}
+    assert grouped_config(8 * 4096, 256) == {"BM": 128, "num_warps": 8, **big}
+    assert grouped_config(8 * 1024, 256) == {"BM": 32, "num_warps": 4, **small}
+    assert grouped_config(8 * 2048, 256) == {"BM": 64, "num_warps": 8, **small}
+    assert grouped_config(8 * 16, 256) == {"BM": 16, "num_warps": 4, **small}
+
+
+def test_op_large_block_defaults_same_bits(monkeypatch):
+    """From row blocks of 128 pairs the op launches expert-wide row blocks (tail 32) with the scales as words
+    in both GEMMs by default (M = 240, E = 4, k = 2: 120 pairs per expert on average, so BM 128; expert 0,
+    preferred by the router, has more than 128 pairs and runs its tail); the same bits and taps as both
+    options off, and as the golden model. An explicit option, a given BK that is not a multiple of 64, or BM wins over the default."""
+    import flint_moe.ops.moe_nvfp4_grouped as op
+
+    E, H, I, k, M = 4, 96, 64, 2, 240  # noqa: E741
+    w = make_weights(E, H, I, seed=29)
+    g = torch.Generator().manual_seed(29)
+    x = (torch.randn(M, H, generator=g) + 0.5).to(torch.bfloat16)
+    router = torch.randn(E, H, generator=g) * 0.1
+    router[0] += 0.02  # expert 0 preferred: most tokens pick it, more than 128 pairs
+    router = router.to(torch.bfloat16)
+    shared = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    seen = []
+    gate_up, down = op.launch_grouped_gate_up, op.launch_grouped_down
+
+    def spy_gate_up(x, ids, perm, weights, *, taps=None, config=None):
+        seen.append((perm.block_m, perm.tail, config))
+        return gate_up(x, ids, perm, weights, taps=taps, config=config)
+
+    def spy_down(*args, config=None, **kw):
+        seen.append(("down", config))
+        return down(*args, config=config, **kw)
+
+    monkeypatch.setattr(op, "launch_grouped_gate_up", spy_gate_up)
+    monkeypatch.setattr(op, "launch_grouped_down", spy_down)
+    t0: dict = {}
+    t1: dict = {}
+    off = {"TAIL": 0, "gate_up": {"SCALE_WORD": False}, "down": {"SCALE_WORD": False}}
+    o0 = flint_moe_grouped(x, router, w, k, make_route_counter("cpu"), shared, taps=t0, config=off)
+    o1 = flint_moe_grouped(x, router, w, k, make_route_counter("cpu"), shared, taps=t1)
+    sw = {"SCALE_WORD": True}
+    assert seen == [(128, 0, {"SCALE_WORD": False}), ("down", {"SCALE_WORD": False}), (128, 32, sw), ("down", sw)]
+    counts = torch.bincount(t1["ids"].reshape(-1).long(), minlength=E)
+    assert int((counts > 128).sum()) >= 1, counts
+    assert same(o1, o0)
+    for name in _STAGES:
+        assert same(t1[name], t0[name]), name
+    ids, tw = t1["ids"], t1["weights"]
+    check_grouped_taps(w, x, ids, tw, shared, t1, o1, acc_pairs=_all_pairs(M, k)[::7])
+    seen.clear()
+    flint_moe_grouped(x, router, w, k, make_route_counter("cpu"), shared, config={"BM": 16, "gate_up": {"BK": 32}})
+    assert seen == [(16, 16, {"BK": 32}), ("down", sw)]
 
 
 def test_default_k_step():

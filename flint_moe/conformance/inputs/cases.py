@@ -9,7 +9,7 @@ its id (docs/ARCHITECTURE.md section 2).
   ``cpu-<model>`` (``DERIVED_CPU_SHAPES``, ``MoEShape.scaled_down``) and hand-picked CPU shapes keeping the
   production divisibility (``CPU_SHAPES``: E not a power of two; H a multiple of 32 (NVFP4) or 64 (BF16
   BlockMajorK), not a power of two; I a multiple of 64 only, or padded).
-- ``matrix("cpu" | "gpu")``: the case list of a profile; ``shape_cases(shape)``: the cases the CLI's
+- ``matrix("cpu" | "gpu" | "gpu-full")``: the case list of a profile; ``shape_cases(shape)``: the cases the CLI's
   ``--shape`` runs on any shape.
 - ``make_inputs(case, device) -> profiles.CaseInputs``: deterministic inputs (data profiles in
   ``flint_moe.conformance.inputs.profiles``).
@@ -282,14 +282,25 @@ def _shape(name: str) -> ShapeSpec:
     return ShapeSpec(name, e, h, i, k, pad)
 
 
+#: Run profiles: ``cpu`` (interpreter-sized), ``gpu`` (real layers; the pull-request gate, under 5 minutes on
+#: one H200) and ``gpu-full`` (the gpu profile plus :data:`GPU_FULL_ONLY`).
+PROFILES = ("cpu", "gpu", "gpu-full")
+#: Profiles that run real layer shapes on a GPU (the judges' invariances and the mutation self-test by default).
+GPU_PROFILES = ("gpu", "gpu-full")
+
+
 def matrix(profile: str) -> list[Case]:
-    """The case list of a run profile: ``"cpu"`` (interpreter-sized, ~20 cases) or ``"gpu"`` (real layers,
-    >= 200 cases incl. DeepSeek-V3). Cases sharing weights are adjacent (``make_inputs`` caches them)."""
+    """The case list of a run profile (:data:`PROFILES`): ``"cpu"`` (interpreter-sized, ~60 cases), ``"gpu"``
+    (real layers, >= 300 cases incl. DeepSeek-V3) or ``"gpu-full"`` (``"gpu"`` and :data:`GPU_FULL_ONLY`).
+    Cases sharing weights are adjacent (``make_inputs`` caches them). ValueError for another profile."""
     if profile == "cpu":
         return _cpu_matrix()
-    if profile == "gpu":
-        return _gpu_matrix()
-    raise ValueError(f"matrix: profile must be 'cpu' or 'gpu', got {profile!r}")
+    if profile in GPU_PROFILES:
+        full = _gpu_matrix()
+        if profile == "gpu-full":
+            return full
+        return [c for c in full if c.id not in GPU_FULL_ONLY]
+    raise ValueError(f"matrix: profile must be one of {', '.join(PROFILES)}, got {profile!r}")
 
 
 def _cpu_matrix() -> list[Case]:
@@ -423,6 +434,20 @@ def shape_cases(shape: ShapeSpec) -> list[Case]:
     return cases
 
 
+#: Cases of the gpu-full profile only: the slowest grouped cases (45-62 s each of the golden model's order replay
+#: on the H200, reports/h200), kept out of the gpu profile so that it stays under its 5-minute budget. The gpu
+#: profile still meets each of their paths, shapes, token-count ranges and data profiles in other cases:
+#: DeepSeek-V3 grouped at M = 64 (e4m3_scales, both launch configurations) and M = 256 (the forced expert
+#: boundary, with and without expert-wide row blocks), gpt-oss-120b grouped at M = 4..300, Kimi-K2 grouped at
+#: M = 9 (every core shape still gets every data profile of every path).
+GPU_FULL_ONLY = frozenset({
+    "nvfp4_grouped/deepseek-v3/M64/gaussian/s0",
+    "nvfp4_grouped/deepseek-v3/M256/gaussian/s0",
+    "nvfp4_grouped/gpt-oss-120b-p128/M256/gaussian/s0",
+    "nvfp4_grouped/kimi-k2/M64/gaussian/s0",
+})  # fmt: skip
+
+
 #: Real shapes small enough to quantize with the ModelOpt recipe (``modelopt`` profile) on the device.
 _MODELOPT_MAX_PARAMS = 3 * 2**28
 _GPU_M_CYCLE = (1, 2, 3, 5, 8, 4, 7, 6)
@@ -539,7 +564,7 @@ def _gpu_config_cases() -> list[Case]:
 #: the core shapes, large M (``_GPU_GROUPED_LARGE``) on two of them; the other shapes get M = 9 and 64.
 _GPU_GROUPED_M = (4, 9, 16, 64, 256)
 _GPU_GROUPED_OTHER_M = (9, 64)
-_GPU_GROUPED_LARGE = {"deepseek-v3": (2048,), "qwen3-30b-a3b": (4096,)}
+_GPU_GROUPED_LARGE = {"deepseek-v3": (4096,), "qwen3-30b-a3b": (4096,)}
 _GPU_GROUPED_M_CYCLE = (9, 33, 16, 130, 64, 24, 12, 300, 10, 48, 17)
 
 

@@ -91,7 +91,7 @@ def merge_reports(reports: list[tuple[dict, str]]) -> tuple[list[dict], dict, di
         )
     from flint_moe.conformance.inputs.cases import matrix
 
-    if fenv.get("profile") not in ("cpu", "gpu"):
+    if fenv.get("profile") not in ("cpu", "gpu", "gpu-full"):
         raise MergeError(f"{first_where}: profile {fenv.get('profile')!r}: only matrix runs are sharded")
     rank = {c.id: i for i, c in enumerate(matrix(fenv["profile"]))}
     named = [i for sh, _, _ in shards for i in sh["cases"]]
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("incomplete", bool(env.get("incomplete"))),
                 (f"filtered ({', '.join(map(str, env.get('filters') or []))})", bool(env.get("filters"))),
                 ("--black-box", bool(env.get("black_box"))),
-                ("--no-invariance", env.get("profile") == "gpu" and env.get("invariance") is False),
-                ("no mutation self-test", env.get("profile") == "gpu" and mutation is None),
+                ("--no-invariance", env.get("profile") in ("gpu", "gpu-full") and env.get("invariance") is False),
+                ("no mutation self-test", env.get("profile") in ("gpu", "gpu-full") and mutation is None),
                 ("--no-html", not args.html),
             )
             if bad

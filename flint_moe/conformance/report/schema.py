@@ -5,8 +5,8 @@
 are then rendered by ``summary.summary_markdown``, ``summary_full.full_summary_markdown`` and
 ``html.render_html``) and the re-render CLI of :mod:`flint_moe.conformance.report.html`. Fields a reader does
 not use, and fields an older report lacks, are not required; a field that is present must have its type
-(``None`` only where the writer writes it). Besides types: ``env.profile`` is ``"cpu"`` or ``"gpu"``, a mismatch
-map's grid is at most ``maps.MAP_ROWS`` x ``maps.MAP_COLS`` and its cells lie inside it, an ulp histogram has
+(``None`` only where the writer writes it). Besides types: ``env.profile`` is ``"cpu"``, ``"gpu"`` or
+``"gpu-full"``, a mismatch map's grid is at most ``maps.MAP_ROWS`` x ``maps.MAP_COLS`` and its cells lie inside it, an ulp histogram has
 ``maps.ULP_BINS`` counts.
 
 Numbers may be the strings ``"inf"``, ``"-inf"``, ``"nan"`` (how ``results._json_safe`` writes non-finite
@@ -192,7 +192,7 @@ SOURCE_DIGEST = obj({"algorithm": STR, "digest": STR, "dirs": STRS, "files": dic
 
 ENV = obj({
     "backend": opt(STR), "gpu": opt(STR), "cuda": opt(STR), "driver": opt(STR), "git_commit": opt(STR),
-    "git_dirty": opt(STRS), "date_utc": opt(STR), "profile": opt(one_of("cpu", "gpu")), "filters": STRS,
+    "git_dirty": opt(STRS), "date_utc": opt(STR), "profile": opt(one_of("cpu", "gpu", "gpu-full")), "filters": STRS,
     "command": opt(STR), "cases_run": opt(STR), "run_seconds": opt(NUM), "jobs": opt(INT), "incomplete": opt(STR),
     "black_box": opt(BOOL), "invariance": opt(BOOL), "checkpoint": opt(STR), "source_digest": opt(SOURCE_DIGEST),
     "rerun": opt(obj({"report": opt(STR), "previous_run": opt(STR), "previous_commit": opt(STR),

@@ -122,6 +122,22 @@ def test_gpu_matrix_coverage():
     assert all(c.M <= PATHS[c.path].max_tokens for c in everything + CPU)
 
 
+def test_gpu_full_profile_is_gpu_plus_its_slowest_cases():
+    from flint_moe.conformance.inputs.cases import GPU_FULL_ONLY
+
+    full = matrix("gpu-full")
+    # the gpu profile is the full one minus the named cases, in the same order; every named case exists
+    assert [c.id for c in GPU] == [c.id for c in full if c.id not in GPU_FULL_ONLY]
+    assert GPU_FULL_ONLY <= {c.id for c in full}
+    assert len(full) == len(GPU) + len(GPU_FULL_ONLY) == len({c.id for c in full})
+    # the gpu profile still meets each left-out case's path and shape
+    for i in GPU_FULL_ONLY:
+        c = Case.from_id(i)
+        assert any(g.path == c.path and g.shape == c.shape for g in GPU), i
+    with pytest.raises(ValueError, match="gpu-full"):
+        matrix("gpu_full")
+
+
 def test_cpu_matrix_divisibility():
     # cpu profile: 5-minute budget (the 29 hand-picked cases of then took 196 s under `nox -s conformance` on a fresh
     # clone, 2 cores; the 2 nvfp4_dispatch cases add ~9 s, the 6 scaled-down real shapes at M = 1 ~2-12 s each);
