@@ -202,7 +202,8 @@ def test_op_large_block_defaults_same_bits(monkeypatch):
     """From row blocks of 128 pairs the op launches expert-wide row blocks (tail 32) with the scales as words
     in both GEMMs by default (M = 240, E = 4, k = 2: 120 pairs per expert on average, so BM 128; expert 0,
     preferred by the router, has more than 128 pairs and runs its tail); the same bits and taps as both
-    options off, and as the golden model. An explicit option, a given BK that is not a multiple of 64, or BM wins over the default."""
+    options off, and as the golden model. An explicit option, or a given BK that is not a multiple of 64, wins
+    over the default; a given BM does not change it."""
     import flint_moe.ops.moe_nvfp4_grouped as op
 
     E, H, I, k, M = 4, 96, 64, 2, 240  # noqa: E741

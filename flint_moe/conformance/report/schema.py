@@ -6,8 +6,8 @@ are then rendered by ``summary.summary_markdown``, ``summary_full.full_summary_m
 ``html.render_html``) and the re-render CLI of :mod:`flint_moe.conformance.report.html`. Fields a reader does
 not use, and fields an older report lacks, are not required; a field that is present must have its type
 (``None`` only where the writer writes it). Besides types: ``env.profile`` is ``"cpu"``, ``"gpu"`` or
-``"gpu-full"``, a mismatch map's grid is at most ``maps.MAP_ROWS`` x ``maps.MAP_COLS`` and its cells lie inside it, an ulp histogram has
-``maps.ULP_BINS`` counts.
+``"gpu-full"``, a mismatch map's grid is at most ``maps.MAP_ROWS`` x ``maps.MAP_COLS`` and its cells lie inside
+it, an ulp histogram has ``maps.ULP_BINS`` counts.
 
 Numbers may be the strings ``"inf"``, ``"-inf"``, ``"nan"`` (how ``results._json_safe`` writes non-finite
 floats). Booleans are not integers here.
