@@ -7,6 +7,7 @@ compile call. Values need the GPU (tests/ops/test_moe_ll_gpu.py, ``test_streamin
 from __future__ import annotations
 
 import pytest
+import torch
 
 from flint_moe.kernels.cute import ll_gate_up, ll_launch, ll_stream
 from flint_moe.kernels.cute.ll_down import DownSpec
@@ -94,3 +95,19 @@ def test_streaming_recorded_arguments_compile_for_sm90(monkeypatch) -> None:
     for _, _, _, tensors, ints, constexprs, ns in calls:
         args = [ll_launch._cute(t) for t in tensors]
         assert ll_launch.compile_host(ns, args, ints, constexprs, cuda.CUstream(0), "sm_90a") is not None
+
+
+def test_streaming_refuses_a_misaligned_input(monkeypatch) -> None:
+    from tests.kernels.test_cute_ll_launch import _route, _small_block
+
+    b = _small_block()
+    xn, ids, _ = _route(2, 2, 4)
+    _record(monkeypatch)
+    v = ll_launch.expert_views(b.w)
+    plan = ll_launch.ll_plan(b.w, 2)
+    x = torch.empty(xn.numel() + 1, dtype=xn.dtype)[1:].view(xn.shape)  # starts 2 bytes past an aligned start
+    x.copy_(xn)
+    with pytest.raises(ValueError, match=r"^x: the streaming kernels need a 16-byte aligned start"):
+        ll_launch.launch_ll_gate_up(x, ids, v["w1"], v["w1_sf"], v["w1_gs"], plan.gate_up_spec(), 4, 2,
+                                    streaming=True)  # fmt: skip
+    ll_launch.launch_ll_gate_up(x, ids, v["w1"], v["w1_sf"], v["w1_gs"], plan.gate_up_spec(), 4, 2)  # first kernels

@@ -236,6 +236,13 @@ def _run(kind: str, spec, tap: bool, device: torch.device, ns, tensors: list, in
     fn(*args, *ints, stream)
 
 
+def _check_aligned(**tensors: torch.Tensor) -> None:
+    """ValueError unless every tensor starts on a 16-byte boundary (the streaming kernels' vector loads)."""
+    for name, t in tensors.items():
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}: the streaming kernels need a 16-byte aligned start, got {t.data_ptr():#x}")
+
+
 def _stream_ns(which: str):
     """``ll_stream``'s host function ``which`` (``"gate_up"`` / ``"down"``) in the shape ``_run`` calls."""
     import types
@@ -290,6 +297,7 @@ def launch_ll_gate_up(
                g_tap.reshape(-1), u_tap.reshape(-1)]  # fmt: skip
     constexprs = [spec.hidden, ip, s, spec.routed, bool(tap)]
     if streaming:
+        _check_aligned(x=x, codes=codes)
         ns = _stream_ns("gate_up")
         _run("gate_up_stream", (spec, top_k), tap, dev, ns, tensors, [pairs, top_k], [*constexprs, top_k])
     else:
@@ -344,6 +352,7 @@ def launch_ll_down(
     ]  # fmt: skip
     constexprs = [h, spec.inter, spec.valid_inter, spec.shared_inter, k, s, ss, bool(tap)]
     if streaming:
+        _check_aligned(act=act, shared_act=shared_act, w2=views["w2"], sw2=views["sw2"])
         _run("down_stream", spec, tap, dev, _stream_ns("down"), tensors, [m], constexprs)
     else:
         _run("down", spec, tap, dev, ll_down._dsl(), tensors, [m], constexprs)
