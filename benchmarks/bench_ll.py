@@ -6,6 +6,9 @@ Per model (random weights of the real shapes: DeepSeek-V3, GLM-4.5, Ling-mini-2.
 
 - ``ll``: ``ops.flint_moe_ll`` (router kernel with the fused residual add + RMSNorm, CuTe routed and shared
   experts, combine);
+- ``ll_stream``: the same op with ``streaming=True`` (``kernels/cute/ll_stream.py``: each selected expert's
+  weights read once for all its tokens); before timing, its outputs on every input set are checked bit for bit
+  against ``ll``'s (column ``same_bits``; a mismatch is an error row);
 - ``triton``: the same block from the existing pieces: add + RMSNorm in torch (fp32), the shared expert by the
   NVFP4 decode kernels on a one-expert ``FlintMoEWeights`` (``nvfp4_gate_up`` / ``nvfp4_down``), then
   ``ops.flint_moe`` (router, routed experts, combine with the shared output).
@@ -35,8 +38,9 @@ MODELS = {
     "ling-mini-2.0": dict(E=256, H=2048, I=512, SI=512, k=8),
 }
 TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)
+PATHS = ("ll", "ll_stream", "triton")
 CASES = [
-    dict(name=f"{p}.{m}.M{M}", path=p, model=m, M=M) for m in MODELS for M in (1, 2, 4, 8) for p in ("ll", "triton")
+    dict(name=f"{p}.{m}.M{M}", path=p, model=m, M=M) for m in MODELS for M in (1, 2, 4, 8) for p in PATHS
 ]
 CALLS = 16
 REPLAYS = 20
@@ -120,11 +124,18 @@ def prepare(name=None, path="ll", model="deepseek-v3", M=1, rotations=CALLS, see
     ones_tw = torch.ones((M, 1), dtype=torch.float32, device="cuda")
     zeros_sh = torch.zeros((M, H), dtype=torch.bfloat16, device="cuda")
 
-    if path == "ll":
+    if path in ("ll", "ll_stream"):
+        stream = path == "ll_stream"
 
         def fn(i):
             a, r = sets[i % rotations]
-            return flint_moe_ll(a, r, lnw, EPS, w, k, counter)
+            return flint_moe_ll(a, r, lnw, EPS, w, k, counter, streaming=stream)
+
+        if stream:  # bitwise A/B against the first kernels on every input set, before any timing
+            for i, (a, r) in enumerate(sets):
+                new, old = fn(i)[0], flint_moe_ll(a, r, lnw, EPS, w, k, counter)[0]
+                if not torch.equal(new.view(torch.int16), old.view(torch.int16)):
+                    raise AssertionError(f"ll_stream output differs from ll bit for bit on input set {i}")
 
     elif path == "triton":
 
@@ -136,7 +147,7 @@ def prepare(name=None, path="ll", model="deepseek-v3", M=1, rotations=CALLS, see
             return flint_moe(xn, w.router_weight, w.experts, k, counter, shared), res_out
 
     else:
-        raise ValueError(f"path must be 'll' or 'triton', got {path!r}")
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     return Prepared(fn=fn, bytes_moved=nbytes, rotations=rotations, note=f"{path} {model}")
 
 
@@ -145,6 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "reports/bench-ll"))
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--paths", default=",".join(PATHS))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_ll needs a CUDA device (the H200); nothing timed", file=sys.stderr)
@@ -157,7 +169,7 @@ def main(argv=None) -> int:
     rows = []
     for model in args.models.split(","):
         for M in (int(t) for t in args.tokens.split(",")):  # noqa: N806
-            for path in ("ll", "triton"):
+            for path in args.paths.split(","):
                 try:
                     prep = prepare(path=path, model=model, M=M)
                     t = time_graph(prep, graph_calls=CALLS, replays=REPLAYS)
@@ -166,23 +178,28 @@ def main(argv=None) -> int:
                 except Exception as exc:  # one failing case must not hide the others' numbers
                     r = dict(model=model, path=path, M=M, us=float("nan"), bytes=0, gbps=float("nan"),
                              frac=float("nan"), error=f"{type(exc).__name__}: {exc}"[:300])  # fmt: skip
+                r["same_bits"] = path != "ll_stream" or not r["error"]
                 rows.append(r)
-                print(f"{model:14s} {path:6s} M={M} {r['us']:8.1f} us {r['gbps']:8.1f} GB/s "
+                print(f"{model:14s} {path:9s} M={M} {r['us']:8.1f} us {r['gbps']:8.1f} GB/s "
                       f"{100 * r['frac']:5.1f}% of copy {r['error']}", flush=True)  # fmt: skip
     _LAYER.clear()
     from benchmarks.runner import write_table
 
     lines = []
+    paths = args.paths.split(",")
+    nan = dict(us=float("nan"), gbps=float("nan"), frac=float("nan"), bytes=0)
     by = {(r["model"], r["M"], r["path"]): r for r in rows}
     for model in args.models.split(","):
         for M in (int(t) for t in args.tokens.split(",")):  # noqa: N806
-            a, b = by[(model, M, "ll")], by[(model, M, "triton")]
+            c = [by.get((model, M, p), nan) for p in paths]
             lines.append(
-                f"| {model} | {M} | {a['us']:.1f} | {b['us']:.1f} | {a['gbps']:.0f} | {b['gbps']:.0f} | "
-                f"{100 * a['frac']:.1f} | {100 * b['frac']:.1f} | {max(a['bytes'], b['bytes']) / 1e6:.1f} |"
+                f"| {model} | {M} | " + " | ".join(f"{r['us']:.1f}" for r in c) + " | "
+                + " | ".join(f"{100 * r['frac']:.1f}" for r in c)
+                + f" | {max(r['bytes'] for r in c) / 1e6:.1f} |"
             )
     errors = [f"{r['model']} {r['path']} M={r['M']}: {r['error']}" for r in rows if r["error"]]
-    header = "model | M | ll us | triton us | ll GB/s | triton GB/s | ll % of copy | triton % of copy | MB moved"
+    header = ("model | M | " + " | ".join(f"{p} us" for p in paths) + " | "
+              + " | ".join(f"{p} % of copy" for p in paths) + " | MB moved")  # fmt: skip
     print(write_table(args.out, "bench_ll", bw, rows, header, lines + ([""] + errors if errors else [])))
     return 1 if errors else 0
 

@@ -125,4 +125,6 @@ def down(tensors, ints, constexprs) -> None:
 
 def run(kind, spec, tap, device, ns, tensors, ints, constexprs) -> None:
     """Stands in for ``ll_launch._run``."""
-    (gate_up if kind == "gate_up" else down)(tensors, ints, constexprs)
+    if kind == "gate_up_stream":  # the streaming build: the same values, one more constexpr (top_k)
+        kind, constexprs = "gate_up", constexprs[:-1]
+    (gate_up if kind.startswith("gate_up") else down)(tensors, ints, constexprs)

@@ -236,6 +236,23 @@ def _run(kind: str, spec, tap: bool, device: torch.device, ns, tensors: list, in
     fn(*args, *ints, stream)
 
 
+def _check_aligned(**tensors: torch.Tensor) -> None:
+    """ValueError unless every tensor starts on a 16-byte boundary (the streaming kernels' vector loads)."""
+    for name, t in tensors.items():
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}: the streaming kernels need a 16-byte aligned start, got {t.data_ptr():#x}")
+
+
+def _stream_ns(which: str):
+    """``ll_stream``'s host function ``which`` (``"gate_up"`` / ``"down"``) in the shape ``_run`` calls."""
+    import types
+
+    from flint_moe.kernels.cute import ll_stream
+
+    ns = ll_stream._dsl()
+    return types.SimpleNamespace(cute=ns.cute, host=getattr(ns, which))
+
+
 def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(1, dtype=dtype, device=device)
 
@@ -251,6 +268,7 @@ def launch_ll_gate_up(
     top_k: int,
     *,
     tap: bool = False,
+    streaming: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Rule steps 5-7 (``ll_gate_up``'s ``partial`` then ``finish``) for ``pairs`` rows.
 
@@ -261,6 +279,8 @@ def launch_ll_gate_up(
     Returns ``act`` bf16 [pairs, Ip] (columns >= I of a padded routed layout hold values of the padding rows:
     never read), and with ``tap`` ``gate_acc`` / ``up_acc`` fp32 [pairs, Ip] (before the global scale), else
     None, None. New tensors on ``x``'s device, allocated on the current stream; no synchronisation.
+    ``streaming``: the ``ll_stream`` partial kernel (each expert's weights read once for all its pairs; same
+    values bit for bit, same declared order) in place of ``ll_gate_up``'s.
     """
     from flint_moe.kernels.cute import ll_gate_up
 
@@ -276,7 +296,12 @@ def launch_ll_gate_up(
     tensors = [x.reshape(-1), ids.reshape(-1), codes, scales, gs, ws, act.view(torch.int16).reshape(-1),
                g_tap.reshape(-1), u_tap.reshape(-1)]  # fmt: skip
     constexprs = [spec.hidden, ip, s, spec.routed, bool(tap)]
-    _run("gate_up", spec, tap, dev, ll_gate_up._dsl(), tensors, [pairs, top_k], constexprs)
+    if streaming:
+        _check_aligned(x=x, codes=codes)
+        ns = _stream_ns("gate_up")
+        _run("gate_up_stream", (spec, top_k), tap, dev, ns, tensors, [pairs, top_k], [*constexprs, top_k])
+    else:
+        _run("gate_up", spec, tap, dev, ll_gate_up._dsl(), tensors, [pairs, top_k], constexprs)
     return act, (g_tap if tap else None), (u_tap if tap else None)
 
 
@@ -290,13 +315,15 @@ def launch_ll_down(
     tokens: int,
     *,
     tap: bool = False,
+    streaming: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Rule steps 5, 8-10: the routed and shared down partials, then the combine (``ll_down``).
 
     Args: ``act`` bf16 [M * k, Ip] (the pairs' activations, columns >= I never read), ``shared_act`` bf16
     [M, SI], ``ids`` int32 [M, k], ``tw`` fp32 [M, k] (bf16 values), ``views`` :func:`expert_views`, ``spec``,
     ``tokens`` M. Returns ``out`` bf16 [M, H] and, with ``tap``, ``{"down_acc": fp32 [M, k, H], "y": bf16
-    [M, k, H], "shared_down_acc": fp32 [M, H], "shared_y": bf16 [M, H]}`` (else ``{}``).
+    [M, k, H], "shared_down_acc": fp32 [M, H], "shared_y": bf16 [M, H]}`` (else ``{}``). ``streaming``: the
+    ``ll_stream`` partial kernels (as :func:`launch_ll_gate_up`).
     """
     from flint_moe.kernels.cute import ll_down
 
@@ -324,7 +351,11 @@ def launch_ll_down(
         ws_r, ws_s, out.view(torch.int16).reshape(-1), *(v.reshape(-1) for v in taps),
     ]  # fmt: skip
     constexprs = [h, spec.inter, spec.valid_inter, spec.shared_inter, k, s, ss, bool(tap)]
-    _run("down", spec, tap, dev, ll_down._dsl(), tensors, [m], constexprs)
+    if streaming:
+        _check_aligned(act=act, shared_act=shared_act, w2=views["w2"], sw2=views["sw2"])
+        _run("down_stream", spec, tap, dev, _stream_ns("down"), tensors, [m], constexprs)
+    else:
+        _run("down", spec, tap, dev, ll_down._dsl(), tensors, [m], constexprs)
     return out, t
 
 
@@ -337,25 +368,30 @@ def launch_ll_experts(
     *,
     taps: dict | None = None,
     plan: LLPlan | None = None,
+    streaming: bool = False,
 ) -> torch.Tensor:
     """Rule steps 5-10 of the block on ``xn`` bf16 [M, H] with the routing ``ids`` int32 [M, k] and ``tw``
     fp32 [M, k] (``launch_ll_router``'s outputs) and the weights ``w`` (LLMoEWeights): routed gate/up, shared
     gate/up, then down + combine. Returns ``out`` bf16 [M, H]. With ``taps`` (a dict) it receives
     ``gate_acc`` / ``up_acc`` fp32 [M, k, I], ``act`` bf16 [M, k, I], ``shared_gate_acc`` /
     ``shared_up_acc`` fp32 [M, SI], ``shared_act`` bf16 [M, SI], ``shared_down_acc`` fp32 [M, H],
-    ``shared_y`` bf16 [M, H], ``down_acc`` fp32 [M, k, H], ``y`` bf16 [M, k, H], ``out`` bf16 [M, H]."""
+    ``shared_y`` bf16 [M, H], ``down_acc`` fp32 [M, k, H], ``y`` bf16 [M, k, H], ``out`` bf16 [M, H].
+    ``streaming`` (default False): the ``ll_stream`` partial kernels, each expert's weights read once per step
+    (same values bit for bit, same declared orders)."""
     plan = plan or ll_plan(w, top_k)
     views = expert_views(w)
     m = xn.shape[0]
     k, ip, i = top_k, plan.padded_inter, plan.inter
     tap = taps is not None
     act, g, u = launch_ll_gate_up(
-        xn, ids, views["w1"], views["w1_sf"], views["w1_gs"], plan.gate_up_spec(), m * k, k, tap=tap
+        xn, ids, views["w1"], views["w1_sf"], views["w1_gs"], plan.gate_up_spec(), m * k, k, tap=tap,
+        streaming=streaming,
     )
     sact, sg, su = launch_ll_gate_up(
-        xn, ids, views["sw13"], views["sw13_sf"], views["sw13_gs"], plan.shared_gate_up_spec(), m, 1, tap=tap
+        xn, ids, views["sw13"], views["sw13_sf"], views["sw13_gs"], plan.shared_gate_up_spec(), m, 1, tap=tap,
+        streaming=streaming,
     )
-    out, dt = launch_ll_down(act, sact, ids, tw, views, plan.down_spec(), m, tap=tap)
+    out, dt = launch_ll_down(act, sact, ids, tw, views, plan.down_spec(), m, tap=tap, streaming=streaming)
     if taps is not None:
         taps["gate_acc"] = g.view(m, k, ip)[..., :i]
         taps["up_acc"] = u.view(m, k, ip)[..., :i]
