@@ -1,6 +1,16 @@
 """Per-token NVFP4 x NVFP4 experts (``routed_nvfp4_moe``) vs the W4A16 grouped path, on the H200.
 
-``PYTHONPATH=$PWD python3 benchmarks/bench_pertoken_nvfp4.py [--out DIR]``
+``PYTHONPATH=$PWD python3 benchmarks/bench_pertoken_nvfp4.py [--out DIR]``: the table below (M in ``MS``).
+
+``PYTHONPATH=$PWD python3 benchmarks/bench_pertoken_nvfp4.py --options --out DIR`` (one GPU call, under 90 s
+on the H200): the launch options of both sides in the same run, CUDA graphs, at ``OPTION_CASES`` (DeepSeek-V3
+M = 1024 and 4096, gpt-oss-120b M = 4096: E 128, H = I = 2880, k 4): ``pertoken.off`` (``routed_nvfp4_moe``
+with config ``TAIL`` 0 and ``SCALE_WORD`` off: the schedule before the options), ``pertoken.on`` (TAIL 32 +
+SCALE_WORD on both GEMMs; the op's default where BM >= 128, ``pertoken_fc1.default_row_options``) and
+``w4a16.rows_sw`` (the grouped W4A16 GEMMs with TAIL 32 + SCALE_WORD, their best options in
+reports/gpu/nvfp4-grouped/ab-rows). Asserts the per-token outputs bitwise equal across the option values;
+writes ``DIR/bench_pertoken_options.json`` (one row per (model, M, variant): us, TFLOP/s, BM, whether the variant
+is the op's default) and ``DIR/bench_pertoken_options.md`` (ratios to ``w4a16.rows_sw``).
 
 DeepSeek-V3 (E = 256, H = 7168, I = 2048, k = 8, SwiGLU) at M in {128, 1024, 4096}; both sides start from the
 same token rows and the same expert ids (random top-k, no router: the per-token op takes its routing as an input)
@@ -64,29 +74,30 @@ def _inputs(M, E, H, k, device="cuda", seed=1):
 _LAYERS: dict = {}
 
 
-def _layer(impl: str):
-    if impl not in _LAYERS:
-        _LAYERS.clear()
-        d = DEEPSEEK
+def _layer(impl: str, d: dict = DEEPSEEK):
+    key = (impl, d["E"], d["H"], d["I"])
+    if key not in _LAYERS:
+        if not any(k[1:] == key[1:] for k in _LAYERS):
+            _LAYERS.clear()
         if impl == "pertoken":
-            _LAYERS[impl] = random_routed_weights(d["E"], d["H"], d["I"])
+            _LAYERS[key] = random_routed_weights(d["E"], d["H"], d["I"])
         else:
             from benchmarks.bench_decode_nvfp4 import random_weights
 
-            _LAYERS[impl] = random_weights(d["E"], d["H"], d["I"])
-    return _LAYERS[impl]
+            _LAYERS[key] = random_weights(d["E"], d["H"], d["I"])
+    return _LAYERS[key]
 
 
-def make_fn(impl: str, M: int):
-    """fn(i) running one side on DeepSeek-V3 with M tokens (arguments bound now)."""
-    d = DEEPSEEK
-    w = _layer(impl)
+def make_fn(impl: str, M: int, d: dict = DEEPSEEK, config: dict | None = None):
+    """fn(i) running one side on model ``d`` (E, H, I, k) with M tokens (arguments bound now); ``config``: the
+    per-token op's config, or for ``w4a16`` ``{"TAIL": int, "SCALE_WORD": bool}``."""
+    w = _layer(impl, d)
     x, ids, p = _inputs(M, d["E"], d["H"], d["k"])
     if impl == "pertoken":
         from flint_moe.ops import routed_nvfp4_moe
 
         return lambda i: routed_nvfp4_moe(x, ids, p, w, num_experts=d["E"], local_expert_offset=0,
-                                          activation="swiglu")  # fmt: skip
+                                          activation="swiglu", config=config)  # fmt: skip
     from flint_moe.kernels.nvfp4.grouped_down import launch_grouped_down
     from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, launch_grouped_gate_up
     from flint_moe.kernels.nvfp4.permute import moe_permute
@@ -94,11 +105,14 @@ def make_fn(impl: str, M: int):
     tw = p.to(torch.bfloat16).float()
     shared = torch.zeros_like(x)
     bm = grouped_config(M * d["k"], d["E"])["BM"]
+    c = config or {}
+    tail = min(int(c.get("TAIL", 0)), bm)
+    sw = {"SCALE_WORD": bool(c.get("SCALE_WORD", False))}
 
     def fn(i):
-        perm = moe_permute(ids, d["E"], bm)
-        act = launch_grouped_gate_up(x, ids, perm, w)
-        return launch_grouped_down(act, ids, tw, perm, w, shared)
+        perm = moe_permute(ids, d["E"], bm, tail)
+        act = launch_grouped_gate_up(x, ids, perm, w, config=sw)
+        return launch_grouped_down(act, ids, tw, perm, w, shared, config=sw)
 
     return fn
 
@@ -128,9 +142,66 @@ def prepare(name=None, M=128, impl="pertoken"):
                     rotations=1, note=f"deepseek-v3 {impl}")  # fmt: skip
 
 
+GPT_OSS = dict(E=128, H=2880, I=2880, k=4)
+#: (model name, dims, M) of ``--options``.
+OPTION_CASES = (("deepseek-v3", DEEPSEEK, 1024), ("deepseek-v3", DEEPSEEK, 4096), ("gpt-oss-120b", GPT_OSS, 4096))
+#: ``--options`` variants: (name, side, config).
+OPTION_VARIANTS = (
+    ("pertoken.off", "pertoken", {"TAIL": 0, "fc1": {"SCALE_WORD": False}, "fc2": {"SCALE_WORD": False}}),
+    ("pertoken.on", "pertoken", {"TAIL": 32, "fc1": {"SCALE_WORD": True}, "fc2": {"SCALE_WORD": True}}),
+    ("w4a16.rows_sw", "w4a16", {"TAIL": 32, "SCALE_WORD": True}),
+)
+
+
+def run_options(out_dir: str) -> int:
+    """``--options`` (module docstring): time every ``OPTION_VARIANTS`` entry at every ``OPTION_CASES`` entry,
+    assert the per-token outputs bitwise equal across the option values, write JSON + markdown to ``out_dir``."""
+    from benchmarks.bench_grouped_nvfp4 import time_fn
+    from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
+    from flint_moe.kernels.nvfp4.pertoken_fc1 import default_row_options
+
+    rows = []
+    for model, d, M in OPTION_CASES:
+        bm = grouped_config(M * d["k"], d["E"])["BM"]
+        on = default_row_options(bm)["TAIL"] > 0
+        outs = {}
+        for name, impl, config in OPTION_VARIANTS:
+            fn = make_fn(impl, M, d, config)
+            if impl == "pertoken":
+                outs[name] = fn(0).view(torch.int16).clone()
+            t = time_fn(fn)
+            rows.append({"model": model, "M": M, "variant": name, "BM": bm, "us": t * 1e6,
+                         "TFLOPs": flops(M, d["H"], d["I"], d["k"]) / t / 1e12,
+                         "op_default": impl == "pertoken" and (name == "pertoken.on") == on})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+        assert torch.equal(outs["pertoken.off"], outs["pertoken.on"]), f"{model} M {M}: options changed bits"
+        rows[-1]["pertoken_bitwise_equal"] = True
+    lines = ["# Per-token NVFP4 launch options vs the W4A16 grouped path (SwiGLU)", "",
+             f"{torch.cuda.get_device_name()}; median per call, CUDA graph; ratios to `w4a16.rows_sw` (the grouped "
+             "W4A16 GEMMs with TAIL 32 + SCALE_WORD; goal <= 1.1). `pertoken.off`: TAIL 0, no scale words; "
+             "`pertoken.on`: TAIL 32 + SCALE_WORD (the op's default where BM >= 128). Per-token outputs bitwise "
+             "equal across the options (asserted).", "",
+             "| model | M | BM | pertoken.off (us) | pertoken.on (us) | w4a16.rows_sw (us) | off / w4a16 | "
+             "on / w4a16 | op default |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for model, _d, M in OPTION_CASES:
+        r = {x["variant"]: x for x in rows if x["model"] == model and x["M"] == M}
+        base = r["w4a16.rows_sw"]["us"]
+        dflt = "on" if r["pertoken.on"]["op_default"] else "off"
+        lines.append(f"| {model} | {M} | {r['w4a16.rows_sw']['BM']} | {r['pertoken.off']['us']:.1f} | "
+                     f"{r['pertoken.on']['us']:.1f} | {base:.1f} | {r['pertoken.off']['us'] / base:.2f} | "
+                     f"{r['pertoken.on']['us'] / base:.2f} | {dflt} |")  # fmt: skip
+    with open(os.path.join(out_dir, "bench_pertoken_options.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    with open(os.path.join(out_dir, "bench_pertoken_options.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="reports/bench-pertoken")
+    ap.add_argument("--options", action="store_true", help="the launch-option A/B (module docstring)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device (the H200)", file=sys.stderr)
@@ -138,6 +209,8 @@ def main(argv=None) -> int:
     from benchmarks.bench_grouped_nvfp4 import time_fn
 
     os.makedirs(args.out, exist_ok=True)
+    if args.options:
+        return run_options(args.out)
     d = DEEPSEEK
     rows = []
     for impl in ("w4a16", "pertoken"):

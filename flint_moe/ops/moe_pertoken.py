@@ -17,7 +17,7 @@ import torch
 from flint_moe.kernels._launch import check_op_tensor, check_taps
 from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 from flint_moe.kernels.nvfp4.permute import moe_permute
-from flint_moe.kernels.nvfp4.pertoken_fc1 import launch_pertoken_fc1
+from flint_moe.kernels.nvfp4.pertoken_fc1 import default_row_options, launch_pertoken_fc1
 from flint_moe.kernels.nvfp4.pertoken_fc2 import launch_pertoken_fc2_combine
 from flint_moe.layouts.routed_nvfp4 import RoutedNVFP4Weights, to_routed_nvfp4
 from flint_moe.ops._checks import check_kernel_device, check_out
@@ -124,8 +124,14 @@ def routed_nvfp4_moe(
             / ``y`` fp32 [T', k, H], ``w`` fp32 [T', k], ``out`` bf16 [T, H]; and the padded quantized operands
             ``x_codes_padded`` / ``x_scale_padded`` uint8 [T', Hp/2] / [T', Hp/16], ``a_codes_padded`` /
             ``a_scale_padded`` uint8 [T', k, Ip/2] / [T', k, Ip/16]. The output is bitwise the production build's.
-        config: None or ``{"fc1": {...}, "fc2": {...}, "BM": int}`` launch overrides (``pertoken_fc1.
-            PERTOKEN_FC1_CONFIG``, ``pertoken_fc2.PERTOKEN_FC2_CONFIG``; BK changes the declared orders).
+        config: None or ``{"fc1": {...}, "fc2": {...}, "BM": int, "TAIL": int}`` launch overrides
+            (``pertoken_fc1.PERTOKEN_FC1_CONFIG``, ``pertoken_fc2.PERTOKEN_FC2_CONFIG``; BK changes the declared
+            orders), the keys of ``flint_moe_grouped``'s config. ``TAIL``: expert-wide row blocks, each program one
+            expert's next ``BM + TAIL`` pairs in a BM-pair and a TAIL-pair accumulator (``moe_permute(...,
+            tail=min(TAIL, BM))``; 0 = off, else a power of two >= 16); ``fc1`` / ``fc2`` ``SCALE_WORD`` (bool):
+            the weight scales as int32 words (needs BK a multiple of 64). Unset, both follow
+            ``pertoken_fc1.default_row_options(BM)`` (on for BM >= 128; ``SCALE_WORD`` only where BK is a
+            multiple of 64). No option changes a bit of any output or tap.
     Returns:
         bf16 [T, H]: ``out`` when given, else a new tensor whose rows past ``token_capacity`` are +0.
     Raises:
@@ -156,9 +162,11 @@ def routed_nvfp4_moe(
     check_out(out, (t, h), dev, inputs)
     tap = check_taps(taps)
     cfg = dict(config or {})
-    unknown = set(cfg) - {"fc1", "fc2", "BM"}
+    unknown = set(cfg) - {"fc1", "fc2", "BM", "TAIL"}
     if unknown:
         raise ValueError(f"config: unknown keys {sorted(unknown)}")
+    bm = int(cfg.get("BM", grouped_config(cap * k, e)["BM"]))
+    tail, fc1_cfg, fc2_cfg = _row_options(cfg, bm)
     if out is None:
         out = torch.zeros((t, h), dtype=torch.bfloat16, device=dev)
     if cap == 0:
@@ -168,16 +176,32 @@ def routed_nvfp4_moe(
     loc = ids - off
     local = (loc >= 0) & (loc < e)
     loc = torch.where(local, loc, torch.full_like(loc, -1)).to(torch.int32)
-    bm = int(cfg.get("BM", grouped_config(cap * k, e)["BM"]))
-    perm = moe_permute(loc, e, bm)
+    perm = moe_permute(loc, e, bm, tail)
     kt: dict | None = {} if tap else None
     _, a_codes, a_scale, a_d = launch_pertoken_fc1(x_codes, x_scale, x_d, perm, w, activation, taps=kt,
-                                                   config=cfg.get("fc1"))  # fmt: skip
+                                                   config=fc1_cfg)  # fmt: skip
     launch_pertoken_fc2_combine(a_codes, a_scale, a_d, loc, probabilities[:cap], perm, w, out[:cap], taps=kt,
-                                config=cfg.get("fc2"))  # fmt: skip
+                                config=fc2_cfg)  # fmt: skip
     if tap:
         taps.update(_stage_taps(kt, local, x_codes, x_scale, x_d, a_codes, a_scale, a_d, w, out))
     return out
+
+
+def _row_options(cfg: dict, bm: int) -> tuple[int, dict, dict]:
+    """``(tail, fc1 config, fc2 config)`` of the op's checked ``cfg`` at row blocks of ``bm`` pairs: ``TAIL`` and
+    each GEMM's ``SCALE_WORD`` as set, else ``default_row_options(bm)`` (``SCALE_WORD`` only with BK a multiple
+    of 64, the per-token default BK 64 included). ValueError for a ``TAIL`` that is not 0 or a power of two >= 16."""
+    dflt = default_row_options(bm)
+    tail = cfg.get("TAIL", dflt["TAIL"])
+    if isinstance(tail, bool) or not isinstance(tail, int) or (tail and (tail < 16 or tail & (tail - 1))):
+        raise ValueError(f"config: TAIL must be 0 or a power of two >= 16, got {tail!r}")
+    out = []
+    for name in ("fc1", "fc2"):
+        c = dict(cfg.get(name) or {})
+        if "SCALE_WORD" not in c:
+            c["SCALE_WORD"] = dflt["SCALE_WORD"] and int(c.get("BK") or 64) % 64 == 0
+        out.append(c)
+    return min(tail, bm), out[0], out[1]
 
 
 def _stage_taps(kt, local, x_codes, x_scale, x_d, a_codes, a_scale, a_d, w, out) -> dict:

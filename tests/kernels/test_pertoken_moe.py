@@ -7,18 +7,24 @@ _pertoken_check.py). Shapes exercise the padding (H = 160 -> 256, I = 176 -> 256
 row blocks shared by tokens, experts with no pair; both activations; -1 slots and other ranks' experts;
 ``token_capacity`` with and without ``out``; quantizer stress rows (an all-zero row, one huge outlier, a row at
 the E4M3 clamp, E2M1 ties); inputs never modified; the tapped build's output equals the production build's;
-bad input.
+bad input. The launch options (config ``TAIL``: expert-wide row blocks; ``fc1`` / ``fc2`` ``SCALE_WORD``): every
+combination gives outputs and taps bitwise equal to the options-off build and to the golden model, with experts
+of more than BM pairs (the tail accumulator runs), -1 slots, other ranks' experts and ``token_capacity``; the
+op's default at BM 128 (options on, ``default_row_options``) equals the options-off build bit for bit.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
 
 from flint_moe.kernels import orders as K
+from flint_moe.kernels.nvfp4.pertoken_fc1 import default_row_options
 from flint_moe.ops import prepare_routed_nvfp4_weights, routed_nvfp4_moe
 
-from ._pertoken_check import bits, check_pertoken_taps
+from ._pertoken_check import bits, check_pertoken_taps, first_diff
 
 BACKEND = "interpreter"
 
@@ -171,6 +177,12 @@ def _bad_calls(w, wr, x, ids, p):
     yield TypeError, "^taps", lambda: f(x, ids, p, w, taps=[], **base)
     yield ValueError, "^config", lambda: f(x, ids, p, w, config={"gate_up": {}}, **base)
     yield ValueError, "^pertoken_fc1: config BC", lambda: f(x, ids, p, w, config={"fc1": {"BC": 128}}, **base)
+    yield ValueError, "^config: TAIL", lambda: f(x, ids, p, w, config={"TAIL": 24}, **base)
+    yield ValueError, "^config: TAIL", lambda: f(x, ids, p, w, config={"TAIL": True}, **base)
+    yield ValueError, "SCALE_WORD needs BK", lambda: f(x, ids, p, w, config={"fc2": {"BK": 32, "SCALE_WORD": True}},
+                                                       **base)  # fmt: skip
+    yield ValueError, "^pertoken_fc1: config SCALE_WORD", lambda: f(x, ids, p, w, config={"fc1": {"SCALE_WORD": 1}},
+                                                                    **base)  # fmt: skip
 
 
 def test_bad_inputs_raise_naming_the_tensor():
@@ -206,3 +218,85 @@ def test_default_launch_config(act):
     out = routed_nvfp4_moe(x, ids, p, w, num_experts=E, local_expert_offset=0, activation=act, taps=taps)
     counts = check_pertoken_taps(w, x, ids, p, taps, out, num_experts=E, offset=0, activation=act)
     assert counts["pairs"] == int((ids >= 0).sum())
+
+
+def _options_run(w, x, ids, p, *, n, off, act, cap, base, tail, sw1, sw2, taps=None):
+    """One run of the op with launch options: config ``base`` plus TAIL / fc1 / fc2 ``SCALE_WORD``; ``out`` a
+    fresh sentinel buffer (rows past ``cap`` must stay)."""
+    cfg = {**base, "TAIL": tail, "fc1": {**base.get("fc1", {}), "SCALE_WORD": sw1},
+           "fc2": {**base.get("fc2", {}), "SCALE_WORD": sw2}}  # fmt: skip
+    out = torch.full((x.shape[0], x.shape[1]), -3.5, dtype=torch.bfloat16)
+    return routed_nvfp4_moe(x, ids, p, w, num_experts=n, local_expert_offset=off, activation=act, out=out,
+                            token_capacity=cap, taps=taps, config=cfg)  # fmt: skip
+
+
+def _assert_taps_equal(got: dict, ref: dict, what: str) -> None:
+    assert sorted(got) == sorted(ref), what
+    for name in sorted(ref):
+        d = first_diff(got[name], ref[name])
+        assert d == "", f"{what}: tap {name}: {d}"
+
+
+#: The option combinations (TAIL, fc1 SCALE_WORD, fc2 SCALE_WORD) run per activation: every one for SwiGLU, each
+#: option alone and all on for squared ReLU (the options touch the main loop, which the activations share).
+_COMBOS = {"swiglu": list(itertools.product((0, 16), (False, True), (False, True))),
+           "relu2": [(16, False, False), (0, True, True), (16, True, True)]}  # fmt: skip
+
+
+@pytest.mark.parametrize("act", ["swiglu", "relu2"])
+def test_launch_options_bitwise_equal_every_combination(act):
+    # BM 16: expert 0 holds 40 pairs (blocks of 16 + 16 and 8 with TAIL 16), expert 1 about 18 (16 + 2);
+    # -1 slots, another rank's experts (global ids 0..1 and 6..7; this rank holds 2..5), capacity 27 of 30 tokens;
+    # padded widths (H 160 -> 256, I 176 -> 256) with partial K steps (BK 64)
+    E, H, I, T, k, off, n, cap = 4, 160, 176, 30, 3, 2, 8, 27  # noqa: E741
+    w = _weights(E, H, I, act == "swiglu", seed=21)
+    x, ids, p = _tokens(T, H, k, n, seed=22)
+    ids[:, 0] = torch.where(torch.arange(T) < 26, off, ids[:, 0])  # expert 0: 26 tokens in slot 0
+    ids[:14, 1] = off  # and 14 more in slot 1
+    ids[3, 2] = -1
+    loc = ids[:cap] - off
+    counts = torch.bincount(loc[(loc >= 0) & (loc < E)].long(), minlength=E)
+    assert int(counts[0]) > 32 and bool((ids[:cap] == -1).any()) and bool(((loc < 0) | (loc >= E)).any())
+    base = {"BM": 16, "fc1": dict(CFG["fc1"]), "fc2": dict(CFG["fc2"])}
+    ref_taps: dict = {}
+    ref = _options_run(w, x, ids, p, n=n, off=off, act=act, cap=cap, base=base, tail=0, sw1=False, sw2=False,
+                       taps=ref_taps)  # fmt: skip
+    for tail, sw1, sw2 in _COMBOS[act]:
+        what = f"TAIL {tail}, SCALE_WORD fc1 {sw1} fc2 {sw2}"
+        taps: dict = {}
+        got = _options_run(w, x, ids, p, n=n, off=off, act=act, cap=cap, base=base, tail=tail, sw1=sw1, sw2=sw2,
+                           taps=taps)  # fmt: skip
+        assert first_diff(got, ref) == "", what
+        _assert_taps_equal(taps, ref_taps, what)
+        assert bool((got[cap:] == -3.5).all()), f"{what}: rows past token_capacity were written"
+    # all options on: the production build, and every stage against the golden model
+    prod = _options_run(w, x, ids, p, n=n, off=off, act=act, cap=cap, base=base, tail=16, sw1=True, sw2=True)
+    assert first_diff(prod, ref) == "", "all options on: production build"
+    before = torch.full((T, H), -3.5, dtype=torch.bfloat16)
+    counted = check_pertoken_taps(w, x, ids, p, taps, got, num_experts=n, offset=off, activation=act,
+                                  token_capacity=cap, out_before=before)  # fmt: skip
+    assert counted["pairs"] == int(counts.sum())
+
+
+def test_default_options_at_large_blocks_equal_options_off():
+    # 2 local experts, 100 tokens x 2 slots, expert 0 in 140 of the 200 pairs: mean 100 pairs per expert ->
+    # BM 128, where the op's default turns TAIL 32 and SCALE_WORD on; expert 0's 140 pairs fill the tail
+    E, H, I, T, k = 2, 256, 256, 100, 2  # noqa: E741
+    assert default_row_options(128) == {"TAIL": 32, "SCALE_WORD": True}
+    assert default_row_options(64) == {"TAIL": 0, "SCALE_WORD": False}
+    w = _weights(E, H, I, True, seed=23)
+    x, ids, p = _tokens(T, H, k, E, seed=24, lo=0)
+    ids[:, 0] = 0
+    ids[:40, 1] = 0
+    ids[40:, 1] = 1
+    assert int((ids == 0).sum()) == 140
+    taps: dict = {}
+    default = routed_nvfp4_moe(x, ids, p, w, num_experts=E, local_expert_offset=0, activation="swiglu", taps=taps)
+    off_taps: dict = {}
+    off_cfg = {"TAIL": 0, "fc1": {"SCALE_WORD": False}, "fc2": {"SCALE_WORD": False}}
+    plain = routed_nvfp4_moe(x, ids, p, w, num_experts=E, local_expert_offset=0, activation="swiglu",
+                             taps=off_taps, config=off_cfg)  # fmt: skip
+    assert first_diff(default, plain) == ""
+    _assert_taps_equal(taps, off_taps, "default vs options off at BM 128")
+    counts = check_pertoken_taps(w, x, ids, p, taps, default, num_experts=E, offset=0, activation="swiglu")
+    assert counts["pairs"] == T * k

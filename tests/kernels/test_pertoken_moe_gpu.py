@@ -5,7 +5,8 @@ DeepSeek-V3-like layers (H = 7168, I = 2048, k = 8) with a small E, and a padded
 ``y``, ``w``) and the output equal the golden model bit for bit with the golden model replaying the declared
 orders (``kernels.orders.pertoken_orders``, tensor-core model ``reference.mma``); a larger batch with -1 slots,
 other ranks' experts and ``token_capacity`` teacher-forced (accumulators within the certified bound, the rest
-bit for bit); tapped build == production build; repeated runs and CUDA-graph replays bitwise identical.
+bit for bit); tapped build == production build; repeated runs and CUDA-graph replays bitwise identical; the
+launch options (``TAIL``, ``SCALE_WORD``) bitwise equal in every combination at the DeepSeek-V3 width.
 """
 
 from __future__ import annotations
@@ -110,3 +111,50 @@ def test_repeated_runs_and_graph_replays_identical():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(bits(static), bits(first))
+
+
+def _opt_cfg(bm, tail, sw1, sw2):
+    return {"BM": bm, "TAIL": tail, "fc1": {"SCALE_WORD": sw1}, "fc2": {"SCALE_WORD": sw2}}
+
+
+def test_launch_options_bitwise_equal_at_deepseek_width():
+    """Config ``TAIL`` (expert-wide row blocks) and ``SCALE_WORD`` at H 7168 / I 2048, BM 128: every combination's
+    output equals the options-off build bit for bit (experts of more than 128 pairs run the tail accumulator;
+    -1 slots, other ranks' experts, ``token_capacity``); all on and the op's default (BM 256: options on) give
+    the options-off build's taps; BM 16 + TAIL 16 with every option on equals the golden model replaying the
+    declared orders."""
+    E, H, I, k, T, off, n, cap = 8, 7168, 2048, 8, 440, 8, 16, 400  # noqa: E741
+    w = _weights(E, H, I, True)
+    x, ids, p = _tokens(T, H, k, n, seed=31, lo=-1)
+    loc = ids[:cap] - off
+    counts = torch.bincount(loc[(loc >= 0) & (loc < E)].long(), minlength=E)
+    assert int(counts.max()) > 128 and int(counts.min()) > 0 and bool((ids[:cap] == -1).any())
+
+    def run(config, taps=None):
+        out = torch.full((T, H), 7.0, dtype=torch.bfloat16, device=DEV)
+        return routed_nvfp4_moe(x, ids, p, w, num_experts=n, local_expert_offset=off, activation="swiglu", out=out,
+                                token_capacity=cap, taps=taps, config=config)  # fmt: skip
+
+    ref_taps: dict = {}
+    ref = run(_opt_cfg(128, 0, False, False), ref_taps)
+    assert bool((ref[cap:] == 7.0).all())
+    for tail in (0, 32):
+        for sw1 in (False, True):
+            for sw2 in (False, True):
+                got = run(_opt_cfg(128, tail, sw1, sw2))
+                assert torch.equal(bits(got), bits(ref)), (tail, sw1, sw2)
+    for config in (_opt_cfg(128, 32, True, True), None):  # None: the default, BM 256 with TAIL 32 + SCALE_WORD
+        taps: dict = {}
+        got = run(config, taps)
+        assert torch.equal(bits(got), bits(ref)), config
+        assert sorted(taps) == sorted(ref_taps)
+        for name in ref_taps:
+            assert torch.equal(bits(taps[name]), bits(ref_taps[name])), (config, name)
+    E, T = 8, 40  # noqa: E741
+    x, ids, p = _tokens(T, H, k, E, seed=32)
+    taps = {}
+    out = routed_nvfp4_moe(x, ids, p, w, num_experts=E, local_expert_offset=0, activation="swiglu", taps=taps,
+                           config=_opt_cfg(16, 16, True, True))  # fmt: skip
+    counts = check_pertoken_taps(w, x, ids, p, taps, out, num_experts=E, offset=0, activation="swiglu",
+                                 orders=K.pertoken_orders(H, I))  # fmt: skip
+    assert counts["pairs"] == T * k

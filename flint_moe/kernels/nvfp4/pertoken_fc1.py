@@ -40,24 +40,55 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
     default_warps,
     dequant_tile,
     k_loop,
+    k_loop_tail,
     row_block,
+    tail_rows,
 )
 from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
 
-__all__ = ["PERTOKEN_FC1_CONFIG", "DECODE_ROWS_CONFIG", "launch_decode_rows", "launch_pertoken_fc1", "audit_specs"]
+__all__ = [
+    "PERTOKEN_FC1_CONFIG",
+    "DECODE_ROWS_CONFIG",
+    "default_row_options",
+    "launch_decode_rows",
+    "launch_pertoken_fc1",
+    "audit_specs",
+]
 
 #: Default launch configuration: ``BC`` intermediate columns per program (16, 32 or 64: a gated tile's up and
 #: gate rows lie in one 128-row group of the interleave; non-gated 16 ... 128; None = 64 gated, 128 non-gated:
 #: 128 weight rows per tile either way), ``BK`` K elements per main-loop step (a power of two >= 32; it changes
-#: the declared order), ``num_stages``; ``num_warps`` None = ``grouped_gate_up.default_warps(BM)``.
-PERTOKEN_FC1_CONFIG = {"BC": None, "BK": 64, "num_warps": None, "num_stages": 3}
+#: the declared order), ``num_stages``; ``num_warps`` None = ``grouped_gate_up.default_warps(BM)``;
+#: ``SCALE_WORD`` (bool): the weight scales as one int32 word per row per 64 K (``grouped_gate_up.scale_words``;
+#: BK a multiple of 64), the same scale values, hence the same bits (``routed_nvfp4_moe`` turns it on where
+#: :func:`default_row_options` says so unless its config sets it).
+PERTOKEN_FC1_CONFIG = {"BC": None, "BK": 64, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
 
 
-def pertoken_launch_kwargs(cfg: dict, block_m: int, tap: bool) -> dict:
+def default_row_options(block_m: int) -> dict:
+    """The launch options ``routed_nvfp4_moe`` takes for row blocks of ``block_m`` pairs when its config leaves
+    them unset: ``{"TAIL": 32, "SCALE_WORD": True}`` for ``block_m`` >= 128 (the large-M regime), else
+    ``{"TAIL": 0, "SCALE_WORD": False}``. ``TAIL``: expert-wide row blocks (``moe_permute(..., tail=min(TAIL,
+    block_m))``, a BM-pair and a TAIL-pair accumulator per program); ``SCALE_WORD``: the scales as int32 words.
+    Neither changes a bit (same k16 wgmma chain per output element). Source: the grouped W4A16 GEMMs' A/B on
+    the H200 (reports/gpu/nvfp4-grouped/ab-rows/README.md, same main loop, bitwise-equal outputs): at M = 4096
+    (BM 128) DeepSeek-V3 11.61 ms -> 9.03 ms (rows) / 9.22 ms (rows + scale words), Qwen3-235B-A22B 4.72 ->
+    3.13 ms, gpt-oss-120b 3.75 -> 2.76 ms; at M = 16384 (BM 256) DeepSeek-V3 35.26 -> 26.35 ms. Smaller row
+    blocks were not measured faster and keep the plain schedule."""
+    large = block_m >= 128
+    return {"TAIL": 32 if large else 0, "SCALE_WORD": large}
+
+
+def pertoken_launch_kwargs(cfg: dict, block_m: int, tap: bool, tail: int = 0) -> dict:
     """Launch keywords of both per-token GEMMs from a config checked by ``grouped_gate_up._cfg``: ``BM`` (the
-    permutation's ``block_m``), ``BK``, ``DECODE``, ``TAP``, ``num_warps`` (``default_warps(block_m)`` unless
-    set), ``num_stages`` and ``launch_options()``."""
-    return {"BM": block_m, "BK": int(cfg["BK"]), "DECODE": cfg["DECODE"], "TAP": tap,
+    permutation's ``block_m``), ``TAIL`` (its ``tail``: 0 = one BM-pair accumulator per program), ``BK``,
+    ``DECODE``, ``TAP``, ``SW`` (config ``SCALE_WORD``; ValueError unless BK is a multiple of 64), ``num_warps``
+    (``default_warps(block_m)`` unless set), ``num_stages`` and ``launch_options()``."""
+    bk = int(cfg["BK"])
+    sw = bool(cfg.get("SCALE_WORD", False))
+    if sw and bk % 64:
+        raise ValueError(f"config SCALE_WORD needs BK a multiple of 64, got BK = {bk}")
+    return {"BM": block_m, "TAIL": int(tail), "BK": bk, "DECODE": cfg["DECODE"], "TAP": tap, "SW": sw,
             "num_warps": int(cfg["num_warps"] or default_warps(block_m)), "num_stages": int(cfg["num_stages"]),
             **launch_options()}  # fmt: skip
 
@@ -129,24 +160,83 @@ def relu2_f32(h):
 
 
 @triton.jit
-def expert_rows_acc(w_ptr, s_ptr, a_ptr, e, wrow, w_ok, a_idx, r_ok, start, end, N: tl.constexpr, K: tl.constexpr,
-                    KPAD: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                    DECODE: tl.constexpr):  # fmt: skip
-    """The main loop of both per-token GEMMs: fp32 [ROWS, BM] from +0, ``grouped_gate_up.k_loop`` over expert
-    ``e``'s physical weight rows ``wrow`` [ROWS] (``w_ok`` masks them; a masked row reads row 0) of an NVFP4
-    matrix with N rows of KPAD codes each (int32 code words, 128x4-swizzled scales: ``RoutedNVFP4Weights``) and
-    the bf16 activation rows ``a_idx`` [BM] of ``a_ptr`` (length K; ``r_ok`` masks the pairs); no step runs for
-    an empty row block (``end <= start``)."""
+def _expert_rows(w_ptr, s_ptr, e, wrow, w_ok, N: tl.constexpr, KPAD: tl.constexpr):
+    """Expert ``e``'s weight rows ``wrow`` (masked rows read row 0): int32 code-word pointers [ROWS], the
+    expert's swizzled scale base and the clamped rows (:func:`expert_rows_acc`)."""
     wrow = tl.where(w_ok, wrow, 0)
     KW: tl.constexpr = KPAD // 8  # int32 code words per weight row
     KP: tl.constexpr = KPAD // 16
     w_row = w_ptr.to(tl.pointer_type(tl.int32)) + tl.multiple_of(e * (N * KW) + wrow.to(tl.int64) * KW, 4)
-    s_base = s_ptr + e * (N * KP)
+    return w_row, s_ptr + e * (N * KP), wrow
+
+
+@triton.jit
+def expert_rows_acc(w_ptr, s_ptr, a_ptr, e, wrow, w_ok, a_idx, r_ok, start, end, N: tl.constexpr, K: tl.constexpr,
+                    KPAD: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                    DECODE: tl.constexpr, SW: tl.constexpr = False):  # fmt: skip
+    """The main loop of both per-token GEMMs: fp32 [ROWS, BM] from +0, ``grouped_gate_up.k_loop`` over expert
+    ``e``'s physical weight rows ``wrow`` [ROWS] (``w_ok`` masks them; a masked row reads row 0) of an NVFP4
+    matrix with N rows of KPAD codes each (int32 code words, 128x4-swizzled scales: ``RoutedNVFP4Weights``) and
+    the bf16 activation rows ``a_idx`` [BM] of ``a_ptr`` (length K; ``r_ok`` masks the pairs); no step runs for
+    an empty row block (``end <= start``). ``SW``: scales as int32 words (``grouped_gate_up.scale_words``)."""
+    w_row, s_base, srow = _expert_rows(w_ptr, s_ptr, e, wrow, w_ok, N, KPAD)
     a_row = a_ptr + tl.multiple_of(a_idx * K, 16)
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     if end > start:
-        acc = k_loop(acc, w_row, s_base, a_row, wrow, w_ok, r_ok, K, KP, ROWS, BK, DECODE)
+        acc = k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K, KPAD // 16, ROWS, BK, DECODE, SW)
     return acc
+
+
+@triton.jit
+def expert_rows_acc_tail(w_ptr, s_ptr, a_ptr, e, wrow, w_ok, a_idx, r_ok, a_idx_t, t_ok, start, end,
+                         N: tl.constexpr, K: tl.constexpr, KPAD: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr,
+                         TAIL: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr, SW: tl.constexpr):  # fmt: skip
+    """:func:`expert_rows_acc` on an expert-wide row block (``moe_permute(..., tail=TAIL)``): fp32 [ROWS, BM]
+    over the pairs ``a_idx`` / ``r_ok`` and fp32 [ROWS, TAIL] over the tail pairs ``a_idx_t`` / ``t_ok``, both
+    from +0; ``grouped_gate_up.k_loop_tail`` (one dequantised weight tile per K step feeding both MMAs) where the
+    block has more than BM pairs, else ``k_loop`` for the first accumulator alone. Per output element the same
+    K steps in the same order as :func:`expert_rows_acc` (the MMA's N, BM or TAIL, is not part of the order)."""
+    w_row, s_base, srow = _expert_rows(w_ptr, s_ptr, e, wrow, w_ok, N, KPAD)
+    a_row = a_ptr + tl.multiple_of(a_idx * K, 16)
+    a_row_t = a_ptr + tl.multiple_of(a_idx_t * K, 16)
+    acc = tl.zeros([ROWS, BM], dtype=tl.float32)
+    acc_t = tl.zeros([ROWS, TAIL], dtype=tl.float32)
+    if end - start > BM:
+        acc, acc_t = k_loop_tail(acc, acc_t, w_row, s_base, a_row, a_row_t, srow, w_ok, r_ok, t_ok, K, KPAD // 16,
+                                 ROWS, BK, DECODE, SW)  # fmt: skip
+    elif end > start:
+        acc = k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K, KPAD // 16, ROWS, BK, DECODE, SW)
+    return acc, acc_t
+
+
+@triton.jit
+def _fc1_epilogue(acc, pair, r_ok, alpha, xd_ptr, q, act_ptr, acc_ptr, h_ptr, INTER: tl.constexpr, TOPK: tl.constexpr,
+                  GATED: tl.constexpr, BC: tl.constexpr, N: tl.constexpr, TAP: tl.constexpr):  # fmt: skip
+    """P8-P9 of ``_pertoken_fc1_kernel`` for an accumulator [R, N] of the pairs ``pair`` (int64 [N], mask
+    ``r_ok``): ``h = RN(RN(acc * alpha) * d_t)``, the activation, ``act`` stored (with TAP ``acc1`` and ``h``)."""
+    N1: tl.constexpr = 2 * INTER if GATED else INTER
+    d = tl.load(xd_ptr + pair // TOPK, mask=r_ok, other=1.0)
+    cols = q * BC + tl.arange(0, BC)
+    ok = (cols < INTER)[:, None] & r_ok[None, :]
+    if GATED:
+        acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, N]), (1, 2, 0)))
+        h_u = (acc_u * alpha) * d[None, :]  # P8
+        h_g = (acc_g * alpha) * d[None, :]
+        a = swiglu_f32(h_g, h_u)  # P9
+        if TAP:
+            base = pair[None, :] * N1 + cols[:, None]
+            tl.store(acc_ptr + base, acc_g, mask=ok)
+            tl.store(acc_ptr + base + INTER, acc_u, mask=ok)
+            tl.store(h_ptr + base, h_g, mask=ok)
+            tl.store(h_ptr + base + INTER, h_u, mask=ok)
+    else:
+        h = (acc * alpha) * d[None, :]  # P8
+        a = relu2_f32(h)  # P9
+        if TAP:
+            base = pair[None, :] * N1 + cols[:, None]
+            tl.store(acc_ptr + base, acc, mask=ok)
+            tl.store(h_ptr + base, h, mask=ok)
+    tl.store(act_ptr + pair[None, :] * INTER + cols[:, None], a, mask=ok)
 
 
 @triton.jit
@@ -170,20 +260,24 @@ def _pertoken_fc1_kernel(
     TOPK: tl.constexpr,
     GATED: tl.constexpr,
     BM: tl.constexpr,
+    TAIL: tl.constexpr,
     BC: tl.constexpr,
     BK: tl.constexpr,
     DECODE: tl.constexpr,
     TAP: tl.constexpr,
+    SW: tl.constexpr,
 ):
     """act[p, n] for columns n in [q*BC, q*BC + BC) (n < INTER) of the pairs of row block b (module docstring).
 
     Grid ``(cdiv(INTER, BC), NB)``. Gated: tile row r < BC is the up row of column ``q*BC + r`` (physical row
     ``(n // 64) * 128 + n % 64``), r >= BC its gate row (+64); one accumulator [2 BC, BM] split in the
-    epilogue, then SwiGLU. Non-gated: tile row r is physical row ``q*BC + r``, then squared ReLU."""
+    epilogue, then SwiGLU. Non-gated: tile row r is physical row ``q*BC + r``, then squared ReLU. ``TAIL`` > 0:
+    expert-wide row blocks of up to BM + TAIL pairs (``moe_permute(..., tail=TAIL)``), the pairs past the first
+    BM in a second accumulator [R, TAIL] (:func:`expert_rows_acc_tail`), each with the same epilogue. ``SW``:
+    the scales as int32 words. Neither changes a bit."""
     gdc_wait()
     gdc_launch_dependents()
     N1P: tl.constexpr = 2 * IP if GATED else IP
-    N1: tl.constexpr = 2 * INTER if GATED else INTER
     R: tl.constexpr = 2 * BC if GATED else BC
     q = tl.program_id(0)
     b = tl.program_id(1)
@@ -197,30 +291,20 @@ def _pertoken_fc1_kernel(
         prow = (rcol // 64) * 128 + rcol % 64 + (r // BC) * 64
     else:
         prow = rcol
-    acc = expert_rows_acc(w_ptr, s_ptr, xq_ptr, e, prow, w_ok, tok, r_ok, start, end, N1P, H, HP, R, BM, BK, DECODE)
     alpha = tl.load(alpha_ptr + e)
-    d = tl.load(xd_ptr + tok, mask=r_ok, other=1.0)
-    cols = q * BC + tl.arange(0, BC)
-    ok = (cols < INTER)[:, None] & r_ok[None, :]
-    if GATED:
-        acc_u, acc_g = tl.split(tl.permute(tl.reshape(acc, [2, BC, BM]), (1, 2, 0)))
-        h_u = (acc_u * alpha) * d[None, :]  # P8
-        h_g = (acc_g * alpha) * d[None, :]
-        a = swiglu_f32(h_g, h_u)  # P9
-        if TAP:
-            base = pair[None, :] * N1 + cols[:, None]
-            tl.store(acc_ptr + base, acc_g, mask=ok)
-            tl.store(acc_ptr + base + INTER, acc_u, mask=ok)
-            tl.store(h_ptr + base, h_g, mask=ok)
-            tl.store(h_ptr + base + INTER, h_u, mask=ok)
+    if TAIL > 0:
+        pair_t, t_ok, has_tail = tail_rows(order_ptr, start, end, BM, TAIL)
+        pair_t = pair_t.to(tl.int64)
+        acc, acc_t = expert_rows_acc_tail(w_ptr, s_ptr, xq_ptr, e, prow, w_ok, tok, r_ok, pair_t // TOPK, t_ok,
+                                          start, end, N1P, H, HP, R, BM, TAIL, BK, DECODE, SW)  # fmt: skip
+        _fc1_epilogue(acc, pair, r_ok, alpha, xd_ptr, q, act_ptr, acc_ptr, h_ptr, INTER, TOPK, GATED, BC, BM, TAP)
+        if has_tail:
+            _fc1_epilogue(acc_t, pair_t, t_ok, alpha, xd_ptr, q, act_ptr, acc_ptr, h_ptr, INTER, TOPK, GATED, BC,
+                          TAIL, TAP)  # fmt: skip
     else:
-        h = (acc * alpha) * d[None, :]  # P8
-        a = relu2_f32(h)  # P9
-        if TAP:
-            base = pair[None, :] * N1 + cols[:, None]
-            tl.store(acc_ptr + base, acc, mask=ok)
-            tl.store(h_ptr + base, h, mask=ok)
-    tl.store(act_ptr + pair[None, :] * INTER + cols[:, None], a, mask=ok)
+        acc = expert_rows_acc(w_ptr, s_ptr, xq_ptr, e, prow, w_ok, tok, r_ok, start, end, N1P, H, HP, R, BM, BK,
+                              DECODE, SW)  # fmt: skip
+        _fc1_epilogue(acc, pair, r_ok, alpha, xd_ptr, q, act_ptr, acc_ptr, h_ptr, INTER, TOPK, GATED, BC, BM, TAP)
 
 
 def launch_pertoken_fc1(
@@ -238,11 +322,12 @@ def launch_pertoken_fc1(
 
     Args (checked by the caller, ``flint_moe.ops.routed_nvfp4_moe``): ``x_codes`` uint8 [T, Hp/2],
     ``x_scale`` uint8 [T, Hp/16] (row-major), ``x_token_scale`` fp32 [T] (``quantize_routed_nvfp4_input``);
-    ``perm`` = ``moe_permute(local ids int32 [T, k], E, BM)`` (-1 = not computed here); ``weights``
+    ``perm`` = ``moe_permute(local ids int32 [T, k], E, BM, tail)`` (-1 = not computed here; ``tail`` > 0: the
+    expert-wide row blocks, the same bits); ``weights``
     ``RoutedNVFP4Weights``; ``activation`` ``"relu2"`` (non-gated weights) or ``"swiglu"`` (gated).
     taps: None or a dict receiving ``fc1_acc`` and ``h`` fp32 [T, k, N1] (logical columns, [gate; up] when
         gated) and ``act`` fp32 [T, k, I]; rows of pairs not computed hold unspecified values.
-    config: overrides of :data:`PERTOKEN_FC1_CONFIG` (and ``DECODE``).
+    config: overrides of :data:`PERTOKEN_FC1_CONFIG` (and ``DECODE``); ``SCALE_WORD`` needs BK a multiple of 64.
     Returns:
         ``act`` fp32 [P, I]; FC2 input ``a_codes`` uint8 [P, Ip/2], ``a_scale`` uint8 [P, Ip/16] (row-major),
         ``a_token_scale`` fp32 [P] (P = T * k, row = pair ``t * k + j``).
@@ -274,7 +359,7 @@ def launch_pertoken_fc1(
             xq, x_token_scale, perm.order, perm.block_expert, perm.block_start, perm.block_end,
             weights.fc1_data, weights.fc1_scale_swizzled.view(torch.uint8), weights.fc1_alpha, act, acc1, hbuf,
             H=h, HP=hp, IP=ip, INTER=inter, TOPK=k, GATED=gated, BC=bc,
-            **pertoken_launch_kwargs(cfg, perm.block_m, tap),
+            **pertoken_launch_kwargs(cfg, perm.block_m, tap, perm.tail),
         )  # fmt: skip
     a_codes = torch.empty((p, ip // 2), dtype=torch.uint8, device=dev)
     a_scale = torch.empty((p, ip // 16), dtype=torch.uint8, device=dev)
@@ -297,9 +382,24 @@ AUDIT_CASES = (
     ("relu2.H2880.I2880.BM64", 2880, 2880, 4, 64, False, False),
 )
 
+#: (name, H, I, k, BM, TAIL, SCALE_WORD, gated, TAP) builds with the launch options audited for sm_90: the
+#: defaults of ``default_row_options`` at BM 128 and 256 (DeepSeek-V3 both activations, tapped; gpt-oss-120b
+#: widths), each option alone, and the small-block expert-wide build of the CPU tests' shapes (BM 16, TAIL 16).
+OPTION_AUDIT_CASES = (
+    ("swiglu.H7168.I2048.BM128.T32.SW", 7168, 2048, 8, 128, 32, True, True, False),
+    ("swiglu.H7168.I2048.BM128.T32.SW.tap", 7168, 2048, 8, 128, 32, True, True, True),
+    ("relu2.H7168.I2048.BM128.T32.SW", 7168, 2048, 8, 128, 32, True, False, False),
+    ("swiglu.H7168.I2048.BM256.T32.SW", 7168, 2048, 8, 256, 32, True, True, False),
+    ("swiglu.H7168.I2048.BM128.T32", 7168, 2048, 8, 128, 32, False, True, False),
+    ("swiglu.H7168.I2048.BM128.SW", 7168, 2048, 8, 128, 0, True, True, False),
+    ("swiglu.H2880.I2880.BM128.T32.SW", 2880, 2880, 4, 128, 32, True, True, False),
+    ("swiglu.H7168.I2048.BM16.T16.SW", 7168, 2048, 8, 16, 16, True, True, False),
+)
+
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit of the FC1 kernel: wgmma (tensor cores), the PDL wait, the bf16 decode
+    """Register the sm_90 PTX audit of the FC1 kernel (``AUDIT_CASES``, and ``OPTION_AUDIT_CASES`` with the
+    expert-wide row blocks and the scale words): wgmma (tensor cores), the PDL wait, the bf16 decode
     multiply, and for SwiGLU the pinned ``ex2.approx.ftz.f32`` / ``rcp.approx.ftz.f32``; no fused multiply-add
     (P8 and P9 are plain ``mul.f32``), no fp64, no approximate division."""
     sig = {"xq_ptr": "*bf16", "xd_ptr": "*fp32", "order_ptr": "*i32", "bexp_ptr": "*i32",
@@ -307,11 +407,12 @@ def audit_specs() -> list[str]:
            "act_ptr": "*fp32", "acc_ptr": "*fp32", "h_ptr": "*fp32"}  # fmt: skip
     cfg = PERTOKEN_FC1_CONFIG
     names = []
-    for name, h, i, k, bm, gated, tap in AUDIT_CASES:
+    cases = [(n, h, i, k, bm, 0, False, g, tap) for n, h, i, k, bm, g, tap in AUDIT_CASES] + list(OPTION_AUDIT_CASES)
+    for name, h, i, k, bm, tail, sw, gated, tap in cases:
         ip = (i + 255) // 256 * 256
         hp = (h + 255) // 256 * 256
-        consts = {"H": h, "HP": hp, "IP": ip, "INTER": i, "TOPK": k, "GATED": gated, "BM": bm,
-                  "BC": cfg["BC"] or default_bc(gated), "BK": cfg["BK"], "DECODE": 3, "TAP": tap}  # fmt: skip
+        consts = {"H": h, "HP": hp, "IP": ip, "INTER": i, "TOPK": k, "GATED": gated, "BM": bm, "TAIL": tail,
+                  "BC": cfg["BC"] or default_bc(gated), "BK": cfg["BK"], "DECODE": 3, "TAP": tap, "SW": sw}  # fmt: skip
         require = ["wgmma.mma_async", "griddepcontrol.wait", "mul.rn.bf16x2"]
         if gated:
             require += ["ex2.approx.ftz.f32", "rcp.approx.ftz.f32"]

@@ -26,15 +26,20 @@ import triton.language as tl
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, fma_rn
 from flint_moe.kernels.audit.registry import BF16_CVT, DEFAULT_FORBID, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, row_block
-from flint_moe.kernels.nvfp4.pertoken_fc1 import expert_rows_acc, launch_decode_rows, pertoken_launch_kwargs
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, row_block, tail_rows
+from flint_moe.kernels.nvfp4.pertoken_fc1 import (
+    expert_rows_acc,
+    expert_rows_acc_tail,
+    launch_decode_rows,
+    pertoken_launch_kwargs,
+)
 
 __all__ = ["PERTOKEN_FC2_CONFIG", "PERTOKEN_COMBINE_BLOCK", "launch_pertoken_fc2_combine", "audit_specs"]
 
 #: Default launch configuration: ``BH`` hidden rows per program (a power of two >= 64), ``BK`` K elements per
 #: main-loop step (a power of two >= 32; it changes the declared order), ``num_stages``; ``num_warps`` None =
-#: ``grouped_gate_up.default_warps(BM)``.
-PERTOKEN_FC2_CONFIG = {"BH": 128, "BK": 64, "num_warps": None, "num_stages": 3}
+#: ``grouped_gate_up.default_warps(BM)``; ``SCALE_WORD`` as in ``pertoken_fc1.PERTOKEN_FC1_CONFIG``.
+PERTOKEN_FC2_CONFIG = {"BH": 128, "BK": 64, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
 
 #: Hidden columns per combine program.
 PERTOKEN_COMBINE_BLOCK = 1024
@@ -57,13 +62,17 @@ def _pertoken_fc2_kernel(
     IP: tl.constexpr,
     INTER: tl.constexpr,
     BM: tl.constexpr,
+    TAIL: tl.constexpr,
     BH: tl.constexpr,
     BK: tl.constexpr,
     DECODE: tl.constexpr,
     TAP: tl.constexpr,
+    SW: tl.constexpr,
 ):
     """y[p, h] = RN(acc2[p, h] * alpha2[e]) for rows h in [q*BH, q*BH + BH) (h < H) of the pairs of row block
-    b; grid ``(cdiv(H, BH), NB)`` (module docstring)."""
+    b; grid ``(cdiv(H, BH), NB)`` (module docstring). ``TAIL`` > 0: expert-wide row blocks of up to BM + TAIL
+    pairs, those past the first BM in a second accumulator [BH, TAIL] (``pertoken_fc1.expert_rows_acc_tail``);
+    ``SW``: the scales as int32 words. Neither changes a bit."""
     gdc_wait()
     gdc_launch_dependents()
     q = tl.program_id(0)
@@ -72,8 +81,25 @@ def _pertoken_fc2_kernel(
     pair = tl.load(order_ptr + pos, mask=r_ok, other=0).to(tl.int64)
     h = q * BH + tl.arange(0, BH)
     h_ok = h < H
-    acc = expert_rows_acc(w_ptr, s_ptr, aq_ptr, e, h, h_ok, pair, r_ok, start, end, HP, INTER, IP, BH, BM, BK, DECODE)
     alpha = tl.load(alpha_ptr + e)
+    if TAIL > 0:
+        pair_t, t_ok, has_tail = tail_rows(order_ptr, start, end, BM, TAIL)
+        pair_t = pair_t.to(tl.int64)
+        acc, acc_t = expert_rows_acc_tail(w_ptr, s_ptr, aq_ptr, e, h, h_ok, pair, r_ok, pair_t, t_ok, start, end,
+                                          HP, INTER, IP, BH, BM, TAIL, BK, DECODE, SW)  # fmt: skip
+        _fc2_epilogue(acc, pair, r_ok, alpha, h, h_ok, y_ptr, acc_ptr, H, TAP)
+        if has_tail:
+            _fc2_epilogue(acc_t, pair_t, t_ok, alpha, h, h_ok, y_ptr, acc_ptr, H, TAP)
+    else:
+        acc = expert_rows_acc(w_ptr, s_ptr, aq_ptr, e, h, h_ok, pair, r_ok, start, end, HP, INTER, IP, BH, BM, BK,
+                              DECODE, SW)  # fmt: skip
+        _fc2_epilogue(acc, pair, r_ok, alpha, h, h_ok, y_ptr, acc_ptr, H, TAP)
+
+
+@triton.jit
+def _fc2_epilogue(acc, pair, r_ok, alpha, h, h_ok, y_ptr, acc_ptr, H: tl.constexpr, TAP: tl.constexpr):
+    """P11 of ``_pertoken_fc2_kernel`` for an accumulator [BH, N] of the pairs ``pair`` (int64 [N], mask
+    ``r_ok``) and hidden rows ``h`` (mask ``h_ok``): ``y = RN(acc * alpha)`` stored (with TAP the accumulator)."""
     y = acc * alpha  # P11
     off = pair[None, :] * H + h[:, None]
     ok = h_ok[:, None] & r_ok[None, :]
@@ -132,11 +158,12 @@ def launch_pertoken_fc2_combine(
 
     Args (checked by the caller, ``flint_moe.ops.routed_nvfp4_moe``): ``a_codes`` uint8 [P, Ip/2], ``a_scale``
     uint8 [P, Ip/16], ``a_token_scale`` fp32 [P] (P = T * k); ``local_ids`` int32 [T, k] (-1 = adds nothing);
-    ``probabilities`` fp32 or bf16 [T, k] contiguous; ``perm`` = ``moe_permute(local_ids, E, BM)``; ``weights``
+    ``probabilities`` fp32 or bf16 [T, k] contiguous; ``perm`` = ``moe_permute(local_ids, E, BM, tail)`` (the one
+    FC1 used; ``tail`` > 0: expert-wide row blocks, the same bits); ``weights``
     ``RoutedNVFP4Weights``; ``out`` bf16, its first T rows contiguous [T, H] (rows past T are not touched).
     taps: None or a dict receiving ``fc2_acc`` and ``y`` fp32 [T, k, H] (rows of pairs not computed hold
         unspecified values) and ``w`` fp32 [T, k].
-    config: overrides of :data:`PERTOKEN_FC2_CONFIG` (and ``DECODE``).
+    config: overrides of :data:`PERTOKEN_FC2_CONFIG` (and ``DECODE``); ``SCALE_WORD`` needs BK a multiple of 64.
     Returns ``out``. Raises ValueError for a bad config.
     """
     t, k = local_ids.shape
@@ -157,7 +184,7 @@ def launch_pertoken_fc2_combine(
         _pertoken_fc2_kernel[(triton.cdiv(h, bh), perm.num_blocks)](
             aq, perm.order, perm.block_expert, perm.block_start, perm.block_end, weights.fc2_data,
             weights.fc2_scale_swizzled.view(torch.uint8), weights.fc2_alpha, y, acc2,
-            H=h, HP=hp, IP=ip, INTER=inter, BH=bh, **pertoken_launch_kwargs(cfg, perm.block_m, tap),
+            H=h, HP=hp, IP=ip, INTER=inter, BH=bh, **pertoken_launch_kwargs(cfg, perm.block_m, tap, perm.tail),
         )  # fmt: skip
         _pertoken_combine_kernel[(t, triton.cdiv(h, PERTOKEN_COMBINE_BLOCK))](
             local_ids, probabilities, a_token_scale, y, out, wbuf,
@@ -177,20 +204,33 @@ AUDIT_CASES = (
     ("H2880.I2880.BM64", 2880, 2880, 64, False),
 )
 
+#: (name, H, I, BM, TAIL, SCALE_WORD, TAP) builds of the FC2 kernel with the launch options audited for sm_90
+#: (``pertoken_fc1.OPTION_AUDIT_CASES``' shapes).
+OPTION_AUDIT_CASES = (
+    ("H7168.I2048.BM128.T32.SW", 7168, 2048, 128, 32, True, False),
+    ("H7168.I2048.BM128.T32.SW.tap", 7168, 2048, 128, 32, True, True),
+    ("H7168.I2048.BM256.T32.SW", 7168, 2048, 256, 32, True, False),
+    ("H7168.I2048.BM128.T32", 7168, 2048, 128, 32, False, False),
+    ("H7168.I2048.BM128.SW", 7168, 2048, 128, 0, True, False),
+    ("H2880.I2880.BM128.T32.SW", 2880, 2880, 128, 32, True, False),
+    ("H7168.I2048.BM16.T16.SW", 7168, 2048, 16, 16, True, False),
+)
+
 
 def audit_specs() -> list[str]:
-    """Register the sm_90 PTX audit of the FC2 kernel (wgmma, the PDL wait, the bf16 decode multiply; no fused
-    multiply-add: P11 is one ``mul.f32``) and of the combine kernel (``fma.rn.f32``, ``cvt.rn.bf16.f32``; both
-    routing-weight dtypes)."""
+    """Register the sm_90 PTX audit of the FC2 kernel (``AUDIT_CASES`` and ``OPTION_AUDIT_CASES``: wgmma, the PDL
+    wait, the bf16 decode multiply; no fused multiply-add: P11 is one ``mul.f32``) and of the combine kernel
+    (``fma.rn.f32``, ``cvt.rn.bf16.f32``; both routing-weight dtypes)."""
     sig = {"aq_ptr": "*bf16", "order_ptr": "*i32", "bexp_ptr": "*i32", "bstart_ptr": "*i32",
            "bend_ptr": "*i32", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*fp32",
            "acc_ptr": "*fp32"}  # fmt: skip
     cfg = PERTOKEN_FC2_CONFIG
     forbid = (*DEFAULT_FORBID, "fma.rn.f32", "div.approx")
     names = []
-    for name, h, i, bm, tap in AUDIT_CASES:
+    cases = [(n, h, i, bm, 0, False, tap) for n, h, i, bm, tap in AUDIT_CASES] + list(OPTION_AUDIT_CASES)
+    for name, h, i, bm, tail, sw, tap in cases:
         consts = {"H": h, "HP": (h + 255) // 256 * 256, "IP": (i + 255) // 256 * 256, "INTER": i, "BM": bm,
-                  "BH": cfg["BH"], "BK": cfg["BK"], "DECODE": 3, "TAP": tap}  # fmt: skip
+                  "TAIL": tail, "BH": cfg["BH"], "BK": cfg["BK"], "DECODE": 3, "TAP": tap, "SW": sw}  # fmt: skip
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit(f"pertoken_fc2.{name}", _pertoken_fc2_kernel, sig, consts,
                                     ["wgmma.mma_async", "griddepcontrol.wait", "mul.rn.bf16x2"], forbid,
