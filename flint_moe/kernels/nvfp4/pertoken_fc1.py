@@ -40,6 +40,7 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
     default_warps,
     dequant_tile,
     k_loop,
+    large_block_options,
     k_loop_tail,
     row_block,
     tail_rows,
@@ -67,16 +68,12 @@ PERTOKEN_FC1_CONFIG = {"BC": None, "BK": 64, "num_warps": None, "num_stages": 3,
 
 def default_row_options(block_m: int) -> dict:
     """The launch options ``routed_nvfp4_moe`` takes for row blocks of ``block_m`` pairs when its config leaves
-    them unset: ``{"TAIL": 32, "SCALE_WORD": True}`` for ``block_m`` >= 128 (the large-M regime), else
-    ``{"TAIL": 0, "SCALE_WORD": False}``. ``TAIL``: expert-wide row blocks (``moe_permute(..., tail=min(TAIL,
-    block_m))``, a BM-pair and a TAIL-pair accumulator per program); ``SCALE_WORD``: the scales as int32 words.
-    Neither changes a bit (same k16 wgmma chain per output element). Source: the grouped W4A16 GEMMs' A/B on
-    the H200 (reports/gpu/nvfp4-grouped/ab-rows/README.md, same main loop, bitwise-equal outputs): at M = 4096
-    (BM 128) DeepSeek-V3 11.61 ms -> 9.03 ms (rows) / 9.22 ms (rows + scale words), Qwen3-235B-A22B 4.72 ->
-    3.13 ms, gpt-oss-120b 3.75 -> 2.76 ms; at M = 16384 (BM 256) DeepSeek-V3 35.26 -> 26.35 ms. Smaller row
-    blocks were not measured faster and keep the plain schedule."""
-    large = block_m >= 128
-    return {"TAIL": 32 if large else 0, "SCALE_WORD": large}
+    them unset: the grouped W4A16 path's (``grouped_gate_up.large_block_options``, the same main loop):
+    ``{"TAIL": 32, "SCALE_WORD": True}`` for ``block_m`` >= 128, else ``{"TAIL": 0, "SCALE_WORD": False}``.
+    ``TAIL``: expert-wide row blocks (``moe_permute(..., tail=min(TAIL, block_m))``, a BM-pair and a TAIL-pair
+    accumulator per program); ``SCALE_WORD``: the scales as int32 words. Neither changes a bit (the same k16
+    wgmma chain per output element)."""
+    return large_block_options(block_m)
 
 
 def pertoken_launch_kwargs(cfg: dict, block_m: int, tap: bool, tail: int = 0) -> dict:
