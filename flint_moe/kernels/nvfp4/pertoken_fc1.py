@@ -40,8 +40,8 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
     default_warps,
     dequant_tile,
     k_loop,
-    large_block_options,
     k_loop_tail,
+    large_block_options,
     row_block,
     tail_rows,
 )
