@@ -45,7 +45,7 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   sequence (shared-memory B descriptors at byte offsets 0, 32, 64, 96, then 16384 + the same for the second
   64-column half of a BK 128 tile; one accumulator register set), so the declaration is one k16 chain.
 - per-token NVFP4 x NVFP4 (``nvfp4/pertoken_fc1.py``, ``pertoken_fc2.py``): the W4A16 grouped main loop
-  (``grouped_gate_up.k_loop``) on the activations' exact bf16 values, hence the grouped order on K = H (FC1)
+  (``grouped_mainloop.k_loop``) on the activations' exact bf16 values, hence the grouped order on K = H (FC1)
   and K = I (FC2).
 """
 

@@ -98,16 +98,22 @@ def test_poisoned_padding_changes_nothing():
     assert same(out_rows, clean)
 
 
+def _op_inputs(E, H, I, M, seed):  # noqa: E741
+    """The op's inputs: ``make_weights(E, H, I, seed)``, then from one generator seeded ``seed`` x bf16 [M, H],
+    the router bf16 [E, H] (times 0.1) and the shared output bf16 [M, H]; a CPU route counter."""
+    w = make_weights(E, H, I, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    router = (torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16)
+    shared = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    return w, x, router, shared, make_route_counter("cpu")
+
+
 def test_op_end_to_end_and_dispatch():
     """route (cuBLAS-path GEMM + top-k for M > 8) + permutation + grouped GEMMs; ``flint_moe`` dispatches
     M > DECODE_MAX_TOKENS to it (same bits)."""
     E, H, I, k, M = 10, 160, 64, 3, DECODE_MAX_TOKENS + 4
-    w = make_weights(E, H, I, seed=9)
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(M, H, generator=g).to(torch.bfloat16)
-    router = (torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16)
-    shared = torch.randn(M, H, generator=g).to(torch.bfloat16)
-    counter = make_route_counter("cpu")
+    w, x, router, shared, counter = _op_inputs(E, H, I, M, 9)
     taps: dict = {}
     out_t = flint_moe_grouped(x, router, w, k, counter, shared, taps=taps)
     check_route(x, router, k, taps["ids"], taps["weights"], taps)
@@ -172,12 +178,7 @@ def test_op_tail_config_same_bits():
     """``flint_moe_grouped(config={"TAIL": 32})``: tail min(32, BM) = 16 at BM 16 (M = 40, E = 5, k = 2: 16
     pairs per expert on average, so several experts run a tail); the same bits and taps as the default."""
     E, H, I, k, M = 5, 96, 64, 2, 40  # noqa: E741
-    w = make_weights(E, H, I, seed=23)
-    g = torch.Generator().manual_seed(23)
-    x = torch.randn(M, H, generator=g).to(torch.bfloat16)
-    router = (torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16)
-    shared = torch.randn(M, H, generator=g).to(torch.bfloat16)
-    counter = make_route_counter("cpu")
+    w, x, router, shared, counter = _op_inputs(E, H, I, M, 23)
     t0: dict = {}
     t1: dict = {}
     o0 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t0)

@@ -19,17 +19,8 @@ import triton.language as tl
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, combine_fma, global_scale, shared_add
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import (
-    _cfg,
-    _check_perm,
-    default_bk,
-    default_warps,
-    grouped_launch_kwargs,
-    k_loop,
-    k_loop_tail,
-    row_block,
-    tail_rows,
-)
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, _check_perm, default_bk, default_warps, grouped_launch_kwargs
+from flint_moe.kernels.nvfp4.grouped_mainloop import k_loop, k_loop_tail, row_block, tail_rows
 
 __all__ = [
     "accumulation_model",

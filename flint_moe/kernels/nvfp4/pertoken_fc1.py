@@ -3,9 +3,9 @@ the FC2 input re-quantized per (token, slot) row (P10) by the per-token quantize
 
 Both GEMM operands are NVFP4, and both decode exactly to bf16 (``E2M1 * E4M3``: at most 6 significant bits,
 magnitudes in [2^-10, 2688]). ``_decode_rows_kernel`` writes the tokens' exact values once, bf16 [T, H]
-(``grouped_gate_up.dequant_tile`` on the codes and row-major block scales of ``quantize_routed_nvfp4_input``;
+(``grouped_mainloop.dequant_tile`` on the codes and row-major block scales of ``quantize_routed_nvfp4_input``;
 the row scale ``d`` is not applied). ``_pertoken_fc1_kernel`` then runs the W4A16 grouped main loop
-(``grouped_gate_up.k_loop``: the expert's FC1 codes and 128x4-swizzled scales decoded to bf16 in the loop,
+(``grouped_mainloop.k_loop``: the expert's FC1 codes and 128x4-swizzled scales decoded to bf16 in the loop,
 ``tl.dot`` with the bf16 token rows, wgmma with fp32 accumulation on sm_90): one program computes ``BC``
 intermediate columns (gated: their up and gate rows) for one row block of one expert's (token, slot) pairs
 (``moe_permute``'s schedule; pairs whose local expert is -1 are in no block). Epilogue: P8 ``h = RN(RN(acc *
@@ -35,16 +35,8 @@ import triton.language as tl
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import swiglu_f32
 from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import (
-    _cfg,
-    default_warps,
-    dequant_tile,
-    k_loop,
-    k_loop_tail,
-    large_block_options,
-    row_block,
-    tail_rows,
-)
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, large_block_options
+from flint_moe.kernels.nvfp4.grouped_mainloop import dequant_tile, k_loop, k_loop_tail, row_block, tail_rows
 from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
 
 __all__ = [
@@ -60,7 +52,7 @@ __all__ = [
 #: gate rows lie in one 128-row group of the interleave; non-gated 16 ... 128; None = 64 gated, 128 non-gated:
 #: 128 weight rows per tile either way), ``BK`` K elements per main-loop step (a power of two >= 32; it changes
 #: the declared order), ``num_stages``; ``num_warps`` None = ``grouped_gate_up.default_warps(BM)``;
-#: ``SCALE_WORD`` (bool): the weight scales as one int32 word per row per 64 K (``grouped_gate_up.scale_words``;
+#: ``SCALE_WORD`` (bool): the weight scales as one int32 word per row per 64 K (``grouped_mainloop.scale_words``;
 #: BK a multiple of 64), the same scale values, hence the same bits (``routed_nvfp4_moe`` turns it on where
 #: :func:`default_row_options` says so unless its config sets it).
 PERTOKEN_FC1_CONFIG = {"BC": None, "BK": 64, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
@@ -111,7 +103,7 @@ def _decode_rows_kernel(
     BK: tl.constexpr,
     DECODE: tl.constexpr,
 ):
-    """``out[r, c] = E2M1(code) * E4M3(scale)`` exactly (``grouped_gate_up.dequant_tile``; every such product
+    """``out[r, c] = E2M1(code) * E4M3(scale)`` exactly (``grouped_mainloop.dequant_tile``; every such product
     is a bf16 value) for rows [pid0 ROWS, +ROWS) and columns [pid1 BK, +BK), both masked (M, K)."""
     gdc_wait()
     gdc_launch_dependents()
@@ -133,7 +125,7 @@ def _decode_rows_kernel(
 def launch_decode_rows(codes: torch.Tensor, scale: torch.Tensor, k: int, decode: int | None = None) -> torch.Tensor:
     """bf16 [M, k]: the exact values of per-token NVFP4 rows (codes uint8 [M, Kpad/2], row-major scale bytes
     uint8 [M, Kpad/16], contiguous, one device; k <= Kpad a multiple of 16), without the row scale. The GEMMs
-    read these (the W4A16 grouped main loop, ``grouped_gate_up.k_loop``, with exact bf16 activations): the
+    read these (the W4A16 grouped main loop, ``grouped_mainloop.k_loop``, with exact bf16 activations): the
     operand values, hence every product and the summation order, equal those of a decode inside the loop."""
     from flint_moe.kernels._launch import INTERPRET
 
@@ -171,11 +163,11 @@ def _expert_rows(w_ptr, s_ptr, e, wrow, w_ok, N: tl.constexpr, KPAD: tl.constexp
 def expert_rows_acc(w_ptr, s_ptr, a_ptr, e, wrow, w_ok, a_idx, r_ok, start, end, N: tl.constexpr, K: tl.constexpr,
                     KPAD: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                     DECODE: tl.constexpr, SW: tl.constexpr = False):  # fmt: skip
-    """The main loop of both per-token GEMMs: fp32 [ROWS, BM] from +0, ``grouped_gate_up.k_loop`` over expert
+    """The main loop of both per-token GEMMs: fp32 [ROWS, BM] from +0, ``grouped_mainloop.k_loop`` over expert
     ``e``'s physical weight rows ``wrow`` [ROWS] (``w_ok`` masks them; a masked row reads row 0) of an NVFP4
     matrix with N rows of KPAD codes each (int32 code words, 128x4-swizzled scales: ``RoutedNVFP4Weights``) and
     the bf16 activation rows ``a_idx`` [BM] of ``a_ptr`` (length K; ``r_ok`` masks the pairs); no step runs for
-    an empty row block (``end <= start``). ``SW``: scales as int32 words (``grouped_gate_up.scale_words``)."""
+    an empty row block (``end <= start``). ``SW``: scales as int32 words (``grouped_mainloop.scale_words``)."""
     w_row, s_base, srow = _expert_rows(w_ptr, s_ptr, e, wrow, w_ok, N, KPAD)
     a_row = a_ptr + tl.multiple_of(a_idx * K, 16)
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
@@ -190,7 +182,7 @@ def expert_rows_acc_tail(w_ptr, s_ptr, a_ptr, e, wrow, w_ok, a_idx, r_ok, a_idx_
                          TAIL: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr, SW: tl.constexpr):  # fmt: skip
     """:func:`expert_rows_acc` on an expert-wide row block (``moe_permute(..., tail=TAIL)``): fp32 [ROWS, BM]
     over the pairs ``a_idx`` / ``r_ok`` and fp32 [ROWS, TAIL] over the tail pairs ``a_idx_t`` / ``t_ok``, both
-    from +0; ``grouped_gate_up.k_loop_tail`` (one dequantised weight tile per K step feeding both MMAs) where the
+    from +0; ``grouped_mainloop.k_loop_tail`` (one dequantised weight tile per K step feeding both MMAs) where the
     block has more than BM pairs, else ``k_loop`` for the first accumulator alone. Per output element the same
     K steps in the same order as :func:`expert_rows_acc` (the MMA's N, BM or TAIL, is not part of the order)."""
     w_row, s_base, srow = _expert_rows(w_ptr, s_ptr, e, wrow, w_ok, N, KPAD)

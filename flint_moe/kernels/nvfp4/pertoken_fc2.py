@@ -4,7 +4,7 @@
 (token, slot) pairs (``moe_permute``'s schedule): the FC2 input's exact values (``pertoken_fc1``'s codes
 [P, Ip/2] and row-major block scales [P, Ip/16], decoded once to bf16 [P, I] by
 ``pertoken_fc1.launch_decode_rows``) times the expert's FC2 rows (``RoutedNVFP4Weights.fc2_data``, 128x4-swizzled
-scales, decoded in the loop) on the tensor cores, the W4A16 grouped main loop (``grouped_gate_up.k_loop``);
+scales, decoded in the loop) on the tensor cores, the W4A16 grouped main loop (``grouped_mainloop.k_loop``);
 epilogue ``y = RN(acc2 * alpha2_e)`` (``mul.f32``), stored fp32 [P, H].
 
 ``_pertoken_combine_kernel``: per token t (rows below ``token_capacity``), ``acc = +0``; for j = 0..k-1 in
@@ -26,7 +26,8 @@ import triton.language as tl
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, fma_rn
 from flint_moe.kernels.audit.registry import BF16_CVT, DEFAULT_FORBID, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, row_block, tail_rows
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps
+from flint_moe.kernels.nvfp4.grouped_mainloop import row_block, tail_rows
 from flint_moe.kernels.nvfp4.pertoken_fc1 import (
     expert_rows_acc,
     expert_rows_acc_tail,
