@@ -187,3 +187,27 @@ def test_row_independence():
     assert same(o1[0::2], o2[0::2])
     for name in ("gate_acc", "up_acc", "down_acc"):
         assert same(t1[name][0::2], t2[name][0::2]), name
+
+
+@pytest.mark.parametrize("tail", [0, 32])
+def test_large_row_blocks_production_equals_tapped_repeatedly(tail):
+    """gpt-oss-120b widths (H = I = 2880: K steps of 64 at row blocks of 128 pairs, 8 warps) at M = 4096 with
+    the scales byte by byte: the production gate/up and down builds equal the tapped ones bit for bit, run after
+    run. A main loop that Triton pipelined differently (the same instructions in another order) once gave this
+    build NaN and run-to-run different activations on the H200 while its tapped build stayed exact."""
+    E, H, I, k, M = 128, 2880, 2880, 4, 4096  # noqa: E741
+    w = _weights(E, H, I)
+    x, _, shared = _tokens(M, H, E, 11)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    ids = torch.stack([torch.randperm(E, generator=g, device="cuda")[:k] for _ in range(M)]).to(torch.int32)
+    tw = (torch.rand(M, k, generator=g, device="cuda") / k).to(torch.bfloat16).float()
+    perm = moe_permute(ids, E, 128, tail)
+    off = {"SCALE_WORD": False}
+    taps: dict = {}
+    act_t = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps, config=off)
+    out_t = nvfp4_grouped_down(act_t, ids, tw, perm, w, shared, taps=taps, config=off)
+    check_grouped_taps(w, x, ids, tw, shared, taps, out_t, acc_pairs=[(0, 0), (M - 1, k - 1), (2047, 2)])
+    for _ in range(4):
+        act = nvfp4_grouped_gate_up(x, ids, perm, w, config=off)
+        assert same(act, act_t)
+        assert same(nvfp4_grouped_down(act, ids, tw, perm, w, shared, config=off), out_t)

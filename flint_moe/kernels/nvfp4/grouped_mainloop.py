@@ -137,41 +137,6 @@ def scale_words(s_base, srow, w_ok, k0, K: tl.constexpr, KP: tl.constexpr, ROWS:
 
 
 @triton.jit
-def _weight_step(w_row, s_base, srow, w_ok, k0, K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr,
-                 BK: tl.constexpr, SW: tl.constexpr):  # fmt: skip
-    """The K step at ``k0`` of the weight rows ``w_row`` (mask ``w_ok``): code words int32 [ROWS, BK/8] and E4M3
-    scale bytes [ROWS, BK/16] (``SW``: :func:`scale_words`, else byte by byte; the same values either way).
-    Masks along K only when ``K % BK`` != 0."""
-    kw = k0 // 8 + tl.arange(0, BK // 8)
-    kc = k0 // 16 + tl.arange(0, BK // 16)
-    if K % BK == 0:  # masks constant along K: vector loads
-        wmask = w_ok[:, None]
-    else:
-        wmask = w_ok[:, None] & (kw < K // 8)[None, :]
-    words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
-    if SW:
-        sb = scale_words(s_base, srow, w_ok, k0, K, KP, ROWS, BK)
-    else:
-        sb = tl.load(
-            s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
-            mask=w_ok[:, None] & (kc < K // 16)[None, :],
-            other=0,
-        )
-    return words, sb
-
-
-@triton.jit
-def _act_step(a_row, r_ok, k0, K: tl.constexpr, BK: tl.constexpr):
-    """The K step at ``k0`` of the activation rows ``a_row`` (mask ``r_ok``): bf16 [N, BK], 0 past ``K``."""
-    kx = k0 + tl.arange(0, BK)
-    if K % BK == 0:
-        amask = r_ok[:, None]
-    else:
-        amask = r_ok[:, None] & (kx < K)[None, :]
-    return tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
-
-
-@triton.jit
 def k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K: tl.constexpr, KP: tl.constexpr, ROWS: tl.constexpr,
            BK: tl.constexpr, DECODE: tl.constexpr, SW: tl.constexpr = False):  # fmt: skip
     """The main loop of both grouped GEMMs: ``acc`` fp32 [ROWS, BM] plus, for K steps of ``BK`` in increasing
@@ -183,8 +148,25 @@ def k_loop(acc, w_row, s_base, a_row, srow, w_ok, r_ok, K: tl.constexpr, KP: tl.
     the scales as one int32 word per row per 64 K (:func:`scale_words`; ``BK`` a multiple of 64), else byte by
     byte; the same scale values either way."""
     for k0 in tl.range(0, K, BK):
-        words, sb = _weight_step(w_row, s_base, srow, w_ok, k0, K, KP, ROWS, BK, SW)
-        at = _act_step(a_row, r_ok, k0, K, BK)
+        kw = k0 // 8 + tl.arange(0, BK // 8)
+        kc = k0 // 16 + tl.arange(0, BK // 16)
+        kx = k0 + tl.arange(0, BK)
+        if K % BK == 0:  # masks constant along K: vector loads
+            wmask = w_ok[:, None]
+            amask = r_ok[:, None]
+        else:
+            wmask = w_ok[:, None] & (kw < K // 8)[None, :]
+            amask = r_ok[:, None] & (kx < K)[None, :]
+        words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
+        if SW:
+            sb = scale_words(s_base, srow, w_ok, k0, K, KP, ROWS, BK)
+        else:
+            sb = tl.load(
+                s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+                mask=w_ok[:, None] & (kc < K // 16)[None, :],
+                other=0,
+            )
+        at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
         acc = mma(dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE), tl.trans(at), acc)
     return acc
 
@@ -198,9 +180,28 @@ def k_loop_tail(acc, acc_t, w_row, s_base, a_row, a_row_t, srow, w_ok, r_ok, t_o
     weight tile is computed once and multiplied into both (two ``tl.dot``, the same k16 chain per element as
     :func:`k_loop`: per output element, K steps of ``BK`` in increasing order into its own accumulator)."""
     for k0 in tl.range(0, K, BK):
-        words, sb = _weight_step(w_row, s_base, srow, w_ok, k0, K, KP, ROWS, BK, SW)
-        at = _act_step(a_row, r_ok, k0, K, BK)
-        att = _act_step(a_row_t, t_ok, k0, K, BK)
+        kw = k0 // 8 + tl.arange(0, BK // 8)
+        kc = k0 // 16 + tl.arange(0, BK // 16)
+        kx = k0 + tl.arange(0, BK)
+        if K % BK == 0:  # masks constant along K: vector loads
+            wmask = w_ok[:, None]
+            amask = r_ok[:, None]
+            tmask = t_ok[:, None]
+        else:
+            wmask = w_ok[:, None] & (kw < K // 8)[None, :]
+            amask = r_ok[:, None] & (kx < K)[None, :]
+            tmask = t_ok[:, None] & (kx < K)[None, :]
+        words = tl.load(w_row[:, None] + kw[None, :], mask=wmask, other=0)
+        if SW:
+            sb = scale_words(s_base, srow, w_ok, k0, K, KP, ROWS, BK)
+        else:
+            sb = tl.load(
+                s_base + swizzled_scale_offsets(srow[:, None], kc[None, :], KP),
+                mask=w_ok[:, None] & (kc < K // 16)[None, :],
+                other=0,
+            )
+        at = tl.load(a_row[:, None] + kx[None, :], mask=amask, other=0.0)
+        att = tl.load(a_row_t[:, None] + kx[None, :], mask=tmask, other=0.0)
         w = dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE)
         acc = mma(w, tl.trans(at), acc)
         acc_t = mma(w, tl.trans(att), acc_t)
