@@ -1,12 +1,12 @@
 """Grouped NVFP4 path (``flint_moe_grouped``) vs ``torch._grouped_mm`` on bf16 weights, on the H200.
 
 ``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``;
-``... --ab [--model deepseek-v3 --M 4096] --out DIR``: only the default launch configuration against the
-schedule with both launch options off and the expert-wide row blocks (op config ``TAIL`` 32, without and with
+``... --ab [--model deepseek-v3 [--model ...] --M 1024,4096] --out DIR``: only the default launch configuration
+against the schedule with both launch options off and the expert-wide row blocks (op config ``TAIL`` 32, without and with
 ``SCALE_WORD``; ``AB_VARIANTS``) and the bf16 layer, alternated
 over two rounds, and each variant's two GEMM kernels alone, bits compared, the row blocks and programs of each
 schedule (``ab``), at ``AB_CASES`` (DeepSeek-V3 M = 4096 and 16384, Qwen3-235B-A22B and gpt-oss-120b M = 4096)
-unless --model / --M name one.
+unless --model / --M name others (every model at every M).
 
 Both sides run the same layer end to end from the same tokens and router: ``route`` (same ids and routing
 weights), then
@@ -364,8 +364,9 @@ def main(argv=None) -> int:
     p.add_argument("--ab", action="store_true",
                    help="only the A/B of the default launch configuration vs the expert-wide row blocks vs bf16 "
                         "(AB_CASES, or --model / --M)")  # fmt: skip
-    p.add_argument("--model", choices=sorted(MODELS), help="--ab: this model only (default: AB_CASES)")
-    p.add_argument("--M", type=int, help="--ab: this M only (with --model; default 4096)")
+    p.add_argument("--model", choices=sorted(MODELS), action="append",
+                   help="--ab: these models only (repeatable; default: AB_CASES)")  # fmt: skip
+    p.add_argument("--M", help="--ab: these token counts only (comma-separated, e.g. 256,1024; default 4096)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device (the H200)", file=sys.stderr)
@@ -374,7 +375,8 @@ def main(argv=None) -> int:
         if args.model is None and args.M is None:
             cases = AB_CASES
         else:
-            cases = [(args.model or "deepseek-v3", args.M or 4096)]
+            ms = [int(m) for m in (args.M or "4096").split(",")]
+            cases = [(model, m) for model in (args.model or ["deepseek-v3"]) for m in ms]
         ab_all(cases, args.out)
         return 0
     from flint_moe.ops import flint_moe_grouped, make_route_counter
