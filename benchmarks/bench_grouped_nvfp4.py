@@ -5,7 +5,8 @@
 against the schedule with both launch options off and the expert-wide row blocks (op config ``TAIL`` 32,
 without and with ``SCALE_WORD``; ``AB_VARIANTS``) and the bf16 layer, alternated over two rounds, and each
 variant's two GEMM kernels alone, bits compared, the row blocks and programs of each schedule (``ab``), at
-``AB_CASES`` (DeepSeek-V3 M = 4096 and 16384, Qwen3-235B-A22B and gpt-oss-120b M = 4096) unless --model / --M name others (every model at every M).
+``AB_CASES`` (DeepSeek-V3 M = 4096 and 16384, Qwen3-235B-A22B and gpt-oss-120b M = 4096) unless --model /
+--M name others (every model at every M).
 
 Both sides run the same layer end to end from the same tokens and router: ``route`` (same ids and routing
 weights), then
