@@ -231,8 +231,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-#: ``--ab`` variants: the default launch configuration (from row blocks of 128 pairs on: ``rows+sw``,
-#: ``grouped_gate_up.large_block_options``) against the row-block schedule with both options off (``classic``),
+#: ``--ab`` variants: the default launch configuration (from 8 pairs per expert on: ``rows+sw``,
+#: ``grouped_gate_up.row_block_options``) against the row-block schedule with both options off (``classic``),
 #: the expert-wide row blocks alone (op config ``TAIL``: BM + 32 pairs per program, the 32-pair tail
 #: accumulator's MMAs only where an expert has more than BM pairs) and with the scales as one word per row per
 #: 64 K (``SCALE_WORD``) in both GEMMs.

@@ -6,7 +6,7 @@
 on the H200): the launch options of both sides in the same run, CUDA graphs, at ``OPTION_CASES`` (DeepSeek-V3
 M = 1024 and 4096, gpt-oss-120b M = 4096: E 128, H = I = 2880, k 4): ``pertoken.off`` (``routed_nvfp4_moe``
 with config ``TAIL`` 0 and ``SCALE_WORD`` off: the schedule before the options), ``pertoken.on`` (TAIL 32 +
-SCALE_WORD on both GEMMs; the op's default where BM >= 128, ``pertoken_fc1.default_row_options``) and
+SCALE_WORD on both GEMMs; the op's default from 8 pairs per expert, ``grouped_gate_up.row_block_options``) and
 ``w4a16.rows_sw`` (the grouped W4A16 GEMMs with TAIL 32 + SCALE_WORD, their best options in
 reports/gpu/nvfp4-grouped/ab-rows). Asserts the per-token outputs bitwise equal across the option values;
 writes ``DIR/bench_pertoken_options.json`` (one row per (model, M, variant): us, TFLOP/s, BM, whether the variant
@@ -158,12 +158,11 @@ def run_options(out_dir: str) -> int:
     assert the per-token outputs bitwise equal across the option values, write JSON + markdown to ``out_dir``."""
     from benchmarks.bench_grouped_nvfp4 import time_fn
     from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
-    from flint_moe.kernels.nvfp4.pertoken_fc1 import default_row_options
 
     rows = []
     for model, d, M in OPTION_CASES:
-        bm = grouped_config(M * d["k"], d["E"])["BM"]
-        on = default_row_options(bm)["TAIL"] > 0
+        auto = grouped_config(M * d["k"], d["E"])
+        bm, on = auto["BM"], auto["TAIL"] > 0
         outs = {}
         for name, impl, config in OPTION_VARIANTS:
             fn = make_fn(impl, M, d, config)
@@ -179,8 +178,8 @@ def run_options(out_dir: str) -> int:
     lines = ["# Per-token NVFP4 launch options vs the W4A16 grouped path (SwiGLU)", "",
              f"{torch.cuda.get_device_name()}; median per call, CUDA graph; ratios to `w4a16.rows_sw` (the grouped "
              "W4A16 GEMMs with TAIL 32 + SCALE_WORD; goal <= 1.1). `pertoken.off`: TAIL 0, no scale words; "
-             "`pertoken.on`: TAIL 32 + SCALE_WORD (the op's default where BM >= 128). Per-token outputs bitwise "
-             "equal across the options (asserted).", "",
+             "`pertoken.on`: TAIL 32 + SCALE_WORD (the op's default from 8 pairs per expert). Per-token "
+             "outputs bitwise equal across the options (asserted).", "",
              "| model | M | BM | pertoken.off (us) | pertoken.on (us) | w4a16.rows_sw (us) | off / w4a16 | "
              "on / w4a16 | op default |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for model, _d, M in OPTION_CASES:

@@ -54,8 +54,8 @@ def flint_moe_grouped(
             ``BM + TAIL`` pairs in a BM-pair and a TAIL-pair accumulator, the TAIL one's MMAs run only where the
             block has more than BM pairs (``moe_permute(..., tail=min(TAIL, BM))``; 0 = off, else a power of
             two >= 16); ``SCALE_WORD`` in ``gate_up`` / ``down``: the scales as int32 words. Defaults from
-            ``grouped_config(M * top_k, E)`` (``large_block_options``: both on from row blocks of 128 pairs,
-            where the H200 measured them faster), whatever ``BM`` is given; every value gives the same bits
+            ``grouped_config(M * top_k, E)`` (``row_block_options``: both on from 8 pairs per expert, where
+            the H200 measured them faster), whatever ``BM`` is given; every value gives the same bits
             (docs/kernels/nvfp4-grouped.md, "Expert-wide row blocks").
         out: None, or a preallocated bf16 [M, H] contiguous tensor that receives the result and is returned;
             the aliasing rules of ``flint_moe.ops.flint_moe`` apply (no memory shared with any input).

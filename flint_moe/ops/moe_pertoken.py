@@ -17,7 +17,7 @@ import torch
 from flint_moe.kernels._launch import check_op_tensor, check_taps
 from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 from flint_moe.kernels.nvfp4.permute import moe_permute
-from flint_moe.kernels.nvfp4.pertoken_fc1 import default_row_options, launch_pertoken_fc1
+from flint_moe.kernels.nvfp4.pertoken_fc1 import launch_pertoken_fc1
 from flint_moe.kernels.nvfp4.pertoken_fc2 import launch_pertoken_fc2_combine
 from flint_moe.layouts.routed_nvfp4 import RoutedNVFP4Weights, to_routed_nvfp4
 from flint_moe.ops._checks import check_kernel_device, check_out
@@ -130,8 +130,9 @@ def routed_nvfp4_moe(
             expert's next ``BM + TAIL`` pairs in a BM-pair and a TAIL-pair accumulator (``moe_permute(...,
             tail=min(TAIL, BM))``; 0 = off, else a power of two >= 16); ``fc1`` / ``fc2`` ``SCALE_WORD`` (bool):
             the weight scales as int32 words (needs BK a multiple of 64). Unset, both follow
-            ``pertoken_fc1.default_row_options(BM)`` (on for BM >= 128; ``SCALE_WORD`` only where BK is a
-            multiple of 64). No option changes a bit of any output or tap.
+            ``grouped_config(token_capacity * k, E)`` (the grouped path's rule, ``row_block_options``: on from 8
+            pairs per local expert; ``SCALE_WORD`` only where BK is a multiple of 64). No option changes a bit
+            of any output or tap.
     Returns:
         bf16 [T, H]: ``out`` when given, else a new tensor whose rows past ``token_capacity`` are +0.
     Raises:
@@ -165,8 +166,9 @@ def routed_nvfp4_moe(
     unknown = set(cfg) - {"fc1", "fc2", "BM", "TAIL"}
     if unknown:
         raise ValueError(f"config: unknown keys {sorted(unknown)}")
-    bm = int(cfg.get("BM", grouped_config(cap * k, e)["BM"]))
-    tail, fc1_cfg, fc2_cfg = _row_options(cfg, bm)
+    auto = grouped_config(cap * k, e)
+    bm = int(cfg.get("BM", auto["BM"]))
+    tail, fc1_cfg, fc2_cfg = _row_options(cfg, bm, auto)
     if out is None:
         out = torch.zeros((t, h), dtype=torch.bfloat16, device=dev)
     if cap == 0:
@@ -187,11 +189,11 @@ def routed_nvfp4_moe(
     return out
 
 
-def _row_options(cfg: dict, bm: int) -> tuple[int, dict, dict]:
+def _row_options(cfg: dict, bm: int, dflt: dict) -> tuple[int, dict, dict]:
     """``(tail, fc1 config, fc2 config)`` of the op's checked ``cfg`` at row blocks of ``bm`` pairs: ``TAIL`` and
-    each GEMM's ``SCALE_WORD`` as set, else ``default_row_options(bm)`` (``SCALE_WORD`` only with BK a multiple
-    of 64, the per-token default BK 64 included). ValueError for a ``TAIL`` that is not 0 or a power of two >= 16."""
-    dflt = default_row_options(bm)
+    each GEMM's ``SCALE_WORD`` as set, else ``dflt``'s (``grouped_config``; ``SCALE_WORD`` only with BK a
+    multiple of 64, the per-token default BK 64 included). ValueError for a ``TAIL`` that is not 0 or a power of
+    two >= 16."""
     tail = cfg.get("TAIL", dflt["TAIL"])
     if isinstance(tail, bool) or not isinstance(tail, int) or (tail and (tail < 16 or tail & (tail - 1))):
         raise ValueError(f"config: TAIL must be 0 or a power of two >= 16, got {tail!r}")

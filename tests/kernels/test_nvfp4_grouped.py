@@ -21,6 +21,7 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
     grouped_config,
     grouped_launch_kwargs,
     nvfp4_grouped_gate_up,
+    row_block_options,
 )
 from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_grouped, make_route_counter
@@ -191,17 +192,22 @@ def test_op_tail_config_same_bits():
 
 
 def test_grouped_config():
-    big, small = {"TAIL": 32, "SCALE_WORD": True}, {"TAIL": 0, "SCALE_WORD": False}
-    assert grouped_config(8 * 16384, 256) == {"BM": 256, "num_warps": 8, **big}
-    assert grouped_config(8 * 4096, 256) == {"BM": 128, "num_warps": 8, **big}
-    assert grouped_config(8 * 1024, 256) == {"BM": 32, "num_warps": 4, **small}
-    assert grouped_config(8 * 2048, 256) == {"BM": 64, "num_warps": 8, **small}
-    assert grouped_config(8 * 16, 256) == {"BM": 16, "num_warps": 4, **small}
+    on, off = {"TAIL": 32, "SCALE_WORD": True}, {"TAIL": 0, "SCALE_WORD": False}
+    assert grouped_config(8 * 16384, 256) == {"BM": 256, "num_warps": 8, **on}
+    assert grouped_config(8 * 4096, 256) == {"BM": 128, "num_warps": 8, **on}
+    assert grouped_config(8 * 1024, 256) == {"BM": 32, "num_warps": 4, **on}
+    assert grouped_config(8 * 2048, 256) == {"BM": 64, "num_warps": 8, **on}
+    # the options from 8 pairs per expert on (mean rounded up): M = 256 at k = 8, E = 256 is the first
+    assert grouped_config(8 * 256, 256) == {"BM": 16, "num_warps": 4, **on}
+    assert grouped_config(8 * 225, 256) == {"BM": 16, "num_warps": 4, **on}  # 1800 pairs: 7.03 -> 8
+    assert grouped_config(8 * 224, 256) == {"BM": 16, "num_warps": 4, **off}  # 1792 pairs: exactly 7
+    assert grouped_config(8 * 16, 256) == {"BM": 16, "num_warps": 4, **off}
+    assert row_block_options(7) == off and row_block_options(8) == on
 
 
-def test_op_large_block_defaults_same_bits(monkeypatch):
-    """From row blocks of 128 pairs the op launches expert-wide row blocks (tail 32) with the scales as words
-    in both GEMMs by default (M = 240, E = 4, k = 2: 120 pairs per expert on average, so BM 128; expert 0,
+def test_op_row_block_defaults_same_bits(monkeypatch):
+    """From 8 pairs per expert the op launches expert-wide row blocks (tail 32) with the scales as words in
+    both GEMMs by default (M = 240, E = 4, k = 2: 120 pairs per expert on average, so BM 128; expert 0,
     preferred by the router, has more than 128 pairs and runs its tail); the same bits and taps as both
     options off, and as the golden model. An explicit option, or a given BK that is not a multiple of 64, wins
     over the default; a given BM does not change it."""

@@ -10,7 +10,7 @@ the E4M3 clamp, E2M1 ties); inputs never modified; the tapped build's output equ
 bad input. The launch options (config ``TAIL``: expert-wide row blocks; ``fc1`` / ``fc2`` ``SCALE_WORD``): every
 combination gives outputs and taps bitwise equal to the options-off build and to the golden model, with experts
 of more than BM pairs (the tail accumulator runs), -1 slots, other ranks' experts and ``token_capacity``; the
-op's default at BM 128 (options on, ``default_row_options``) equals the options-off build bit for bit.
+op's default at BM 128 (options on, ``grouped_config``) equals the options-off build bit for bit.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from flint_moe.kernels import orders as K
-from flint_moe.kernels.nvfp4.pertoken_fc1 import default_row_options
+from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 from flint_moe.ops import prepare_routed_nvfp4_weights, routed_nvfp4_moe
 
 from ._pertoken_check import bits, check_pertoken_taps, first_diff
@@ -280,10 +280,10 @@ def test_launch_options_bitwise_equal_every_combination(act):
 
 def test_default_options_at_large_blocks_equal_options_off():
     # 2 local experts, 100 tokens x 2 slots, expert 0 in 140 of the 200 pairs: mean 100 pairs per expert ->
-    # BM 128, where the op's default turns TAIL 32 and SCALE_WORD on; expert 0's 140 pairs fill the tail
+    # BM 128, where the op's default (the grouped path's, from 8 pairs per expert) turns TAIL 32 and
+    # SCALE_WORD on; expert 0's 140 pairs fill the tail
     E, H, I, T, k = 2, 256, 256, 100, 2  # noqa: E741
-    assert default_row_options(128) == {"TAIL": 32, "SCALE_WORD": True}
-    assert default_row_options(64) == {"TAIL": 0, "SCALE_WORD": False}
+    assert grouped_config(T * k, E) == {"BM": 128, "num_warps": 8, "TAIL": 32, "SCALE_WORD": True}
     w = _weights(E, H, I, True, seed=23)
     x, ids, p = _tokens(T, H, k, E, seed=24, lo=0)
     ids[:, 0] = 0

@@ -112,7 +112,9 @@ PATH_PROFILES["nvfp4_pertoken_swiglu"] = PATH_PROFILES["nvfp4_pertoken_relu2"] =
 #: with the model each kernel declares for that configuration. NVFP4 decode: the other measured path of each
 #: kernel (CUDA cores / tensor cores; docs/kernels/nvfp4-decode.md); BF16: the faster Qwen M=1 gate/up of the
 #: launch sweep and a deeper down unroll; grouped: the smallest and a larger row block, and the expert-wide row
-#: blocks (``TAIL``: BM + min(TAIL, BM) pairs per program, a second accumulator for the pairs past BM).
+#: blocks (``TAIL``: BM + min(TAIL, BM) pairs per program, a second accumulator for the pairs past BM) where the
+#: default (below 8 pairs per expert) has none, and ``classic`` (neither ``TAIL`` nor ``SCALE_WORD``) where the
+#: default has both.
 PATH_CONFIGS: dict[str, dict[str, dict]] = {
     "nvfp4_decode": {
         "default": {},
@@ -124,7 +126,13 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
         "gu-bn4-w1-u8": {"gate_up": {"BN": 4, "num_warps": 1, "UNROLL": 8}},
         "dn-bh8-u8": {"down": {"BH": 8, "UNROLL": 8}},
     },
-    "nvfp4_grouped": {"default": {}, "bm64": {"BM": 64}, "bm128": {"BM": 128}, "rows-tail32": {"TAIL": 32}},
+    "nvfp4_grouped": {
+        "default": {},
+        "bm64": {"BM": 64},
+        "bm128": {"BM": 128},
+        "rows-tail32": {"TAIL": 32},
+        "classic": {"TAIL": 0, "gate_up": {"SCALE_WORD": False}, "down": {"SCALE_WORD": False}},
+    },
     "nvfp4_module": {"default": {}},
     "bf16_module": {"default": {}},
     "nvfp4_dispatch": {"default": {}},
@@ -552,11 +560,11 @@ def _gpu_config_cases() -> list[Case]:
     for path, ms in (("nvfp4_decode", (1, 8)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (64,))):
         for name in _GPU_CONFIG_SHAPES:
             for config in PATH_CONFIGS[path]:
-                if config != "default":
+                if config not in ("default", "classic"):  # classic: the default itself at M = 64
                     cases += [Case.make(path, name, m, "gaussian", 0, config) for m in ms]
-    # the expert-wide row blocks' tail accumulator runs only past BM pairs: an expert with 128 of 256 tokens
-    # (BM 16, tail 16: four blocks of 32 pairs, each with its tail)
-    cases.append(Case.make("nvfp4_grouped", "deepseek-v3", 256, "gaussian", 0, "rows-tail32", route="count-128-5"))
+    # an expert with 128 of 256 tokens (8 pairs per expert: the default runs expert-wide row blocks, BM 16 + tail
+    # 16, four blocks of 32 pairs each with its tail): the schedule without the options on the same routing
+    cases.append(Case.make("nvfp4_grouped", "deepseek-v3", 256, "gaussian", 0, "classic", route="count-128-5"))
     return cases
 
 

@@ -65,7 +65,7 @@ def default_warps(block_m: int) -> int:
 
 
 def grouped_config(pairs: int, num_experts: int) -> dict:
-    """Row-block size ``BM``, warps and the large-block options (:func:`large_block_options`: ``TAIL``,
+    """Row-block size ``BM``, warps and the row-block options (:func:`row_block_options`: ``TAIL``,
     ``SCALE_WORD``) for ``pairs`` (token, slot) pairs over ``num_experts`` experts.
 
     ``BM`` = the power of two in [16, 256] at or above the mean pairs per expert (so a typical expert fills
@@ -77,17 +77,19 @@ def grouped_config(pairs: int, num_experts: int) -> dict:
     bm = 16
     while bm < mean and bm < 256:
         bm *= 2
-    return {"BM": bm, "num_warps": default_warps(bm), **large_block_options(bm)}
+    return {"BM": bm, "num_warps": default_warps(bm), **row_block_options(mean)}
 
 
-def large_block_options(block_m: int) -> dict:
-    """The launch options of both grouped GEMMs for row blocks of ``block_m`` pairs: from ``block_m`` 128 on,
-    expert-wide row blocks (``TAIL`` 32) and the scales as words (``SCALE_WORD``), else neither. Measured on the
-    H200 at M = 4096 / 16384 (row blocks of 128 and 256 pairs; reports/gpu/nvfp4-grouped/ab-rows): together
-    they took DeepSeek-V3 M = 16384 from 35.26 to 26.35 ms, Qwen3-235B-A22B M = 4096 from 4.72 to 3.13 ms,
-    gpt-oss-120b M = 4096 from 3.75 to 2.76 ms, DeepSeek-V3 M = 4096 from 11.61 to 9.22 ms. Neither changes a
-    bit (the same k16 wgmma chain per output element)."""
-    on = block_m >= 128
+def row_block_options(mean_pairs: int) -> dict:
+    """The launch options of both grouped GEMMs (and of the per-token GEMMs, the same main loop) at ``mean_pairs``
+    (token, slot) pairs per expert: from 8 on, expert-wide row blocks (``TAIL`` 32, ``min(32, BM)`` in use)
+    with the scales as words (``SCALE_WORD``), else neither. Measured on the H200
+    (reports/gpu/nvfp4-grouped/defaults/): at 8 pairs per expert (DeepSeek-V3 and gpt-oss-120b M = 256) both
+    together 1.02-1.05x the time without them (expert-wide row blocks alone 0.93-0.94x: without a tail their
+    main-only loop is slower), at 16-64 pairs 1.23-1.44x, at 128-512 pairs 1.01-1.49x (DeepSeek-V3 M = 4096
+    rows alone 1.03x, with scale words 1.01x: within the spread); below 8 pairs unmeasured, left off. Neither
+    option changes a bit (the same k16 wgmma chain per output element)."""
+    on = mean_pairs >= 8
     return {"TAIL": 32 if on else 0, "SCALE_WORD": on}
 
 

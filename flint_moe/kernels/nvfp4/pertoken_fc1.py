@@ -35,14 +35,13 @@ import triton.language as tl
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import swiglu_f32
 from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps, large_block_options
+from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps
 from flint_moe.kernels.nvfp4.grouped_mainloop import dequant_tile, k_loop, k_loop_tail, row_block, tail_rows
 from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
 
 __all__ = [
     "PERTOKEN_FC1_CONFIG",
     "DECODE_ROWS_CONFIG",
-    "default_row_options",
     "launch_decode_rows",
     "launch_pertoken_fc1",
     "audit_specs",
@@ -54,18 +53,8 @@ __all__ = [
 #: the declared order), ``num_stages``; ``num_warps`` None = ``grouped_gate_up.default_warps(BM)``;
 #: ``SCALE_WORD`` (bool): the weight scales as one int32 word per row per 64 K (``grouped_mainloop.scale_words``;
 #: BK a multiple of 64), the same scale values, hence the same bits (``routed_nvfp4_moe`` turns it on where
-#: :func:`default_row_options` says so unless its config sets it).
+#: ``grouped_gate_up.grouped_config`` says so unless its config sets it).
 PERTOKEN_FC1_CONFIG = {"BC": None, "BK": 64, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
-
-
-def default_row_options(block_m: int) -> dict:
-    """The launch options ``routed_nvfp4_moe`` takes for row blocks of ``block_m`` pairs when its config leaves
-    them unset: the grouped W4A16 path's (``grouped_gate_up.large_block_options``, the same main loop):
-    ``{"TAIL": 32, "SCALE_WORD": True}`` for ``block_m`` >= 128, else ``{"TAIL": 0, "SCALE_WORD": False}``.
-    ``TAIL``: expert-wide row blocks (``moe_permute(..., tail=min(TAIL, block_m))``, a BM-pair and a TAIL-pair
-    accumulator per program); ``SCALE_WORD``: the scales as int32 words. Neither changes a bit (the same k16
-    wgmma chain per output element)."""
-    return large_block_options(block_m)
 
 
 def pertoken_launch_kwargs(cfg: dict, block_m: int, tap: bool, tail: int = 0) -> dict:
@@ -372,7 +361,7 @@ AUDIT_CASES = (
 )
 
 #: (name, H, I, k, BM, TAIL, SCALE_WORD, gated, TAP) builds with the launch options audited for sm_90: the
-#: defaults of ``default_row_options`` at BM 128 and 256 (DeepSeek-V3 both activations, tapped; gpt-oss-120b
+#: defaults (``grouped_config``) at BM 128 and 256 (DeepSeek-V3 both activations, tapped; gpt-oss-120b
 #: widths), each option alone, and the small-block expert-wide build of the CPU tests' shapes (BM 16, TAIL 16).
 OPTION_AUDIT_CASES = (
     ("swiglu.H7168.I2048.BM128.T32.SW", 7168, 2048, 8, 128, 32, True, True, False),
