@@ -1,6 +1,7 @@
 """Grouped NVFP4 path (``flint_moe_grouped``) vs ``torch._grouped_mm`` on bf16 weights, on the H200.
 
 ``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``;
+``... --cross [--model ...] --out DIR``: decode vs grouped around DECODE_MAX_TOKENS (``CROSS_M``);
 ``... --ab [--model deepseek-v3 [--model ...] --M 1024,4096] --out DIR``: only the default launch configuration
 against the schedule with both launch options off and the expert-wide row blocks (op config ``TAIL`` 32,
 without and with ``SCALE_WORD``; ``AB_VARIANTS``) and the bf16 layer, alternated over two rounds, and each
@@ -340,6 +341,35 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
     return res
 
 
+#: ``--cross`` token counts: both sides of DECODE_MAX_TOKENS (8) up to where the grouped path wins everywhere.
+CROSS_M = (4, 8, 9, 12, 16, 24, 32, 48)
+
+
+def cross_all(models, out: str) -> list:
+    """``--cross``: the decode path (route + ``nvfp4_gate_up`` + ``nvfp4_down``) against the grouped op at every
+    ``CROSS_M`` on each model (routing included in both, CUDA graphs, the same tokens); writes
+    ``out/bench_cross.json`` after each model and prints one line per (model, M) with the faster path."""
+    from flint_moe.ops import make_route_counter
+
+    os.makedirs(out, exist_ok=True)
+    rows = []
+    for model in models:
+        layer = Layer(model)
+        counter = make_route_counter(layer.device)
+        for M in CROSS_M:
+            x, router, shared = layer.inputs(M, seed=3)
+            d = time_fn(_decode(layer, x, router, shared, counter)) * 1e6
+            g = time_fn(_grouped(layer, x, router, shared, counter)) * 1e6
+            rows.append({"model": model, "M": M, "decode_us": d, "grouped_us": g, "faster": "decode" if d < g else
+                         "grouped"})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+        with open(os.path.join(out, "bench_cross.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        del layer
+        torch.cuda.empty_cache()
+    return rows
+
+
 def ab_all(cases, out: str, rounds: int = 2) -> list:
     """:func:`ab` for every (model, M) of ``cases`` (one layer per model, built once); writes
     ``out/bench_ab.json`` after each case."""
@@ -364,6 +394,8 @@ def main(argv=None) -> int:
     p.add_argument("--ab", action="store_true",
                    help="only the A/B of the default launch configuration vs the expert-wide row blocks vs bf16 "
                         "(AB_CASES, or --model / --M)")  # fmt: skip
+    p.add_argument("--cross", action="store_true",
+                   help="only decode vs grouped at CROSS_M (every model, or the --model ones)")  # fmt: skip
     p.add_argument("--model", choices=sorted(MODELS), action="append",
                    help="--ab: these models only (repeatable; default: AB_CASES)")  # fmt: skip
     p.add_argument("--M", help="--ab: these token counts only (comma-separated, e.g. 256,1024; default 4096)")
@@ -371,6 +403,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device (the H200)", file=sys.stderr)
         return 2
+    if args.cross:
+        cross_all(args.model or list(MODELS), args.out)
+        return 0
     if args.ab:
         if args.model is None and args.M is None:
             cases = AB_CASES
