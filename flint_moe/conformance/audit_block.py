@@ -6,12 +6,13 @@ shared intermediate size, experts, top_k and the K-splits ``choose_splits`` deri
 count), ``tap`` whether the stages are written out. A conformance case runs both builds (the compared run with
 taps, the production build of the invariances), so every block case of a profile, of the paths pending their
 first H200 run and of the mutation self-test on CUDA launches, per layer: the routed gate/up, the shared
-gate/up (``ll_gate_up.GateUpSpec``) and the down + combine (``ll_down.DownSpec``), each tapped and untapped.
+gate/up (``ll_gate_up.GateUpSpec``, top_k included) and the down + combine (``ll_down.DownSpec``), each tapped
+and untapped.
 
 :func:`block_launches` lists them from the case shapes alone (the plan of the ``LLMoEWeights`` that
 ``inputs.block.build_block_inputs`` builds: the case's H, I, stored I, E and top_k, the model's shared
 intermediate size), and tests/kernels/test_cute_ptx.py compiles and audits each one with the kernels' own
-required / forbidden instruction lists (``ll_gate_up.audit_gate_up``, ``ll_down.audit_down``), so a new shape
+required / forbidden instruction lists (``ll_partial.audit_gate_up``, ``ll_partial.audit_down``), so a new shape
 or a changed split rule cannot run unaudited. Nothing here needs a GPU or CuTe DSL itself.
 """
 

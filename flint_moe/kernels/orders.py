@@ -29,15 +29,16 @@ docs/numerics.md, "Order declarations and replay", lists the PTX / TTGIR lines):
   ``32 c + 8 w + 2 half + {0, 4, 1, 5}`` to k slots ``2 c + {0, 1, 8, 9}`` (the ``prmt`` re-pairing);
   weights ``E2M1 * E4M3 * 2^-8`` in bf16; the 4 accumulator columns are added with xor 2, 1 (an exact
   ``+ 0`` that turns -0 into +0), times 2^8; split-K parts ``p0 + p1`` / ``(p0 + p1) + (p2 + p3)``.
-- decode block, CuTe DSL expert kernels (``kernels/cute/ll_gate_up.py`` ``partial``, also the down partials of
-  ``ll_down.py``; read from the kernel source, every operation pinned by inline PTX): K-split s covers the
+- decode block, CuTe DSL expert kernels (``kernels/cute/ll_partial.py``, the partial kernel of the gate/up and
+  down host functions; read from the kernel source, every operation pinned by inline PTX): K-split s covers the
   16-element blocks ``[s * BPS, (s + 1) * BPS)``, BPS = ceil(K / 16 / S); lane l of the row's warp takes the
   blocks ``s * BPS + l + 32 j`` (j = 0, 1, ...) below the split's end and chains ``fma.rn.f32(x_h, w_h,
   acc)`` from +0 over the 16 elements of each block in order, block after block (``w_h = E2M1 * E4M3``
   exact); then the butterfly ``shfl.sync.bfly`` xor 16, 8, 4, 2, 1 with ``add.rn.f32`` (every lane ends
   with the same value; lane 0 stores it); then ``finish`` / ``combine`` add the S split partials in
   increasing split order from split 0 (``add.rn.f32``). Columns at or beyond the valid length (a padded down
-  K) and the lanes past a split's last block are skipped; the declaration's zero padding replays them as
+  K) and the lanes past a split's last block are skipped (such a lane reads block 0 and keeps its sum by a
+  select); the declaration's zero padding replays them as
   ``fma(+0, +0, acc) = acc`` (``acc`` is never -0: it starts at +0 and a sum
   that is exactly zero rounds to +0), and a split holding only such columns contributes +0, dropped.
 - NVFP4 grouped: ``tl.dot`` per BK step lowers to BK / 16 ``wgmma.mma_async ... m64nNk16`` in k order,

@@ -121,7 +121,6 @@ def flint_moe_ll(
     counter: torch.Tensor,
     *,
     taps: dict | None = None,
-    streaming: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The decode block of one layer: rule step 11 then steps 1-10 on ``xn`` with the shared expert (step 10's
     ``shared`` = the shared expert's ``y``); the golden model is ``reference.model.moe_decode_block``.
@@ -130,18 +129,18 @@ def flint_moe_ll(
     ``ln_weight`` bf16 [H]; ``eps`` a Python number; ``w`` LLMoEWeights; ``top_k``; ``counter`` int32 [>= M]
     from ``make_route_counter``, allocated outside a CUDA-graph capture); ``taps``: None or a dict that
     receives the stages: ``residual_out``, ``sumsq`` fp32 [M], ``xn``, ``router_acc`` fp32 [M, E], ``logits``
-    bf16 [M, E], ``ids`` int32 [M, k], ``weights`` fp32 [M, k] (router kernel); ``streaming`` (default False):
-    the streaming expert kernels (``kernels/cute/ll_stream.py``: each selected expert's weights read once for
-    all its tokens; the same bits and declared orders) for an A/B against the first kernels;
-    ``gate_acc`` / ``up_acc`` fp32
+    bf16 [M, E], ``ids`` int32 [M, k], ``weights`` fp32 [M, k] (router kernel); ``gate_acc`` / ``up_acc`` fp32
     [M, k, I] (before the global scale), ``act`` bf16 [M, k, I], ``shared_gate_acc`` / ``shared_up_acc`` fp32
     [M, SI], ``shared_act`` bf16 [M, SI], ``shared_down_acc`` fp32 [M, H], ``shared_y`` bf16 [M, H],
     ``down_acc`` fp32 [M, k, H] (before the global scale), ``y`` bf16 [M, k, H], ``out`` bf16 [M, H].
     Returns: ``(moe_out, residual_out)``, bf16 [M, H] each, new tensors; inputs never modified. No host
     synchronisation (CUDA-graph capturable once each specialisation has run eagerly: the first call compiles).
+    The expert kernels (``kernels/cute/ll_partial.py``) read each selected expert's weights once for all its
+    tokens.
     Raises: as :func:`check_ll_inputs`; ValueError for shapes the CuTe kernels do not take
-    (``kernels/cute/ll_launch.py``: H, Ip, SI multiples of 512); RuntimeError naming what is missing without a
-    CUDA device of sm_90 or later or without nvidia-cutlass-dsl (CuTe DSL has no CPU interpreter).
+    (``kernels/cute/ll_launch.py``: H, Ip, SI multiples of 16, int32 offsets) and for inputs or weights not
+    starting on a 16-byte boundary; RuntimeError naming what is missing without a CUDA device of sm_90 or later
+    or without nvidia-cutlass-dsl (CuTe DSL has no CPU interpreter).
     """
     from flint_moe.kernels.cute.ll_launch import launch_ll_experts, ll_experts_status, ll_plan
 
@@ -153,5 +152,5 @@ def flint_moe_ll(
     ids, tw, xn, residual_out = launch_ll_router(
         attn_out, residual, ln_weight, eps32, w.router_weight, top_k, counter, taps=taps
     )
-    out = launch_ll_experts(xn, ids, tw, w, top_k, taps=taps, plan=plan, streaming=bool(streaming))
+    out = launch_ll_experts(xn, ids, tw, w, top_k, taps=taps, plan=plan)
     return out, residual_out

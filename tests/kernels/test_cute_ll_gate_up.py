@@ -1,7 +1,9 @@
-"""The CuTe DSL gate/up GEMV of the decode block (flint_moe/kernels/cute/ll_gate_up.py): its specialisations
-compiled for sm_90a on the CPU and their PTX audited in test_cute_ptx.py; its addressing functions (the very
-code the kernels trace) against the golden model's layout decoders; the spec's limits. Whether the kernels
-compute the right values is not checked here: CuTe DSL has no CPU interpreter (GPU run pending)."""
+"""The CuTe DSL gate/up of the decode block (flint_moe/kernels/cute/ll_gate_up.py ``finish`` after the partial
+kernel of ll_partial.py): its builds compiled for sm_90a on the CPU and their PTX audited in test_cute_ptx.py;
+the addressing functions (the very code the kernels trace) against the golden model's layout decoders; the
+spec's limits; the exact decode of the CPU model (tests/ops/_ll_emulate.py) against the golden format decoders.
+Whether the kernels compute the right values is not checked here: CuTe DSL has no CPU interpreter (the GPU
+tests: tests/ops/test_moe_ll_gpu.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,6 @@ import torch
 
 from flint_moe.kernels.cute.ll_gate_up import (
     GateUpSpec,
-    decode_e2m1,
-    decode_e4m3,
     gate_up_rows,
     scale_block_byte,
     scale_block_shape,
@@ -22,6 +22,7 @@ from flint_moe.layouts import FlintMoEWeights
 from flint_moe.reference.formats import e2m1_to_float, e4m3_to_float
 from flint_moe.reference.layouts import cutedsl_w13_phys_rows, swizzle_offsets
 from tests.layouts._gen import nvfp4
+from tests.ops._ll_emulate import decode_e2m1, decode_e4m3
 
 from ._cute_check import assert_row_reads_checkpoint
 
@@ -30,14 +31,18 @@ BACKEND = "any"
 
 def test_spec_limits() -> None:
     with pytest.raises(ValueError, match=r"hidden 7160 must be a positive multiple of 16 with 1 <= splits \(1\)"):
-        GateUpSpec(7160, 2048, 256, 1, True)
+        GateUpSpec(7160, 2048, 256, 1, True, 8)
     with pytest.raises(ValueError, match=r"hidden 2048 must be .* 1 <= splits \(129\) <= hidden / 16"):
-        GateUpSpec(2048, 2048, 256, 129, True)
-    GateUpSpec(5120, 1536, 160, 3, True)  # a lane tail: 320 blocks in splits of 107, 107, 106
+        GateUpSpec(2048, 2048, 256, 129, True, 8)
+    GateUpSpec(5120, 1536, 160, 3, True, 8)  # a lane tail: 320 blocks in splits of 107, 107, 106
     with pytest.raises(ValueError, match=r"intermediate 96 must be a positive multiple of 64"):
-        GateUpSpec(2048, 96, 8, 1, True)
+        GateUpSpec(2048, 96, 8, 1, True, 8)
     with pytest.raises(ValueError, match=r"experts 4 must be >= 1 \(1 for the shared expert\)"):
-        GateUpSpec(2048, 512, 4, 1, False)
+        GateUpSpec(2048, 512, 4, 1, False, 1)
+    GateUpSpec(2048, 512, 16, 1, True, 16)
+    for e, k, routed in ((16, 17, True), (8, 9, True), (8, 0, True), (1, 2, False), (1, 0, False)):
+        with pytest.raises(ValueError, match=rf"^GateUpSpec: top_k {k} must be in \[1, min\(experts = {e}, 16\)\]"):
+            GateUpSpec(2048, 512, e, 1, routed, k)
 
 
 def test_scale_addressing_matches_the_golden_swizzle() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.kernels.cute import ll_down, ll_gate_up, ll_launch
+from flint_moe.kernels.cute import ll_gate_up, ll_launch
 from flint_moe.kernels.cute.ll_down import DownSpec
 from flint_moe.kernels.cute.ll_gate_up import GateUpSpec
 from flint_moe.kernels.cute.ll_launch import choose_splits, expert_views, ll_plan, plan_shapes, split_candidates
@@ -33,8 +33,8 @@ def test_splits_of_the_block_shapes() -> None:
     assert (plan.s_gate_up, plan.s_shared_gate_up, plan.s_down, plan.s_shared_down) == (1, 1, 1, 1)
     plan = plan_shapes(2048, 384, 512, 512, 8, 4)
     assert (plan.s_gate_up, plan.s_shared_gate_up, plan.s_down, plan.s_shared_down) == (4, 4, 1, 1)
-    assert plan.gate_up_spec() == GateUpSpec(2048, 512, 8, 4, True)
-    assert plan.shared_gate_up_spec() == GateUpSpec(2048, 512, 1, 4, False)
+    assert plan.gate_up_spec() == GateUpSpec(2048, 512, 8, 4, True, 4)
+    assert plan.shared_gate_up_spec() == GateUpSpec(2048, 512, 1, 4, False, 1)
     assert plan.down_spec() == DownSpec(2048, 512, 384, 512, 8, 4, 1, 1)
 
 
@@ -95,8 +95,7 @@ def _record(monkeypatch) -> list:
         calls.append((kind, spec, tap, tensors, ints, constexprs))
 
     monkeypatch.setattr(ll_launch, "_run", fake_run)
-    monkeypatch.setattr(ll_gate_up, "_dsl", lambda: None)
-    monkeypatch.setattr(ll_down, "_dsl", lambda: None)
+    monkeypatch.setattr(ll_launch, "host_ns", lambda kind: None)  # no DSL needed to record
     return calls
 
 
@@ -121,10 +120,10 @@ def test_launch_arguments(monkeypatch) -> None:
     (_, gspec, gtap, gt, gi, gc), (_, sspec, _, st, si, sc), (_, dspec, dtap, dt, di, dc) = calls
     assert (gspec, sspec, dspec) == (plan.gate_up_spec(), plan.shared_gate_up_spec(), plan.down_spec())
     assert gtap is True and dtap is True
-    # gate/up: x, ids, codes, scales, gs, ws, act (bf16 bits), gate tap, up tap; pairs, top_k; H, Ip, S, ROUTED, TAP
-    # H = 1024: S in {1, 2}, 256 CTAs per split of one pair (2 * Ip / 4): S = 2, the largest
-    assert gi == [m * k, k] and gc == [1024, 512, 2, True, True]
-    assert si == [m, 1] and sc == [1024, 512, 2, False, True]
+    # gate/up: x, ids, codes, scales, gs, ws, act (bf16 bits), gate tap, up tap; pairs, top_k; H, Ip, S, ROUTED,
+    # TAP, TOPK. H = 1024: S in {1, 2}, 256 CTAs per split of one pair (2 * Ip / 4): S = 2, the largest
+    assert gi == [m * k, k] and gc == [1024, 512, 2, True, True, k]
+    assert si == [m, 1] and sc == [1024, 512, 2, False, True, 1]
     assert gt[0].data_ptr() == xn.data_ptr() and st[0].data_ptr() == xn.data_ptr()
     assert gt[1].data_ptr() == ids.data_ptr()
     for got, name in zip(gt[2:5], ("w1", "w1_sf", "w1_gs"), strict=True):
@@ -160,7 +159,7 @@ def test_untapped_launch_passes_placeholders(monkeypatch) -> None:
     calls = _record(monkeypatch)
     ll_launch.launch_ll_experts(xn, ids, tw, b.w, 2)
     (_, _, gtap, gt, _, gc), _, (_, _, dtap, dt, _, dc) = calls
-    assert gtap is False and dtap is False and gc[-1] is False and dc[-1] is False
+    assert gtap is False and dtap is False and gc[-2] is False and dc[-1] is False
     assert [t.numel() for t in gt[7:]] == [1, 1] and [t.numel() for t in dt[13:]] == [1, 1, 1, 1]
 
 
@@ -177,6 +176,41 @@ def test_recorded_arguments_compile_for_sm90(monkeypatch, tap: bool) -> None:
     import cuda.bindings.driver as cuda
 
     for kind, _, _, tensors, ints, constexprs in calls:
-        ns = (ll_gate_up if kind == "gate_up" else ll_down)._dsl()
         args = [ll_launch._cute(t) for t in tensors]
-        assert ll_launch.compile_host(ns, args, ints, constexprs, cuda.CUstream(0), "sm_90a") is not None
+        fn = ll_launch.compile_host(ll_launch.host_ns(kind), args, ints, constexprs, cuda.CUstream(0), "sm_90a")
+        assert fn is not None
+
+
+def test_launchers_refuse_misaligned_inputs(monkeypatch) -> None:
+    """The partial kernel's 64- and 128-bit loads need 16-byte aligned starts: an input 2 bytes past one is a
+    ValueError naming it, before any launch; the aligned call launches."""
+    b = _small_block()
+    xn, ids, tw = _route(2, 2, 4)
+    calls = _record(monkeypatch)
+    v = expert_views(b.w)
+    plan = ll_plan(b.w, 2)
+    x = torch.empty(xn.numel() + 1, dtype=xn.dtype)[1:].view(xn.shape)  # starts 2 bytes past an aligned start
+    x.copy_(xn)
+    with pytest.raises(ValueError, match=r"^x: the expert kernels need a 16-byte aligned start, got 0x"):
+        ll_launch.launch_ll_gate_up(x, ids, v["w1"], v["w1_sf"], v["w1_gs"], plan.gate_up_spec(), 4, 2)
+    codes = torch.empty(v["w1"].numel() + 1, dtype=torch.int32)[1:]  # 4 bytes past
+    codes.copy_(v["w1"])
+    with pytest.raises(ValueError, match=r"^codes: the expert kernels need a 16-byte aligned start"):
+        ll_launch.launch_ll_gate_up(xn, ids, codes, v["w1_sf"], v["w1_gs"], plan.gate_up_spec(), 4, 2)
+    act = torch.empty(4 * 512 + 1, dtype=torch.bfloat16)[1:].view(4, 512)
+    sact = torch.empty(2, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^act: the expert kernels need a 16-byte aligned start"):
+        ll_launch.launch_ll_down(act, sact, ids, tw, v, plan.down_spec(), 2)
+    with pytest.raises(ValueError, match=r"^shared_act: the expert kernels need a 16-byte aligned start"):
+        ll_launch.launch_ll_down(torch.empty(4, 512, dtype=torch.bfloat16), act[:2], ids, tw, v, plan.down_spec(), 2)
+    assert calls == []
+    ll_launch.launch_ll_gate_up(xn, ids, v["w1"], v["w1_sf"], v["w1_gs"], plan.gate_up_spec(), 4, 2)
+    assert [c[0] for c in calls] == ["gate_up"]
+
+
+def test_gate_up_launcher_refuses_a_top_k_other_than_the_spec() -> None:
+    b = _small_block()
+    xn, ids, _ = _route(2, 2, 4)
+    v = expert_views(b.w)
+    with pytest.raises(ValueError, match=r"^top_k: 1 differs from the spec's top_k 2"):
+        ll_launch.launch_ll_gate_up(xn, ids, v["w1"], v["w1_sf"], v["w1_gs"], ll_plan(b.w, 2).gate_up_spec(), 4, 1)

@@ -1,15 +1,15 @@
-"""The CuTe DSL kernels of the decode block (gate/up: flint_moe/kernels/cute/ll_gate_up.py; down + combine:
-flint_moe/kernels/cute/ll_down.py): every audit specialisation compiled for sm_90a on the CPU (no GPU needed)
-and its PTX checked against the pinned rule instructions, the tap build of one shape of each, and every
-(kernel, spec, tap) the conformance cases launch (conformance/audit_block.py), checked against what the
-launchers really compile."""
+"""The CuTe DSL kernels of the decode block (flint_moe/kernels/cute/ll_partial.py's two host functions: gate/up =
+partial + ll_gate_up.py's finish; down = partials + ll_down.py's combine): every audit specialisation compiled
+for sm_90a on the CPU (no GPU needed) and its PTX checked against the pinned rule instructions, the exact
+decode and the vector loads, the tap build of one shape of each, and every (kernel, spec, tap) the conformance
+cases launch (conformance/audit_block.py), checked against what the launchers really compile."""
 
 from __future__ import annotations
 
 import pytest
 
 from flint_moe.conformance.audit_block import block_launches, case_launches
-from flint_moe.kernels.cute import ll_down, ll_gate_up
+from flint_moe.kernels.cute import ll_gate_up, ll_partial
 
 BACKEND = "any"
 
@@ -19,9 +19,19 @@ needs_cute = pytest.mark.skipif(
 
 #: kernel -> (its audit specs, its audit function, the spec whose tap build is audited)
 _AUDITS = {
-    "gate_up": (ll_gate_up.AUDIT_SPECS, ll_gate_up.audit_gate_up, "ling.routed.S4"),
-    "down": (ll_down.AUDIT_SPECS, ll_down.audit_down, "ling.S1"),
+    "gate_up": (ll_partial.AUDIT_SPECS["gate_up"], ll_partial.audit_gate_up, "ling.routed.S4"),
+    "down": (ll_partial.AUDIT_SPECS["down"], ll_partial.audit_down, "ling.S1"),
 }
+
+
+def test_audit_lists() -> None:
+    """Both builds must show the exact decode, the vector loads and the rule's pinned instructions; gate/up also
+    the SwiGLU's ``ex2`` / ``rcp``; the forbidden list is the one of every CuTe kernel of the block."""
+    for need in ("mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "ld.global.nc.v2.u32", "ld.global.nc.v4.u32",
+                 "fma.rn.f32", "mul.rn.f32", "add.rn.f32", "cvt.rn.bf16.f32", "shfl.sync.bfly.b32",
+                 "vote.sync.ballot.b32", "griddepcontrol.wait", "griddepcontrol.launch_dependents"):  # fmt: skip
+        assert need in ll_partial.PTX_REQUIRE
+    assert ll_partial.PTX_FORBID == ll_gate_up.PTX_FORBID
 
 
 @needs_cute
@@ -52,7 +62,7 @@ def _launch_id(key) -> str:
 @pytest.mark.parametrize("key", _LAUNCHES, ids=[_launch_id(k) for k in _LAUNCHES])
 def test_every_conformance_launch_is_audited(key) -> None:
     kernel, spec, tap = key
-    audit = ll_gate_up.audit_gate_up if kernel == "gate_up" else ll_down.audit_down
+    audit = ll_partial.audit_gate_up if kernel == "gate_up" else ll_partial.audit_down
     assert audit(spec, tap=tap) == []
 
 
@@ -76,8 +86,8 @@ def test_block_launches_cover_the_conformance_block_cases() -> None:
     assert set(dsv3) == {
         (kern, spec, tap)
         for kern, spec in (
-            ("gate_up", GateUpSpec(7168, 2048, 256, 1, True)),
-            ("gate_up", GateUpSpec(7168, 2048, 1, 1, False)),
+            ("gate_up", GateUpSpec(7168, 2048, 256, 1, True, 8)),
+            ("gate_up", GateUpSpec(7168, 2048, 1, 1, False, 1)),
             ("down", DownSpec(7168, 2048, 2048, 2048, 256, 8, 1, 1)),
         )
         for tap in (True, False)

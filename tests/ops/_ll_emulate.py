@@ -1,7 +1,10 @@
-"""A CPU model of the decode block's CuTe expert kernels (flint_moe/kernels/cute/ll_gate_up.py ``partial`` /
-``finish``, ll_down.py ``combine``), written from their source: it takes the very arguments the launchers pass
-to the compiled host functions (recorded in place of ``ll_launch._run``) and writes the same outputs, reading
-the flat weight views through the kernels' own addressing functions. Every fp32 operation is one IEEE
+"""A CPU model of the decode block's CuTe expert kernels (flint_moe/kernels/cute/ll_partial.py partial kernel,
+ll_gate_up.py ``finish``, ll_down.py ``combine``), written from their source: it takes the very arguments the
+launchers pass to the compiled host functions (recorded in place of ``ll_launch._run``) and writes the same
+outputs, reading the flat weight views through the kernels' own addressing functions. The partial kernel's work
+mapping (one CTA per selected expert accumulating all its pairs from one read) does not change a pair's value,
+so the model computes each pair on its own in the declared lane and split order; its exact decode is
+:func:`decode_e2m1` / :func:`decode_e4m3` (the value the kernel's f16x2 decode gives). Every fp32 operation is one IEEE
 binary32 operation (``fma`` exact, ``ex2`` / ``rcp`` the golden model's bit-exact emulations), vectorised over
 rows and lanes. It lets the op's host side (views, taps, argument order) run end to end on the CPU; it says
 nothing about the DSL's code generation (that is the GPU test's job)."""
@@ -12,8 +15,6 @@ import torch
 
 from flint_moe.kernels.cute.ll_gate_up import (
     codes_row_word,
-    decode_e2m1,
-    decode_e4m3,
     gate_up_rows,
     scale_block_byte,
     scale_block_shape,
@@ -24,6 +25,26 @@ from flint_moe.reference.mufu import ex2_approx_ftz, rcp_approx_ftz
 from flint_moe.reference.orders import _fma32
 
 SWIGLU_C = torch.tensor(-1.44269502162933349609375, dtype=torch.float32)
+
+#: fp32 scale factors that turn the fp32 read of a code's bits into its value (exact powers of two).
+E2M1_SCALE = 2.0**126
+E4M3_SCALE = 2.0**120
+
+
+def decode_e2m1(c, as_f32, mul):
+    """Exact fp32 value of the E2M1 nibble ``c`` (bit 3 sign, 2-bit exponent, 1-bit mantissa): its sign moved
+    to bit 31 and exponent + mantissa to bits 22-24 read as an fp32 (a subnormal for exponent 0) times 2^126,
+    ``mul(as_f32(bits), E2M1_SCALE)``. ``as_f32``: int bit pattern -> fp32; ``mul``: an fp32 multiply that keeps
+    subnormal inputs (no flush to zero)."""
+    return mul(as_f32(((c & 8) << 28) | ((c & 7) << 22)), E2M1_SCALE)
+
+
+def decode_e4m3(s, as_f32, mul):
+    """Exact fp32 value of the E4M3 byte ``s`` (bit 7 sign, 4-bit exponent with bias 7, 3-bit mantissa; the NaN
+    bytes 0x7F / 0xFF are refused by the weights' checks): exponent + mantissa moved to bits 20-26 read as an
+    fp32 times 2^120 (bias 127 - 7), subnormal bytes included. ``s`` may be sign-extended (only bits 0-7 are
+    read); ``as_f32`` and ``mul`` as :func:`decode_e2m1`."""
+    return mul(as_f32(((s & 0x80) << 24) | ((s & 0x7F) << 20)), E4M3_SCALE)
 
 
 def _as_f32(bits: torch.Tensor) -> torch.Tensor:
@@ -39,12 +60,12 @@ def _bf16_bits(v: torch.Tensor) -> torch.Tensor:
 
 
 def partial(x, ids, w, sf, ws, top_k, K, N, KV, S, routed, x_by_pair, pairs) -> None:  # noqa: N803
-    """``_partial_kernel`` over the grid (N / 4, S, pairs): ``ws[(q * S + s) * N + row]``."""
+    """The partial kernel's values, pair by pair: ``ws[(q * S + s) * N + row]`` for every pair q < ``pairs``."""
     rows = torch.arange(N)
     lanes = torch.arange(32)
     bps = -(-(K // 16) // S)  # blocks per split, the last split may hold fewer
     mp, kp = scale_block_shape(N, K)
-    sf32 = sf.view(torch.int8).to(torch.int32)  # the kernel's sign-extended byte read
+    sf32 = sf.view(torch.int8).to(torch.int32)  # sign-extended bytes: only bits 0-7 are read
     for q in range(pairs):
         e = int(ids[q]) if routed else 0
         xr = q if (not routed or x_by_pair) else q // top_k
@@ -56,7 +77,7 @@ def partial(x, ids, w, sf, ws, top_k, K, N, KV, S, routed, x_by_pair, pairs) -> 
                 jb = j * 32 + lanes  # [32]
                 blk = s * bps + jb
                 valid = ((jb < bps) & (blk * 16 < KV))[None, :]
-                blk = torch.where(valid[0], blk, 0)  # the kernel reads nothing there: any in-range address
+                blk = torch.where(valid[0], blk, 0)  # the kernel reads block 0 there and keeps its sum
                 sc = decode_e4m3(sf32[sf_row + scale_block_byte(blk)[None, :]], _as_f32, _mul)
                 for half in range(2):
                     word = w[w_row + blk[None, :] * 2 + half]
@@ -74,7 +95,8 @@ def gate_up(tensors, ints, constexprs) -> None:
     """``_gate_up_host``: partial over the 2Ip rows, then ``finish``."""
     x, ids, w, sf, gs, ws, act, g_tap, u_tap = tensors
     pairs, top_k = ints
-    H, IP, S, routed, tap = constexprs  # noqa: N806
+    H, IP, S, routed, tap, topk = constexprs  # noqa: N806
+    assert topk == top_k
     partial(x, ids, w, sf, ws, top_k, H, 2 * IP, H, S, routed, False, pairs)
     i = torch.arange(IP)
     g_row, u_row = gate_up_rows(i, IP, routed)
@@ -124,7 +146,5 @@ def down(tensors, ints, constexprs) -> None:
 
 
 def run(kind, spec, tap, device, ns, tensors, ints, constexprs) -> None:
-    """Stands in for ``ll_launch._run``."""
-    if kind == "gate_up_stream":  # the streaming build: the same values, one more constexpr (top_k)
-        kind, constexprs = "gate_up", constexprs[:-1]
-    (gate_up if kind.startswith("gate_up") else down)(tensors, ints, constexprs)
+    """Stands in for ``ll_launch._run`` (``kind`` ``"gate_up"`` or ``"down"``)."""
+    {"gate_up": gate_up, "down": down}[kind](tensors, ints, constexprs)

@@ -1,26 +1,18 @@
-"""CuTe DSL split-K NVFP4 gate/up GEMV of the low-latency decode block (rule steps 5-7): a first version,
-compiled for sm_90 and its PTX audited on the CPU, bitwise on the H200 (tests/ops/test_moe_ll_gpu.py); not yet tuned.
+"""Gate/up finish (rule steps 6-7: split sum, global scale, SwiGLU) of the low-latency decode block, and what
+every CuTe DSL kernel of the block shares: the specialisation ``GateUpSpec``, the weights' addressing, the pinned
+rule instructions as inline PTX. Compiled for sm_90a and its PTX audited on the CPU; bitwise on the H200
+(tests/ops/test_moe_ll_gpu.py).
 
-Two kernels (``nvidia-cutlass-dsl``, the ``cute`` extra; this module imports without it and then reports
-the package missing from :func:`cute_available`):
+The split-K partial GEMV that feeds it is ``ll_partial.py`` (``nvidia-cutlass-dsl``, the ``cute`` extra; this
+module imports without it and then reports the package missing from :func:`cute_available`).
 
-- ``partial``: grid (2*Ip / WARPS, S, P), WARPS warps per CTA, one warp per physical weight row. Pair q < P
-  is (token q // k, selected slot q % k) for the routed experts (expert ``ids[q]``), or one token for the
-  shared expert (expert 0 of a one-expert view). K-split s covers the 16-element blocks
-  [s * BPS, (s + 1) * BPS) of the row (BPS = ceil(H / 16 / S); the last split may hold fewer). Lane l of the
-  warp takes the blocks s * BPS + l, + 32, ... below (s + 1) * BPS (and below K / 16) in increasing order;
-  per block it decodes the 16 E2M1 codes and the E4M3 scale exactly (:func:`decode_e2m1` /
-  :func:`decode_e4m3`: bit moves and one ``mul.rn.f32`` by a power of two),
-  ``w = mul.rn(e2m1, e4m3)`` (exact in fp32) and
-  ``acc = fma.rn.f32(x_h, w, acc)`` for h ascending (x bf16 widened exactly, the product exact in fp32 unless
-  it underflows). The 32 lane sums are reduced by a butterfly (``shfl.sync.bfly`` with offsets 16, 8, 4, 2,
-  1: after the level of offset o lane l holds RN(v_l + v_{l^o}), the same in both lanes since fp32 addition
-  is commutative), and lane 0 writes the row's partial to the fp32 workspace [P, S, 2*Ip].
-- ``finish``: grid (ceil(Ip / 128), P), one thread per intermediate index i: ``g_acc = p_0 + p_1 + ... +
-  p_{S-1}`` of the gate row's partials in increasing s (one fp32 RN per addition, ``add.rn.f32``), the same
-  for the up row, then rule steps 6-7 with pinned instructions: ``g = mul.rn(g_acc, gs)``, ``u = mul.rn(u_acc,
-  gs)``, ``act = cvt.rn.bf16(u * (g * rcp.approx.ftz(ex2.approx.ftz(g * c) + 1)))``. Taps: ``gate_acc`` /
-  ``up_acc`` fp32 [P, Ip] (before the global scale), ``act`` bf16 [P, Ip].
+- ``finish``: grid (ceil(Ip / 128), P), one thread per intermediate index i of pair q < P (routed: token
+  q // k, slot q % k, expert ``ids[q]``; shared: token q, expert 0 of a one-expert view): ``g_acc = p_0 + p_1
+  + ... + p_{S-1}`` of the gate row's partials in the fp32 workspace [P, S, 2*Ip] in increasing s (one fp32 RN
+  per addition, ``add.rn.f32``), the same for the up row, then rule steps 6-7 with pinned instructions:
+  ``g = mul.rn(g_acc, gs)``, ``u = mul.rn(u_acc, gs)``, ``act = cvt.rn.bf16(u * (g * rcp.approx.ftz(
+  ex2.approx.ftz(g * c) + 1)))``. Taps: ``gate_acc`` / ``up_acc`` fp32 [P, Ip] (before the global scale),
+  ``act`` bf16 [P, Ip].
 
 Rows: the routed experts' ``FlintMoEWeights.w1`` holds [up; gate] interleaved by 64 rows (up row i at
 physical row 128 * (i // 64) + i % 64, gate row i 64 rows after it); the shared expert's gate/up linear holds
@@ -28,24 +20,18 @@ physical row 128 * (i // 64) + i % 64, gate row i 64 rows after it); the shared 
 of (row r, block c) at ``(r // 128) * Kp * 128 + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 +
 c % 4`` inside an expert's [Mp, Kp] block.
 
-Limits: H % 16 == 0, 1 <= S <= H / 16 (a lane past its split's last block reads nothing), Ip % 64 == 0;
-offsets are 32-bit (E * 2Ip * H / 8 < 2^31: Kimi-K2's 384 x 4096 x 896 = 1.41e9 fits).
-
-Ran on the H200 bitwise (tests/ops/test_moe_ll_gpu.py). Not done yet: the conformance path on the GPU, tuning
-(one warp per row and byte-wise scale loads are the simplest mapping, not a fast one), fusing ``finish`` into
-``partial`` (last CTA of a row tile by an atomic ticket), the taps' place in the block op.
+Limits (``GateUpSpec``): H % 16 == 0, 1 <= S <= H / 16, Ip % 64 == 0, 1 <= top_k <= min(E, 16) (1 for the
+shared expert); offsets are 32-bit (E * 2Ip * H / 8 < 2^31: Kimi-K2's 384 x 4096 x 896 = 1.41e9 fits).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import tempfile
 import types
 from dataclasses import dataclass
 
 __all__ = [
-    "AUDIT_SPECS",
     "codes_row_word",
     "gate_up_rows",
     "scale_block_byte",
@@ -53,25 +39,17 @@ __all__ = [
     "scale_row_byte",
     "GateUpSpec",
     "PTX_FORBID",
-    "PTX_REQUIRE",
-    "audit_gate_up",
-    "compile_gate_up",
     "cute_available",
-    "decode_e2m1",
-    "decode_e4m3",
 ]
 
 _HAVE_CUTE = importlib.util.find_spec("cutlass") is not None
 
-#: Warps (rows) per CTA of the partial kernel; threads per CTA of the finish kernel.
+#: Warps (rows) per CTA of the partial kernel; threads per CTA of the finish and combine kernels.
 WARPS = 4
 FINISH_THREADS = 128
 
-#: Instructions the generated PTX must contain (rule steps 5-7 pinned) and must not (see module docstring).
-PTX_REQUIRE = (
-    "fma.rn.f32", "mul.rn.f32", "add.rn.f32", "ex2.approx.ftz.f32", "rcp.approx.ftz.f32", "cvt.rn.bf16.f32",
-    "shfl.sync.bfly.b32", "griddepcontrol.wait", "griddepcontrol.launch_dependents",
-)  # fmt: skip
+#: Instructions no build of the block's CuTe kernels may contain (fp64, non-ftz or refined ex2 / rcp, a
+#: truncating bf16 conversion, the full-range division).
 PTX_FORBID = (
     "div.full.f32",
     r"re:^\s*(@!?%p\d+\s+)?[a-z][a-z0-9_]*(\.[a-z0-9_]+)*\.f64\b",
@@ -92,13 +70,16 @@ def cute_available() -> tuple[bool, str]:
 @dataclass(frozen=True)
 class GateUpSpec:
     """One specialisation: hidden H, padded intermediate Ip, experts E of the weight tensor (1 for the shared
-    expert), K-splits S, ``routed`` (interleaved [up; gate] rows, expert from ids) or shared ([gate; up])."""
+    expert), K-splits S, ``routed`` (interleaved [up; gate] rows, expert from ids) or shared ([gate; up]),
+    ``top_k`` the pairs per token (1 for the shared expert; a constexpr of the partial kernel's pair search).
+    ValueError for a value outside the module's limits."""
 
     hidden: int
     inter: int
     experts: int
     splits: int
     routed: bool
+    top_k: int
 
     def __post_init__(self) -> None:
         if self.hidden <= 0 or self.hidden % 16 or not 1 <= self.splits <= self.hidden // 16:
@@ -110,6 +91,11 @@ class GateUpSpec:
             raise ValueError(f"GateUpSpec: intermediate {self.inter} must be a positive multiple of 64")
         if self.experts <= 0 or (not self.routed and self.experts != 1):
             raise ValueError(f"GateUpSpec: experts {self.experts} must be >= 1 (1 for the shared expert)")
+        if not 1 <= self.top_k <= min(self.experts, 16) or (not self.routed and self.top_k != 1):
+            raise ValueError(
+                f"GateUpSpec: top_k {self.top_k} must be in [1, min(experts = {self.experts}, 16)] (1 for the shared "
+                "expert)"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -150,32 +136,11 @@ def gate_up_rows(i, ip, routed: bool):
     return i, ip + i
 
 
-#: fp32 scale factors that turn the fp32 read of a code's bits into its value (exact powers of two).
-E2M1_SCALE = 2.0**126
-E4M3_SCALE = 2.0**120
-
-
-def decode_e2m1(c, as_f32, mul):
-    """Exact fp32 value of the E2M1 nibble ``c`` (bit 3 sign, 2-bit exponent, 1-bit mantissa): its sign moved
-    to bit 31 and exponent + mantissa to bits 22-24 read as an fp32 (a subnormal for exponent 0) times 2^126,
-    ``mul(as_f32(bits), E2M1_SCALE)``. ``as_f32``: int bit pattern -> fp32; ``mul``: an fp32 multiply that keeps
-    subnormal inputs (no flush to zero). Branch-free, so the kernels trace it on DSL integers."""
-    return mul(as_f32(((c & 8) << 28) | ((c & 7) << 22)), E2M1_SCALE)
-
-
-def decode_e4m3(s, as_f32, mul):
-    """Exact fp32 value of the E4M3 byte ``s`` (bit 7 sign, 4-bit exponent with bias 7, 3-bit mantissa; the NaN
-    bytes 0x7F / 0xFF are refused by the weights' checks): exponent + mantissa moved to bits 20-26 read as an
-    fp32 times 2^120 (bias 127 - 7), subnormal bytes included. ``s`` may be sign-extended (only bits 0-7 are
-    read); ``as_f32`` and ``mul`` as :func:`decode_e2m1`."""
-    return mul(as_f32(((s & 0x80) << 24) | ((s & 0x7F) << 20)), E4M3_SCALE)
-
-
 @functools.cache
 def _dsl() -> types.SimpleNamespace:
-    """Import nvidia-cutlass-dsl and define the kernels (once): importing this module stays cheap and works
-    without the package (the audit registry imports every kernel module)."""
-    import cuda.bindings.driver as cuda
+    """Import nvidia-cutlass-dsl and define the pinned-instruction helpers and the ``finish`` kernel (once):
+    importing this module stays cheap and works without the package (the audit registry imports every kernel
+    module)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float32, Int32
@@ -235,57 +200,6 @@ def _dsl() -> types.SimpleNamespace:
         return Float32(llvm.bitcast(T.f32(), Int32(i).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
     @cute.kernel
-    def _partial_kernel(
-        x: cute.Tensor,  # bf16 [rows of K] (flat): the tokens' xn (gate/up) or the pairs' act (down)
-        ids: cute.Tensor,  # int32 [P] (routed: the selected experts, flattened [M, k]; shared: unused)
-        w: cute.Tensor,  # int32 [E * N * K / 8]: codes, 8 per word
-        sf: cute.Tensor,  # uint8 [E * Mp * Kp]: swizzled scales
-        ws: cute.Tensor,  # fp32 [P * S * N]
-        top_k: Int32,
-        K: cutlass.Constexpr,  # reduction length (stored)
-        N: cutlass.Constexpr,  # rows
-        KV: cutlass.Constexpr,  # valid reduction length (K minus padding), a multiple of 16
-        S: cutlass.Constexpr,
-        ROUTED: cutlass.Constexpr,
-        X_BY_PAIR: cutlass.Constexpr,  # x row of pair q: q (down; the shared expert) or q // top_k (gate/up)
-    ):
-        tidx, _, _ = cute.arch.thread_idx()
-        rt, s, q = cute.arch.block_idx()
-        warp = tidx // 32
-        lane = tidx % 32
-        row = rt * WARPS + warp
-        cute.arch.griddepcontrol_wait()
-        e = Int32(0)
-        xr = q
-        if ROUTED:
-            e = ids[q]
-            if not X_BY_PAIR:
-                xr = q // top_k
-        bps = (K // 16 + S - 1) // S  # blocks per split (the last split may hold fewer)
-        mp, kp = scale_block_shape(N, K)
-        w_row = codes_row_word(e, row, N, K)
-        sf_row = scale_row_byte(e, row, mp, kp)
-        x_row = xr * K
-        acc = Float32(0.0)
-        for j in range((bps + 31) // 32):
-            jb = j * 32 + lane
-            blk = s * bps + jb
-            if jb < bps:  # a lane past its split's last block reads nothing
-                if blk * 16 < KV:  # padding columns (any bytes) and blocks past K are never read
-                    sc = decode_e4m3(Int32(sf[sf_row + scale_block_byte(blk)]), bits_f32, mul_rn)
-                    for half in cutlass.range_constexpr(2):
-                        word = Int32(w[w_row + blk * 2 + half])
-                        for n in cutlass.range_constexpr(8):
-                            h = blk * 16 + half * 8 + n
-                            wv = mul_rn(decode_e2m1((word >> (4 * n)) & 15, bits_f32, mul_rn), sc)
-                            acc = fma_rn(Float32(x[x_row + h]), wv, acc)
-        for lvl in cutlass.range_constexpr(5):
-            acc = add_rn(acc, cute.arch.shuffle_sync_bfly(acc, offset=16 >> lvl))
-        if lane == 0:
-            ws[(q * S + s) * N + row] = acc
-        cute.arch.griddepcontrol_launch_dependents()
-
-    @cute.kernel
     def _finish_kernel(
         ws: cute.Tensor,  # fp32 [P * S * 2Ip]
         ids: cute.Tensor,  # int32 [P]
@@ -323,93 +237,7 @@ def _dsl() -> types.SimpleNamespace:
             act[q * IP + i] = cutlass.Int16(bf16_bits(mul_rn(u, mul_rn(g, r))))
         cute.arch.griddepcontrol_launch_dependents()
 
-    @cute.jit
-    def _gate_up_host(
-        x: cute.Tensor,
-        ids: cute.Tensor,
-        w: cute.Tensor,
-        sf: cute.Tensor,
-        gs: cute.Tensor,
-        ws: cute.Tensor,
-        act: cute.Tensor,
-        g_tap: cute.Tensor,
-        u_tap: cute.Tensor,
-        pairs: Int32,
-        top_k: Int32,
-        H: cutlass.Constexpr,
-        IP: cutlass.Constexpr,
-        S: cutlass.Constexpr,
-        ROUTED: cutlass.Constexpr,
-        TAP: cutlass.Constexpr,
-        stream: cuda.CUstream,
-    ):
-        _partial_kernel(x, ids, w, sf, ws, top_k, H, 2 * IP, H, S, ROUTED, False).launch(
-            grid=[2 * IP // WARPS, S, pairs], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
-        )
-        _finish_kernel(ws, ids, gs, act, g_tap, u_tap, IP, S, ROUTED, TAP).launch(
-            grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1],
-            block=[FINISH_THREADS, 1, 1],
-            stream=stream,
-            use_pdl=True,
-        )
-
     # The DSL re-parses each @cute.jit / @cute.kernel body and resolves its names through the module's
     # globals, not the closure: publish everything defined here (only the kernels' own helpers).
     globals().update({n: v for n, v in locals().items() if not n.startswith("__")})
-    return types.SimpleNamespace(**{n: v for n, v in locals().items() if not n.startswith("__")}, host=_gate_up_host)
-
-
-#: The block's shapes with a shared expert (name -> spec): routed and shared gate/up of DeepSeek-V3 (and
-#: Kimi-K2's 384 experts), GLM-4.5 and Ling-mini-2.0, with a K-split each shape allows.
-AUDIT_SPECS = {
-    "dsv3.routed.S2": GateUpSpec(7168, 2048, 256, 2, True),
-    "dsv3.shared.S7": GateUpSpec(7168, 2048, 1, 7, False),
-    "kimi.routed.S2": GateUpSpec(7168, 2048, 384, 2, True),
-    "glm45.routed.S2": GateUpSpec(5120, 1536, 160, 2, True),
-    "glm45.shared.S5": GateUpSpec(5120, 1536, 1, 5, False),
-    "ling.routed.S4": GateUpSpec(2048, 512, 256, 4, True),
-    "ling.shared.S4": GateUpSpec(2048, 512, 1, 4, False),
-    "glm45.routed.S3": GateUpSpec(5120, 1536, 160, 3, True),  # 107 blocks per split: a lane tail
-}
-
-
-def compile_gate_up(spec: GateUpSpec, pairs: int = 8, *, tap: bool = False, arch: str = "sm_90a"):
-    """Compile ``spec`` for ``arch`` (no GPU needed) with placeholder CPU tensors of the right dtypes and
-    sizes for ``pairs`` (token, expert) pairs; returns the compiled function (``.artifacts.PTX`` holds the
-    PTX, ``.artifacts.CUBIN`` the cubin). Raises RuntimeError when nvidia-cutlass-dsl is missing."""
-    ok, why = cute_available()
-    if not ok:
-        raise RuntimeError(why)
-    import torch
-
-    ns = _dsl()
-    from cutlass.cute.runtime import from_dlpack
-
-    h, ip, e, s = spec.hidden, spec.inter, spec.experts, spec.splits
-    mp, kp = scale_block_shape(2 * ip, h)
-    m = pairs
-    t = {
-        "x": torch.zeros(m * h, dtype=torch.bfloat16),
-        "ids": torch.zeros(pairs, dtype=torch.int32),
-        "w": torch.zeros(e * 2 * ip * h // 8, dtype=torch.int32),
-        "sf": torch.zeros(e * mp * kp, dtype=torch.uint8),
-        "gs": torch.ones(e, dtype=torch.float32),
-        "ws": torch.zeros(pairs * s * 2 * ip, dtype=torch.float32),
-        "act": torch.zeros(pairs * ip, dtype=torch.int16),
-        "g_tap": torch.zeros(pairs * ip, dtype=torch.float32),
-        "u_tap": torch.zeros(pairs * ip, dtype=torch.float32),
-    }
-    args = [from_dlpack(v).mark_layout_dynamic() for v in t.values()]
-    # the PTX text is kept in .artifacts only when it is dumped (4.8.1); the directory must exist
-    with tempfile.TemporaryDirectory(prefix="flint-cute-") as d:
-        opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {d}"
-        stream = ns.cuda.CUstream(0)
-        return ns.cute.compile(ns.host, *args, pairs, 1, h, ip, s, spec.routed, tap, stream, options=opts)
-
-
-def audit_gate_up(spec: GateUpSpec, *, tap: bool = False) -> list[str]:
-    """Problems of ``spec``'s sm_90 PTX against :data:`PTX_REQUIRE` / :data:`PTX_FORBID` (empty: passes)."""
-    from flint_moe.kernels.audit.ptx import audit_ptx
-
-    fn = compile_gate_up(spec, tap=tap)
-    return audit_ptx(fn.artifacts.PTX, PTX_REQUIRE, PTX_FORBID)
+    return types.SimpleNamespace(**{n: v for n, v in locals().items() if not n.startswith("__")})

@@ -1,6 +1,7 @@
-"""Host side of the decode block's CuTe DSL expert kernels (``ll_gate_up.py``, ``ll_down.py``): the K-split
-choice, the flat views of :class:`~flint_moe.layouts.ll_weights.LLMoEWeights` the kernels read, the compile
-cache and the launches on the current CUDA stream.
+"""Host side of the decode block's CuTe DSL expert kernels (``ll_partial.py``'s two host functions: the partial
+kernel, then ``ll_gate_up.py``'s finish or ``ll_down.py``'s combine): the K-split choice, the flat views of
+:class:`~flint_moe.layouts.ll_weights.LLMoEWeights` the kernels read, the compile cache and the launches on the
+current CUDA stream.
 
 - :func:`ll_plan`: the block's shapes and K-splits (``LLPlan``), from the weights alone.
 - :func:`expert_views`: int32 code words, uint8 scale bytes and fp32 global scales as ``view``s of the
@@ -9,18 +10,19 @@ cache and the launches on the current CUDA stream.
 - :func:`launch_ll_down`: rule steps 5, 8-10 (routed and shared down partials, then the combine).
 - :func:`launch_ll_experts`: both, in the order the block runs them (routed gate/up, shared gate/up, down).
 
-Each specialisation (``GateUpSpec`` / ``DownSpec``, tap build or not, architecture) is compiled once per
-process on first use with ``cute.compile`` (arguments: ``from_dlpack`` views of the call's CUDA tensors with
-dynamic layouts, so later calls with another token count reuse it), for the device's architecture
-(``sm_90a`` on an H200). A call converts its tensors with ``from_dlpack`` and runs the compiled function on
-``torch.cuda.current_stream()``: no host synchronisation; outputs and fp32 workspaces are allocated by torch
-on the current stream (capturable in a CUDA graph once compiled: the first call of a specialisation must run
+Each specialisation (kind ``"gate_up"`` / ``"down"``, ``GateUpSpec`` / ``DownSpec``, tap build or not,
+architecture) is compiled once per process on first use with ``cute.compile`` (arguments: ``from_dlpack`` views of
+the call's CUDA tensors with dynamic layouts, so later calls with another token count reuse it), for the device's
+architecture (``sm_90a`` on an H200). A call converts its tensors with ``from_dlpack`` and runs the compiled
+function on ``torch.cuda.current_stream()``: no host synchronisation; outputs and fp32 workspaces are allocated by
+torch on the current stream (capturable in a CUDA graph once compiled: the first call of a specialisation must run
 outside a capture). Every launch asks for programmatic dependent launch and every kernel waits
 (``griddepcontrol.wait``) before its first read.
 
 Limits (each a ValueError naming the constraint): the reduction lengths H (gate/up), Ip and SI (down) must be
 multiples of 16 (whole NVFP4 blocks; the weights' own checks already ask more); the code words of one weight
-tensor must be addressable by int32 (E * N * K / 8 < 2^31).
+tensor must be addressable by int32 (E * N * K / 8 < 2^31); the kernels' inputs and code words must start on a
+16-byte boundary (their 64- and 128-bit loads).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "split_candidates",
     "compile_host",
     "compiled_specs",
+    "host_ns",
     "expert_views",
     "launch_ll_down",
     "launch_ll_experts",
@@ -104,10 +107,10 @@ class LLPlan:
     s_shared_down: int
 
     def gate_up_spec(self) -> GateUpSpec:
-        return GateUpSpec(self.hidden, self.padded_inter, self.experts, self.s_gate_up, True)
+        return GateUpSpec(self.hidden, self.padded_inter, self.experts, self.s_gate_up, True, self.top_k)
 
     def shared_gate_up_spec(self) -> GateUpSpec:
-        return GateUpSpec(self.hidden, self.shared_inter, 1, self.s_shared_gate_up, False)
+        return GateUpSpec(self.hidden, self.shared_inter, 1, self.s_shared_gate_up, False, 1)
 
     def down_spec(self) -> DownSpec:
         return DownSpec(
@@ -214,7 +217,7 @@ def _stream():
 
 
 def compile_host(ns, args: list, ints: list, constexprs: list, stream, arch: str):
-    """``cute.compile`` of ``ns.host`` (``ll_gate_up._dsl()`` / ``ll_down._dsl()``) with the host function's
+    """``cute.compile`` of ``ns.host`` (:func:`host_ns`) with the host function's
     parameters in signature order: the tensors ``args`` (``from_dlpack`` views), the runtime integers ``ints``,
     the compile-time ``constexprs``, then the CUDA ``stream``; for ``arch`` (e.g. ``"sm_90a"``)."""
     return ns.cute.compile(ns.host, *args, *ints, *constexprs, stream, options=f"--gpu-arch {arch}")
@@ -237,20 +240,21 @@ def _run(kind: str, spec, tap: bool, device: torch.device, ns, tensors: list, in
 
 
 def _check_aligned(**tensors: torch.Tensor) -> None:
-    """ValueError unless every tensor starts on a 16-byte boundary (the streaming kernels' vector loads)."""
+    """ValueError unless every tensor starts on a 16-byte boundary (the partial kernel's vector loads)."""
     for name, t in tensors.items():
         if t.data_ptr() % 16:
-            raise ValueError(f"{name}: the streaming kernels need a 16-byte aligned start, got {t.data_ptr():#x}")
+            raise ValueError(f"{name}: the expert kernels need a 16-byte aligned start, got {t.data_ptr():#x}")
 
 
-def _stream_ns(which: str):
-    """``ll_stream``'s host function ``which`` (``"gate_up"`` / ``"down"``) in the shape ``_run`` calls."""
+def host_ns(kind: str):
+    """``ll_partial``'s host function of ``kind`` (``"gate_up"`` / ``"down"``) as ``ns.host``, with ``ns.cute``:
+    the shape :func:`compile_host` and ``_run`` take."""
     import types
 
-    from flint_moe.kernels.cute import ll_stream
+    from flint_moe.kernels.cute import ll_partial
 
-    ns = ll_stream._dsl()
-    return types.SimpleNamespace(cute=ns.cute, host=getattr(ns, which))
+    ns = ll_partial._dsl()
+    return types.SimpleNamespace(cute=ns.cute, host=getattr(ns, kind))
 
 
 def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -268,22 +272,23 @@ def launch_ll_gate_up(
     top_k: int,
     *,
     tap: bool = False,
-    streaming: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Rule steps 5-7 (``ll_gate_up``'s ``partial`` then ``finish``) for ``pairs`` rows.
+    """Rule steps 5-7 (``ll_partial``'s partial kernel then ``ll_gate_up``'s ``finish``) for ``pairs`` rows.
 
     Args: ``x`` bf16 [tokens, H] contiguous (routed: token ``q // top_k`` of pair q; shared: token q);
     ``ids`` int32 [pairs] (routed: the pairs' experts, ``ids`` [M, k] flattened; shared: read by no one);
     ``codes`` int32 [E * 2Ip * H / 8], ``scales`` uint8 [E * Mp * Kp], ``gs`` fp32 [E] (:func:`expert_views`);
-    ``spec`` the specialisation; ``top_k`` (1 for the shared expert); ``tap``: also return the accumulators.
+    ``spec`` the specialisation (its ``top_k``: 1 for the shared expert); ``top_k`` the pairs per token (equal
+    to ``spec.top_k``); ``tap``: also return the accumulators.
     Returns ``act`` bf16 [pairs, Ip] (columns >= I of a padded routed layout hold values of the padding rows:
     never read), and with ``tap`` ``gate_acc`` / ``up_acc`` fp32 [pairs, Ip] (before the global scale), else
     None, None. New tensors on ``x``'s device, allocated on the current stream; no synchronisation.
-    ``streaming``: the ``ll_stream`` partial kernel (each expert's weights read once for all its pairs; same
-    values bit for bit, same declared order) in place of ``ll_gate_up``'s.
+    Raises ValueError when ``top_k`` differs from ``spec.top_k`` or when ``x`` or ``codes`` does not start on a
+    16-byte boundary.
     """
-    from flint_moe.kernels.cute import ll_gate_up
-
+    if top_k != spec.top_k:
+        raise ValueError(f"top_k: {top_k} differs from the spec's top_k {spec.top_k}")
+    _check_aligned(x=x, codes=codes)
     dev = x.device
     ip, s = spec.inter, spec.splits
     ws = torch.empty(pairs * s * 2 * ip, dtype=torch.float32, device=dev)
@@ -295,13 +300,8 @@ def launch_ll_gate_up(
         g_tap = u_tap = _dummy(dev, torch.float32)
     tensors = [x.reshape(-1), ids.reshape(-1), codes, scales, gs, ws, act.view(torch.int16).reshape(-1),
                g_tap.reshape(-1), u_tap.reshape(-1)]  # fmt: skip
-    constexprs = [spec.hidden, ip, s, spec.routed, bool(tap)]
-    if streaming:
-        _check_aligned(x=x, codes=codes)
-        ns = _stream_ns("gate_up")
-        _run("gate_up_stream", (spec, top_k), tap, dev, ns, tensors, [pairs, top_k], [*constexprs, top_k])
-    else:
-        _run("gate_up", spec, tap, dev, ll_gate_up._dsl(), tensors, [pairs, top_k], constexprs)
+    constexprs = [spec.hidden, ip, s, spec.routed, bool(tap), top_k]
+    _run("gate_up", spec, tap, dev, host_ns("gate_up"), tensors, [pairs, top_k], constexprs)
     return act, (g_tap if tap else None), (u_tap if tap else None)
 
 
@@ -315,18 +315,16 @@ def launch_ll_down(
     tokens: int,
     *,
     tap: bool = False,
-    streaming: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Rule steps 5, 8-10: the routed and shared down partials, then the combine (``ll_down``).
+    """Rule steps 5, 8-10: the routed and shared down partials (``ll_partial``), then the combine (``ll_down``).
 
     Args: ``act`` bf16 [M * k, Ip] (the pairs' activations, columns >= I never read), ``shared_act`` bf16
     [M, SI], ``ids`` int32 [M, k], ``tw`` fp32 [M, k] (bf16 values), ``views`` :func:`expert_views`, ``spec``,
     ``tokens`` M. Returns ``out`` bf16 [M, H] and, with ``tap``, ``{"down_acc": fp32 [M, k, H], "y": bf16
-    [M, k, H], "shared_down_acc": fp32 [M, H], "shared_y": bf16 [M, H]}`` (else ``{}``). ``streaming``: the
-    ``ll_stream`` partial kernels (as :func:`launch_ll_gate_up`).
+    [M, k, H], "shared_down_acc": fp32 [M, H], "shared_y": bf16 [M, H]}`` (else ``{}``). Raises ValueError
+    when ``act``, ``shared_act`` or the down code words do not start on a 16-byte boundary.
     """
-    from flint_moe.kernels.cute import ll_down
-
+    _check_aligned(act=act, shared_act=shared_act, w2=views["w2"], sw2=views["sw2"])
     dev = act.device
     h, k, s, ss = spec.hidden, spec.top_k, spec.splits, spec.shared_splits
     m = tokens
@@ -351,11 +349,7 @@ def launch_ll_down(
         ws_r, ws_s, out.view(torch.int16).reshape(-1), *(v.reshape(-1) for v in taps),
     ]  # fmt: skip
     constexprs = [h, spec.inter, spec.valid_inter, spec.shared_inter, k, s, ss, bool(tap)]
-    if streaming:
-        _check_aligned(act=act, shared_act=shared_act, w2=views["w2"], sw2=views["sw2"])
-        _run("down_stream", spec, tap, dev, _stream_ns("down"), tensors, [m], constexprs)
-    else:
-        _run("down", spec, tap, dev, ll_down._dsl(), tensors, [m], constexprs)
+    _run("down", spec, tap, dev, host_ns("down"), tensors, [m], constexprs)
     return out, t
 
 
@@ -368,7 +362,6 @@ def launch_ll_experts(
     *,
     taps: dict | None = None,
     plan: LLPlan | None = None,
-    streaming: bool = False,
 ) -> torch.Tensor:
     """Rule steps 5-10 of the block on ``xn`` bf16 [M, H] with the routing ``ids`` int32 [M, k] and ``tw``
     fp32 [M, k] (``launch_ll_router``'s outputs) and the weights ``w`` (LLMoEWeights): routed gate/up, shared
@@ -376,22 +369,20 @@ def launch_ll_experts(
     ``gate_acc`` / ``up_acc`` fp32 [M, k, I], ``act`` bf16 [M, k, I], ``shared_gate_acc`` /
     ``shared_up_acc`` fp32 [M, SI], ``shared_act`` bf16 [M, SI], ``shared_down_acc`` fp32 [M, H],
     ``shared_y`` bf16 [M, H], ``down_acc`` fp32 [M, k, H], ``y`` bf16 [M, k, H], ``out`` bf16 [M, H].
-    ``streaming`` (default False): the ``ll_stream`` partial kernels, each expert's weights read once per step
-    (same values bit for bit, same declared orders)."""
+    Each selected expert's weights are read once per call for all its tokens (``ll_partial``). Raises
+    ValueError as :func:`launch_ll_gate_up` / :func:`launch_ll_down` (unaligned inputs)."""
     plan = plan or ll_plan(w, top_k)
     views = expert_views(w)
     m = xn.shape[0]
     k, ip, i = top_k, plan.padded_inter, plan.inter
     tap = taps is not None
     act, g, u = launch_ll_gate_up(
-        xn, ids, views["w1"], views["w1_sf"], views["w1_gs"], plan.gate_up_spec(), m * k, k, tap=tap,
-        streaming=streaming,
+        xn, ids, views["w1"], views["w1_sf"], views["w1_gs"], plan.gate_up_spec(), m * k, k, tap=tap
     )
     sact, sg, su = launch_ll_gate_up(
-        xn, ids, views["sw13"], views["sw13_sf"], views["sw13_gs"], plan.shared_gate_up_spec(), m, 1, tap=tap,
-        streaming=streaming,
+        xn, ids, views["sw13"], views["sw13_sf"], views["sw13_gs"], plan.shared_gate_up_spec(), m, 1, tap=tap
     )
-    out, dt = launch_ll_down(act, sact, ids, tw, views, plan.down_spec(), m, tap=tap, streaming=streaming)
+    out, dt = launch_ll_down(act, sact, ids, tw, views, plan.down_spec(), m, tap=tap)
     if taps is not None:
         taps["gate_acc"] = g.view(m, k, ip)[..., :i]
         taps["up_acc"] = u.view(m, k, ip)[..., :i]

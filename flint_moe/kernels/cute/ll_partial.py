@@ -1,26 +1,28 @@
-"""Streaming CuTe DSL partial kernel of the decode block (gate/up and down): each weight row block is read from
-memory once for every token of the step that selected its expert (docs/kernels/ll-block.md, "Why the first
-kernels are slow (SASS)" and "Streaming kernels").
+"""Split-K partial GEMV of the low-latency decode block (rule step 5 for gate/up and down, routed and shared) and
+the block's two CuTe DSL host functions: gate/up (partial + ``ll_gate_up``'s ``finish``) and down (routed and
+shared partials + ``ll_down``'s ``combine``). Each selected expert's weight rows are read from memory once for
+every token of the step that selected it (docs/kernels/ll-block.md, sections 7-8). Compiled for sm_90a and its
+PTX audited on the CPU; bitwise on the H200 against the golden model (tests/ops/test_moe_ll_gpu.py).
 
-Same rule, same bits and the same declared summation order as ``ll_gate_up``'s ``partial`` kernel
-(``kernels.orders.ll_expert_order``): lane l of split s takes the 16-element blocks s * BPS + l, + 32, ... below
-(s + 1) * BPS and below the valid length, per block ``acc = fma.rn.f32(x_h, w_h, acc)`` for h ascending from
-+0, then the xor 16, 8, 4, 2, 1 butterfly with ``add.rn.f32``; lane 0 writes the row's partial to the fp32
-workspace [P, S, N] that ``ll_gate_up``'s ``finish`` and ``ll_down``'s ``combine`` read unchanged. What changes
-is the work mapping and the instructions:
+Declared summation order (``kernels.orders.ll_expert_order``): lane l of split s takes the 16-element blocks
+s * BPS + l, + 32, ... below (s + 1) * BPS and below the valid length (BPS = ceil(K / 16 / S); the last split may
+hold fewer), per block ``acc = fma.rn.f32(x_h, w_h, acc)`` for h ascending from +0, then the xor 16, 8, 4, 2, 1
+butterfly with ``add.rn.f32``; lane 0 writes the row's partial to the fp32 workspace [P, S, N] that
+``finish`` / ``combine`` sum over s in increasing order. The work mapping and the instructions:
 
-- grid (N / WARPS, S, G): G = P pairs for the routed experts, 1 for the shared expert. The CTA of pair q works
-  only when q is the first pair that selected expert ``ids[q]``; it then finds every pair of that expert (at
-  most one per token: a token selects an expert once) by warp ballots over ``ids`` and accumulates all of them
-  (up to 8, the block's token limit) from one read of the weights. The shared expert's single CTA column takes
-  all M tokens. The other CTAs of a duplicated expert exit at once.
+- grid (N / WARPS, S, G), one warp per row: G = P pairs for the routed experts, 1 for the shared expert. The CTA
+  of pair q works only when q is the first pair that selected expert ``ids[q]``; it then finds every pair of that
+  expert (at most one per token: a token selects an expert once) by warp ballots over ``ids`` and accumulates
+  all of them (up to 8, the block's token limit) from one read of the weights. The shared expert's single CTA
+  column takes all M tokens. The other CTAs of a duplicated expert exit at once.
 - loads: the 16 codes of a block as one 64-bit ``ld.global.nc.v2.u32`` (a warp reads 256 contiguous bytes),
-  the 16 bf16 inputs of a block as two 128-bit ``ld.global.nc.v4.u32`` per token.
+  the 16 bf16 inputs of a block as two 128-bit ``ld.global.nc.v4.u32`` per token (so the inputs and the code
+  words must start on 16-byte boundaries: the launcher checks).
 - decode (exact): two codes at once as an f16x2 holding ``e2m1 * 2^-14`` (bit moves; exponent-0 codes are f16
   subnormals, which f16 arithmetic keeps), ``mul.rn.f16x2`` by 2^14 then by the block's scale (E4M3 -> f16x2
   by ``cvt.rn.f16x2.e4m3x2``; E2M1 x E4M3 has at most 5 significant bits and lies in [2^-10, 2688], so both
-  products are exact in f16), then ``cvt.f32.f16``: the same fp32 ``w`` as ``mul.rn(e2m1, e4m3)`` in fp32,
-  signed zeros included.
+  products are exact in f16), then ``cvt.f32.f16``: the fp32 ``mul.rn(e2m1, e4m3)``, signed zeros included.
+- lane tails and padding columns: an idle lane reads block 0 of its row and keeps its sum (``select``).
 - the token count selects one of four unrolled bodies (1, 2, 4 or 8 token slots; unused slots of a body compute
   on token 0's row and store nothing).
 
@@ -35,9 +37,13 @@ import tempfile
 import types
 
 from flint_moe.kernels.cute import ll_down, ll_gate_up
-from flint_moe.kernels.cute.ll_gate_up import FINISH_THREADS, WARPS, cute_available
+from flint_moe.kernels.cute.ll_down import DownSpec
+from flint_moe.kernels.cute.ll_gate_up import FINISH_THREADS, WARPS, GateUpSpec, cute_available
 
-__all__ = ["MAX_TOKENS", "PTX_REQUIRE", "PTX_FORBID", "audit_stream", "compile_stream_down", "compile_stream_gate_up"]
+__all__ = [
+    "AUDIT_SPECS", "MAX_TOKENS", "PTX_FORBID", "PTX_REQUIRE", "audit_down", "audit_gate_up", "compile_down",
+    "compile_gate_up",
+]  # fmt: skip
 
 #: Token slots of the widest body (the block's token limit).
 MAX_TOKENS = 8
@@ -46,10 +52,11 @@ _BODIES = (1, 2, 4, 8)
 #: 2^14 as f16x2 (both halves): undoes the f16 placement of an E2M1 code.
 _F16X2_2P14 = 0x74007400
 
-#: PTX the streaming builds must contain (rule step 5 exact decode, step 6/8 fma chain and tree, the vector
-#: loads) on top of the finish / combine kernels' own; forbidden: ``ll_gate_up.PTX_FORBID``.
+#: PTX every build must contain (rule step 5 exact decode, fma chain and tree, the vector loads, the global scale
+#: and bf16 rounding of finish / combine, PDL); the routed builds also the ballot, gate/up also ex2 / rcp
+#: (:func:`audit_gate_up`); forbidden: ``ll_gate_up.PTX_FORBID``.
 PTX_REQUIRE = (
-    "fma.rn.f32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "ld.global.nc.v2.u32",
+    "fma.rn.f32", "mul.rn.f32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "ld.global.nc.v2.u32",
     "ld.global.nc.v4.u32", "shfl.sync.bfly.b32", "vote.sync.ballot.b32", "add.rn.f32", "cvt.rn.bf16.f32",
     "griddepcontrol.wait", "griddepcontrol.launch_dependents",
 )  # fmt: skip
@@ -58,9 +65,8 @@ PTX_FORBID = ll_gate_up.PTX_FORBID
 
 @functools.cache
 def _dsl() -> types.SimpleNamespace:
-    """Define the streaming kernel and its two host functions once (module globals, as ``ll_gate_up._dsl``)."""
+    """Define the partial kernel and the two host functions once (module globals, as ``ll_gate_up._dsl``)."""
     base = ll_gate_up._dsl()
-    down = ll_down._dsl()  # noqa: F841 (publishes _combine_kernel into ll_down's globals)
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
@@ -70,7 +76,7 @@ def _dsl() -> types.SimpleNamespace:
 
     add_rn, fma_rn, bits_f32 = base.add_rn, base.fma_rn, base.bits_f32
     _finish_kernel = base._finish_kernel
-    _combine_kernel = ll_down._combine_kernel
+    _combine_kernel = ll_down._dsl().combine
 
     def _inline(ret, vals, asm, cons, *, side=False, loc=None, ip=None):
         return llvm.inline_asm(
@@ -184,7 +190,7 @@ def _dsl() -> types.SimpleNamespace:
             st_f32_if(dst, a, Int32(sel((lane == 0) & (cnt > t), 1, 0)))
 
     @cute.kernel
-    def _stream_kernel(
+    def _partial_kernel(
         x: cute.Tensor,  # bf16 [rows of K] (flat): the tokens' xn (gate/up), the pairs' act (down), shared act
         ids: cute.Tensor,  # int32 [P]
         w: cute.Tensor,  # int32 [E * N * K / 8]
@@ -259,13 +265,13 @@ def _dsl() -> types.SimpleNamespace:
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
-    def _stream_gate_up_host(
+    def _gate_up_host(
         x: cute.Tensor, ids: cute.Tensor, w: cute.Tensor, sf: cute.Tensor, gs: cute.Tensor, ws: cute.Tensor,
         act: cute.Tensor, g_tap: cute.Tensor, u_tap: cute.Tensor, pairs: Int32, top_k: Int32,
         H: cutlass.Constexpr, IP: cutlass.Constexpr, S: cutlass.Constexpr, ROUTED: cutlass.Constexpr,
         TAP: cutlass.Constexpr, TOPK: cutlass.Constexpr, stream: cuda.CUstream,
     ):  # fmt: skip
-        _stream_kernel(x, ids, w, sf, ws, pairs, H, 2 * IP, H, S, TOPK, ROUTED, False).launch(
+        _partial_kernel(x, ids, w, sf, ws, pairs, H, 2 * IP, H, S, TOPK, ROUTED, False).launch(
             grid=[2 * IP // WARPS, S, pairs if ROUTED else 1], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _finish_kernel(ws, ids, gs, act, g_tap, u_tap, IP, S, ROUTED, TAP).launch(
@@ -274,7 +280,7 @@ def _dsl() -> types.SimpleNamespace:
         )  # fmt: skip
 
     @cute.jit
-    def _stream_down_host(
+    def _down_host(
         act: cute.Tensor, sact: cute.Tensor, ids: cute.Tensor, tw: cute.Tensor, w2: cute.Tensor,
         sf2: cute.Tensor, gs2: cute.Tensor, sw2: cute.Tensor, ssf2: cute.Tensor, gs_s: cute.Tensor,
         ws_r: cute.Tensor, ws_s: cute.Tensor, out: cute.Tensor, acc_tap: cute.Tensor, y_tap: cute.Tensor,
@@ -282,10 +288,10 @@ def _dsl() -> types.SimpleNamespace:
         IV: cutlass.Constexpr, SI: cutlass.Constexpr, TOPK: cutlass.Constexpr, S: cutlass.Constexpr,
         SS: cutlass.Constexpr, TAP: cutlass.Constexpr, stream: cuda.CUstream,
     ):  # fmt: skip
-        _stream_kernel(act, ids, w2, sf2, ws_r, tokens * TOPK, IP, H, IV, S, TOPK, True, True).launch(
+        _partial_kernel(act, ids, w2, sf2, ws_r, tokens * TOPK, IP, H, IV, S, TOPK, True, True).launch(
             grid=[H // WARPS, S, tokens * TOPK], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
-        _stream_kernel(sact, ids, sw2, ssf2, ws_s, tokens, SI, H, SI, SS, 1, False, True).launch(
+        _partial_kernel(sact, ids, sw2, ssf2, ws_s, tokens, SI, H, SI, SS, 1, False, True).launch(
             grid=[H // WARPS, SS, 1], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _combine_kernel(
@@ -296,13 +302,38 @@ def _dsl() -> types.SimpleNamespace:
         )  # fmt: skip
 
     globals().update({n: v for n, v in locals().items() if not n.startswith("__")})
-    return types.SimpleNamespace(cute=cute, cuda=cuda, gate_up=_stream_gate_up_host, down=_stream_down_host)
+    return types.SimpleNamespace(cute=cute, cuda=cuda, gate_up=_gate_up_host, down=_down_host)
 
 
-def compile_stream_gate_up(spec, top_k: int, pairs: int = 8, *, tap: bool = False, arch: str = "sm_90a"):
-    """Compile the streaming gate/up build of ``spec`` (``ll_gate_up.GateUpSpec``) with ``top_k`` (1 for the
-    shared expert) for ``arch`` with placeholder CPU tensors; returns the compiled function (``.artifacts.PTX``,
-    ``.artifacts.CUBIN``). RuntimeError without nvidia-cutlass-dsl."""
+#: The block's shapes with a shared expert, per host function (name -> spec): DeepSeek-V3 (and Kimi-K2's 384
+#: experts), GLM-4.5, Ling-mini-2.0 with K-splits each shape allows, a padded intermediate (I = 960 of Ip = 1024),
+#: GLM-4.5-Air's down (I = SI = 1408: 88 blocks, a lane tail); the conformance launches are audited besides.
+AUDIT_SPECS = {
+    "gate_up": {
+        "dsv3.routed.S2": GateUpSpec(7168, 2048, 256, 2, True, 8),
+        "dsv3.shared.S7": GateUpSpec(7168, 2048, 1, 7, False, 1),
+        "kimi.routed.S2": GateUpSpec(7168, 2048, 384, 2, True, 8),
+        "glm45.routed.S2": GateUpSpec(5120, 1536, 160, 2, True, 8),
+        "glm45.shared.S5": GateUpSpec(5120, 1536, 1, 5, False, 1),
+        "ling.routed.S4": GateUpSpec(2048, 512, 256, 4, True, 8),
+        "ling.shared.S4": GateUpSpec(2048, 512, 1, 4, False, 1),
+        "glm45.routed.S3": GateUpSpec(5120, 1536, 160, 3, True, 8),  # 107 blocks per split: a lane tail
+    },
+    "down": {
+        "dsv3.S4": DownSpec(7168, 2048, 2048, 2048, 256, 8, 4, 4),
+        "kimi.S2": DownSpec(7168, 2048, 2048, 2048, 384, 8, 2, 2),
+        "glm45.S3": DownSpec(5120, 1536, 1536, 1536, 160, 8, 3, 3),
+        "ling.S1": DownSpec(2048, 512, 512, 512, 256, 8, 1, 1),
+        "padded.S1": DownSpec(2048, 1024, 960, 512, 16, 4, 1, 1),
+        "glm45air.S1": DownSpec(4096, 1408, 1408, 1408, 128, 8, 1, 1),  # K / 16 = 88 blocks: a lane tail
+    },
+}
+
+
+def compile_gate_up(spec: GateUpSpec, pairs: int = 8, *, tap: bool = False, arch: str = "sm_90a"):
+    """Compile the gate/up host function (partial + finish) of ``spec`` for ``arch`` (no GPU needed) with
+    placeholder CPU tensors of the right dtypes and sizes for ``pairs`` rows; returns the compiled function
+    (``.artifacts.PTX`` holds the PTX, ``.artifacts.CUBIN`` the cubin). RuntimeError without nvidia-cutlass-dsl."""
     ok, why = cute_available()
     if not ok:
         raise RuntimeError(why)
@@ -320,13 +351,15 @@ def compile_stream_gate_up(spec, top_k: int, pairs: int = 8, *, tap: bool = Fals
     with tempfile.TemporaryDirectory(prefix="flint-cute-") as d:
         opts = f"--gpu-arch {arch} --keep-ptx --keep-cubin --dump-dir {d}"
         return ns.cute.compile(
-            ns.gate_up, *args, pairs, top_k, h, ip, s, spec.routed, tap, top_k, ns.cuda.CUstream(0), options=opts
+            ns.gate_up, *args, pairs, spec.top_k, h, ip, s, spec.routed, tap, spec.top_k, ns.cuda.CUstream(0),
+            options=opts,
         )
 
 
-def compile_stream_down(spec, tokens: int = 1, *, tap: bool = False, arch: str = "sm_90a"):
-    """Compile the streaming down + combine build of ``spec`` (``ll_down.DownSpec``) for ``arch`` with
-    placeholder CPU tensors; returns the compiled function. RuntimeError without nvidia-cutlass-dsl."""
+def compile_down(spec: DownSpec, tokens: int = 1, *, tap: bool = False, arch: str = "sm_90a"):
+    """Compile the down host function (routed and shared partials + combine) of ``spec`` for ``arch`` with
+    placeholder CPU tensors for ``tokens`` tokens; returns the compiled function (``.artifacts.PTX`` /
+    ``.artifacts.CUBIN``). RuntimeError without nvidia-cutlass-dsl."""
     ok, why = cute_available()
     if not ok:
         raise RuntimeError(why)
@@ -353,17 +386,18 @@ def compile_stream_down(spec, tokens: int = 1, *, tap: bool = False, arch: str =
         )
 
 
-def audit_stream(kind: str, spec, *, top_k: int = 8, tap: bool = False) -> list[str]:
-    """Problems of the streaming build's sm_90a PTX (``kind`` ``"gate_up"`` or ``"down"``) against
-    :data:`PTX_REQUIRE` / :data:`PTX_FORBID` (empty: passes); gate/up needs ``top_k`` (1 for the shared expert)."""
+def audit_gate_up(spec: GateUpSpec, *, tap: bool = False) -> list[str]:
+    """Problems of the gate/up build's sm_90a PTX against :data:`PTX_REQUIRE` (the ballot for a routed spec only)
+    plus ``ex2.approx.ftz.f32`` / ``rcp.approx.ftz.f32``, and :data:`PTX_FORBID` (empty: passes)."""
     from flint_moe.kernels.audit.ptx import audit_ptx
 
-    if kind == "gate_up":
-        fn = compile_stream_gate_up(spec, top_k if spec.routed else 1, tap=tap)
-        req = PTX_REQUIRE if spec.routed else tuple(r for r in PTX_REQUIRE if r != "vote.sync.ballot.b32")
-    elif kind == "down":
-        fn, req = compile_stream_down(spec, tap=tap), PTX_REQUIRE
-    else:
-        raise ValueError(f"audit_stream: kind must be 'gate_up' or 'down', got {kind!r}")
-    return audit_ptx(fn.artifacts.PTX, req + ("ex2.approx.ftz.f32", "rcp.approx.ftz.f32") * (kind == "gate_up"),
-                     PTX_FORBID)  # fmt: skip
+    req = PTX_REQUIRE if spec.routed else tuple(r for r in PTX_REQUIRE if r != "vote.sync.ballot.b32")
+    fn = compile_gate_up(spec, tap=tap)
+    return audit_ptx(fn.artifacts.PTX, req + ("ex2.approx.ftz.f32", "rcp.approx.ftz.f32"), PTX_FORBID)
+
+
+def audit_down(spec: DownSpec, *, tap: bool = False) -> list[str]:
+    """Problems of the down build's sm_90a PTX against :data:`PTX_REQUIRE` / :data:`PTX_FORBID` (empty: passes)."""
+    from flint_moe.kernels.audit.ptx import audit_ptx
+
+    return audit_ptx(compile_down(spec, tap=tap).artifacts.PTX, PTX_REQUIRE, PTX_FORBID)
