@@ -93,8 +93,24 @@ class NVFP4Linear:
         return scale_bytes(self.block_scale)
 
 
+class _StackedExperts:
+    """The sizes both expert containers read from ``w13`` [E, 2I, ...] (rows [gate; up] of each expert)."""
+
+    w13: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        """E."""
+        return self.w13.shape[0]
+
+    @property
+    def intermediate(self) -> int:
+        """I."""
+        return self.w13.shape[1] // 2
+
+
 @dataclass(frozen=True)
-class NVFP4Experts:
+class NVFP4Experts(_StackedExperts):
     """E routed experts in NVFP4, logical layout. H and I must be positive multiples of 16.
 
     Fields:
@@ -132,19 +148,9 @@ class NVFP4Experts:
         )  # fmt: skip
 
     @property
-    def num_experts(self) -> int:
-        """E."""
-        return self.w13.shape[0]
-
-    @property
     def hidden(self) -> int:
         """H."""
         return 2 * self.w13.shape[2]
-
-    @property
-    def intermediate(self) -> int:
-        """I."""
-        return self.w13.shape[1] // 2
 
     def w13_scale_bytes(self) -> torch.Tensor:
         """``w13_scale`` as uint8 bytes (a view)."""
@@ -156,7 +162,7 @@ class NVFP4Experts:
 
 
 @dataclass(frozen=True)
-class BF16Experts:
+class BF16Experts(_StackedExperts):
     """E routed experts in bf16 (TRT-LLM BF16 rule; no scales).
 
     Fields:
@@ -178,16 +184,6 @@ class BF16Experts:
         check_same_device(w13=self.w13, w2=self.w2)
 
     @property
-    def num_experts(self) -> int:
-        """E."""
-        return self.w13.shape[0]
-
-    @property
     def hidden(self) -> int:
         """H."""
         return self.w13.shape[2]
-
-    @property
-    def intermediate(self) -> int:
-        """I."""
-        return self.w13.shape[1] // 2
