@@ -29,6 +29,7 @@ from flint_moe.kernels.audit.registry import BF16_CVT, DEFAULT_FORBID, register_
 from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps
 from flint_moe.kernels.nvfp4.grouped_mainloop import row_block, tail_rows
 from flint_moe.kernels.nvfp4.pertoken_fc1 import (
+    OPTION_AUDIT_CASES as FC1_OPTION_AUDIT_CASES,
     expert_rows_acc,
     expert_rows_acc_tail,
     launch_decode_rows,
@@ -205,16 +206,12 @@ AUDIT_CASES = (
     ("H2880.I2880.BM64", 2880, 2880, 64, False),
 )
 
-#: (name, H, I, BM, TAIL, SCALE_WORD, TAP) builds of the FC2 kernel with the launch options audited for sm_90
-#: (``pertoken_fc1.OPTION_AUDIT_CASES``' shapes).
-OPTION_AUDIT_CASES = (
-    ("H7168.I2048.BM128.T32.SW", 7168, 2048, 128, 32, True, False),
-    ("H7168.I2048.BM128.T32.SW.tap", 7168, 2048, 128, 32, True, True),
-    ("H7168.I2048.BM256.T32.SW", 7168, 2048, 256, 32, True, False),
-    ("H7168.I2048.BM128.T32", 7168, 2048, 128, 32, False, False),
-    ("H7168.I2048.BM128.SW", 7168, 2048, 128, 0, True, False),
-    ("H2880.I2880.BM128.T32.SW", 2880, 2880, 128, 32, True, False),
-    ("H7168.I2048.BM16.T16.SW", 7168, 2048, 16, 16, True, False),
+#: (name, H, I, BM, TAIL, SCALE_WORD, TAP) builds of the FC2 kernel with the launch options audited for sm_90:
+#: those of ``pertoken_fc1.OPTION_AUDIT_CASES``' SwiGLU builds (FC2 has no activation), in the same order.
+OPTION_AUDIT_CASES = tuple(
+    (name.removeprefix("swiglu."), h, i, bm, tail, sw, tap)
+    for name, h, i, _k, bm, tail, sw, gated, tap in FC1_OPTION_AUDIT_CASES
+    if gated
 )
 
 
