@@ -6,7 +6,7 @@
                                     [--baseline OTHER] [--no-html] [--gpu-report REPORT] [--black-box]
 
 For each case (``cases.matrix(profile)``, ids containing every ``--filter`` substring; ``--shape`` /
-``--route``: ``cases.shape_cases`` of any shape, forced routing, ``inputs/routing.py``): build its inputs, run
+``--route``: ``selection.shape_cases`` of any shape, forced routing, ``inputs/routing.py``): build its inputs, run
 its kernel path with taps (``paths.PATHS``), compare with the golden model (``stages.compare_case``); then
 ``report.write_report`` into ``--out`` (default ``reports/<run-id>/``, staged beside it and renamed when the
 run completes, ``outdir.publish``): report.json, summary.md (the short pull-request summary), summary-full.md

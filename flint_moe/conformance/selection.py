@@ -35,7 +35,7 @@ def add_selection_args(ap: argparse.ArgumentParser) -> None:
         help="run any layer shape instead of the matrix: a flint_moe/shapes.py name (deepseek-v3, ...; cpu-<name> "
         "for its scaled-down copy) or sizes E,H,I,k[,SI] (SI: shared expert size, for the record); gaussian "
         "data on nvfp4_decode (M 1, 8), nvfp4_grouped (9, 64), nvfp4_dispatch (8, 9) and bf16_decode (1, 8) "
-        "where H and I are multiples of 64 (cases.shape_cases; --filter narrows it). Without CUDA a layer above "
+        "where H and I are multiples of 64 (shape_cases; --filter narrows it). Without CUDA a layer above "
         "1 GiB of bf16 weights (every real model shape) is refused unless --force: under the Triton interpreter "
         "it takes minutes to hours per case; use its scaled-down copy there (cpu-deepseek-v3)",
     )
@@ -62,7 +62,7 @@ def add_selection_args(ap: argparse.ArgumentParser) -> None:
 def shape_problem(shape) -> str | None:
     """Why no path of ``--shape`` can run ``shape`` (a ``cases.ShapeSpec``), or None when the NVFP4 paths can.
 
-    Every ``--shape`` selection runs the NVFP4 paths (``cases.shape_cases``; BF16 decode only where H and the
+    Every ``--shape`` selection runs the NVFP4 paths (:func:`shape_cases`; BF16 decode only where H and the
     stored I are multiples of 64, which the NVFP4 limits below imply), so a shape they cannot hold selects no
     runnable case. The limits are the ops' and layouts' own: H a multiple of 32 (the decode kernels' 16-byte
     code vectors), I a multiple of 16 (NVFP4 block) and the stored I a multiple of 64 (the gate/up interleave:
@@ -168,15 +168,15 @@ def with_tokens(cases: list, tokens: list[int]) -> list:
 def shape_route_selection(
     shape: str | None, route: str | None, profile: str, filters: list[str], tokens: str | None = None
 ) -> list:
-    """The cases of ``--shape`` / ``--route``: ``cases.shape_cases`` of the shape ``shape`` names (any
-    ``cases.shape_spec`` text) or the ``profile`` matrix, filtered like the matrix, each with the route
+    """The cases of ``--shape`` / ``--route``: ``shape_cases`` of the shape ``shape`` names (any
+    ``shape_spec`` text) or the ``profile`` matrix, filtered like the matrix, each with the route
     ``route`` (``routing.parse_route`` text) when given, at the token counts ``tokens`` (:func:`parse_tokens`
     text; filters then see the new ids) when given; cases whose data profile sets the routing itself are
     left out, and duplicates once. Raises ValueError for a bad shape or route, a shape no path can hold
     (:func:`shape_problem`), or a route no selected case can hold (naming the first such case and why)."""
     from dataclasses import replace
 
-    from flint_moe.conformance.inputs.cases import matrix, shape_cases, shape_spec
+    from flint_moe.conformance.inputs.cases import matrix
     from flint_moe.conformance.inputs.routing import ROUTE_EXCLUSIVE_PROFILES, parse_route
 
     if shape is not None:
@@ -208,3 +208,38 @@ def shape_route_selection(
     if not out and errors:
         raise ValueError(f"--route {route}: no selected case can hold it ({errors[0]})")
     return out
+
+
+def shape_spec(text: str):
+    """The ``cases.ShapeSpec`` the CLI's ``--shape`` names: a ``cases.SHAPES`` name, a sizes name
+    (``E6-H96-I64-k3``), or what ``flint_moe.shapes.parse_shape`` reads (``E,H,I,k[,SI]``; the shared expert's
+    size SI is accepted and does not enter the cases: the shared output is a layer input). Raises ValueError
+    naming the text."""
+    from flint_moe.conformance.inputs.cases import ShapeSpec, _shape
+    from flint_moe.shapes import parse_shape
+
+    try:
+        return _shape(text)
+    except ValueError:
+        return ShapeSpec.of(parse_shape(text))
+
+
+#: Token counts ``shape_cases`` runs per path: both sides of DECODE_MAX_TOKENS (8).
+SHAPE_CASE_M = {"nvfp4_decode": (1, 8), "bf16_decode": (1, 8), "nvfp4_grouped": (9, 64), "nvfp4_dispatch": (8, 9)}
+
+
+def shape_cases(shape) -> list:
+    """The cases ``--shape`` runs on any ``cases.ShapeSpec``: gaussian data at ``SHAPE_CASE_M`` on
+    ``nvfp4_decode``, ``nvfp4_grouped``, ``nvfp4_dispatch`` and, where the BF16 BlockMajorK layout holds the
+    shape (H and the stored I multiples of 64), ``bf16_decode``. Under the Triton interpreter a real-size shape
+    takes minutes per case."""
+    from flint_moe.conformance.inputs.cases import Case
+
+    cases = []
+    for path, ms in SHAPE_CASE_M.items():
+        if path.startswith("bf16_"):
+            ip = shape.I if shape.pad_to is None else -(-shape.I // shape.pad_to) * shape.pad_to
+            if shape.H % 64 or ip % 64:
+                continue
+        cases += [Case.make(path, shape, m, "gaussian") for m in ms]
+    return cases

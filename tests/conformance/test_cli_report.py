@@ -396,8 +396,7 @@ def test_shape_problem_agrees_with_the_layouts():
     shape_problem passes (E, k within the router's limits); every model shape and its scaled-down copy passes."""
     import torch
 
-    from flint_moe.conformance.inputs.cases import shape_spec
-    from flint_moe.conformance.selection import shape_problem
+    from flint_moe.conformance.selection import shape_problem, shape_spec
     from flint_moe.kernels.nvfp4.gate_up import decode_sizes
     from flint_moe.layouts import FlintMoEWeights
     from flint_moe.shapes import MODEL_SHAPES
@@ -449,8 +448,7 @@ def test_real_size_shape_without_cuda_needs_force(tmp_path, fake_run, capsys, mo
 
 
 def test_every_model_shape_needs_force_on_the_cpu_and_its_copy_does_not():
-    from flint_moe.conformance.inputs.cases import shape_cases, shape_spec
-    from flint_moe.conformance.selection import CPU_SHAPE_MAX_BYTES, cpu_size_problem
+    from flint_moe.conformance.selection import CPU_SHAPE_MAX_BYTES, cpu_size_problem, shape_cases, shape_spec
     from flint_moe.shapes import MODEL_SHAPES
 
     for name, s in MODEL_SHAPES.items():

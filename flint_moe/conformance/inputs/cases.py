@@ -9,8 +9,8 @@ its id (docs/ARCHITECTURE.md section 2).
   ``cpu-<model>`` (``DERIVED_CPU_SHAPES``, ``MoEShape.scaled_down``) and hand-picked CPU shapes keeping the
   production divisibility (``CPU_SHAPES``: E not a power of two; H a multiple of 32 (NVFP4) or 64 (BF16
   BlockMajorK), not a power of two; I a multiple of 64 only, or padded).
-- ``matrix("cpu" | "gpu" | "gpu-full")``: the case list of a profile; ``shape_cases(shape)``: the cases the CLI's
-  ``--shape`` runs on any shape.
+- ``matrix("cpu" | "gpu" | "gpu-full")``: the case list of a profile (the CLI's ``--shape`` cases of any shape:
+  ``flint_moe.conformance.selection.shape_cases``).
 - ``make_inputs(case, device) -> profiles.CaseInputs``: deterministic inputs (data profiles in
   ``flint_moe.conformance.inputs.profiles``).
 """
@@ -42,9 +42,6 @@ __all__ = [
     "ShapeSpec",
     "make_inputs",
     "matrix",
-    "shape_cases",
-    "shape_spec",
-    "SHAPE_CASE_M",
 ]
 
 #: Kernel paths of the matrix (``flint_moe.conformance.run.paths.PATHS`` keys). A path's name starts with the
@@ -408,37 +405,6 @@ def _derived_cpu_cases() -> list[Case]:
         if key not in seen:
             seen.add(key)
             cases.append(Case.make("nvfp4_decode", s, 1, "gaussian"))
-    return cases
-
-
-def shape_spec(text: str) -> ShapeSpec:
-    """The shape the CLI's ``--shape`` names: a ``SHAPES`` name, a sizes name (``E6-H96-I64-k3``), or what
-    ``flint_moe.shapes.parse_shape`` reads (``E,H,I,k[,SI]``; the shared expert's size SI is accepted and does
-    not enter the cases: the shared output is a layer input). Raises ValueError naming the text."""
-    from flint_moe.shapes import parse_shape
-
-    try:
-        return _shape(text)
-    except ValueError:
-        return ShapeSpec.of(parse_shape(text))
-
-
-#: Token counts ``shape_cases`` runs per path: both sides of DECODE_MAX_TOKENS (8).
-SHAPE_CASE_M = {"nvfp4_decode": (1, 8), "bf16_decode": (1, 8), "nvfp4_grouped": (9, 64), "nvfp4_dispatch": (8, 9)}
-
-
-def shape_cases(shape: ShapeSpec) -> list[Case]:
-    """The cases ``--shape`` runs on any shape: gaussian data at ``SHAPE_CASE_M`` on ``nvfp4_decode``,
-    ``nvfp4_grouped``, ``nvfp4_dispatch`` and, where the BF16 BlockMajorK layout holds the shape (H and the
-    stored I multiples of 64), ``bf16_decode``. Under the Triton interpreter a real-size shape takes minutes
-    per case."""
-    cases = []
-    for path, ms in SHAPE_CASE_M.items():
-        if path.startswith("bf16_"):
-            ip = shape.I if shape.pad_to is None else -(-shape.I // shape.pad_to) * shape.pad_to
-            if shape.H % 64 or ip % 64:
-                continue
-        cases += [Case.make(path, shape, m, "gaussian") for m in ms]
     return cases
 
 

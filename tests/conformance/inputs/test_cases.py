@@ -236,7 +236,8 @@ def test_real_shapes_bring_their_scaled_down_cpu_cases():
 
 
 def test_shapes_named_by_sizes_and_shape_cases():
-    from flint_moe.conformance.inputs.cases import SHAPES, shape_cases, shape_spec
+    from flint_moe.conformance.inputs.cases import SHAPES
+    from flint_moe.conformance.selection import shape_cases, shape_spec
 
     assert shape_spec("6,96,64,3,32") == shape_spec("E6-H96-I64-k3") != SHAPES["cpu-E6-H96-I64-k3"]
     c = Case.from_id("nvfp4_grouped/mut-E6-H96-I48-P64-k3/M9/gaussian/s0")  # rebuilt from the name alone
