@@ -56,7 +56,7 @@ def test_a_written_report_passes():
         (lambda r: r["cases"][0]["meta"].update(M="1"),
          "field cases[0].meta.M: expected an integer, got the string '1'"),
         (lambda r: r.update(env=[]), "field env: expected an object, got a list of 0"),
-        (lambda r: r["env"].update(profile="tpu"), "field env.profile: expected 'cpu' or 'gpu', got the string 'tpu'"),
+        (lambda r: r["env"].update(profile="tpu"), "field env.profile: expected 'cpu' or 'gpu' or 'gpu-full', got the string 'tpu'"),
         (lambda r: r["env"]["source_digest"].update(files=["x"]),
          "field env.source_digest.files: expected an object, got a list of 1"),
         (lambda r: r["env"]["source_digest"].update(digest=3),
