@@ -11,7 +11,8 @@ Scheduling (:func:`plan_units`, :func:`pick_unit`):
 - **Units.** Cases that share weights (``profiles.weight_key``) form a unit, in matrix order, split into
   pieces of at most ``max_cases`` cases and about ``max_seconds`` estimated seconds (a piece rebuilds its
   weights: cheap, they are synthesised on the device). A worker runs one unit at a time, so its one-entry
-  weight cache works as in a serial run.
+  weight cache works as in a serial run. The decode block's cases (:data:`COMPILE_ONCE_PATHS`) are one unit per
+  shape instead: their CuTe DSL builds compile once per process.
 - **Longest first.** Units are handed out by decreasing estimated cost (:func:`estimate_seconds`), so the
   long ones (large-M grouped cases, DeepSeek-V3 layers) do not start last.
 - **Measured costs.** Where an earlier GPU report of the same profile and GPU, with the invariances and not
@@ -172,6 +173,13 @@ def _case_cost(case, measured: dict) -> tuple[float, int]:
     return sec, nbytes
 
 
+#: Paths whose kernels compile in each worker process that launches them, at a cost that dwarfs a case: the
+#: decode block's CuTe DSL builds (per shape and top_k, not per token count or data; 11-18 s per build set on the
+#: H200 run of 74c640f, where every one of 8 workers compiled the DeepSeek-V3 builds and slowed the golden
+#: compares beside them). Their cases form one unit per shape, whatever its estimate, so each build compiles once.
+COMPILE_ONCE_PATHS = ("ll_block", "ll_module")
+
+
 def plan_units(
     cases: list,
     *,
@@ -182,17 +190,27 @@ def plan_units(
 ) -> list[Unit]:
     """Units of ``cases`` (see the module docstring), longest estimated first; a unit ends after ``max_cases``
     cases or before the case that would take its estimate past ``max_seconds`` (a long case is a unit of its
-    own); with ``mutation`` the mutation self-test is one more unit. ``measured``: :func:`measured_costs` of an
-    earlier run; its cases' seconds and peak device memory replace the estimates."""
+    own), except that the cases of :data:`COMPILE_ONCE_PATHS` on one shape are one unit; with ``mutation`` the
+    mutation self-test is one more unit. ``measured``: :func:`measured_costs` of an earlier run; its cases'
+    seconds and peak device memory replace the estimates."""
     from flint_moe.conformance.inputs.profiles import weight_key
 
     measured = measured or {}
     cost = {id(c): _case_cost(c, measured) for c in cases}
 
     groups: dict[tuple, list] = {}
+    whole: dict[str, list] = {}  # shape -> the cases of COMPILE_ONCE_PATHS on it
     for pos, case in enumerate(cases):
-        groups.setdefault(weight_key(case), []).append((pos, case))
+        if case.path in COMPILE_ONCE_PATHS:
+            whole.setdefault(case.shape, []).append((pos, case))
+        else:
+            groups.setdefault(weight_key(case), []).append((pos, case))
     pieces: list[list] = []
+    for members in whole.values():  # one unit per shape, cases sharing weights adjacent
+        first: dict = {}
+        for pos, case in members:
+            first.setdefault(weight_key(case), pos)
+        pieces.append(sorted(members, key=lambda pc: (first[weight_key(pc[1])], pc[0])))
     for members in groups.values():
         part: list = []
         for pos, case in members:

@@ -95,6 +95,31 @@ def test_units_split_by_estimated_seconds():
     assert sorted([p for p, _ in u.cases] for u in units) == [[0, 1], [2]]
 
 
+def test_decode_block_cases_are_one_unit_per_shape():
+    # the CuTe DSL builds compile once per worker process: every block case of a shape in one unit, whatever the
+    # estimates, cases sharing weights adjacent; the other paths split as before
+    cases = [c for c in matrix("gpu") if c.path in parallel.COMPILE_ONCE_PATHS]
+    assert {c.path for c in cases} == {"ll_block", "ll_module"} and len({c.shape for c in cases}) >= 4
+    other = [Case.make("nvfp4_grouped", "deepseek-v3", m, "gaussian") for m in (1, 2)]
+    units = plan_units(other + cases, max_cases=2, max_seconds=0.1)
+    by_shape = {}
+    for u in units:
+        shapes = {c.shape for _, c in u.cases}
+        assert len(shapes) == 1
+        paths = {c.path for _, c in u.cases}
+        if paths <= set(parallel.COMPILE_ONCE_PATHS):
+            (shape,) = shapes
+            assert shape not in by_shape  # one unit per shape
+            by_shape[shape] = [c for _, c in u.cases]
+        else:
+            assert len(u.cases) == 1  # max_seconds 0.1 splits the others case by case
+    assert {s: len(v) for s, v in by_shape.items()} == {s: sum(c.shape == s for c in cases) for s in by_shape}
+    assert sum(len(v) for v in by_shape.values()) == len(cases)
+    for members in by_shape.values():  # each weight key's cases adjacent, in matrix order
+        keys = [weight_key(c) for c in members]
+        assert all(k not in keys[:i] or keys[i - 1] == k for i, k in enumerate(keys))
+
+
 def test_visible_gpus_and_slots(monkeypatch):
     assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 3,,GPU-ab12"}) == ["2", "3", "GPU-ab12"]
     assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
