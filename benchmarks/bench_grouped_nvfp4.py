@@ -345,9 +345,17 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
 CROSS_M = (4, 8, 9, 12, 16, 24, 32, 48)
 
 
+def cross_row(layer: Layer, M: int, counter) -> dict:
+    """One decode-vs-grouped point: the decode path (route + ``nvfp4_gate_up`` + ``nvfp4_down``) and the grouped
+    op on the same M tokens (seed 3), routing included in both; times in us and the faster path."""
+    x, router, shared = layer.inputs(M, seed=3)
+    d = time_fn(_decode(layer, x, router, shared, counter)) * 1e6
+    g = time_fn(_grouped(layer, x, router, shared, counter)) * 1e6
+    return {"M": M, "decode_us": d, "grouped_us": g, "faster": "decode" if d < g else "grouped"}
+
+
 def cross_all(models, out: str) -> list:
-    """``--cross``: the decode path (route + ``nvfp4_gate_up`` + ``nvfp4_down``) against the grouped op at every
-    ``CROSS_M`` on each model (routing included in both, CUDA graphs, the same tokens); writes
+    """``--cross``: :func:`cross_row` at every ``CROSS_M`` on each model (CUDA graphs); writes
     ``out/bench_cross.json`` after each model and prints one line per (model, M) with the faster path."""
     from flint_moe.ops import make_route_counter
 
@@ -357,11 +365,7 @@ def cross_all(models, out: str) -> list:
         layer = Layer(model)
         counter = make_route_counter(layer.device)
         for M in CROSS_M:
-            x, router, shared = layer.inputs(M, seed=3)
-            d = time_fn(_decode(layer, x, router, shared, counter)) * 1e6
-            g = time_fn(_grouped(layer, x, router, shared, counter)) * 1e6
-            rows.append({"model": model, "M": M, "decode_us": d, "grouped_us": g, "faster": "decode" if d < g else
-                         "grouped"})  # fmt: skip
+            rows.append({"model": model, **cross_row(layer, M, counter)})
             print(json.dumps(rows[-1]), flush=True)
         with open(os.path.join(out, "bench_cross.json"), "w") as f:
             json.dump(rows, f, indent=1)
@@ -472,11 +476,9 @@ def main(argv=None) -> int:
         layer, counter = layers["deepseek-v3"], make_route_counter("cuda")
         # decode vs grouped around DECODE_MAX_TOKENS
         for M in (4, 8, 9, 12, 16, 32):
-            x, router, shared = layer.inputs(M, seed=3)
             row = {"M": M}
             try:
-                row["decode_us"] = time_fn(_decode(layer, x, router, shared, counter)) * 1e6
-                row["grouped_us"] = time_fn(_grouped(layer, x, router, shared, counter)) * 1e6
+                row = cross_row(layer, M, counter)
             except Exception as exc:
                 res["errors"].append(f"cross M{M}: {exc!r}"[:2000])
             res["cross"].append(row)

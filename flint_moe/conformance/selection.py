@@ -110,7 +110,9 @@ def cpu_size_problem(shape: str, cases: list) -> str | None:
 def cpu_refusal(profile: str, shape: str | None, cases: list) -> str | None:
     """Why the selected run should not start without CUDA (the CLI refuses it unless ``--force``), or None: the
     gpu profile (real layer shapes), or a ``--shape`` above :data:`CPU_SHAPE_MAX_BYTES` (:func:`cpu_size_problem`)."""
-    if profile in ("gpu", "gpu-full"):
+    from flint_moe.conformance.inputs.cases import GPU_PROFILES
+
+    if profile in GPU_PROFILES:
         return (
             f"the {profile} profile runs real layer shapes; without CUDA they would run under the Triton "
             "interpreter (minutes per case, and bit-exactness is not claimed there). Use --profile cpu, "

@@ -89,9 +89,9 @@ def merge_reports(reports: list[tuple[dict, str]]) -> tuple[list[dict], dict, di
             f"merge: shard{'s' if len(missing) > 1 else ''} {', '.join(f'{k}/{count}' for k in missing)} missing "
             f"(given: {', '.join(f'{k}/{count}' for k in sorted(seen))})"
         )
-    from flint_moe.conformance.inputs.cases import matrix
+    from flint_moe.conformance.inputs.cases import PROFILES, matrix
 
-    if fenv.get("profile") not in ("cpu", "gpu", "gpu-full"):
+    if fenv.get("profile") not in PROFILES:
         raise MergeError(f"{first_where}: profile {fenv.get('profile')!r}: only matrix runs are sharded")
     rank = {c.id: i for i, c in enumerate(matrix(fenv["profile"]))}
     named = [i for sh, _, _ in shards for i in sh["cases"]]
@@ -148,6 +148,7 @@ def merge_reports(reports: list[tuple[dict, str]]) -> tuple[list[dict], dict, di
 
 def main(argv: list[str] | None = None) -> int:
     """CLI (module docstring). Returns the exit status."""
+    from flint_moe.conformance.inputs.cases import GPU_PROFILES
     from flint_moe.conformance.report.baseline import load_report
     from flint_moe.conformance.report.digest import DEFAULT_GPU_REPORT, check_report, repo_root, source_digest
     from flint_moe.conformance.report.report import report_dict, write_report
@@ -164,14 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reports = [load_report(d, flag="merge") for d in args.shards]
         cases, env, mutation = merge_reports(reports)
+        gpu_profile = env.get("profile") in GPU_PROFILES
         partial = tuple(
             why
             for why, bad in (
                 ("incomplete", bool(env.get("incomplete"))),
                 (f"filtered ({', '.join(map(str, env.get('filters') or []))})", bool(env.get("filters"))),
                 ("--black-box", bool(env.get("black_box"))),
-                ("--no-invariance", env.get("profile") in ("gpu", "gpu-full") and env.get("invariance") is False),
-                ("no mutation self-test", env.get("profile") in ("gpu", "gpu-full") and mutation is None),
+                ("--no-invariance", gpu_profile and env.get("invariance") is False),
+                ("no mutation self-test", gpu_profile and mutation is None),
                 ("--no-html", not args.html),
             )
             if bad
