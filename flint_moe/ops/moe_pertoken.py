@@ -1,7 +1,8 @@
 """Per-token NVFP4 routed experts (docs/numerics.md "Per-token NVFP4 experts", P1-P12): the weight preparation
 ``prepare_routed_nvfp4_weights`` and the MoE ``routed_nvfp4_moe``.
 
-``routed_nvfp4_moe`` launches on the current stream: ``quantize_routed_nvfp4_input`` (P1-P5 of the token rows),
+``routed_nvfp4_moe`` launches on the current stream: the per-token quantizer of ``quantize_routed_nvfp4_input``
+(P1-P5 of the token rows; it also writes their exact values, the FC1 operand),
 ``moe_permute`` on the local expert ids (torch ops; a slot whose expert is not local, or -1, is in no row
 block), ``pertoken_fc1`` (P7-P9, then P10 by the per-token quantizer kernel) and ``pertoken_fc2`` (P11, the
 combine P12). No host synchronisation and no value check of the routing (a check would synchronise): any id
@@ -19,9 +20,9 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.kernels.nvfp4.pertoken_fc1 import launch_pertoken_fc1
 from flint_moe.kernels.nvfp4.pertoken_fc2 import launch_pertoken_fc2_combine
+from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
 from flint_moe.layouts.routed_nvfp4 import RoutedNVFP4Weights, to_routed_nvfp4
 from flint_moe.ops._checks import check_kernel_device, check_out
-from flint_moe.ops.pertoken_quant import quantize_routed_nvfp4_input
 
 __all__ = ["ROUTED_ACTIVATIONS", "prepare_routed_nvfp4_weights", "routed_nvfp4_moe"]
 
@@ -173,16 +174,21 @@ def routed_nvfp4_moe(
         out = torch.zeros((t, h), dtype=torch.bfloat16, device=dev)
     if cap == 0:
         return out
-    x_codes, x_scale, x_d = quantize_routed_nvfp4_input(hidden_states[:cap], w.padded_hidden_size)  # P1-P5
+    hp = w.padded_hidden_size
+    x_codes = torch.empty((cap, hp // 2), dtype=torch.uint8, device=dev)
+    x_scale = torch.empty((cap, hp // 16), dtype=torch.uint8, device=dev)
+    x_d = torch.empty((cap,), dtype=torch.float32, device=dev)
+    x_values = torch.empty((cap, h), dtype=torch.bfloat16, device=dev)
+    launch_pertoken_quant(hidden_states[:cap], hp, x_codes, x_scale, x_d, values=x_values)  # P1-P5
     ids = routing_map[:cap]
     loc = ids - off
     local = (loc >= 0) & (loc < e)
     loc = torch.where(local, loc, torch.full_like(loc, -1)).to(torch.int32)
     perm = moe_permute(loc, e, bm, tail)
     kt: dict | None = {} if tap else None
-    _, a_codes, a_scale, a_d = launch_pertoken_fc1(x_codes, x_scale, x_d, perm, w, activation, taps=kt,
-                                                   config=fc1_cfg)  # fmt: skip
-    launch_pertoken_fc2_combine(a_codes, a_scale, a_d, loc, probabilities[:cap], perm, w, out[:cap], taps=kt,
+    _, a_codes, a_scale, a_d, a_values = launch_pertoken_fc1(x_values, x_d, perm, w, activation, taps=kt,
+                                                             config=fc1_cfg)  # fmt: skip
+    launch_pertoken_fc2_combine(a_values, a_d, loc, probabilities[:cap], perm, w, out[:cap], taps=kt,
                                 config=fc2_cfg)  # fmt: skip
     if tap:
         taps.update(_stage_taps(kt, local, x_codes, x_scale, x_d, a_codes, a_scale, a_d, w, out))

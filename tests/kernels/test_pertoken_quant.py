@@ -255,3 +255,43 @@ def test_bad_out():
     overlap = (shared[:256].view(2, 128), shared[240:272].view(2, 16), good[2])
     with pytest.raises(ValueError, match="out.block_scale: shares memory with out.codes"):
         quantize_routed_nvfp4_input(x, 256, out=overlap)
+
+
+def _decoded(codes: torch.Tensor, scale: torch.Tensor, h: int) -> torch.Tensor:
+    """Independent decode: E2M1 grid value of each nibble (sign bit 8, so code 8 is -0.0) times the E4M3 value of
+    its block's byte, in fp64 (exact), as bf16 [M, h]."""
+    c = np.array(_unpack(codes))[:, :h]
+    mag = E2M1_GRID[c & 7]
+    val = np.where(c & 8, -mag, mag) * E4M3_GRID[scale.numpy().astype(np.int64)[:, : h // 16]].repeat(16, 1)
+    return torch.from_numpy(val).to(torch.bfloat16)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("chunk", [256, 4096], ids=["two_chunks", "one_chunk"])
+def test_values_are_the_exact_decoded_codes(dtype, chunk):
+    """``launch_pertoken_quant(..., values=)`` (the GEMM operand): bitwise the independent decode of its own codes
+    and scale bytes (signed zeros included), for bf16 and fp32 rows (the tokens, FC2's input), with the row in
+    one chunk or in two (``CHUNK`` 256 on Hp 512); codes, scales and d equal across the chunkings and with the
+    golden model."""
+    from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
+
+    gen = torch.Generator().manual_seed(172)
+    m, h, hp = 6, 272, 512
+    x = (torch.randn(m, h, generator=gen) * torch.exp2(torch.randint(-20, 20, (m, 1), generator=gen).float()))
+    x[1, 0], x[1, 1:16] = x[1].abs().max(), -x[1].abs().max() / 64  # rounds to zero: code 8
+    x[2] = 0.0
+    x = x.to(dtype)
+    codes = torch.empty((m, hp // 2), dtype=torch.uint8)
+    scale = torch.empty((m, hp // 16), dtype=torch.uint8)
+    d = torch.empty((m,), dtype=torch.float32)
+    values = torch.empty((m, h), dtype=torch.bfloat16)
+    launch_pertoken_quant(x, hp, codes, scale, d, config={"CHUNK": chunk}, values=values)
+    assert torch.equal(values.view(torch.int16), _decoded(codes, scale, h).view(torch.int16))
+    assert (values[1, 1:16].view(torch.int16) == -32768).all()  # code 8 is -0.0
+    r_codes, r_scale, r_d, _ = quantize_nvfp4_pertoken(x.to(torch.bfloat16)) if dtype == torch.bfloat16 else (
+        codes[:, : h // 2], scale[:, : h // 16].view(torch.float8_e4m3fn), d, None)
+    assert torch.equal(codes[:, : h // 2], r_codes)
+    assert torch.equal(scale[:, : h // 16], r_scale.view(torch.uint8))
+    assert torch.equal(d.view(torch.int32), r_d.view(torch.int32))
+    assert not codes[:, h // 2 :].any() and not scale[:, h // 16 :].any()

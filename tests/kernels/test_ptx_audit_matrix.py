@@ -83,11 +83,10 @@ _GROUPED = _ROUTER | {
     "nvfp4.grouped_down._grouped_combine_kernel",
 }
 _BF16 = _ROUTER | {"bf16.gate_up._bf16_gate_up_kernel", "bf16.down_combine._bf16_down_combine_kernel"}
-#: The per-token op (no router): the per-token quantizer (of the tokens and of FC2's input), the decode pass of
-#: both operands, FC1 + activation, FC2 and the weighted combine.
+#: The per-token op (no router): the per-token quantizer (of the tokens and of FC2's input, each writing the
+#: operand's exact values), FC1 + activation, FC2 and the weighted combine.
 _PERTOKEN = {
     "nvfp4.pertoken_quant._pertoken_quant_kernel",
-    "nvfp4.pertoken_fc1._decode_rows_kernel",
     "nvfp4.pertoken_fc1._pertoken_fc1_kernel",
     "nvfp4.pertoken_fc2._pertoken_fc2_kernel",
     "nvfp4.pertoken_fc2._pertoken_combine_kernel",
@@ -204,7 +203,7 @@ SELF_TEST_IDS = [
 
 def test_self_test_cases_are_recorded() -> None:
     """``matrix_launches(("gpu",))`` records the self-test's CUDA cases (here with an empty matrix): every case,
-    each with one tapped run of its default path (the pertoken quantiser and row decoder have no TAP)."""
+    each with one tapped run of its default path (the pertoken quantiser has no TAP)."""
     ids, recorded = _json_tail(_run(["-c", _SELF_TEST]))
     assert ids == SELF_TEST_IDS
     assert sorted(recorded) == sorted(SELF_TEST_IDS)
@@ -221,8 +220,7 @@ def test_self_test_cases_are_recorded() -> None:
             ["nvfp4.grouped_down._grouped_combine_kernel", None], ["nvfp4.grouped_down._grouped_down_kernel", True],
             ["nvfp4.grouped_gate_up._grouped_gate_up_kernel", True], ["router._router_gemv_topk_kernel", True],
         ],
-        "pertoken": [  # the quantiser and the row decoder once for FC1's operands, once for FC2's
-            ["nvfp4.pertoken_fc1._decode_rows_kernel", None], ["nvfp4.pertoken_fc1._decode_rows_kernel", None],
+        "pertoken": [  # the quantiser once for FC1's operand, once for FC2's
             ["nvfp4.pertoken_fc1._pertoken_fc1_kernel", True], ["nvfp4.pertoken_fc2._pertoken_combine_kernel", True],
             ["nvfp4.pertoken_fc2._pertoken_fc2_kernel", True], ["nvfp4.pertoken_quant._pertoken_quant_kernel", None],
             ["nvfp4.pertoken_quant._pertoken_quant_kernel", None],
@@ -254,8 +252,8 @@ def test_case_runs_follow_the_invariances() -> None:
     """The runs ``_case_launches`` records are the harness's: tapped + production (+ the M = 1 batch-invariance
     run, tapped, except on the per-token paths); a launch configuration records its own path only."""
     pt, nv, cfg = _json_tail(_run(["-c", _CASE_RUNS]))
-    # per-token: quant, decode, FC1, quant, decode, FC2, combine; TAP on FC1 / FC2 / combine only
-    one = [None, None, "T", None, None, "T", "T"]
+    # per-token: quant, FC1, quant, FC2, combine; TAP on FC1 / FC2 / combine only
+    one = [None, "T", None, "T", "T"]
     assert pt[1] == [x if x is None else True for x in one] + [x if x is None else False for x in one]
     assert nv[1] == [True] * 3 + [False] * 3 + [True] * 3  # tapped, production, M = 1 alone
     assert cfg[1] == [True] * 3 + [False] * 3  # M = 1: no batch invariance; no default-path run

@@ -2,23 +2,24 @@
 the FC2 input re-quantized per (token, slot) row (P10) by the per-token quantizer kernel.
 
 Both GEMM operands are NVFP4, and both decode exactly to bf16 (``E2M1 * E4M3``: at most 6 significant bits,
-magnitudes in [2^-10, 2688]). ``_decode_rows_kernel`` writes the tokens' exact values once, bf16 [T, H]
-(``grouped_mainloop.dequant_tile`` on the codes and row-major block scales of ``quantize_routed_nvfp4_input``;
-the row scale ``d`` is not applied). ``_pertoken_fc1_kernel`` then runs the W4A16 grouped main loop
+magnitudes in [2^-10, 2688]). The per-token quantizer writes the tokens' exact values once, bf16 [T, H]
+(``pertoken_quant.launch_pertoken_quant`` with ``values``; the row scale ``d`` is not applied).
+``_pertoken_fc1_kernel`` then runs the W4A16 grouped main loop
 (``grouped_mainloop.k_loop``: the expert's FC1 codes and 128x4-swizzled scales decoded to bf16 in the loop,
 ``tl.dot`` with the bf16 token rows, wgmma with fp32 accumulation on sm_90): one program computes ``BC``
 intermediate columns (gated: their up and gate rows) for one row block of one expert's (token, slot) pairs
 (``moe_permute``'s schedule; pairs whose local expert is -1 are in no block). Epilogue: P8 ``h = RN(RN(acc *
 alpha1_e) * d_t)`` (two ``mul.f32``), P9 squared ReLU ``RN(r * r)`` (``r = h`` where ``h > 0`` or NaN, else +0)
 or SwiGLU (``_rule.swiglu_f32``), stored as fp32 (no bf16 rounding) in ``act`` [P, I], row = pair ``t * k + j``.
-Decoding the activations once instead of in every column program leaves the main loop exactly the W4A16 one
-(same operand values, same products, same order), at the cost of one bf16 write and read of the operand.
+Taking the activations' values from the quantizer instead of decoding them in every column program leaves the
+main loop exactly the W4A16 one (same operand values, same products, same order), at the cost of one bf16 write
+and read of the operand.
 
 P10 needs the amax of a whole row of I activations, which no FC1 program sees, so it is a second launch: the
 per-token quantizer (``pertoken_quant.launch_pertoken_quant``, the same kernel as the routed input's, on fp32
-rows) turns ``act`` into the FC2 input codes [P, Ip/2], row-major block-scale bytes [P, Ip/16] and decode
-scales ``d2`` [P]. Rows of pairs that were not computed (empty or non-local slots) hold unspecified values and
-are never read downstream.
+rows) turns ``act`` into the FC2 input codes [P, Ip/2], row-major block-scale bytes [P, Ip/16], decode
+scales ``d2`` [P] and the FC2 operand's exact values bf16 [P, I]. Rows of pairs that were not computed (empty
+or non-local slots) hold unspecified values and are never read downstream.
 
 Summation order of ``acc1`` (one (pair, column), length H; declared by ``kernels.orders.pertoken_orders``):
 K steps of ``BK`` in increasing order, each one ``tl.dot`` (BK / 16 chained ``wgmma ... k16``) into the fp32
@@ -36,13 +37,11 @@ from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_op
 from flint_moe.kernels._rule import swiglu_f32
 from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
 from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps
-from flint_moe.kernels.nvfp4.grouped_mainloop import dequant_tile, k_loop, k_loop_tail, row_block, tail_rows
+from flint_moe.kernels.nvfp4.grouped_mainloop import k_loop, k_loop_tail, row_block, tail_rows
 from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
 
 __all__ = [
     "PERTOKEN_FC1_CONFIG",
-    "DECODE_ROWS_CONFIG",
-    "launch_decode_rows",
     "launch_pertoken_fc1",
     "audit_specs",
 ]
@@ -75,60 +74,6 @@ def default_bc(gated: bool) -> int:
     """Columns per program when the config leaves ``BC`` None: 128 weight rows per tile (gated: 64 up + 64
     gate)."""
     return 64 if gated else 128
-
-#: Rows and columns per program of the decode pass (``launch_decode_rows``); neither changes a bit.
-DECODE_ROWS_CONFIG = {"ROWS": 32, "BK": 256, "num_warps": 4}
-
-
-@triton.jit
-def _decode_rows_kernel(
-    codes_ptr,  # uint8 [M, KPAD/2]
-    scale_ptr,  # uint8 [M, KPAD/16], row-major
-    out_ptr,  # bf16 [M, K] (out)
-    M,
-    K: tl.constexpr,
-    KPAD: tl.constexpr,
-    ROWS: tl.constexpr,
-    BK: tl.constexpr,
-    DECODE: tl.constexpr,
-):
-    """``out[r, c] = E2M1(code) * E4M3(scale)`` exactly (``grouped_mainloop.dequant_tile``; every such product
-    is a bf16 value) for rows [pid0 ROWS, +ROWS) and columns [pid1 BK, +BK), both masked (M, K)."""
-    gdc_wait()
-    gdc_launch_dependents()
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    r_ok = rows < M
-    rl = tl.where(r_ok, rows, 0).to(tl.int64)
-    k0 = tl.program_id(1) * BK
-    kw = k0 // 8 + tl.arange(0, BK // 8)
-    kc = k0 // 16 + tl.arange(0, BK // 16)
-    kx = k0 + tl.arange(0, BK)
-    words = tl.load(codes_ptr.to(tl.pointer_type(tl.int32)) + rl[:, None] * (KPAD // 8) + kw[None, :],
-                    mask=r_ok[:, None] & (kw < K // 8)[None, :], other=0)  # fmt: skip
-    sb = tl.load(scale_ptr + rl[:, None] * (KPAD // 16) + kc[None, :], mask=r_ok[:, None] & (kc < K // 16)[None, :],
-                 other=0)  # fmt: skip
-    v = dequant_tile(words, sb.to(tl.int32), ROWS, BK, DECODE)
-    tl.store(out_ptr + rl[:, None] * K + kx[None, :], v.to(tl.bfloat16), mask=r_ok[:, None] & (kx < K)[None, :])
-
-
-def launch_decode_rows(codes: torch.Tensor, scale: torch.Tensor, k: int, decode: int | None = None) -> torch.Tensor:
-    """bf16 [M, k]: the exact values of per-token NVFP4 rows (codes uint8 [M, Kpad/2], row-major scale bytes
-    uint8 [M, Kpad/16], contiguous, one device; k <= Kpad a multiple of 16), without the row scale. The GEMMs
-    read these (the W4A16 grouped main loop, ``grouped_mainloop.k_loop``, with exact bf16 activations): the
-    operand values, hence every product and the summation order, equal those of a decode inside the loop."""
-    from flint_moe.kernels._launch import INTERPRET
-
-    m, kpad = codes.shape[0], 2 * codes.shape[1]
-    out = torch.empty((m, k), dtype=torch.bfloat16, device=codes.device)
-    cfg = DECODE_ROWS_CONFIG
-    if m > 0:
-        dec = (0 if INTERPRET else 3) if decode is None else decode
-        _decode_rows_kernel[(triton.cdiv(m, cfg["ROWS"]), triton.cdiv(k, cfg["BK"]))](
-            codes, scale, out, m, K=k, KPAD=kpad, ROWS=cfg["ROWS"], BK=cfg["BK"], DECODE=dec,
-            num_warps=cfg["num_warps"], **launch_options(),
-        )  # fmt: skip
-    return out
-
 
 @triton.jit
 def relu2_f32(h):
@@ -219,7 +164,7 @@ def _fc1_epilogue(acc, pair, r_ok, alpha, xd_ptr, q, act_ptr, acc_ptr, h_ptr, IN
 
 @triton.jit
 def _pertoken_fc1_kernel(
-    xq_ptr,  # bf16 [T, H]: the tokens' exact NVFP4 values (launch_decode_rows)
+    xq_ptr,  # bf16 [T, H]: the tokens' exact NVFP4 values (launch_pertoken_quant's values)
     xd_ptr,  # fp32 [T]: token decode scales d
     order_ptr,  # int32 [P]: pair ids sorted by local expert
     bexp_ptr,  # int32 [NB]
@@ -286,8 +231,7 @@ def _pertoken_fc1_kernel(
 
 
 def launch_pertoken_fc1(
-    x_codes: torch.Tensor,
-    x_scale: torch.Tensor,
+    x_values: torch.Tensor,
     x_token_scale: torch.Tensor,
     perm,
     weights,
@@ -295,11 +239,11 @@ def launch_pertoken_fc1(
     *,
     taps: dict | None = None,
     config: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """P7-P10 for every pair of ``perm``: ``(act, a_codes, a_scale, a_token_scale)``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """P7-P10 for every pair of ``perm``: ``(act, a_codes, a_scale, a_token_scale, a_values)``.
 
-    Args (checked by the caller, ``flint_moe.ops.routed_nvfp4_moe``): ``x_codes`` uint8 [T, Hp/2],
-    ``x_scale`` uint8 [T, Hp/16] (row-major), ``x_token_scale`` fp32 [T] (``quantize_routed_nvfp4_input``);
+    Args (checked by the caller, ``flint_moe.ops.routed_nvfp4_moe``): ``x_values`` bf16 [T, H] the tokens'
+    exact NVFP4 values and ``x_token_scale`` fp32 [T] (``pertoken_quant.launch_pertoken_quant`` with values);
     ``perm`` = ``moe_permute(local ids int32 [T, k], E, BM, tail)`` (-1 = not computed here; ``tail`` > 0: the
     expert-wide row blocks, the same bits); ``weights``
     ``RoutedNVFP4Weights``; ``activation`` ``"relu2"`` (non-gated weights) or ``"swiglu"`` (gated).
@@ -308,7 +252,8 @@ def launch_pertoken_fc1(
     config: overrides of :data:`PERTOKEN_FC1_CONFIG` (and ``DECODE``); ``SCALE_WORD`` needs BK a multiple of 64.
     Returns:
         ``act`` fp32 [P, I]; FC2 input ``a_codes`` uint8 [P, Ip/2], ``a_scale`` uint8 [P, Ip/16] (row-major),
-        ``a_token_scale`` fp32 [P] (P = T * k, row = pair ``t * k + j``).
+        ``a_token_scale`` fp32 [P] and ``a_values`` bf16 [P, I] (their exact values without the row scale)
+        (P = T * k, row = pair ``t * k + j``).
     Raises:
         ValueError for a bad config.
     """
@@ -320,7 +265,7 @@ def launch_pertoken_fc1(
     bc = int(cfg["BC"] or default_bc(gated))
     if bc < 16 or bc > (64 if gated else 128) or bc & (bc - 1):
         raise ValueError(f"pertoken_fc1: config BC = {bc} must be a power of two in [16, {64 if gated else 128}]")
-    dev = x_codes.device
+    dev = x_values.device
     p = t * k
     n1 = 2 * inter if gated else inter
     act = torch.empty((p, inter), dtype=torch.float32, device=dev)
@@ -331,10 +276,9 @@ def launch_pertoken_fc1(
     else:
         acc1 = hbuf = act  # never written
     if p > 0:
-        xq = launch_decode_rows(x_codes, x_scale, h, cfg["DECODE"])
         grid = (triton.cdiv(inter, bc), perm.num_blocks)
         _pertoken_fc1_kernel[grid](
-            xq, x_token_scale, perm.order, perm.block_expert, perm.block_start, perm.block_end,
+            x_values, x_token_scale, perm.order, perm.block_expert, perm.block_start, perm.block_end,
             weights.fc1_data, weights.fc1_scale_swizzled.view(torch.uint8), weights.fc1_alpha, act, acc1, hbuf,
             H=h, HP=hp, IP=ip, INTER=inter, TOPK=k, GATED=gated, BC=bc,
             **pertoken_launch_kwargs(cfg, perm.block_m, tap, perm.tail),
@@ -342,11 +286,12 @@ def launch_pertoken_fc1(
     a_codes = torch.empty((p, ip // 2), dtype=torch.uint8, device=dev)
     a_scale = torch.empty((p, ip // 16), dtype=torch.uint8, device=dev)
     a_d = torch.empty((p,), dtype=torch.float32, device=dev)
+    a_values = torch.empty((p, inter), dtype=torch.bfloat16, device=dev)
     if p > 0:
-        launch_pertoken_quant(act, ip, a_codes, a_scale, a_d)  # P10
+        launch_pertoken_quant(act, ip, a_codes, a_scale, a_d, values=a_values)  # P10
     if tap:
         taps.update(fc1_acc=acc1.view(t, k, n1), h=hbuf.view(t, k, n1), act=act.view(t, k, inter))
-    return act, a_codes, a_scale, a_d
+    return act, a_codes, a_scale, a_d, a_values
 
 
 #: (name, H, I, k, BM, gated, TAP) builds audited for sm_90: DeepSeek-V3 widths, both activations.
@@ -397,25 +342,18 @@ def audit_specs() -> list[str]:
         options = {"num_warps": default_warps(bm), "num_stages": cfg["num_stages"]}
         names.append(register_audit(f"pertoken_fc1.{name}", _pertoken_fc1_kernel, sig, consts, require,
                                     (*DEFAULT_FORBID, "fma.rn.f32", "div.approx"), options=options).name)  # fmt: skip
-    # the decode pass of both operands (H of DeepSeek-V3, I of DeepSeek-V3, a padded width)
-    cfg_d = DECODE_ROWS_CONFIG
-    for k, kpad in ((7168, 7168), (2048, 2048), (2880, 3072)):
-        names.append(register_audit(
-            f"pertoken_decode_rows.K{k}", _decode_rows_kernel,
-            {"codes_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "M": "i32"},
-            {"K": k, "KPAD": kpad, "ROWS": cfg_d["ROWS"], "BK": cfg_d["BK"], "DECODE": 3},
-            ["mul.rn.bf16x2", "griddepcontrol.wait"], (*DEFAULT_FORBID, "fma.rn.f32"),
-            options={"num_warps": cfg_d["num_warps"]}).name)  # fmt: skip
-    # P10: the per-token quantizer kernel on the fp32 FC2-input rows (the routed input's build reads bf16)
-    from flint_moe.kernels.nvfp4.pertoken_quant import PERTOKEN_QUANT_CONFIG, _pertoken_quant_kernel
+    # P10: the per-token quantizer kernel on the fp32 FC2-input rows, writing their values (FC2's operand)
+    from flint_moe.kernels.nvfp4.pertoken_quant import _pertoken_quant_kernel, chunk_and_warps
 
     qforbid = (*DEFAULT_FORBID, "rcp.approx", "div.approx", "mul.ftz", "fma.rn", "cvt.rn.satfinite.e4m3x2")
     for i, ip in ((2048, 2048), (2880, 3072)):
+        chunk, warps = chunk_and_warps(ip)
         names.append(register_audit(
             f"pertoken_quant.fc2_input.I{i}", _pertoken_quant_kernel,
-            {"x_ptr": "*fp32", "codes_ptr": "*u8", "scale_ptr": "*u8", "token_scale_ptr": "*fp32"},
-            {"H": i, "HP": ip, "CHUNK": PERTOKEN_QUANT_CONFIG["CHUNK"]}, ["div.rn.f32", "griddepcontrol.wait"],
-            qforbid, options={"num_warps": PERTOKEN_QUANT_CONFIG["num_warps"]}).name)  # fmt: skip
+            {"x_ptr": "*fp32", "codes_ptr": "*u8", "scale_ptr": "*u8", "token_scale_ptr": "*fp32",
+             "values_ptr": "*bf16"},
+            {"H": i, "HP": ip, "CHUNK": chunk, "VALUES": True}, ["div.rn.f32", "griddepcontrol.wait"],
+            qforbid, options={"num_warps": warps}).name)  # fmt: skip
     return names
 
 

@@ -1,10 +1,10 @@
 """Per-token NVFP4 x NVFP4 grouped FC2 (docs/numerics.md "Per-token NVFP4 experts", P11) and the combine (P12).
 
 ``_pertoken_fc2_kernel``: one program computes ``BH`` hidden rows of ``y`` for one row block of one expert's
-(token, slot) pairs (``moe_permute``'s schedule): the FC2 input's exact values (``pertoken_fc1``'s codes
-[P, Ip/2] and row-major block scales [P, Ip/16], decoded once to bf16 [P, I] by
-``pertoken_fc1.launch_decode_rows``) times the expert's FC2 rows (``RoutedNVFP4Weights.fc2_data``, 128x4-swizzled
-scales, decoded in the loop) on the tensor cores, the W4A16 grouped main loop (``grouped_mainloop.k_loop``);
+(token, slot) pairs (``moe_permute``'s schedule): the FC2 input's exact values (bf16 [P, I], written by the
+per-token quantizer beside ``pertoken_fc1``'s codes [P, Ip/2] and row-major block scales [P, Ip/16]) times the
+expert's FC2 rows (``RoutedNVFP4Weights.fc2_data``, 128x4-swizzled scales, decoded in the loop) on the tensor
+cores, the W4A16 grouped main loop (``grouped_mainloop.k_loop``);
 epilogue ``y = RN(acc2 * alpha2_e)`` (``mul.f32``), stored fp32 [P, H].
 
 ``_pertoken_combine_kernel``: per token t (rows below ``token_capacity``), ``acc = +0``; for j = 0..k-1 in
@@ -32,7 +32,6 @@ from flint_moe.kernels.nvfp4.pertoken_fc1 import (
     OPTION_AUDIT_CASES as FC1_OPTION_AUDIT_CASES,
     expert_rows_acc,
     expert_rows_acc_tail,
-    launch_decode_rows,
     pertoken_launch_kwargs,
 )
 
@@ -49,7 +48,7 @@ PERTOKEN_COMBINE_BLOCK = 1024
 
 @triton.jit
 def _pertoken_fc2_kernel(
-    aq_ptr,  # bf16 [P, INTER]: the FC2 input's exact values (launch_decode_rows)
+    aq_ptr,  # bf16 [P, INTER]: the FC2 input's exact values (launch_pertoken_fc1's a_values)
     order_ptr,  # int32 [P]
     bexp_ptr,  # int32 [NB]
     bstart_ptr,  # int32 [NB]
@@ -144,8 +143,7 @@ def _pertoken_combine_kernel(
 
 
 def launch_pertoken_fc2_combine(
-    a_codes: torch.Tensor,
-    a_scale: torch.Tensor,
+    a_values: torch.Tensor,
     a_token_scale: torch.Tensor,
     local_ids: torch.Tensor,
     probabilities: torch.Tensor,
@@ -158,8 +156,8 @@ def launch_pertoken_fc2_combine(
 ) -> torch.Tensor:
     """P11-P12: fill ``out`` rows [0, T) from the FC2 input of ``pertoken_fc1.launch_pertoken_fc1``.
 
-    Args (checked by the caller, ``flint_moe.ops.routed_nvfp4_moe``): ``a_codes`` uint8 [P, Ip/2], ``a_scale``
-    uint8 [P, Ip/16], ``a_token_scale`` fp32 [P] (P = T * k); ``local_ids`` int32 [T, k] (-1 = adds nothing);
+    Args (checked by the caller, ``flint_moe.ops.routed_nvfp4_moe``): ``a_values`` bf16 [P, I] (the FC2 input's
+    exact values), ``a_token_scale`` fp32 [P] (P = T * k); ``local_ids`` int32 [T, k] (-1 = adds nothing);
     ``probabilities`` fp32 or bf16 [T, k] contiguous; ``perm`` = ``moe_permute(local_ids, E, BM, tail)`` (the one
     FC1 used; ``tail`` > 0: expert-wide row blocks, the same bits); ``weights``
     ``RoutedNVFP4Weights``; ``out`` bf16, its first T rows contiguous [T, H] (rows past T are not touched).
@@ -175,16 +173,15 @@ def launch_pertoken_fc2_combine(
     bh = int(cfg["BH"])
     if bh < 64 or bh & (bh - 1):
         raise ValueError(f"pertoken_fc2: config BH = {bh} must be a power of two >= 64")
-    dev = a_codes.device
+    dev = a_values.device
     p = t * k
     y = torch.empty((p, h), dtype=torch.float32, device=dev)
     tap = taps is not None
     acc2 = torch.zeros((p, h), dtype=torch.float32, device=dev) if tap else y
     wbuf = torch.zeros((t, k), dtype=torch.float32, device=dev) if tap else y
     if p > 0:
-        aq = launch_decode_rows(a_codes, a_scale, inter, cfg["DECODE"])
         _pertoken_fc2_kernel[(triton.cdiv(h, bh), perm.num_blocks)](
-            aq, perm.order, perm.block_expert, perm.block_start, perm.block_end, weights.fc2_data,
+            a_values, perm.order, perm.block_expert, perm.block_start, perm.block_end, weights.fc2_data,
             weights.fc2_scale_swizzled.view(torch.uint8), weights.fc2_alpha, y, acc2,
             H=h, HP=hp, IP=ip, INTER=inter, BH=bh, **pertoken_launch_kwargs(cfg, perm.block_m, tap, perm.tail),
         )  # fmt: skip

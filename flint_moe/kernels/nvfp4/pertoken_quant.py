@@ -5,17 +5,22 @@ kernel: bf16 rows -> packed E2M1 codes, E4M3 block-scale bytes and one fp32 deco
 ``flint_moe.ops.quantize_routed_nvfp4_input`` checks the inputs and allocates them. Golden twin:
 ``flint_moe.reference.pertoken.quantize_nvfp4_pertoken`` (bit for bit on the unpadded columns).
 
-Program r of the grid ``(M,)`` owns row r (H bf16 values, read twice):
+Program r of the grid ``(M,)`` owns row r (Hp columns in chunks of ``CHUNK``, a power of two: the whole
+padded row in one chunk up to 4096 columns, so a row costs one load latency per pass; read twice):
 
-- pass 1, P1-P2: ``amax = max |x|`` over chunks of ``CHUNK`` columns (a max is exact: order-free);
-  ``g = 1`` if ``amax == 0``, else ``min(div_rn(2688, amax), FLT_MAX)``; ``d = div_rn(1, g)`` (``div.rn.f32``).
-- pass 2, per chunk of ``CHUNK`` columns = ``CHUNK / 16`` blocks, columns past H loaded as +0:
+- pass 1, P1-P2: ``amax = max |x|`` over the chunks (a max is exact: order-free); ``g = 1`` if ``amax == 0``,
+  else ``min(div_rn(2688, amax), FLT_MAX)``; ``d = div_rn(1, g)`` (``div.rn.f32``).
+- pass 2, per chunk as a ``[CHUNK / 16, 16]`` tile of blocks (contiguous loads; columns past H loaded as +0,
+  past Hp neither computed nor stored):
   P3 ``pre = RN(bamax * RN(g * C6))`` (``mul.f32``, ``C6 = RN32(1/6)``), the E4M3 byte by integer arithmetic
   on ``min(pre, 448)``'s bits (round to nearest even, saturating; no conversion instruction: the same integer
   code runs on the GPU and in the interpreter); P4 ``e = min(div_rn(1, RN(S * d)), FLT_MAX)``; P5
   ``q = RN(x * e)`` and its E2M1 code by the seven round-to-nearest-even thresholds (0.25, 0.75, 1.25, 1.75,
   2.5, 3.5, 5; a tie goes to the even code), saturating at 6, sign bit iff ``q < 0``; two codes a byte, low
-  nibble = even column.
+  nibble = even column (the tile's columns split into even / odd by a reshape, no strided load).
+- with ``values``: the row's exact NVFP4 values ``E2M1(code) * S`` as bf16 [M, H] (every such product is a
+  bf16 value: at most 5 significant bits; the sign of a zero code kept), the grouped GEMMs' operand, so no
+  separate decode pass reads the codes back (``pertoken_fc1.launch_decode_rows`` gives the same bits).
 
 The padded columns ``[H, Hp)`` are +0, so they add code-0 bytes and 0x00 scale bytes and move no amax. No
 step adds, so ``enable_fp_fusion`` forms no ``fma``: every fp32 operation is one IEEE rounding (``mul.f32``,
@@ -40,9 +45,10 @@ from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
 
 __all__ = ["PERTOKEN_QUANT_CONFIG", "PERTOKEN_ALIGNMENT", "launch_pertoken_quant", "audit_specs"]
 
-#: Columns per chunk (a multiple of 16 dividing the padded width 256) and warps per program. Neither changes a
-#: bit: the amax is a max, every other step is per block of 16.
-PERTOKEN_QUANT_CONFIG = {"CHUNK": 256, "num_warps": 4}
+#: Largest chunk (columns per pass-2 tile, a power of two >= 16; a row of Hp <= ``CHUNK`` columns is one chunk
+#: of the next power of two) and warps per program (None: 8 for chunks of more than 2048 columns, else 4).
+#: Neither changes a bit: the amax is a max, every other step is per block of 16.
+PERTOKEN_QUANT_CONFIG = {"CHUNK": 4096, "num_warps": None}
 #: The padded hidden size must be a multiple of this (``flint_moe.layouts.routed_nvfp4.ROUTED_ALIGNMENT``).
 PERTOKEN_ALIGNMENT = 256
 
@@ -93,14 +99,26 @@ def e2m1_code_rn(q):
 
 
 @triton.jit
+def e2m1_value(code):
+    """int32 E2M1 codes 0..15 -> fp32 values (exact): magnitude ``m / 2`` for m < 4, then 2, 3, 4, 6; sign bit 8
+    (code 8 is -0)."""
+    m = code & 7
+    twice = tl.where(m < 4, m, tl.where(m < 6, 2 * m - 4, 4 * m - 16))
+    mag = twice.to(tl.float32) * 0.5
+    return (mag.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)  # the sign bit
+
+
+@triton.jit
 def _pertoken_quant_kernel(
-    x_ptr,  # bf16 [M, H]
+    x_ptr,  # bf16 or fp32 [M, H]
     codes_ptr,  # uint8 [M, HP/2] (out)
     scale_ptr,  # uint8 [M, HP/16] (out)
     token_scale_ptr,  # fp32 [M] (out)
+    values_ptr,  # bf16 [M, H] (out, VALUES only)
     H: tl.constexpr,
     HP: tl.constexpr,
     CHUNK: tl.constexpr,
+    VALUES: tl.constexpr,
 ):
     """One row per program: P1-P2 in pass 1, P3-P5 per chunk in pass 2 (module docstring)."""
     gdc_wait()
@@ -108,34 +126,47 @@ def _pertoken_quant_kernel(
     NB: tl.constexpr = CHUNK // 16
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * H
-    cols = tl.arange(0, CHUNK)
-    amax = tl.zeros([CHUNK], dtype=tl.float32)
+    blk = tl.arange(0, NB)
+    col = blk[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16] columns of one chunk
+    amax = tl.zeros([NB, 16], dtype=tl.float32)
     for c0 in range(0, HP, CHUNK):
-        c = c0 + cols
+        c = c0 + col
         xv = tl.load(x_row + c, mask=c < H, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(xv))
-    am = tl.max(amax, axis=0)
+    am = tl.max(tl.max(amax, axis=1), axis=0)
     zero = am == 0.0
     g = div_rn(tl.zeros_like(am) + _GLOBAL_NUM, tl.where(zero, 1.0, am))
     g = tl.where(zero, 1.0, tl.minimum(g, _FLT_MAX))
     d = div_rn(tl.zeros_like(g) + 1.0, g)
     tl.store(token_scale_ptr + row, d)
     gc6 = g * _INV6
-    blk = tl.arange(0, NB)
     pair = tl.arange(0, 8)
     for c0 in range(0, HP, CHUNK):
-        ce = c0 + blk[:, None] * 16 + 2 * pair[None, :]  # even columns [NB, 8]
-        xe = tl.load(x_row + ce, mask=ce < H, other=0.0).to(tl.float32)
-        xo = tl.load(x_row + ce + 1, mask=ce + 1 < H, other=0.0).to(tl.float32)
-        bamax = tl.max(tl.maximum(tl.abs(xe), tl.abs(xo)), axis=1)  # [NB]
+        c = c0 + col
+        xv = tl.load(x_row + c, mask=c < H, other=0.0).to(tl.float32)
+        bamax = tl.max(tl.abs(xv), axis=1)  # [NB]
         sb = e4m3_satfinite_rn(bamax * gc6)
         s = e4m3_byte_to_f32(sb)
         e = tl.minimum(div_rn(tl.zeros_like(s) + 1.0, s * d), _FLT_MAX)
-        lo = e2m1_code_rn(xe * e[:, None])
-        hi = e2m1_code_rn(xo * e[:, None])
+        code = e2m1_code_rn(xv * e[:, None])  # [NB, 16]
+        lo, hi = tl.split(tl.reshape(code, [NB, 8, 2]))
         byte = (lo | (hi << 4)).to(tl.uint8)
-        tl.store(codes_ptr + row * (HP // 2) + (c0 // 2) + blk[:, None] * 8 + pair[None, :], byte)
-        tl.store(scale_ptr + row * (HP // 16) + (c0 // 16) + blk, sb.to(tl.uint8))
+        b_ok = c0 + blk * 16 < HP
+        tl.store(codes_ptr + row * (HP // 2) + (c0 // 2) + blk[:, None] * 8 + pair[None, :], byte,
+                 mask=b_ok[:, None])  # fmt: skip
+        tl.store(scale_ptr + row * (HP // 16) + (c0 // 16) + blk, sb.to(tl.uint8), mask=b_ok)
+        if VALUES:
+            v = e2m1_value(code) * s[:, None]
+            tl.store(values_ptr + row * H + c, v.to(tl.bfloat16), mask=c < H)
+
+
+def chunk_and_warps(hp: int, config: dict | None = None) -> tuple[int, int]:
+    """``(CHUNK, num_warps)`` of a row of ``hp`` padded columns under :data:`PERTOKEN_QUANT_CONFIG` overridden
+    by ``config``: the next power of two >= ``hp`` capped at the config's ``CHUNK``; warps as set, else 8 above
+    2048 columns per chunk, else 4."""
+    cfg = {**PERTOKEN_QUANT_CONFIG, **(config or {})}
+    chunk = min(triton.next_power_of_2(hp), int(cfg["CHUNK"]))
+    return chunk, int(cfg["num_warps"] or (8 if chunk > 2048 else 4))
 
 
 def launch_pertoken_quant(
@@ -145,16 +176,18 @@ def launch_pertoken_quant(
     block_scale: torch.Tensor,
     token_scale: torch.Tensor,
     config: dict | None = None,
+    values: torch.Tensor | None = None,
 ) -> None:
-    """Quantize x bf16 [M, H] (contiguous, M >= 1, H a multiple of 16) into ``codes`` uint8 [M, Hp/2],
+    """Quantize x bf16 or fp32 [M, H] (contiguous, M >= 1, H a multiple of 16) into ``codes`` uint8 [M, Hp/2],
     ``block_scale`` uint8 [M, Hp/16] and ``token_scale`` fp32 [M] (contiguous, x's device; Hp =
-    ``padded_hidden_size``, a multiple of ``CHUNK`` >= H). Inputs are assumed valid (the op checks them); ``x``
-    is not modified. ``config``: overrides of :data:`PERTOKEN_QUANT_CONFIG`."""
-    cfg = {**PERTOKEN_QUANT_CONFIG, **(config or {})}
+    ``padded_hidden_size``, a multiple of 16 >= H), and with ``values`` (bf16 [M, H] contiguous) the exact
+    values of the quantized rows without the row scale. Inputs are assumed valid (the op checks them); ``x`` is
+    not modified. ``config``: overrides of :data:`PERTOKEN_QUANT_CONFIG`."""
     m, h = x.shape
+    chunk, warps = chunk_and_warps(padded_hidden_size, config)
     _pertoken_quant_kernel[(m,)](
-        x, codes, block_scale, token_scale,
-        H=h, HP=padded_hidden_size, CHUNK=cfg["CHUNK"], num_warps=cfg["num_warps"], **launch_options(),
+        x, codes, block_scale, token_scale, token_scale if values is None else values,
+        H=h, HP=padded_hidden_size, CHUNK=chunk, VALUES=values is not None, num_warps=warps, **launch_options(),
     )  # fmt: skip
 
 
@@ -164,20 +197,23 @@ AUDIT_SHAPES = (("H7168", 7168, 7168), ("H2880", 2880, 3072))
 
 
 def audit_specs() -> None:
-    """Register the quantizer specialisations of AUDIT_SHAPES: ``div.rn.f32`` present (P1, P2, P4), the PDL
-    wait, no approximate division or reciprocal, no fp64, no flush-to-zero multiply or fused multiply-add."""
-    cfg = PERTOKEN_QUANT_CONFIG
+    """Register the quantizer specialisations of AUDIT_SHAPES (the routed input's build, and the same with the
+    bf16 values written): ``div.rn.f32`` present (P1, P2, P4), the PDL wait, no approximate division or
+    reciprocal, no fp64, no flush-to-zero multiply or fused multiply-add."""
     forbid = (*DEFAULT_FORBID, "rcp.approx", "div.approx", "mul.ftz", "fma.rn", "cvt.rn.satfinite.e4m3x2")
     for name, h, hp in AUDIT_SHAPES:
-        register_audit(
-            f"pertoken_quant.{name}",
-            _pertoken_quant_kernel,
-            {"x_ptr": "*bf16", "codes_ptr": "*u8", "scale_ptr": "*u8", "token_scale_ptr": "*fp32"},
-            {"H": h, "HP": hp, "CHUNK": cfg["CHUNK"]},
-            ["div.rn.f32", "griddepcontrol.wait"],
-            forbid,
-            options={"num_warps": cfg["num_warps"]},
-        )
+        chunk, warps = chunk_and_warps(hp)
+        for values in (False, True):
+            register_audit(
+                f"pertoken_quant.{name}" + (".values" if values else ""),
+                _pertoken_quant_kernel,
+                {"x_ptr": "*bf16", "codes_ptr": "*u8", "scale_ptr": "*u8", "token_scale_ptr": "*fp32",
+                 "values_ptr": "*bf16" if values else "*fp32"},
+                {"H": h, "HP": hp, "CHUNK": chunk, "VALUES": values},
+                ["div.rn.f32", "griddepcontrol.wait"],
+                forbid,
+                options={"num_warps": warps},
+            )  # fmt: skip
 
 
 audit_specs()
