@@ -300,3 +300,12 @@ def test_default_options_at_large_blocks_equal_options_off():
     _assert_taps_equal(taps, off_taps, "default vs options off at BM 128")
     counts = check_pertoken_taps(w, x, ids, p, taps, default, num_experts=E, offset=0, activation="swiglu")
     assert counts["pairs"] == T * k
+
+
+def test_default_columns_per_program():
+    """``default_bc``: gated row blocks of <= 32 pairs take 32 columns (64 weight rows), larger ones 64 (128
+    rows); non-gated tiles 128 columns at every block size."""
+    from flint_moe.kernels.nvfp4.pertoken_fc1 import default_bc
+
+    assert [default_bc(True, bm) for bm in (16, 32, 64, 128, 256)] == [32, 32, 64, 64, 64]
+    assert [default_bc(False, bm) for bm in (16, 32, 256)] == [128, 128, 128]

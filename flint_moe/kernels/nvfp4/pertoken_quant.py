@@ -6,7 +6,8 @@ kernel: bf16 rows -> packed E2M1 codes, E4M3 block-scale bytes and one fp32 deco
 ``flint_moe.reference.pertoken.quantize_nvfp4_pertoken`` (bit for bit on the unpadded columns).
 
 Program r of the grid ``(M,)`` owns row r (Hp columns in chunks of ``CHUNK``, a power of two: the whole
-padded row in one chunk up to 4096 columns, so a row costs one load latency per pass; read twice):
+padded row in one chunk up to 4096 columns, loaded once and kept in registers; a longer row is read twice, once
+per pass):
 
 - pass 1, P1-P2: ``amax = max |x|`` over the chunks (a max is exact: order-free); ``g = 1`` if ``amax == 0``,
   else ``min(div_rn(2688, amax), FLT_MAX)``; ``d = div_rn(1, g)`` (``div.rn.f32``).
@@ -109,6 +110,37 @@ def e2m1_value(code):
 
 
 @triton.jit
+def _row_scales(am):
+    """P1-P2 of a row amax ``am``: ``(g, d)`` (module docstring)."""
+    zero = am == 0.0
+    g = div_rn(tl.zeros_like(am) + _GLOBAL_NUM, tl.where(zero, 1.0, am))
+    g = tl.where(zero, 1.0, tl.minimum(g, _FLT_MAX))
+    return g, div_rn(tl.zeros_like(g) + 1.0, g)
+
+
+@triton.jit
+def _quantize_chunk(xv, c, c0, row, g, d, codes_ptr, scale_ptr, values_ptr, H: tl.constexpr, HP: tl.constexpr,
+                    NB: tl.constexpr, VALUES: tl.constexpr):  # fmt: skip
+    """P3-P5 of one chunk ``xv`` fp32 [NB, 16] (columns ``c`` = ``c0`` + [NB, 16] offsets) of row ``row``:
+    stores its codes, scale bytes (blocks below HP) and with ``VALUES`` its exact values (columns below H)."""
+    blk = tl.arange(0, NB)
+    pair = tl.arange(0, 8)
+    bamax = tl.max(tl.abs(xv), axis=1)  # [NB]
+    sb = e4m3_satfinite_rn(bamax * (g * _INV6))
+    s = e4m3_byte_to_f32(sb)
+    e = tl.minimum(div_rn(tl.zeros_like(s) + 1.0, s * d), _FLT_MAX)
+    code = e2m1_code_rn(xv * e[:, None])  # [NB, 16]
+    lo, hi = tl.split(tl.reshape(code, [NB, 8, 2]))
+    byte = (lo | (hi << 4)).to(tl.uint8)
+    b_ok = c0 + blk * 16 < HP
+    tl.store(codes_ptr + row * (HP // 2) + (c0 // 2) + blk[:, None] * 8 + pair[None, :], byte, mask=b_ok[:, None])
+    tl.store(scale_ptr + row * (HP // 16) + (c0 // 16) + blk, sb.to(tl.uint8), mask=b_ok)
+    if VALUES:
+        v = e2m1_value(code) * s[:, None]
+        tl.store(values_ptr + row * H + c, v.to(tl.bfloat16), mask=c < H)
+
+
+@triton.jit
 def _pertoken_quant_kernel(
     x_ptr,  # bf16 or fp32 [M, H]
     codes_ptr,  # uint8 [M, HP/2] (out)
@@ -120,44 +152,30 @@ def _pertoken_quant_kernel(
     CHUNK: tl.constexpr,
     VALUES: tl.constexpr,
 ):
-    """One row per program: P1-P2 in pass 1, P3-P5 per chunk in pass 2 (module docstring)."""
+    """One row per program (module docstring): a row of one chunk is loaded once and kept in registers through
+    P1-P5; a longer row runs P1-P2 over its chunks (pass 1), then P3-P5 per chunk (pass 2)."""
     gdc_wait()
     gdc_launch_dependents()
     NB: tl.constexpr = CHUNK // 16
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * H
-    blk = tl.arange(0, NB)
-    col = blk[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16] columns of one chunk
-    amax = tl.zeros([NB, 16], dtype=tl.float32)
-    for c0 in range(0, HP, CHUNK):
-        c = c0 + col
-        xv = tl.load(x_row + c, mask=c < H, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(xv))
-    am = tl.max(tl.max(amax, axis=1), axis=0)
-    zero = am == 0.0
-    g = div_rn(tl.zeros_like(am) + _GLOBAL_NUM, tl.where(zero, 1.0, am))
-    g = tl.where(zero, 1.0, tl.minimum(g, _FLT_MAX))
-    d = div_rn(tl.zeros_like(g) + 1.0, g)
-    tl.store(token_scale_ptr + row, d)
-    gc6 = g * _INV6
-    pair = tl.arange(0, 8)
-    for c0 in range(0, HP, CHUNK):
-        c = c0 + col
-        xv = tl.load(x_row + c, mask=c < H, other=0.0).to(tl.float32)
-        bamax = tl.max(tl.abs(xv), axis=1)  # [NB]
-        sb = e4m3_satfinite_rn(bamax * gc6)
-        s = e4m3_byte_to_f32(sb)
-        e = tl.minimum(div_rn(tl.zeros_like(s) + 1.0, s * d), _FLT_MAX)
-        code = e2m1_code_rn(xv * e[:, None])  # [NB, 16]
-        lo, hi = tl.split(tl.reshape(code, [NB, 8, 2]))
-        byte = (lo | (hi << 4)).to(tl.uint8)
-        b_ok = c0 + blk * 16 < HP
-        tl.store(codes_ptr + row * (HP // 2) + (c0 // 2) + blk[:, None] * 8 + pair[None, :], byte,
-                 mask=b_ok[:, None])  # fmt: skip
-        tl.store(scale_ptr + row * (HP // 16) + (c0 // 16) + blk, sb.to(tl.uint8), mask=b_ok)
-        if VALUES:
-            v = e2m1_value(code) * s[:, None]
-            tl.store(values_ptr + row * H + c, v.to(tl.bfloat16), mask=c < H)
+    col = tl.arange(0, NB)[:, None] * 16 + tl.arange(0, 16)[None, :]  # [NB, 16] columns of one chunk
+    if HP <= CHUNK:
+        xv = tl.load(x_row + col, mask=col < H, other=0.0).to(tl.float32)
+        g, d = _row_scales(tl.max(tl.max(tl.abs(xv), axis=1), axis=0))
+        tl.store(token_scale_ptr + row, d)
+        _quantize_chunk(xv, col, 0, row, g, d, codes_ptr, scale_ptr, values_ptr, H, HP, NB, VALUES)
+    else:
+        amax = tl.zeros([NB, 16], dtype=tl.float32)
+        for c0 in range(0, HP, CHUNK):
+            c = c0 + col
+            amax = tl.maximum(amax, tl.abs(tl.load(x_row + c, mask=c < H, other=0.0).to(tl.float32)))
+        g, d = _row_scales(tl.max(tl.max(amax, axis=1), axis=0))
+        tl.store(token_scale_ptr + row, d)
+        for c0 in range(0, HP, CHUNK):
+            c = c0 + col
+            xv = tl.load(x_row + c, mask=c < H, other=0.0).to(tl.float32)
+            _quantize_chunk(xv, c, c0, row, g, d, codes_ptr, scale_ptr, values_ptr, H, HP, NB, VALUES)
 
 
 def chunk_and_warps(hp: int, config: dict | None = None) -> tuple[int, int]:
