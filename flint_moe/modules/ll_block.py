@@ -127,10 +127,10 @@ class FlintLLDecodeBlock(nn.Module):
         if residual.shape != attn_out.shape:
             raise ValueError(f"residual: expected shape {tuple(attn_out.shape)} (attn_out's), got "
                              f"{tuple(residual.shape)}")  # fmt: skip
-        if taps is not None and not isinstance(taps, dict):
-            raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+        from flint_moe.kernels._launch import check_taps
         from flint_moe.ops import moe_ll
 
+        check_taps(taps)
         return moe_ll.flint_moe_ll(attn_out, residual, self.ln_weight, self.eps, self.weights, self.top_k,
                                    self.route_counter, taps=taps)  # fmt: skip
 

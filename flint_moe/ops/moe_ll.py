@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from flint_moe.kernels._launch import check_op_tensor
+from flint_moe.kernels._launch import check_op_tensor, check_taps
 from flint_moe.kernels.ll_router import launch_ll_router
 from flint_moe.kernels.router import MAX_EXPERTS, MAX_TOP_K
 from flint_moe.layouts.ll_weights import LLMoEWeights
@@ -55,8 +55,7 @@ def _check_front(attn_out, residual, ln_weight, eps, router_weight, top_k, count
     check_op_tensor("counter", counter, dtype=torch.int32, shape=(None,), device=dev)
     if counter.numel() < m:
         raise ValueError(f"counter: needs >= {m} entries (one per token), got {counter.numel()}")
-    if taps is not None and not isinstance(taps, dict):
-        raise TypeError(f"taps: expected a dict or None, got {type(taps).__name__}")
+    check_taps(taps)
     return eps32
 
 

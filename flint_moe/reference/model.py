@@ -41,7 +41,20 @@ ORDER_STAGES = ("router", "gate_up", "down")
 
 
 @dataclass(frozen=True)
-class MoEResult:
+class _RoutingStages:
+    """The fields of rule steps 1-4 that open a :class:`MoEResult`."""
+
+    router_acc: Accumulation
+    logits: torch.Tensor
+    ids: torch.Tensor
+    scores: torch.Tensor
+    weights: torch.Tensor
+
+
+# Field order: _RoutingStages', then ExpertStages' (steps 6-8, per token and slot), then these (dataclasses
+# collect the fields of the bases in reverse method resolution order).
+@dataclass(frozen=True)
+class MoEResult(ExpertStages, _RoutingStages):
     """Every stage of rule steps 1-10 (M tokens, E experts, k slots, H hidden, I intermediate).
 
     Fields:
@@ -54,18 +67,6 @@ class MoEResult:
         shared: bf16 [M, H] or None (step 10 input).  out: bf16 [M, H] (step 10; ``routed`` if no shared).
     """
 
-    router_acc: Accumulation
-    logits: torch.Tensor
-    ids: torch.Tensor
-    scores: torch.Tensor
-    weights: torch.Tensor
-    gate_acc: Accumulation
-    up_acc: Accumulation
-    g: torch.Tensor
-    u: torch.Tensor
-    act: torch.Tensor
-    down_acc: Accumulation
-    y: torch.Tensor
     combine_acc: torch.Tensor
     routed: torch.Tensor
     shared: torch.Tensor | None

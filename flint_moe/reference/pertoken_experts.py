@@ -45,6 +45,7 @@ from .pertoken import (
     quantize_nvfp4_pertoken,
     quantize_nvfp4_rows,
 )
+from .weights import _dim
 
 __all__ = [
     "PERTOKEN_ACTIVATIONS",
@@ -111,17 +112,9 @@ class PerTokenNVFP4Experts:
             fc2_alpha=self.fc2_alpha,
         )
 
-    @property
-    def num_experts(self) -> int:
-        return self.fc2.shape[0]
-
-    @property
-    def hidden_size(self) -> int:
-        return self.fc2.shape[1]
-
-    @property
-    def intermediate_size(self) -> int:
-        return 2 * self.fc2.shape[2]
+    num_experts = _dim("fc2", 0, doc="E.")
+    hidden_size = _dim("fc2", 1, doc="H.")
+    intermediate_size = _dim("fc2", 2, mul=2, doc="I.")
 
 
 def _quantize_stack(name: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -51,6 +51,11 @@ def _check_codes(name: str, codes, lead: tuple[int | None, ...]) -> tuple[int, i
     return n, k
 
 
+def _dim(field: str, axis: int, *, mul: int = 1, div: int = 1, doc: str | None = None) -> property:
+    """A read-only size property of a weight container: ``mul * self.<field>.shape[axis] // div``."""
+    return property(lambda self: mul * getattr(self, field).shape[axis] // div, doc=doc)
+
+
 def _check_scale(name: str, scale, codes: torch.Tensor) -> None:
     """Check E4M3 scales [..., N, K/16] matching ``codes`` [..., N, K/2], without NaN bytes."""
     k = 2 * codes.shape[-1]
@@ -78,15 +83,8 @@ class NVFP4Linear:
         check_tensor("global_scale", self.global_scale, dtype=torch.float32, shape=())
         check_same_device(codes=self.codes, block_scale=self.block_scale, global_scale=self.global_scale)
 
-    @property
-    def out_features(self) -> int:
-        """N (rows)."""
-        return self.codes.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        """K (unpacked row length)."""
-        return 2 * self.codes.shape[1]
+    out_features = _dim("codes", 0, doc="N (rows).")
+    in_features = _dim("codes", 1, mul=2, doc="K (unpacked row length).")
 
     def scale_bytes(self) -> torch.Tensor:
         """``block_scale`` as uint8 bytes (a view)."""
@@ -97,16 +95,8 @@ class _StackedExperts:
     """The sizes both expert containers read from ``w13`` [E, 2I, ...] (rows [gate; up] of each expert)."""
 
     w13: torch.Tensor
-
-    @property
-    def num_experts(self) -> int:
-        """E."""
-        return self.w13.shape[0]
-
-    @property
-    def intermediate(self) -> int:
-        """I."""
-        return self.w13.shape[1] // 2
+    num_experts = _dim("w13", 0, doc="E.")
+    intermediate = _dim("w13", 1, div=2, doc="I.")
 
 
 @dataclass(frozen=True)
@@ -147,10 +137,7 @@ class NVFP4Experts(_StackedExperts):
             w2=self.w2, w2_scale=self.w2_scale, w2_gs=self.w2_gs,
         )  # fmt: skip
 
-    @property
-    def hidden(self) -> int:
-        """H."""
-        return 2 * self.w13.shape[2]
+    hidden = _dim("w13", 2, mul=2, doc="H.")
 
     def w13_scale_bytes(self) -> torch.Tensor:
         """``w13_scale`` as uint8 bytes (a view)."""
@@ -183,7 +170,4 @@ class BF16Experts(_StackedExperts):
         check_tensor("w2", self.w2, dtype=torch.bfloat16, shape=(e, h, two_i // 2))
         check_same_device(w13=self.w13, w2=self.w2)
 
-    @property
-    def hidden(self) -> int:
-        """H."""
-        return self.w13.shape[2]
+    hidden = _dim("w13", 2, doc="H.")

@@ -41,20 +41,28 @@ def _block(name: str):
     return _BLOCKS[name]
 
 
-@pytest.mark.parametrize(
-    ("name", "m"), [(n, m) for n in sorted(SHAPES) for m in ((1, 3) if n == "glm45air" else (1, 2, 3, 8))]
-)
-def test_block_matches_the_golden_model(name: str, m: int) -> None:
-    b = _block(name)
-    H = b.w.hidden_size  # noqa: N806
-    attn, res, lnw = make_block_inputs(m, H, seed=m)
-    before = [t.clone() for t in (attn, res, lnw)]
+def _tapped_and_untapped(b, attn: torch.Tensor, res: torch.Tensor, lnw: torch.Tensor):
+    """Run the block op tapped and untapped on one input set; assert both builds agree bit for bit and return
+    the tapped run's ``(taps, moe_out, residual_out)``."""
     counter = make_route_counter("cuda")
     taps: dict = {}
     out_t, res_t = flint_moe_ll(attn, res, lnw, EPS, b.w, b.top_k, counter, taps=taps)
     out, res_out = flint_moe_ll(attn, res, lnw, EPS, b.w, b.top_k, counter)
     torch.cuda.synchronize()
     assert same(out, out_t) and same(res_out, res_t), "tapped and untapped builds differ"
+    return taps, out_t, res_t
+
+
+#: (shape name, M) of the golden-model comparisons: GLM-4.5-Air at M = 1, 3, the others at M = 1, 2, 3, 8.
+NAME_M = [(n, m) for n in sorted(SHAPES) for m in ((1, 3) if n == "glm45air" else (1, 2, 3, 8))]
+
+
+@pytest.mark.parametrize(("name", "m"), NAME_M)
+def test_block_matches_the_golden_model(name: str, m: int) -> None:
+    b = _block(name)
+    attn, res, lnw = make_block_inputs(m, b.w.hidden_size, seed=m)
+    before = [t.clone() for t in (attn, res, lnw)]
+    taps, out_t, res_t = _tapped_and_untapped(b, attn, res, lnw)
     for t, t0 in zip((attn, res, lnw), before, strict=True):
         assert same(t, t0), "an input was modified"
     check_block(b, attn, res, lnw, taps, out_t, res_t)
@@ -84,21 +92,13 @@ def test_cuda_graph_replay_equals_eager(name: str) -> None:
     assert not same(fresh[0], eager[0])
 
 
-@pytest.mark.parametrize(
-    ("name", "m"), [(n, m) for n in sorted(SHAPES) for m in ((1, 3) if n == "glm45air" else (1, 2, 3, 8))]
-)
+@pytest.mark.parametrize(("name", "m"), NAME_M)
 def test_block_matches_the_golden_model_on_other_inputs(name: str, m: int) -> None:
     """A second input set per shape and M: every tap against the golden model replaying the declared orders,
     tapped == untapped."""
     b = _block(name)
-    H = b.w.hidden_size  # noqa: N806
-    attn, res, lnw = make_block_inputs(m, H, seed=m + 20)
-    counter = make_route_counter("cuda")
-    taps: dict = {}
-    out_t, res_t = flint_moe_ll(attn, res, lnw, EPS, b.w, b.top_k, counter, taps=taps)
-    out, res_out = flint_moe_ll(attn, res, lnw, EPS, b.w, b.top_k, counter)
-    torch.cuda.synchronize()
-    assert same(out, out_t) and same(res_out, res_t), "tapped and untapped builds differ"
+    attn, res, lnw = make_block_inputs(m, b.w.hidden_size, seed=m + 20)
+    taps, out_t, res_t = _tapped_and_untapped(b, attn, res, lnw)
     check_block(b, attn, res, lnw, taps, out_t, res_t)
 
 
@@ -110,12 +110,7 @@ def test_shared_experts_across_tokens() -> None:
     attn, res, lnw = make_block_inputs(8, H, seed=31)
     attn = attn[:1].repeat(8, 1).contiguous()  # same token 8 times: identical routing, all pairs duplicated
     res = res[:1].repeat(8, 1).contiguous()
-    counter = make_route_counter("cuda")
-    taps: dict = {}
-    out_t, res_t = flint_moe_ll(attn, res, lnw, EPS, b.w, b.top_k, counter, taps=taps)
-    out, res_out = flint_moe_ll(attn, res, lnw, EPS, b.w, b.top_k, counter)
-    torch.cuda.synchronize()
+    taps, out_t, res_t = _tapped_and_untapped(b, attn, res, lnw)
     assert bool((taps["ids"] == taps["ids"][:1]).all())
-    assert same(out, out_t) and same(res_out, res_t), "tapped and untapped builds differ"
     assert all(same(out_t[t], out_t[0]) for t in range(8)), "identical tokens gave different outputs"
     check_block(b, attn, res, lnw, taps, out_t, res_t)
