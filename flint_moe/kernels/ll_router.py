@@ -143,15 +143,8 @@ def ll_router_config(num_experts: int, hidden: int, top_k: int) -> dict[str, int
 
 
 def launch_ll_router(
-    attn_out: torch.Tensor,
-    residual: torch.Tensor,
-    ln_weight: torch.Tensor,
-    eps: float,
-    router_weight: torch.Tensor,
-    top_k: int,
-    counter: torch.Tensor,
-    *,
-    taps: dict | None = None,
+    attn_out: torch.Tensor, residual: torch.Tensor, ln_weight: torch.Tensor, eps: float, router_weight: torch.Tensor,
+    top_k: int, counter: torch.Tensor, *, taps: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Residual add + RMSNorm + router GEMV + top-k in one launch.
 

@@ -67,12 +67,7 @@ class FlintBf16DecodeMoE(nn.Module):
     """
 
     def __init__(
-        self,
-        num_experts: int,
-        hidden_size: int,
-        intermediate_size: int,
-        top_k: int,
-        *,
+        self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, *,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()

@@ -60,15 +60,8 @@ def _check_front(attn_out, residual, ln_weight, eps, router_weight, top_k, count
 
 
 def check_ll_inputs(
-    attn_out: torch.Tensor,
-    residual: torch.Tensor,
-    ln_weight: torch.Tensor,
-    eps: float,
-    w: LLMoEWeights,
-    top_k: int,
-    counter: torch.Tensor,
-    *,
-    taps: dict | None = None,
+    attn_out: torch.Tensor, residual: torch.Tensor, ln_weight: torch.Tensor, eps: float, w: LLMoEWeights,
+    top_k: int, counter: torch.Tensor, *, taps: dict | None = None,
 ) -> float:
     """Check the block op's arguments; return ``eps`` rounded to fp32 (a Python float).
 
