@@ -298,8 +298,9 @@ def test_bad_inputs_raise():
         nvfp4_grouped_gate_up(x.float(), ids, perm, w)
     with pytest.raises(ValueError, match="BK"):
         nvfp4_grouped_gate_up(x, ids, perm, w, config={"BK": 48})
-    with pytest.raises(ValueError, match="BC"):
-        nvfp4_grouped_gate_up(x, ids, perm, w, config={"BC": 128})
+    for bc in (16, 128):  # 16: a 32-row tile, another MMA than the declared order's wgmma
+        with pytest.raises(ValueError, match=f"BC = {bc} must be 32 or 64"):
+            nvfp4_grouped_gate_up(x, ids, perm, w, config={"BC": bc})
     with pytest.raises(ValueError, match="unknown config"):
         nvfp4_grouped_gate_up(x, ids, perm, w, config={"BN": 8})
     with pytest.raises(ValueError, match="SCALE_WORD needs BK a multiple of 64"):

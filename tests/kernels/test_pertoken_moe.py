@@ -28,7 +28,7 @@ from ._pertoken_check import bits, check_pertoken_taps, first_diff
 
 BACKEND = "interpreter"
 
-CFG = {"fc1": {"BC": 32, "BK": 64}, "fc2": {"BH": 64, "BK": 64}}
+CFG = {"fc1": {"BK": 64}, "fc2": {"BH": 64, "BK": 64}}
 
 
 def _weights(E, H, I, gated, seed):  # noqa: E741
@@ -177,6 +177,7 @@ def _bad_calls(w, wr, x, ids, p):
     yield TypeError, "^taps", lambda: f(x, ids, p, w, taps=[], **base)
     yield ValueError, "^config", lambda: f(x, ids, p, w, config={"gate_up": {}}, **base)
     yield ValueError, "^pertoken_fc1: config BC", lambda: f(x, ids, p, w, config={"fc1": {"BC": 128}}, **base)
+    yield ValueError, "^pertoken_fc1: config BC = 16", lambda: f(x, ids, p, w, config={"fc1": {"BC": 16}}, **base)
     yield ValueError, "^config: TAIL", lambda: f(x, ids, p, w, config={"TAIL": 24}, **base)
     yield ValueError, "^config: TAIL", lambda: f(x, ids, p, w, config={"TAIL": True}, **base)
     yield ValueError, "SCALE_WORD needs BK", lambda: f(x, ids, p, w, config={"fc2": {"BK": 32, "SCALE_WORD": True}},

@@ -35,8 +35,10 @@ __all__ = [
     "audit_specs",
 ]
 
-#: Default launch configuration: ``BC`` intermediate columns per program (16, 32 or 64, so a tile's rows
-#: lie in one 128-row [up; gate] group of w1), ``BK`` K elements per main-loop step (a power of two >= 32;
+#: Default launch configuration: ``BC`` intermediate columns per program (32 or 64, so a tile's rows lie in
+#: one 128-row [up; gate] group of w1 and number at least 64: the wgmma (m64) of the declared order; a 32-row
+#: tile, BC 16, compiles to another MMA and gave other output bits on the H200, so it is refused),
+#: ``BK`` K elements per main-loop step (a power of two >= 32;
 #: None = ``default_bk(BM, K)``), ``num_stages``; ``num_warps`` None = ``default_warps(BM)``. ``BM`` (pairs
 #: per row block) comes from the permutation (:func:`grouped_config`). ``BK`` only groups the chain of
 #: k16 tensor-core steps into loop iterations: every BK issues the same wgmma k16 steps in increasing k order
@@ -349,8 +351,8 @@ def nvfp4_grouped_gate_up(
     top_k = ids.shape[1]
     cfg = _cfg(config, GROUPED_GATE_UP_CONFIG, "nvfp4_grouped_gate_up")
     bc = int(cfg["BC"])
-    if bc < 16 or bc > 64 or bc & (bc - 1):
-        raise ValueError(f"nvfp4_grouped_gate_up: config BC = {bc} must be 16, 32 or 64")
+    if bc not in (32, 64):
+        raise ValueError(f"nvfp4_grouped_gate_up: config BC = {bc} must be 32 or 64 (tiles of 2 BC >= 64 weight rows)")
     P = M * top_k
     tap = taps is not None
     act, gacc, uacc = gate_up_buffers(P, INTER, tap, dev)

@@ -46,8 +46,9 @@ __all__ = [
     "audit_specs",
 ]
 
-#: Default launch configuration: ``BC`` intermediate columns per program (16, 32 or 64: a gated tile's up and
-#: gate rows lie in one 128-row group of the interleave; non-gated 16 ... 128; None = :func:`default_bc`),
+#: Default launch configuration: ``BC`` intermediate columns per program (gated 32 or 64: a tile's up and gate
+#: rows lie in one 128-row group of the interleave; non-gated 64 or 128: tiles of at least 64 weight rows, the
+#: wgmma of the declared order, as in ``grouped_gate_up``; None = :func:`default_bc`),
 #: ``BK`` K elements per main-loop step (a power of two >= 32; it changes the declared order), ``num_stages``;
 #: ``num_warps`` None = ``grouped_gate_up.default_warps(BM)``;
 #: ``SCALE_WORD`` (bool): the weight scales as one int32 word per row per 64 K (``grouped_mainloop.scale_words``;
@@ -269,8 +270,10 @@ def launch_pertoken_fc1(
     gated = bool(weights.gated)
     cfg = _cfg(config, PERTOKEN_FC1_CONFIG, "pertoken_fc1")
     bc = int(cfg["BC"] or default_bc(gated, perm.block_m))
-    if bc < 16 or bc > (64 if gated else 128) or bc & (bc - 1):
-        raise ValueError(f"pertoken_fc1: config BC = {bc} must be a power of two in [16, {64 if gated else 128}]")
+    allowed = (32, 64) if gated else (64, 128)
+    if bc not in allowed:
+        raise ValueError(f"pertoken_fc1: config BC = {bc} must be {allowed[0]} or {allowed[1]} (tiles of >= 64 "
+                         "weight rows)")  # fmt: skip
     dev = x_values.device
     p = t * k
     n1 = 2 * inter if gated else inter
