@@ -1,7 +1,8 @@
 """Grouped NVFP4 path (``flint_moe_grouped``) vs ``torch._grouped_mm`` on bf16 weights, on the H200.
 
 ``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``;
-``... --cross [--model ...] --out DIR``: decode vs grouped around DECODE_MAX_TOKENS (``CROSS_M``);
+``... --cross [--model ...] --out DIR``: decode vs grouped around the threshold (``CROSS_M``; the measurement
+behind ``ops.decode_max_tokens``, reports/gpu/nvfp4-grouped/crossover/);
 ``... --ab [--model deepseek-v3 [--model ...] --M 1024,4096] --out DIR``: only the default launch configuration
 against the schedule with both launch options off and the expert-wide row blocks (op config ``TAIL`` 32,
 without and with ``SCALE_WORD``; ``AB_VARIANTS``) and the bf16 layer, alternated over two rounds, and each
@@ -22,8 +23,8 @@ and left out). TFLOP/s = FLOPs / time; ratio = bf16 time / grouped time (> 1: gr
 Timing (METHOD.md): warm-up, then a CUDA graph of n calls (n chosen so a replay lasts >= ~30 ms, at most
 20), replayed and timed with CUDA events, median. Weights are GBs, far beyond the 60 MB L2, so one input set.
 
-Also: decode vs grouped at DeepSeek-V3 for M = 4..32 (decode kernels called directly past
-DECODE_MAX_TOKENS) to place the threshold; a launch-config sweep of the grouped kernels at M = 4096;
+Also: decode vs grouped at DeepSeek-V3 for M = 4..32 (decode kernels called directly at every M) to place the
+threshold; a launch-config sweep of the grouped kernels at M = 4096;
 the golden model (``reference.model.moe_nvfp4``, exact accumulations) at small M.
 
 ``CASES`` / ``prepare`` plug into ``benchmarks/runner.py`` (grouped and bf16 cases).
@@ -341,7 +342,8 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
     return res
 
 
-#: ``--cross`` token counts: both sides of DECODE_MAX_TOKENS (8) up to where the grouped path wins everywhere.
+#: ``--cross`` token counts: from decode sizes up to where the grouped path wins on every measured layer (the
+#: threshold ``ops.decode_max_tokens(E, k)`` was fitted to them: 32 / 24 / 32 on DeepSeek-V3 / Qwen3 / gpt-oss).
 CROSS_M = (4, 8, 9, 12, 16, 24, 32, 48)
 
 
@@ -474,7 +476,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     if "deepseek-v3" in layers and not over():
         layer, counter = layers["deepseek-v3"], make_route_counter("cuda")
-        # decode vs grouped around DECODE_MAX_TOKENS
+        # decode vs grouped around the threshold
         for M in (4, 8, 9, 12, 16, 32):
             row = {"M": M}
             try:

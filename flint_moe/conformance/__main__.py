@@ -153,19 +153,20 @@ def select(profile: str, filters: list[str]) -> list:
 
 def checkpoint_selection(path: str, layer: int, profile: str, filters: list[str], device: torch.device):
     """(cases, {case id: CaseInputs}) for ``--checkpoint PATH --layer N``: one case per distinct token count of
-    the ``profile`` matrix's NVFP4 paths (decode up to ``ops.DECODE_MAX_TOKENS``, grouped above), on that
-    layer's weights (``checkpoint.checkpoint_cases``), filtered like the matrix."""
+    the ``profile`` matrix's NVFP4 paths (decode up to the layer's ``ops.decode_max_tokens(E, k)``, grouped
+    above: ``run.paths.dispatch_path``), on that layer's weights (``checkpoint.checkpoint_cases``), filtered
+    like the matrix."""
     from dataclasses import replace
 
     from flint_moe.conformance.inputs.cases import matrix
     from flint_moe.conformance.inputs.checkpoint import checkpoint_cases
-    from flint_moe.ops import DECODE_MAX_TOKENS
+    from flint_moe.conformance.run.paths import dispatch_path
 
     counts = sorted({c.M for c in matrix(profile) if c.path.startswith("nvfp4_")})
     pairs = checkpoint_cases(path, layer, token_counts=counts, device=device)
     cases, inputs = [], {}
     for case, inp in pairs:
-        if case.M > DECODE_MAX_TOKENS:
+        if dispatch_path(case.M, case.E, case.k) == "nvfp4_grouped":
             case = replace(case, path="nvfp4_grouped")
         if all(f in case.id for f in filters):
             cases.append(case)

@@ -88,10 +88,11 @@ def _fake_pertoken_inputs(case, t):
     return CaseInputs(t(M, H), t(E, H), t(M, H), None, stored, notes)
 
 
-#: The op path each module path runs (``modules.FlintNvfp4Experts.forward`` calls ``ops.flint_moe``,
-#: ``modules.FlintBf16DecodeMoE.forward`` calls ``ops.flint_moe_bf16_decode``, default configurations; the
-#: modules only load / repack the weights, and pass their own route counter and shared output).
-MODULE_OP_PATH = {"nvfp4_module": "nvfp4_decode", "bf16_module": "bf16_decode"}
+#: The op path each module path runs (``modules.FlintNvfp4Experts.forward`` calls ``ops.flint_moe``, the path
+#: ``nvfp4_dispatch``: decode or grouped kernels by M, E and k; ``modules.FlintBf16DecodeMoE.forward`` calls
+#: ``ops.flint_moe_bf16_decode``; default configurations; the modules only load / repack the weights, and pass
+#: their own route counter and shared output).
+MODULE_OP_PATH = {"nvfp4_module": "nvfp4_dispatch", "bf16_module": "bf16_decode"}
 
 
 def fake_row_slicing(getitem):

@@ -34,8 +34,9 @@ def add_selection_args(ap: argparse.ArgumentParser) -> None:
         metavar="NAME|E,H,I,k[,SI]",
         help="run any layer shape instead of the matrix: a flint_moe/shapes.py name (deepseek-v3, ...; cpu-<name> "
         "for its scaled-down copy) or sizes E,H,I,k[,SI] (SI: shared expert size, for the record); gaussian "
-        "data on nvfp4_decode (M 1, 8), nvfp4_grouped (9, 64), nvfp4_dispatch (8, 9) and bf16_decode (1, 8) "
-        "where H and I are multiples of 64 (shape_cases; --filter narrows it). Without CUDA a layer above "
+        "data on nvfp4_decode (M 1, L), nvfp4_grouped (L + 1, 64), nvfp4_dispatch (L, L + 1), L the shape's "
+        "decode limit ops.decode_max_tokens(E, k), and bf16_decode (1, 8) where H and I are multiples of 64 "
+        "(shape_cases; --filter narrows it). Without CUDA a layer above "
         "1 GiB of bf16 weights (every real model shape) is refused unless --force: under the Triton interpreter "
         "it takes minutes to hours per case; use its scaled-down copy there (cpu-deepseek-v3)",
     )
@@ -53,8 +54,9 @@ def add_selection_args(ap: argparse.ArgumentParser) -> None:
         "--tokens",
         default=None,
         metavar="M[,M...]",
-        help="run every selected case at these token counts instead of its own (ids get M<m>): the decode paths "
-        "(nvfp4_decode, bf16_decode, bf16_module) only up to 8 tokens, the others up to 65536; e.g. "
+        help="run every selected case at these token counts instead of its own (ids get M<m>): nvfp4_decode only "
+        "up to 32 tokens, the BF16 decode and decode block paths (bf16_decode, bf16_module, ll_block, ll_module) "
+        "up to 8, the others up to 65536; e.g. "
         "--shape cpu-E6-H96-I64-k3 --tokens 128 --route count=128@5 --filter nvfp4_grouped",
     )
 
@@ -127,12 +129,6 @@ def _is_model_name(shape: str) -> bool:
     return shape in MODEL_SHAPES
 
 
-#: Paths that only run decode-sized token counts (their ops' limits: ``ops.DECODE_MAX_TOKENS``,
-#: ``DECODE_BF16_MAX_TOKENS``; the decode block's ``LL_MOE_MAX_TOKENS``, also 8); every other path takes up to
-#: ``ops.GROUPED_MAX_TOKENS``.
-_DECODE_ONLY = ("nvfp4_decode", "bf16_decode", "bf16_module", "ll_block", "ll_module")
-
-
 def parse_tokens(text: str) -> list[int]:
     """``"M[,M...]"`` -> the token counts, each in [1, ``ops.GROUPED_MAX_TOKENS``], duplicates once. Raises
     ValueError naming the text."""
@@ -148,17 +144,18 @@ def parse_tokens(text: str) -> list[int]:
 
 
 def with_tokens(cases: list, tokens: list[int]) -> list:
-    """Each case of ``cases`` at each of ``tokens`` (its M replaced; the decode paths only up to
-    ``ops.DECODE_MAX_TOKENS`` / ``DECODE_BF16_MAX_TOKENS``), in order, duplicates once."""
+    """Each case of ``cases`` at each of ``tokens`` (its M replaced; a path only up to the largest M it serves,
+    ``run.paths.PATHS[path].max_tokens``: the decode paths' ops' limits, ``ops.DECODE_MAX_TOKENS`` (32) for
+    ``nvfp4_decode``, ``DECODE_BF16_MAX_TOKENS`` / ``LL_MOE_MAX_TOKENS`` (8) for the BF16 decode and the decode
+    block's paths), in order, duplicates once."""
     from dataclasses import replace
 
-    from flint_moe.ops import DECODE_BF16_MAX_TOKENS, DECODE_MAX_TOKENS
+    from flint_moe.conformance.run.paths import PATHS
 
-    limit = min(DECODE_MAX_TOKENS, DECODE_BF16_MAX_TOKENS)
     out, seen = [], set()
     for c in cases:
         for m in tokens:
-            if c.path in _DECODE_ONLY and m > limit:
+            if m > PATHS[c.path].max_tokens:
                 continue
             rc = replace(c, M=m)
             if rc.id not in seen:
@@ -226,22 +223,31 @@ def shape_spec(text: str):
         return ShapeSpec.of(parse_shape(text))
 
 
-#: Token counts ``shape_cases`` runs per path: both sides of DECODE_MAX_TOKENS (8).
-SHAPE_CASE_M = {"nvfp4_decode": (1, 8), "bf16_decode": (1, 8), "nvfp4_grouped": (9, 64), "nvfp4_dispatch": (8, 9)}
+def shape_case_m(shape) -> dict[str, tuple[int, int]]:
+    """Token counts ``shape_cases`` runs per path on ``shape`` (a ``cases.ShapeSpec``), on both sides of its
+    decode limit L = ``ops.decode_max_tokens(E, k)`` (``cases.threshold_m``: where ``ops.flint_moe`` switches):
+    ``nvfp4_decode`` (1, L), ``nvfp4_grouped`` (L + 1, 64), ``nvfp4_dispatch`` (L, L + 1); ``bf16_decode``
+    (1, 8), its op's limit ``DECODE_BF16_MAX_TOKENS``."""
+    from flint_moe.conformance.inputs.cases import threshold_m
+    from flint_moe.ops import DECODE_BF16_MAX_TOKENS
+
+    L, first_grouped = threshold_m(shape)
+    return {"nvfp4_decode": (1, L), "bf16_decode": (1, DECODE_BF16_MAX_TOKENS), "nvfp4_grouped": (first_grouped, 64),
+            "nvfp4_dispatch": (L, first_grouped)}  # fmt: skip
 
 
 def shape_cases(shape) -> list:
-    """The cases ``--shape`` runs on any ``cases.ShapeSpec``: gaussian data at ``SHAPE_CASE_M`` on
+    """The cases ``--shape`` runs on any ``cases.ShapeSpec``: gaussian data at :func:`shape_case_m` on
     ``nvfp4_decode``, ``nvfp4_grouped``, ``nvfp4_dispatch`` and, where the BF16 BlockMajorK layout holds the
-    shape (H and the stored I multiples of 64), ``bf16_decode``. Under the Triton interpreter a real-size shape
-    takes minutes per case."""
+    shape (H and the stored I multiples of 64), ``bf16_decode`` (duplicate ids once: L = 1 gives decode M 1
+    once). Under the Triton interpreter a real-size shape takes minutes per case."""
     from flint_moe.conformance.inputs.cases import Case
 
     cases = []
-    for path, ms in SHAPE_CASE_M.items():
+    for path, ms in shape_case_m(shape).items():
         if path.startswith("bf16_"):
             ip = shape.I if shape.pad_to is None else -(-shape.I // shape.pad_to) * shape.pad_to
             if shape.H % 64 or ip % 64:
                 continue
-        cases += [Case.make(path, shape, m, "gaussian") for m in ms]
+        cases += [Case.make(path, shape, m, "gaussian") for m in dict.fromkeys(ms)]
     return cases

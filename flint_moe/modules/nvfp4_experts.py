@@ -19,7 +19,10 @@ __all__ = ["FlintNvfp4Experts", "warmup_token_counts"]
 def warmup_token_counts(max_num_tokens: int, decode_max: int, top_k: int = 1, num_experts: int = 1) -> list[int]:
     """Token counts whose kernels ``load_weights`` compiles (ascending).
 
-    Every M in [1, min(max_num_tokens, decode_max)]: each is its own decode launch. Above the decode limit
+    ``decode_max``: the largest M ``flint_moe`` runs on the decode kernels for this layer (``load_weights``
+    passes ``ops.decode_max_tokens(num_experts, top_k)``). Every M in [1, min(max_num_tokens, decode_max)]: each
+    is its own decode launch (the router switches from its GEMV to its GEMM above ``ROUTE_GEMV_MAX_TOKENS``
+    inside that range). Above the decode limit
     the grouped path (``ops.moe_nvfp4_grouped``) picks its row block from ``grouped_config(M * top_k, E)``;
     for each row-block size reached by some M <= max_num_tokens: the smallest and largest such M and the
     smallest multiple of 16 among them (Triton specialises integer arguments on divisibility by 16), so every
@@ -139,13 +142,14 @@ class FlintNvfp4Experts(nn.Module):
 
     def _warmup(self) -> None:
         from flint_moe.kernels._launch import INTERPRET
-        from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe
+        from flint_moe.ops import decode_max_tokens, flint_moe
 
         if self.device.type != "cuda" or INTERPRET or self.max_num_tokens == 0:
             return
         H, E = self.hidden_size, self.num_experts
         router = torch.zeros(E, H, dtype=torch.bfloat16, device=self.device)
-        for m in warmup_token_counts(self.max_num_tokens, DECODE_MAX_TOKENS, self.top_k, self.num_experts):
+        decode_max = decode_max_tokens(self.num_experts, self.top_k)
+        for m in warmup_token_counts(self.max_num_tokens, decode_max, self.top_k, self.num_experts):
             x = torch.zeros(m, H, dtype=torch.bfloat16, device=self.device)
             try:
                 flint_moe(x, router, self.weights, self.top_k, self.route_counter, torch.zeros_like(x))

@@ -1,10 +1,10 @@
 """Public ops of the decode path: routing, the NVFP4 MoE and the BF16 TRT-LLM-layout MoE.
 
 - ``make_route_counter`` / ``route``: rule steps 1-4 (flint_moe/ops/route.py).
-- ``flint_moe``: NVFP4 W4A16 routed experts on ``FlintMoEWeights`` for M <= ``DECODE_MAX_TOKENS``
-  (flint_moe/ops/moe_nvfp4.py).
+- ``flint_moe``: NVFP4 W4A16 routed experts on ``FlintMoEWeights``, by the decode kernels for M <=
+  ``decode_max_tokens(E, k)`` (at most ``DECODE_MAX_TOKENS``; flint_moe/ops/moe_nvfp4.py).
 - ``flint_moe_grouped``: the same NVFP4 MoE by grouped GEMMs for larger batches (``flint_moe`` calls it for
-  M > ``DECODE_MAX_TOKENS``; flint_moe/ops/moe_nvfp4_grouped.py).
+  M > ``decode_max_tokens(E, k)``; flint_moe/ops/moe_nvfp4_grouped.py).
 - ``flint_moe_bf16_decode``: BF16 experts in the TRT-LLM BlockMajorK layout for M <= ``DECODE_BF16_MAX_TOKENS``
   (flint_moe/ops/moe_bf16.py); ``check_row_map_status``: every row map it has checked compared again (writes
   through ``.data`` / ``.numpy()`` included; flint_moe/ops/_checks.py).
@@ -23,7 +23,7 @@ from __future__ import annotations
 from ._checks import check_row_map_status
 from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
 from .moe_ll import LL_MOE_MAX_TOKENS, flint_moe_ll, ll_route
-from .moe_nvfp4 import DECODE_MAX_TOKENS, flint_moe
+from .moe_nvfp4 import DECODE_MAX_TOKENS, decode_max_tokens, flint_moe
 from .moe_nvfp4_grouped import GROUPED_MAX_TOKENS, flint_moe_grouped
 from .moe_pertoken import prepare_routed_nvfp4_weights, routed_nvfp4_moe
 from .pertoken_quant import quantize_routed_nvfp4_input
@@ -36,6 +36,7 @@ __all__ = [
     "LL_MOE_MAX_TOKENS",
     "ROUTE_GEMV_MAX_TOKENS",
     "check_row_map_status",
+    "decode_max_tokens",
     "flint_moe",
     "flint_moe_bf16_decode",
     "flint_moe_grouped",

@@ -1,8 +1,9 @@
-"""``flint_moe``: routed NVFP4 experts + shared output for decode.
+"""``flint_moe``: routed NVFP4 experts + shared output, decode kernels for a few tokens, grouped path above.
 
-Three launches on the current stream, chained by programmatic dependent launch: ``route`` (router GEMV +
-top-k, ``flint_moe.ops.route``; rule steps 1-4), ``nvfp4_gate_up`` (steps 5-7), ``nvfp4_down`` (steps 8-10).
-Seed: ``flint_moe`` of ``vllm.models.flint.ops.moe`` (semantics only).
+Decode (M <= ``decode_max_tokens(E, k)``): three launches on the current stream, chained by programmatic
+dependent launch: ``route`` (``flint_moe.ops.route``: router GEMV + top-k up to ``ROUTE_GEMV_MAX_TOKENS``, the
+router GEMM + top-k above; rule steps 1-4), ``nvfp4_gate_up`` (steps 5-7), ``nvfp4_down`` (steps 8-10). Larger M:
+``flint_moe.ops.moe_nvfp4_grouped``. Seed: ``flint_moe`` of ``vllm.models.flint.ops.moe`` (semantics only).
 """
 
 from __future__ import annotations
@@ -11,14 +12,47 @@ import torch
 
 from flint_moe.kernels.nvfp4.down_combine import launch_down
 from flint_moe.kernels.nvfp4.gate_up import launch_gate_up
-from flint_moe.ops._checks import check_nvfp4_entry, check_nvfp4_operands
+from flint_moe.ops._checks import check_nvfp4_entry, check_nvfp4_operands, check_top_k
 
-__all__ = ["DECODE_MAX_TOKENS", "flint_moe"]
+__all__ = ["DECODE_MAX_TOKENS", "decode_max_tokens", "flint_moe"]
 
 #: Largest token count the decode path (one gate/up and one down GEMV program set per (token, expert) pair)
-#: serves. Above it the weights of an expert picked by several tokens are read once per token, and a grouped
-#: path (a later issue) is the right tool. Chosen on the H200: docs/kernels/nvfp4-decode.md.
-DECODE_MAX_TOKENS = 8
+#: serves for any shape; ``decode_max_tokens(E, k)`` is the limit of one shape (at most this). The decode kernels
+#: read an expert's weights once per pair, the grouped path once per row block: measured on the H200
+#: (reports/gpu/nvfp4-grouped/crossover/README.md, routing included, CUDA graphs, M = 4, 8, 9, 12, 16, 24, 32,
+#: 48), decode is faster up to M = 32 on DeepSeek-V3 and gpt-oss-120b and slower at M = 48 on every measured shape.
+DECODE_MAX_TOKENS = 32
+
+
+def decode_max_tokens(num_experts: int, top_k: int) -> int:
+    """Largest token count M that ``flint_moe`` runs on the decode kernels for a layer of ``num_experts`` experts
+    and ``top_k`` experts per token; ``flint_moe`` sends larger M to the grouped path.
+
+    ``min(DECODE_MAX_TOKENS, 3 * E // (2 * k))`` (>= 1 as k <= E): decode iff M <= 32 and 2 * M * k <= 3 * E,
+    i.e. at most 1.5 (token, expert) pairs per expert on average. Fitted to the H200 measurement
+    (reports/gpu/nvfp4-grouped/crossover/README.md): decode is faster up to M = 32 on DeepSeek-V3 (E 256, k 8;
+    1.0 pairs per expert) and gpt-oss-120b (E 128, k 4; 1.0) and up to M = 24 on Qwen3-235B-A22B (E 128, k 8;
+    1.5), and slower at the next measured M (48, 48, 32: 1.5, 1.5, 2.0 pairs per expert; by 3.1%, 2.5%,
+    2.7%); the rule gives 32, 32 and 24 there. Other shapes follow the same rule unmeasured (e.g. Mixtral-8x7B,
+    E 8, k 2: 6).
+
+    Args:
+        num_experts: E, an int >= 1.
+        top_k: k, an int with 1 <= k <= E.
+
+    Returns:
+        int in [1, ``DECODE_MAX_TOKENS``].
+
+    Raises:
+        TypeError: an argument not an int (bool refused); the message names it.
+        ValueError: E < 1, or k outside [1, E]; the message names the argument.
+    """
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int):
+        raise TypeError(f"num_experts: expected an int, got {type(num_experts).__name__}")
+    if num_experts < 1:
+        raise ValueError(f"num_experts: must be >= 1, got {num_experts}")
+    top_k = check_top_k(top_k, num_experts, f"E = {num_experts}")
+    return min(DECODE_MAX_TOKENS, 3 * num_experts // (2 * top_k))
 
 
 def flint_moe(
@@ -29,8 +63,9 @@ def flint_moe(
     """Routed-expert MoE output plus ``shared_output`` for a few tokens (Flint rule steps 1-10).
 
     Args:
-        x: bf16 [M, H] contiguous; never modified. M <= ``DECODE_MAX_TOKENS`` runs the decode kernels below,
-            larger M the grouped path (``flint_moe.ops.moe_nvfp4_grouped.flint_moe_grouped``).
+        x: bf16 [M, H] contiguous; never modified. M <= ``decode_max_tokens(E, top_k)`` (E =
+            ``weights.num_experts``; at most ``DECODE_MAX_TOKENS``) runs the decode kernels below, larger M the
+            grouped path (``flint_moe.ops.moe_nvfp4_grouped.flint_moe_grouped``; same checks, same taps).
         router_weight: bf16 [E, H] contiguous.
         weights: ``flint_moe.layouts.FlintMoEWeights`` (FlashInfer CuTe-DSL W4A16 layout); its tensors'
             metadata is checked again here (``FlintMoEWeights.check_metadata``: host-side, no synchronisation),
@@ -65,12 +100,17 @@ def flint_moe(
     """
     dev = check_nvfp4_entry(x, weights, shared_ready)
     M = x.shape[0]
-    if M > DECODE_MAX_TOKENS:
+    if M > DECODE_MAX_TOKENS:  # above every shape's limit: the grouped op makes the other checks
         from flint_moe.ops.moe_nvfp4_grouped import flint_moe_grouped
 
         return flint_moe_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps=taps,
                                  out=out)  # fmt: skip
     check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weights, out, dev)
+    if M > decode_max_tokens(weights.num_experts, top_k):  # top_k checked above
+        from flint_moe.ops.moe_nvfp4_grouped import launch_grouped
+
+        return launch_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps, None,
+                              out, dev)  # fmt: skip
     from flint_moe.ops.route import route
 
     # validated once, here: the launchers below take the checked inputs and route's own outputs as they are

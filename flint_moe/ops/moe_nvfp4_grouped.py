@@ -5,8 +5,8 @@ Launches on the current stream: ``route`` (for M > ROUTE_GEMV_MAX_TOKENS the ten
 (pairs sorted by expert, row-block schedule; torch ops, deterministic, no host synchronisation),
 ``nvfp4_grouped_gate_up`` (steps 5-7), ``nvfp4_grouped_down`` (steps 5, 8) and its combine kernel (steps
 9-10). Reads the same ``FlintMoEWeights`` as the decode path. ``flint_moe`` (flint_moe/ops/moe_nvfp4.py) calls
-it for M > DECODE_MAX_TOKENS; it serves any M >= 1 itself (the conformance path ``nvfp4_grouped`` runs it on
-both sides of the threshold).
+it for M > ``decode_max_tokens(E, k)``; it serves any M >= 1 itself (the conformance path ``nvfp4_grouped`` runs
+it on both sides of the threshold).
 Seed: the grouped (``moe_cute``) branch of ``vllm.models.flint.ops.moe`` (semantics only).
 """
 
@@ -20,7 +20,7 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, launch_group
 from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.ops._checks import check_nvfp4_entry, check_nvfp4_operands
 
-__all__ = ["GROUPED_MAX_TOKENS", "flint_moe_grouped"]
+__all__ = ["GROUPED_MAX_TOKENS", "flint_moe_grouped", "launch_grouped"]
 
 #: Largest token count accepted (tested on the H200 up to 16384 at DeepSeek-V3; the limit keeps the
 #: activation and y buffers, P * (I + H) * 2 bytes with P = M * k, and the int32 pair positions in range).
@@ -70,8 +70,21 @@ def flint_moe_grouped(
     M = int(x.shape[0])
     if M > GROUPED_MAX_TOKENS:
         raise ValueError(f"x: {M} tokens exceed GROUPED_MAX_TOKENS = {GROUPED_MAX_TOKENS}")
-    E = weights.num_experts
     check_nvfp4_operands(x, router_weight, top_k, counter, shared_output, weights, out, dev)
+    return launch_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps, config, out,
+                          dev)  # fmt: skip
+
+
+def launch_grouped(
+    x: torch.Tensor, router_weight: torch.Tensor, weights, top_k: int, counter: torch.Tensor,
+    shared_output: torch.Tensor, shared_ready, taps: dict | None, config: dict | None, out: torch.Tensor | None,
+    dev: torch.device,
+) -> torch.Tensor:
+    """``flint_moe_grouped`` after its tensor checks, for a caller that made them (``flint_moe``: entry and
+    operands, ``ops._checks``, on ``dev``, M <= GROUPED_MAX_TOKENS): checks ``taps`` and ``config`` (TypeError /
+    ValueError), then launches. Same arguments, result and errors as ``flint_moe_grouped`` otherwise."""
+    E = weights.num_experts
+    M = int(x.shape[0])
     check_taps(taps)
     cfg = dict(config or {})
     unknown = set(cfg) - {"gate_up", "down", "BM", "TAIL"}

@@ -1,5 +1,5 @@
 """``python -m flint_moe.conformance --checkpoint PATH --layer N``: the matrix's NVFP4 token counts on one MoE
-layer of a checkpoint (decode path up to DECODE_MAX_TOKENS, grouped above), run through the harness."""
+layer of a checkpoint (decode path up to ``ops.decode_max_tokens(E, k)``, grouped above), run through the harness."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from flint_moe.conformance.__main__ import checkpoint_selection, main
 from flint_moe.conformance.inputs.cases import matrix
-from flint_moe.ops import DECODE_MAX_TOKENS
+from flint_moe.ops import decode_max_tokens
 from tests.checkpoints._writers import write_modelopt_dir
 from tests.checkpoints.test_conformance_checkpoint import K, _experts
 
@@ -19,9 +19,10 @@ def test_selection_covers_the_matrix_token_counts_and_picks_the_path_by_m(tmp_pa
     d = write_modelopt_dir(tmp_path / "ck", {1: (named, router)}, top_k=K, shards=1)
     cases, inputs = checkpoint_selection(str(d), 1, "cpu", [], "cpu")
     want = sorted({c.M for c in matrix("cpu") if c.path.startswith("nvfp4_")})
-    assert [c.M for c in cases] == want and max(want) > DECODE_MAX_TOKENS
+    limit = decode_max_tokens(6, K)  # E = 6, k = 3: 3
+    assert limit == 3 and [c.M for c in cases] == want and min(want) <= limit < max(want)
     for c in cases:
-        assert c.path == ("nvfp4_decode" if c.M <= DECODE_MAX_TOKENS else "nvfp4_grouped")
+        assert c.path == ("nvfp4_decode" if c.M <= limit else "nvfp4_grouped")
         assert c.shape == "ckpt-ck-L1" and c.id in inputs and inputs[c.id].x.shape[0] == c.M
     only = checkpoint_selection(str(d), 1, "cpu", ["/M2/"], "cpu")[0]
     assert [c.id for c in only] == ["nvfp4_decode/ckpt-ck-L1/M2/modelopt/s0"]

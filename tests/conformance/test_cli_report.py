@@ -344,24 +344,25 @@ def test_shape_and_route_options(tmp_path, fake_run, capsys):
     marked as a selection (never the GPU evidence)."""
     from flint_moe.conformance.inputs.cases import Case
 
-    assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3,32", "--route", "count=5@2", "--list"]) == 0
+    assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3,32", "--route", "count=3@2", "--list"]) == 0
     ids = capsys.readouterr().out.split()
-    assert ids == [  # M = 1 cannot send 5 tokens: left out
-        "nvfp4_decode/E6-H96-I64-k3/M8/gaussian/s0/r-count-5-2",
-        "nvfp4_grouped/E6-H96-I64-k3/M9/gaussian/s0/r-count-5-2",
-        "nvfp4_grouped/E6-H96-I64-k3/M64/gaussian/s0/r-count-5-2",
-        "nvfp4_dispatch/E6-H96-I64-k3/M8/gaussian/s0/r-count-5-2",
-        "nvfp4_dispatch/E6-H96-I64-k3/M9/gaussian/s0/r-count-5-2",
+    # both sides of the shape's decode limit, 3 (ops.decode_max_tokens(6, 3)); M = 1 cannot send 3 tokens: left out
+    assert ids == [
+        "nvfp4_decode/E6-H96-I64-k3/M3/gaussian/s0/r-count-3-2",
+        "nvfp4_grouped/E6-H96-I64-k3/M4/gaussian/s0/r-count-3-2",
+        "nvfp4_grouped/E6-H96-I64-k3/M64/gaussian/s0/r-count-3-2",
+        "nvfp4_dispatch/E6-H96-I64-k3/M3/gaussian/s0/r-count-3-2",
+        "nvfp4_dispatch/E6-H96-I64-k3/M4/gaussian/s0/r-count-3-2",
     ]  # fmt: skip
     assert all(Case.from_id(i).id == i for i in ids)
     assert cli.main(["--profile", "cpu", "--filter", "tied_logits", "--route", "last", "--list"]) == 0
     assert capsys.readouterr().out.split() == []  # tied_logits sets the routing itself
-    argv = ["--profile", "cpu", "--shape", "cpu-E6-H96-I64-k3", "--filter", "nvfp4_dispatch/", "--filter", "M9",
+    argv = ["--profile", "cpu", "--shape", "cpu-E6-H96-I64-k3", "--filter", "nvfp4_dispatch/", "--filter", "M4",
             "--route", "experts=4", "--out", str(tmp_path / "out"), "--no-html"]  # fmt: skip
     assert cli.main(argv) == 0
     data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_dispatch/cpu-E6-H96-I64-k3/M9/gaussian/s0/r-experts-4"]
-    assert data["env"]["filters"] == ["nvfp4_dispatch/", "M9", "--shape=cpu-E6-H96-I64-k3", "--route=experts=4"]
+    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_dispatch/cpu-E6-H96-I64-k3/M4/gaussian/s0/r-experts-4"]
+    assert data["env"]["filters"] == ["nvfp4_dispatch/", "M4", "--shape=cpu-E6-H96-I64-k3", "--route=experts=4"]
     capsys.readouterr()
     for bad, why in (
         (["--shape", "6,96"], "shape '6,96': expected a model name"),
@@ -461,8 +462,9 @@ def test_every_model_shape_needs_force_on_the_cpu_and_its_copy_does_not():
 
 
 def test_tokens_option(tmp_path, fake_run, capsys):
-    """--tokens runs the selected cases at other token counts: the decode paths up to 8 tokens only, the
-    grouped and dispatch paths at any count; filters see the new ids; the run records it as a selection."""
+    """--tokens runs the selected cases at other token counts: nvfp4_decode up to 32 tokens only, the BF16 decode
+    paths up to 8, the grouped and dispatch paths at any count; filters see the new ids; the run records it as a
+    selection."""
     argv = ["--profile", "cpu", "--shape", "cpu-E6-H96-I64-k3", "--tokens", "8,128,8", "--route", "count=128@5"]
     assert cli.main([*argv, "--list"]) == 0
     assert capsys.readouterr().out.split() == [  # M = 8 cannot send 128 tokens; decode paths take no M = 128
@@ -470,7 +472,7 @@ def test_tokens_option(tmp_path, fake_run, capsys):
         "nvfp4_dispatch/cpu-E6-H96-I64-k3/M128/gaussian/s0/r-count-128-5",
     ]
     assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3", "--tokens", "3,9", "--filter", "M3/", "--list"]) == 0
-    assert capsys.readouterr().out.split() == [  # H = 96: no bf16_decode; dispatch M 8 and 9 both become M 3
+    assert capsys.readouterr().out.split() == [  # H = 96: no bf16_decode; dispatch M 3 and 4 both become M 3
         "nvfp4_decode/E6-H96-I64-k3/M3/gaussian/s0",
         "nvfp4_grouped/E6-H96-I64-k3/M3/gaussian/s0",
         "nvfp4_dispatch/E6-H96-I64-k3/M3/gaussian/s0",

@@ -24,7 +24,7 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import (
     row_block_options,
 )
 from flint_moe.kernels.nvfp4.permute import moe_permute
-from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_grouped, make_route_counter
+from flint_moe.ops import decode_max_tokens, flint_moe, flint_moe_grouped, make_route_counter
 
 from ._grouped_check import check_grouped_taps, ids_with_counts
 from ._nvfp4_check import make_inputs, make_weights, same
@@ -111,9 +111,10 @@ def _op_inputs(E, H, I, M, seed):  # noqa: E741
 
 
 def test_op_end_to_end_and_dispatch():
-    """route (cuBLAS-path GEMM + top-k for M > 8) + permutation + grouped GEMMs; ``flint_moe`` dispatches
-    M > DECODE_MAX_TOKENS to it (same bits)."""
-    E, H, I, k, M = 10, 160, 64, 3, DECODE_MAX_TOKENS + 4
+    """route (tensor-core GEMM + top-k for M > 8) + permutation + grouped GEMMs; ``flint_moe`` dispatches
+    M > ``decode_max_tokens(E, k)`` (15 here) to it (same bits)."""
+    E, H, I, k = 10, 160, 64, 3
+    M = decode_max_tokens(E, k) + 4
     w, x, router, shared, counter = _op_inputs(E, H, I, M, 9)
     taps: dict = {}
     out_t = flint_moe_grouped(x, router, w, k, counter, shared, taps=taps)
@@ -121,7 +122,7 @@ def test_op_end_to_end_and_dispatch():
     check_grouped_taps(w, x, taps["ids"], taps["weights"], shared, taps, out_t, acc_pairs=[(0, 0), (M - 1, 2)])
     assert same(flint_moe_grouped(x, router, w, k, counter, shared), out_t)
     assert same(flint_moe(x, router, w, k, counter, shared), out_t)
-    # the grouped op also serves M <= DECODE_MAX_TOKENS (the conformance path runs both sides)
+    # the grouped op also serves M <= decode_max_tokens(E, k) (the conformance path runs both sides)
     t2: dict = {}
     o2 = flint_moe_grouped(x[:3].contiguous(), router, w, k, counter, shared[:3].contiguous(), taps=t2)
     check_grouped_taps(w, x[:3], t2["ids"], t2["weights"], shared[:3], t2, o2)

@@ -1,12 +1,12 @@
 """Grouped NVFP4 path on the H200 (marked gpu): compiled kernels, real shapes, the golden model fed the taps.
 
-Real layers (DeepSeek-V3 E=256 H=7168 I=2048 k=8, Qwen3-235B, gpt-oss-120b, a padded I) at M on both sides
-of DECODE_MAX_TOKENS up to 16384: every order-free step (global scale, SwiGLU, bf16 casts, combine, shared
-add) bit-exact from the taps for EVERY (token, slot) pair; accumulators within the certified FP32_TRUNCATE
-bound (tensor-core accumulation, any order) for sampled pairs; tapped build == production build; repeated
-runs and CUDA-graph replays bitwise identical; E2M1 decode variants (inline PTX vs plain integer ops) give
-identical bits; an expert picked by every token; row independence of the tile schedule; the expert-wide row
-blocks (op config ``TAIL``) bitwise equal to the default schedule.
+Real layers (DeepSeek-V3 E=256 H=7168 I=2048 k=8, Qwen3-235B, gpt-oss-120b, a padded I) at M on both sides of the
+decode / grouped threshold (``ops.decode_max_tokens``) up to 16384: every order-free step (global scale, SwiGLU,
+bf16 casts, combine, shared add) bit-exact from the taps for EVERY (token, slot) pair; accumulators within the
+certified FP32_TRUNCATE bound (tensor-core accumulation, any order) for sampled pairs; tapped build == production
+build; repeated runs and CUDA-graph replays bitwise identical; E2M1 decode variants (inline PTX vs plain integer
+ops) give identical bits; an expert picked by every token; row independence of the tile schedule; the expert-wide
+row blocks (op config ``TAIL``) bitwise equal to the default schedule.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from flint_moe.kernels.nvfp4.grouped_down import nvfp4_grouped_down
 from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
 from flint_moe.kernels.nvfp4.permute import moe_permute
-from flint_moe.ops import flint_moe, flint_moe_grouped, make_route_counter, route
+from flint_moe.ops import decode_max_tokens, flint_moe, flint_moe_grouped, make_route_counter, route
 
 from ._grouped_check import check_grouped_taps
 from ._nvfp4_check import capture_graph, run_op_checked, same
@@ -70,7 +70,7 @@ def test_real_shapes(E, H, I, k, M):
     assert out.shape == (M, H) and out.is_cuda
     for _ in range(2):  # repeated runs: bitwise identical
         assert same(flint_moe_grouped(x, router, w, k, counter, shared), out)
-    if M > 8:  # flint_moe dispatches to the grouped path
+    if M > decode_max_tokens(E, k):  # flint_moe dispatches to the grouped path
         assert same(flint_moe(x, router, w, k, counter, shared), out)
 
 

@@ -72,8 +72,9 @@ def matrix_report(tmp_path_factory) -> dict:
     return report
 
 
-#: Kernels each path's op launches (flint_moe/ops: route -> GEMV+top-k for M <= ROUTE_GEMV_MAX_TOKENS, torch.mm
-#: + top-k above; decode gate/up + split-K down; grouped gate/up + down + combine above DECODE_MAX_TOKENS).
+#: Kernels each path's op launches (flint_moe/ops: route -> GEMV+top-k for M <= ROUTE_GEMV_MAX_TOKENS, the router
+#: GEMM + top-k above; decode gate/up + split-K down; grouped gate/up + down + combine above ``flint_moe``'s
+#: per-shape limit, ``ops.decode_max_tokens(E, k)``).
 _ROUTER = {"router._router_gemv_topk_kernel"}
 _NVFP4_DECODE = _ROUTER | {"nvfp4.gate_up._nvfp4_gate_up_kernel", "nvfp4.down_combine._nvfp4_down_split_kernel"}
 _GROUPED = _ROUTER | {

@@ -15,7 +15,7 @@ from torch import nn
 from flint_moe.layouts import FlintMoEWeights
 from flint_moe.modules import FlintNvfp4Experts
 from flint_moe.modules.nvfp4_experts import warmup_token_counts
-from flint_moe.ops import flint_moe, make_route_counter
+from flint_moe.ops import decode_max_tokens, flint_moe, make_route_counter
 from tests.kernels._nvfp4_check import check_graph_replays
 
 FP8 = torch.float8_e4m3fn
@@ -238,6 +238,9 @@ def test_expert_indices_are_canonical_and_every_slot_counts() -> None:
 
 
 def test_warmup_token_counts() -> None:
+    # the decode limit load_weights passes is the op's, per shape (ops.decode_max_tokens): every M up to it
+    assert warmup_token_counts(26, decode_max_tokens(128, 8), 8, 128) == list(range(1, 27))  # Qwen3: limit 24
+    assert warmup_token_counts(40, decode_max_tokens(256, 8), 8, 256) == [*range(1, 34), 40]  # DeepSeek: 32
     assert warmup_token_counts(0, 8) == []
     assert warmup_token_counts(5, 8) == [1, 2, 3, 4, 5]
     assert warmup_token_counts(8, 8) == list(range(1, 9))
@@ -281,13 +284,15 @@ class _SharedMLP(nn.Module):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 5, 8])
+@pytest.mark.parametrize("M", [1, 5, 8, 12, 13])
 def test_cuda_graph_replay_equals_eager(M: int) -> None:
+    """E 64, k 8: ``flint_moe`` runs the decode kernels up to M = 12 (``ops.decode_max_tokens``; past 8 the router
+    GEMM feeds them), the grouped path at 13; the load compiles every M up to 13."""
     E2, H2, I2, K2 = 64, 2048, 768, 8
     named, _ = _checkpoint(E2, H2, I2, seed=M)
-    mod = FlintNvfp4Experts(E2, H2, I2, K2, max_num_tokens=8, device="cuda")
+    mod = FlintNvfp4Experts(E2, H2, I2, K2, max_num_tokens=13, device="cuda")
     mod.load_weights((n, t.cuda()) for n, t in named.items())
-    assert mod.compiled_token_counts == list(range(1, 9))
+    assert decode_max_tokens(E2, K2) == 12 and mod.compiled_token_counts == list(range(1, 14))
     g = torch.Generator().manual_seed(10 + M)
     x = torch.randn(M, H2, generator=g).bfloat16().cuda()
     router = (torch.randn(E2, H2, generator=g) * 0.1).bfloat16().cuda()

@@ -2,9 +2,9 @@
 of a wrong type is refused, before any kernel launches (Triton interpreter, CPU).
 
 ``FlintMoEWeights`` is immutable, but its tensors are not: ``.data =`` or ``resize_`` change a tensor behind
-the constructor's checks. Every path (decode M <= DECODE_MAX_TOKENS, grouped through ``flint_moe`` for larger
-M, ``flint_moe_grouped`` itself) must refuse such weights with an error naming the field; no kernel may run
-(``InterpretedFunction.run`` is replaced by a function that fails the test).
+the constructor's checks. Every path (decode M <= ``decode_max_tokens(E, k)``, grouped through ``flint_moe`` for
+larger M, also above ``DECODE_MAX_TOKENS``, ``flint_moe_grouped`` itself) must refuse such weights with an error
+naming the field; no kernel may run (``InterpretedFunction.run`` is replaced by a function that fails the test).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from flint_moe.kernels._launch import INTERPRET
 from flint_moe.layouts import FlintMoEWeights
-from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_grouped, make_route_counter
+from flint_moe.ops import DECODE_MAX_TOKENS, decode_max_tokens, flint_moe, flint_moe_grouped, make_route_counter
 from tests.layouts._gen import nvfp4
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="CPU tensors need the Triton interpreter")
@@ -26,7 +26,9 @@ E, H, I, K = 6, 128, 64, 2  # noqa: E741
 #: (path name, op, token count)
 PATHS = [
     ("decode", flint_moe, 1),
-    ("grouped via flint_moe", flint_moe, DECODE_MAX_TOKENS + 1),
+    ("decode at the limit", flint_moe, decode_max_tokens(E, K)),
+    ("grouped via flint_moe", flint_moe, decode_max_tokens(E, K) + 1),
+    ("grouped via flint_moe above every limit", flint_moe, DECODE_MAX_TOKENS + 1),
     ("grouped", flint_moe_grouped, 1),
 ]
 

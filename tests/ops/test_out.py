@@ -9,13 +9,21 @@ import torch
 
 from flint_moe.kernels._launch import INTERPRET
 from flint_moe.layouts import FlintMoEWeights, to_trtllm_bf16, trtllm_bf16_row_maps
-from flint_moe.ops import DECODE_MAX_TOKENS, flint_moe, flint_moe_bf16_decode, flint_moe_grouped, make_route_counter
+from flint_moe.ops import (
+    DECODE_MAX_TOKENS,
+    decode_max_tokens,
+    flint_moe,
+    flint_moe_bf16_decode,
+    flint_moe_grouped,
+    make_route_counter,
+)
 from flint_moe.ops._checks import check_out
 from tests.layouts._gen import nvfp4
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="CPU tensors need the Triton interpreter")
 
 E, H, I, K = 6, 128, 64, 2  # noqa: E741
+LIMIT = decode_max_tokens(E, K)  # 4: flint_moe's decode kernels up to 4 tokens here, the grouped path above
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +67,8 @@ def _garbage(m: int) -> torch.Tensor:
     return torch.full((m, H), float("nan"), dtype=torch.bfloat16)
 
 
-NVFP4_PATHS = [("decode", flint_moe, 2), ("grouped via flint_moe", flint_moe, DECODE_MAX_TOKENS + 1),
+NVFP4_PATHS = [("decode", flint_moe, LIMIT), ("grouped via flint_moe", flint_moe, LIMIT + 1),
+               ("grouped via flint_moe above every limit", flint_moe, DECODE_MAX_TOKENS + 1),
                ("grouped", flint_moe_grouped, 3)]  # fmt: skip
 
 

@@ -46,11 +46,13 @@ __all__ = [
 
 #: Kernel paths of the matrix (``flint_moe.conformance.run.paths.PATHS`` keys). A path's name starts with the
 #: stored weight format it reads (``nvfp4_`` -> ``FlintMoEWeights``, ``bf16_`` -> the TRT-LLM BF16 layout).
-#: ``nvfp4_grouped``: ``flint_moe.ops.flint_moe_grouped`` on both sides of DECODE_MAX_TOKENS.
+#: ``nvfp4_decode``: the decode kernels (through ``flint_moe.ops.flint_moe`` where it runs them) up to
+#: ``ops.DECODE_MAX_TOKENS``. ``nvfp4_grouped``: ``flint_moe.ops.flint_moe_grouped`` on both sides of the threshold.
 #: ``bf16_module``: ``modules.FlintBf16DecodeMoE`` over the case's TRT-LLM-layout BF16 layer (read in
 #: place), forward with the shared output.
 #: ``nvfp4_dispatch``: ``flint_moe.ops.flint_moe`` itself at any M (the shipped dispatch: the decode kernels up to
-#: DECODE_MAX_TOKENS, the grouped path above), judged with the summation models of the path it dispatches to.
+#: ``ops.decode_max_tokens(E, k)``, the grouped path above), judged with the summation models of the path it
+#: dispatches to (``run.paths.dispatch_path``, the same function).
 #: ``ll_block``: the low-latency decode block ``flint_moe.ops.flint_moe_ll`` (rule step 11, then steps 1-10 with
 #: an NVFP4 shared expert; inputs ``inputs.block``); ``ll_module``: the same through
 #: ``modules.FlintLLDecodeBlock``. Their kernels need a GPU (CuTe DSL): gpu profile only.
@@ -93,7 +95,7 @@ def oracle_available(profile: str) -> bool:
     mod = ORACLE_PROFILES.get(profile)
     return mod is None or importlib.util.find_spec(mod) is not None
 #: ``nvfp4_module``: ``modules.FlintNvfp4Experts`` loaded from the case's checkpoint-layout tensors
-#: (its loader repacks them), forward with the shared output on both sides of DECODE_MAX_TOKENS.
+#: (its loader repacks them), forward with the shared output on both sides of the decode / grouped threshold.
 PATH_PROFILES["nvfp4_module"] = ("gaussian", "skewed_routing", "modelopt")
 PATH_PROFILES["bf16_module"] = ("gaussian", "skewed_routing")
 PATH_PROFILES["nvfp4_dispatch"] = ("gaussian",)  # the data profiles run on the paths it dispatches to
@@ -324,8 +326,8 @@ def _cpu_matrix() -> list[Case]:
         (e, 8, "gaussian"),
         (f, 2, "gaussian"),
     ]
-    # grouped path: M > DECODE_MAX_TOKENS (row blocks shared by several tokens, experts with no token, a
-    # padded intermediate, skewed routing: expert 0 takes every token)
+    # grouped path above the shapes' decode limits (3; row blocks shared by several tokens, experts with no token,
+    # a padded intermediate, skewed routing: expert 0 takes every token)
     gr = [(a, 12, "gaussian"), (c, 9, "skewed_routing")]
     # every non-default decode launch configuration once (the grouped ones on the gpu profile: interpreter time)
     cfg = [Case.make(path, sh, 2, "gaussian", 0, c) for path, sh in (("nvfp4_decode", a), ("bf16_decode", d))
@@ -342,8 +344,8 @@ def _cpu_matrix() -> list[Case]:
         + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
         + [Case.make("nvfp4_module", a, 2, "gaussian"), Case.make("nvfp4_module", c, 9, "modelopt")]
         + [Case.make("bf16_module", f, 3, "skewed_routing")]
-        # the shipped dispatch on both sides of DECODE_MAX_TOKENS (8): decode at 8, grouped at 9
-        + [Case.make("nvfp4_dispatch", a, m, "gaussian") for m in (8, 9)]
+        # the shipped dispatch on both sides of the shape's threshold: decode at 3 (decode_max_tokens), grouped at 4
+        + [Case.make("nvfp4_dispatch", a, m, "gaussian") for m in threshold_m(a)]
         + _derived_cpu_cases()
         + _pertoken_cases("cpu")
     )
@@ -427,11 +429,11 @@ _MODELOPT_MAX_PARAMS = 3 * 2**28
 _GPU_M_CYCLE = (1, 2, 3, 5, 8, 4, 7, 6)
 
 
-#: Real shapes that get the whole treatment on the gpu profile (every M on both sides of each threshold, every
-#: data profile): the largest layer (DeepSeek-V3: E=256, H=7168), the smallest common one (Qwen3-30B-A3B) and
-#: the padded non-power-of-two one (gpt-oss-120b, I=2880 padded to 128). The other real shapes get the
-#: threshold token counts and a rotating subset of data profiles, so that every profile still meets several
-#: shapes while the profile stays within its 5-minute budget on the H200 (timings: reports/h200/).
+#: Real shapes that get the whole treatment on the gpu profile (decode M 1..8, both sides of the decode / grouped
+#: threshold, every data profile): the largest layer (DeepSeek-V3: E=256, H=7168), the smallest common one
+#: (Qwen3-30B-A3B) and the padded non-power-of-two one (gpt-oss-120b, I=2880 padded to 128). The other real
+#: shapes get decode M 1 and 8, grouped M 9 and 64 and a rotating subset of data profiles, so that every profile
+#: still meets several shapes while the profile stays within its 5-minute budget on the H200 (timings: reports/h200/).
 GPU_CORE_SHAPES = ("deepseek-v3", "qwen3-30b-a3b", "gpt-oss-120b-p128")
 _GPU_OTHER_DECODE_M = (1, 8)
 _GPU_OTHER_PROFILES = 3
@@ -488,13 +490,21 @@ def _gpu_matrix() -> list[Case]:
 _GPU_CONFIG_SHAPES = ("deepseek-v3", "qwen3-30b-a3b")
 
 
+def threshold_m(s: ShapeSpec) -> tuple[int, int]:
+    """(L, L + 1): the last token count ``ops.flint_moe`` runs on the decode kernels at shape ``s`` (L =
+    ``ops.decode_max_tokens(E, k)``) and the first it sends to the grouped path."""
+    from flint_moe.ops import decode_max_tokens
+
+    return decode_max_tokens(s.E, s.k), decode_max_tokens(s.E, s.k) + 1
+
+
 def _gpu_module_cases() -> list[Case]:
-    """``nvfp4_module`` on the core shapes: both sides of DECODE_MAX_TOKENS, skewed routing, a ModelOpt-quantized
-    layer where small enough; ``bf16_module`` (decode only) at M = 1, 8 and with skewed routing."""
+    """``nvfp4_module`` on the core shapes: M = 1, ``threshold_m``, 64, skewed routing, a ModelOpt-quantized layer
+    where small enough; ``bf16_module`` (decode only) at M = 1, 8 and with skewed routing."""
     cases = []
     for name in GPU_CORE_SHAPES:
         s = _shape(name)
-        cases += [Case.make("nvfp4_module", s, m, "gaussian") for m in (1, 8, 9, 64)]
+        cases += [Case.make("nvfp4_module", s, m, "gaussian") for m in (1, *threshold_m(s), 64)]
         cases.append(Case.make("nvfp4_module", s, 4, "skewed_routing"))
         if "modelopt" in _profiles_for("nvfp4_module", s):
             cases.append(Case.make("nvfp4_module", s, 2, "modelopt"))
@@ -503,13 +513,16 @@ def _gpu_module_cases() -> list[Case]:
     return cases
 
 
-#: ``nvfp4_dispatch`` (``ops.flint_moe`` itself) on the core shapes at the last decode and the first grouped
-#: token count (DECODE_MAX_TOKENS = 8): the other token counts of both kernel sets are the decode / grouped paths'.
-_GPU_DISPATCH_M = (8, 9)
+#: ``nvfp4_dispatch`` (``ops.flint_moe``) at ``threshold_m`` (DeepSeek-V3, gpt-oss-120b 32 / 33, Qwen3 24 / 25) on
+#: the core shapes and Qwen3-235B-A22B (measured: reports/gpu/nvfp4-grouped/crossover/README.md); other M are the
+#: decode / grouped paths'. Plus the decode kernels at a threshold, fed by the router GEMM, with skewed routing.
+_GPU_DISPATCH_SHAPES = (*GPU_CORE_SHAPES, "qwen3-235b-a22b")
 
 
 def _gpu_dispatch_cases() -> list[Case]:
-    return [Case.make("nvfp4_dispatch", name, m, "gaussian") for name in GPU_CORE_SHAPES for m in _GPU_DISPATCH_M]
+    ms = {n: threshold_m(_shape(n)) for n in _GPU_DISPATCH_SHAPES}
+    return [Case.make("nvfp4_dispatch", n, m, "gaussian") for n in ms for m in ms[n]] + [
+        Case.make("nvfp4_decode", "qwen3-30b-a3b", ms["qwen3-30b-a3b"][0], "skewed_routing")]  # fmt: skip
 
 
 #: Forced routing (``routing.py``) on the largest layer: an expert boundary in the grouped path (exactly 128 of
@@ -534,8 +547,8 @@ def _gpu_config_cases() -> list[Case]:
     return cases
 
 
-#: Token counts of the grouped path on the gpu profile: both sides of DECODE_MAX_TOKENS (8) and larger M on
-#: the core shapes, large M (``_GPU_GROUPED_LARGE``) on two of them; the other shapes get M = 9 and 64.
+#: Token counts of the grouped path on the gpu profile: small M (4..16: the grouped op serves any M) and larger M
+#: on the core shapes, large M (``_GPU_GROUPED_LARGE``) on two of them; the other shapes get M = 9 and 64.
 _GPU_GROUPED_M = (4, 9, 16, 64, 256)
 _GPU_GROUPED_OTHER_M = (9, 64)
 _GPU_GROUPED_LARGE = {"deepseek-v3": (4096,), "qwen3-30b-a3b": (4096,)}

@@ -78,7 +78,9 @@ def checkpoint_cases(
     Args:
         path: ModelOpt NVFP4 checkpoint directory or GGUF file.
         layer: MoE layer index.
-        token_counts: M values (each >= 1; the decode path serves M <= ``ops.DECODE_MAX_TOKENS``).
+        token_counts: M values (each >= 1; ``ops.flint_moe`` runs the decode kernels for M <=
+            ``ops.decode_max_tokens(E, k)``, the grouped path above: the caller picks the path,
+            ``run.paths.dispatch_path``).
         seed: token seed (>= 0).
         device: where every tensor goes.
         top_k: experts per token; default: the checkpoint's (config.json ``num_experts_per_tok`` / GGUF

@@ -122,14 +122,16 @@ PATH_MODELS: dict[str, SummationModel] = {
     "nvfp4_decode": block_model(16),
     "bf16_decode": FP32_RN,
     "nvfp4_grouped": FP32_TRUNCATE,
-    "nvfp4_module": block_model(16),  # modules.FlintNvfp4Experts: decode or grouped by M (expert_models)
+    "nvfp4_module": block_model(16),  # modules.FlintNvfp4Experts: decode or grouped by M, E, k (expert_models)
     "bf16_module": FP32_RN,  # modules.FlintBf16DecodeMoE: the BF16 decode kernels
-    "nvfp4_dispatch": block_model(16),  # ops.flint_moe at any M: decode or grouped by M (expert_models)
+    "nvfp4_dispatch": block_model(16),  # ops.flint_moe at any M: decode or grouped by M, E, k (expert_models)
     "nvfp4_ll": FP32_RN,  # the decode block's routed stages (judge/block.py): CuTe fma chains, exact products
 }
 
 
-def expert_models(path: str, config: str = "default", M: int | None = None) -> tuple[SummationModel, SummationModel]:
+def expert_models(
+    path: str, config: str = "default", M: int | None = None, E: int | None = None, k: int | None = None
+) -> tuple[SummationModel, SummationModel]:
     """(gate/up model, down model): the summation models bounding a path's expert reductions.
 
     ``nvfp4_decode``: what the kernels declare for the launch configuration ``config`` (a
@@ -138,12 +140,18 @@ def expert_models(path: str, config: str = "default", M: int | None = None) -> t
     (``block_model(16)`` on CUDA cores, ``FP32_TRUNCATE`` on the tensor-core (MMA) path; imported lazily, so
     TRITON_INTERPRET must be settled first, as for any kernel import). Other paths, or kernels without
     the declaration: :data:`PATH_MODELS` for both. ``nvfp4_module`` and ``nvfp4_dispatch`` (both run
-    ``ops.flint_moe``): the ``nvfp4_decode`` models up to ``ops.DECODE_MAX_TOKENS`` tokens (``M``; None counts as
-    decode), the ``nvfp4_grouped`` ones above. Raises KeyError for an unknown path."""
-    if path in ("nvfp4_module", "nvfp4_dispatch"):  # flint_moe: decode kernels up to DECODE_MAX_TOKENS, then grouped
-        from flint_moe.ops import DECODE_MAX_TOKENS
+    ``ops.flint_moe``): the models of the path it runs for ``M`` tokens, E experts, top_k ``k``
+    (``run.paths.dispatch_path``: ``nvfp4_decode`` up to ``ops.decode_max_tokens(E, k)``, ``nvfp4_grouped``
+    above; ``M`` None counts as decode). Raises KeyError for an unknown path, ValueError for those two paths
+    with ``M`` but without ``E`` and ``k``."""
+    if path in ("nvfp4_module", "nvfp4_dispatch"):  # flint_moe: decode kernels up to its per-shape limit, then grouped
+        if M is None:
+            return expert_models("nvfp4_decode")
+        if E is None or k is None:
+            raise ValueError(f"expert_models({path!r}, M={M}): E and k are needed (the dispatch depends on them)")
+        from flint_moe.conformance.run.paths import dispatch_path
 
-        return expert_models("nvfp4_decode" if M is None or M <= DECODE_MAX_TOKENS else "nvfp4_grouped")
+        return expert_models(dispatch_path(M, E, k))
     default = PATH_MODELS[path]
     if path == "nvfp4_decode":
         try:
@@ -359,7 +367,8 @@ def compare_case(case, inputs, taps: dict, out: torch.Tensor, *, orders="auto") 
     want = NVFP4Experts if path.startswith("nvfp4_") else BF16Experts
     if not isinstance(wl, want):
         raise ValueError(f"case {case.id}: path {path} needs weights_logical {want.__name__}, got {type(wl).__name__}")
-    model = expert_models(path, getattr(case, "config", "default"), int(case.M) if hasattr(case, "M") else None)
+    m_case = int(case.M) if hasattr(case, "M") else None
+    model = expert_models(path, getattr(case, "config", "default"), m_case, inputs.router_weight.shape[0], case.k)
     x = inputs.x.detach()
     dev = x.device
     router_w = inputs.router_weight.detach().to(dev)

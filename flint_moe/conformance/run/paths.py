@@ -6,7 +6,8 @@ op; ``taps`` (a dict or None) receives the kernels' stage tensors. ``max_tokens`
 serves (``cases.matrix`` never asks for more). ``path_for(case)`` is the path of a case with its launch
 configuration (``cases.PATH_CONFIGS``): the default op, or the same kernels launched with the overrides;
 ``kernel_configs(path, config)`` resolves a configuration name to the launcher dicts; ``declared_orders(case)``
-gathers the summation orders the case's kernels declare (``flint_moe.kernels.orders``) for the order replay.
+gathers the summation orders the case's kernels declare (``flint_moe.kernels.orders``) for the order replay;
+``dispatch_path(M, E, k)`` names the kernels ``ops.flint_moe`` runs for a case (decode or grouped).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KernelPath", "PATHS", "declared_orders", "kernel_configs", "path_for"]
+__all__ = ["KernelPath", "PATHS", "declared_orders", "dispatch_path", "kernel_configs", "path_for"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,17 @@ def _nvfp4(inputs, counter, taps):
 
     k = _top_k(inputs)
     return flint_moe(inputs.x, inputs.router_weight, inputs.stored, k, counter, inputs.shared, taps=taps)
+
+
+def _nvfp4_decode(inputs, counter, taps):
+    """The NVFP4 decode kernels at any M <= ``ops.DECODE_MAX_TOKENS``: through ``ops.flint_moe`` where it runs
+    them (M <= ``ops.decode_max_tokens(E, k)``), launched directly above (the same kernels and launch
+    configurations: :func:`_nvfp4_with` without overrides)."""
+    from flint_moe.ops import decode_max_tokens
+
+    if inputs.x.shape[0] <= decode_max_tokens(int(inputs.router_weight.shape[0]), _top_k(inputs)):
+        return _nvfp4(inputs, counter, taps)
+    return _nvfp4_with({})(inputs, counter, taps)
 
 
 def _nvfp4_grouped(inputs, counter, taps):
@@ -186,12 +198,12 @@ def _build() -> dict[str, KernelPath]:
     from flint_moe.ops.moe_ll import LL_MOE_MAX_TOKENS
 
     return {
-        "nvfp4_decode": KernelPath("nvfp4_decode", DECODE_MAX_TOKENS, "nvfp4", _nvfp4),
+        "nvfp4_decode": KernelPath("nvfp4_decode", DECODE_MAX_TOKENS, "nvfp4", _nvfp4_decode),
         "bf16_decode": KernelPath("bf16_decode", DECODE_BF16_MAX_TOKENS, "bf16", _bf16),
         "nvfp4_grouped": KernelPath("nvfp4_grouped", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_grouped),
         "nvfp4_module": KernelPath("nvfp4_module", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4_module),
         "bf16_module": KernelPath("bf16_module", DECODE_BF16_MAX_TOKENS, "bf16", _bf16_module),
-        # the shipped dispatch: ops.flint_moe at any M (decode kernels up to DECODE_MAX_TOKENS, grouped above)
+        # the shipped dispatch: ops.flint_moe at any M (decode kernels up to decode_max_tokens(E, k), grouped above)
         "nvfp4_dispatch": KernelPath("nvfp4_dispatch", GROUPED_MAX_TOKENS, "nvfp4", _nvfp4),
         # the low-latency decode block (inputs.block): step 11 + steps 1-10 with the NVFP4 shared expert
         "ll_block": KernelPath("ll_block", LL_MOE_MAX_TOKENS, "nvfp4", _ll_block),
@@ -281,16 +293,25 @@ def path_for(case) -> KernelPath:
     return KernelPath(f"{base.name}[{config}]", base.max_tokens, base.weights, _WITH[case.path](cfg))
 
 
+def dispatch_path(M: int, E: int, k: int) -> str:
+    """The path whose kernels ``ops.flint_moe`` runs for M tokens of a layer with E experts and top_k k (the
+    ``nvfp4_module`` and ``nvfp4_dispatch`` cases, the checkpoint cases): ``"nvfp4_decode"`` for M <=
+    ``ops.decode_max_tokens(E, k)`` (the op's own rule), else ``"nvfp4_grouped"``. TypeError / ValueError for E
+    or k out of range (``decode_max_tokens``)."""
+    from flint_moe.ops import decode_max_tokens
+
+    return "nvfp4_decode" if int(M) <= decode_max_tokens(int(E), int(k)) else "nvfp4_grouped"
+
+
 def declared_orders(case) -> dict:
     """Stage (``"router"``, ``"gate_up"``, ``"down"``) -> the summation order the kernels of ``case`` declare
     (``flint_moe.kernels.orders``: data built from the launch configuration and the case's shape), for the
     golden model's order replay. The module and dispatch paths follow the op they call: ``nvfp4_module`` and
-    ``nvfp4_dispatch`` the decode
-    kernels up to ``DECODE_MAX_TOKENS``, then the grouped ones; ``bf16_module`` the BF16 decode kernels.
+    ``nvfp4_dispatch`` the decode kernels up to ``ops.decode_max_tokens(E, k)`` (:func:`dispatch_path`), then
+    the grouped ones; ``bf16_module`` the BF16 decode kernels.
     Raises KeyError for an unknown path or configuration, ``OrderError`` for a configuration without a
     declared order (a kernel variant must declare its order before the harness can judge it bitwise)."""
     from flint_moe.kernels import orders
-    from flint_moe.ops import DECODE_MAX_TOKENS
 
     path, config = case.path, getattr(case, "config", "default")
     H, I, M = int(case.H), int(case.I), int(case.M)  # noqa: E741
@@ -299,7 +320,7 @@ def declared_orders(case) -> dict:
     if path.startswith("nvfp4_pertoken_"):  # stages "fc1", "fc2" (judge/pertoken.py)
         return orders.pertoken_orders(H, I)
     if path in ("nvfp4_module", "nvfp4_dispatch"):  # ops.flint_moe: decode kernels up to the threshold
-        path, config = ("nvfp4_decode" if M <= DECODE_MAX_TOKENS else "nvfp4_grouped"), "default"
+        path, config = dispatch_path(M, case.E, case.k), "default"
     elif path == "bf16_module":
         path, config = "bf16_decode", "default"
     cfg = kernel_configs(path, config)

@@ -6,8 +6,9 @@ dequantised to bf16 in the main loop (exact), ``tl.dot`` with the pairs' bf16 ac
 accumulation on the tensor cores), epilogue ``y = bf16(RN(y_acc * w2_alpha[e]))`` (rule step 8).
 ``_grouped_combine_kernel``: per token, ``acc = fma(tw_j, y_j, acc)`` for j = 0..k-1 in selection order from
 +0, then ``out = bf16(RN(fp32(bf16(acc)) + fp32(shared)))``: the decode path's combine (``nvfp4_down``'s
-``_combine_rows``), the same order and instructions, so the combine never breaks batch invariance across
-``DECODE_MAX_TOKENS`` (the accumulators may: their summation orders differ).
+``_combine_rows``), the same order and instructions, so the combine never breaks batch invariance across the
+decode / grouped threshold of ``ops.flint_moe`` (``ops.decode_max_tokens``; the accumulators may: their
+summation orders differ).
 """
 
 from __future__ import annotations

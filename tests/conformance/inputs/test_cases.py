@@ -101,10 +101,21 @@ def test_gpu_matrix_coverage():
     ds = [c for c in everything if c.shape == "deepseek-v3"]
     assert ds and (ds[0].E, ds[0].H, ds[0].I, ds[0].k) == (256, 7168, 2048, 8)
     for path in PATH_NAMES:
-        if path in ("nvfp4_decode", "bf16_decode"):  # grouped / module serve any M: both sides of the threshold
-            assert {c.M for c in everything if c.path == path} == set(range(1, PATHS[path].max_tokens + 1))
+        ms = {c.M for c in everything if c.path == path}
+        if path == "bf16_decode":  # grouped / module serve any M: both sides of the threshold
+            assert ms == set(range(1, PATHS[path].max_tokens + 1))
+        if path == "nvfp4_decode":  # every M of the router's GEMV range (8), then up to a threshold (24)
+            assert set(range(1, 9)) <= ms <= set(range(1, PATHS[path].max_tokens + 1)) and max(ms) > 8
         assert {c.profile for c in everything if c.path == path} == set(PATH_PROFILES[path]) - set(ORACLE_PROFILES)
-    from flint_moe.conformance.inputs.cases import GPU_CORE_SHAPES
+    from flint_moe.conformance.inputs.cases import GPU_CORE_SHAPES, threshold_m
+
+    # ops.flint_moe on both sides of each core shape's decode / grouped threshold (DeepSeek-V3, gpt-oss-120b 32 / 33,
+    # Qwen3-30B-A3B 24 / 25), and of the measured Qwen3-235B-A22B's, through the op and the module
+    for name in (*GPU_CORE_SHAPES, "qwen3-235b-a22b"):
+        s = next(c for c in everything if c.shape == name)
+        for path in ("nvfp4_dispatch", "nvfp4_module") if name in GPU_CORE_SHAPES else ("nvfp4_dispatch",):
+            assert set(threshold_m(s)) <= {c.M for c in everything if c.path == path and c.shape == name}, (name, path)
+    assert threshold_m(next(c for c in everything if c.shape == "deepseek-v3")) == (32, 33)
 
     for name in GPU_CORE_SHAPES:  # the core shapes get every M <= 8 and every data profile on each path
         for path in (p for p in PATH_NAMES if p not in BLOCK_PATHS and not p.startswith("nvfp4_pertoken_")):
@@ -243,9 +254,16 @@ def test_shapes_named_by_sizes_and_shape_cases():
     c = Case.from_id("nvfp4_grouped/mut-E6-H96-I48-P64-k3/M9/gaussian/s0")  # rebuilt from the name alone
     assert (c.E, c.H, c.I, c.k, c.pad_to, c.Ip) == (6, 96, 48, 3, 64, 64)
     ids = [c.id for c in shape_cases(shape_spec("deepseek-v3"))]
+    # both sides of DeepSeek-V3's decode limit, ops.decode_max_tokens(256, 8) = 32; BF16 decode up to 8
     assert ids == [f"{p}/deepseek-v3/M{m}/gaussian/s0" for p, ms in (
-        ("nvfp4_decode", (1, 8)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (9, 64)), ("nvfp4_dispatch", (8, 9)))
+        ("nvfp4_decode", (1, 32)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (33, 64)), ("nvfp4_dispatch", (32, 33)))
         for m in ms]  # fmt: skip
+    # Qwen3-235B-A22B: limit 24; a limit of 1 (E 10, k 8) runs decode M 1 once
+    qwen = [c.id.split("/")[0] + "/" + c.id.split("/")[2] for c in shape_cases(shape_spec("qwen3-235b-a22b"))]
+    assert [q for q in qwen if not q.startswith("bf16")] == [
+        "nvfp4_decode/M1", "nvfp4_decode/M24", "nvfp4_grouped/M25", "nvfp4_grouped/M64", "nvfp4_dispatch/M24",
+        "nvfp4_dispatch/M25"]  # fmt: skip
+    assert [c.M for c in shape_cases(shape_spec("cpu-deepseek-v3")) if c.path == "nvfp4_decode"] == [1]
     # H = 96: no BF16 BlockMajorK layout (H % 64), so no bf16_decode case
     assert {c.path for c in shape_cases(shape_spec("6,96,64,3"))} == {"nvfp4_decode", "nvfp4_grouped",
                                                                        "nvfp4_dispatch"}  # fmt: skip

@@ -46,16 +46,28 @@ def test_bf16_module_path_fails_a_wrong_layer():
 
 
 def test_dispatch_path_is_the_op_and_is_judged_like_its_target():
-    """``nvfp4_dispatch`` runs ``ops.flint_moe`` at any M: bitwise the decode path's output and taps at
-    DECODE_MAX_TOKENS, the grouped path's above; its stages are bounded by that path's summation models."""
+    """``nvfp4_dispatch`` runs ``ops.flint_moe`` at any M: bitwise the decode path's output and taps at the
+    shape's threshold (``ops.decode_max_tokens(6, 3)`` = 3), the grouped path's above; its stages are bounded by
+    that path's summation models and replayed in its orders (``dispatch_path``, the op's own rule)."""
+    import pytest
+
+    from flint_moe.conformance.inputs.cases import threshold_m
     from flint_moe.conformance.judge.stages import expert_models
-    from flint_moe.conformance.run.paths import PATHS
+    from flint_moe.conformance.run.paths import PATHS, declared_orders, dispatch_path
     from flint_moe.ops import DECODE_MAX_TOKENS, make_route_counter
 
-    assert PATHS["nvfp4_dispatch"].max_tokens > DECODE_MAX_TOKENS == 8
-    for m, target in ((DECODE_MAX_TOKENS, "nvfp4_decode"), (DECODE_MAX_TOKENS + 1, "nvfp4_grouped")):
-        assert expert_models("nvfp4_dispatch", M=m) == expert_models(target)
+    assert PATHS["nvfp4_dispatch"].max_tokens > PATHS["nvfp4_decode"].max_tokens == DECODE_MAX_TOKENS == 32
+    shape = Case.make("nvfp4_dispatch", "cpu-E6-H96-I64-k3", 1, "gaussian")
+    assert threshold_m(shape) == (3, 4)
+    assert [dispatch_path(m, 256, 8) for m in (32, 33)] == ["nvfp4_decode", "nvfp4_grouped"]  # DeepSeek-V3
+    assert [dispatch_path(m, 128, 8) for m in (24, 25)] == ["nvfp4_decode", "nvfp4_grouped"]  # Qwen3-235B-A22B
+    with pytest.raises(ValueError, match="E and k are needed"):
+        expert_models("nvfp4_dispatch", M=3)
+    assert expert_models("nvfp4_dispatch") == expert_models("nvfp4_decode")  # no M: decode
+    for m, target in zip(threshold_m(shape), ("nvfp4_decode", "nvfp4_grouped"), strict=True):
+        assert expert_models("nvfp4_dispatch", M=m, E=6, k=3) == expert_models(target)
         case = Case.make("nvfp4_dispatch", "cpu-E6-H96-I64-k3", m, "gaussian")
+        assert declared_orders(case) == declared_orders(Case.make(target, case.shape, m, "gaussian"))
         inp = make_inputs(case)
         taps, ref_taps = {}, {}
         out = PATHS["nvfp4_dispatch"].run(inp, make_route_counter("cpu"), taps)
@@ -64,3 +76,20 @@ def test_dispatch_path_is_the_op_and_is_judged_like_its_target():
         assert sorted(taps) == sorted(ref_taps)
         for name, t in taps.items():
             assert torch.equal(_bits(t), _bits(ref_taps[name])), (m, name)
+
+
+def test_decode_path_runs_the_decode_kernels_past_the_ops_limit(monkeypatch):
+    """``nvfp4_decode`` serves any M <= ``ops.DECODE_MAX_TOKENS``: through ``ops.flint_moe`` up to the shape's
+    limit (``decode_max_tokens(6, 3)`` = 3), the same kernels launched directly above it (never the grouped path,
+    which ``flint_moe`` would pick there). The runs are replaced by recorders: no kernel launches."""
+    from types import SimpleNamespace
+
+    from flint_moe.conformance.run import paths
+
+    ran: list = []
+    monkeypatch.setattr(paths, "_nvfp4", lambda inputs, counter, taps: ran.append(("op", inputs.x.shape[0])))
+    monkeypatch.setattr(paths, "_nvfp4_with", lambda cfg: lambda i, c, t: ran.append(("kernels", cfg, i.x.shape[0])))
+    for m in (1, 3, 4, 32):
+        inp = SimpleNamespace(x=torch.zeros(m, 96), router_weight=torch.zeros(6, 96), notes={"top_k": 3})
+        paths.PATHS["nvfp4_decode"].fn(inp, None, None)
+    assert ran == [("op", 1), ("op", 3), ("kernels", {}, 4), ("kernels", {}, 32)]
