@@ -18,6 +18,7 @@ import torch
 
 from flint_moe.kernels._launch import INTERPRET
 from flint_moe.ops import DECODE_MAX_TOKENS, decode_max_tokens, flint_moe, flint_moe_grouped, make_route_counter
+from tests.ops.conftest import same_taps
 
 CROSSOVER = Path(__file__).resolve().parents[2] / "reports/gpu/nvfp4-grouped/crossover/bench_cross.json"
 
@@ -106,26 +107,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-def _same_taps(a: dict, b: dict) -> None:
-    assert sorted(a) == sorted(b)
-    for name, t in a.items():
-        assert t.shape == b[name].shape and torch.equal(_bits(t), _bits(b[name])), name
 
 
-@pytest.fixture
-def grouped_calls(monkeypatch) -> list:
-    """Records every call of the grouped path's launcher (``moe_nvfp4_grouped.launch_grouped``)."""
-    import flint_moe.ops.moe_nvfp4_grouped as grouped
-
-    calls: list = []
-    real = grouped.launch_grouped
-
-    def spy(*args, **kwargs):
-        calls.append(int(args[0].shape[0]))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(grouped, "launch_grouped", spy)
-    return calls
 
 
 @pytest.mark.skipif(not INTERPRET, reason="CPU tensors need the Triton interpreter")
@@ -147,14 +130,14 @@ def test_flint_moe_dispatch_on_both_sides_of_the_limit(grouped_calls, E: int, k:
         ids, tw = route(xd, router, k, counter, taps=ref_taps)
         ref = nvfp4_down(nvfp4_gate_up(xd, ids, w, taps=ref_taps), ids, tw, w, sd, taps=ref_taps)
         assert torch.equal(_bits(out), _bits(ref))
-        _same_taps(taps, ref_taps)
+        same_taps(taps, ref_taps)
     # M = L + 1: the grouped path, bitwise flint_moe_grouped
     taps, ref_taps = {}, {}
     out = flint_moe(x, router, w, k, counter, shared, taps=taps)
     assert grouped_calls == [L + 1]
     ref = flint_moe_grouped(x, router, w, k, counter, shared, taps=ref_taps)
     assert torch.equal(_bits(out), _bits(ref))
-    _same_taps(taps, ref_taps)
+    same_taps(taps, ref_taps)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="CPU tensors need the Triton interpreter")

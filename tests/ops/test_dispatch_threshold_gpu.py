@@ -16,6 +16,7 @@ import torch
 
 from flint_moe.ops import decode_max_tokens, flint_moe, flint_moe_grouped, make_route_counter, route
 from tests.kernels._nvfp4_check import capture_graph, check_taps, make_weights, run_op_checked, same
+from tests.ops.conftest import same_taps
 
 pytestmark = pytest.mark.gpu
 
@@ -43,26 +44,8 @@ def _tokens(M: int, E: int, seed: int):
     return x, router, shared
 
 
-def _same_taps(a: dict, b: dict) -> None:
-    assert sorted(a) == sorted(b)
-    for name, t in a.items():
-        assert same(t, b[name]), name
 
 
-@pytest.fixture
-def grouped_calls(monkeypatch) -> list:
-    """Token counts of every call of the grouped path's launcher (``moe_nvfp4_grouped.launch_grouped``)."""
-    import flint_moe.ops.moe_nvfp4_grouped as grouped
-
-    calls: list = []
-    real = grouped.launch_grouped
-
-    def spy(*args, **kwargs):
-        calls.append(int(args[0].shape[0]))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(grouped, "launch_grouped", spy)
-    return calls
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
@@ -84,7 +67,7 @@ def test_decode_at_the_limit_is_the_decode_kernels(name: str, grouped_calls: lis
     torch.cuda.synchronize()
     assert grouped_calls == []
     assert same(out_t, ref) and same(out, ref)
-    _same_taps(taps, ref_taps)
+    same_taps(taps, ref_taps)
     g, static_out = capture_graph(lambda: flint_moe(x, router, w, k, counter, shared))
     for _ in range(3):
         g.replay()
@@ -106,7 +89,7 @@ def test_one_past_the_limit_is_the_grouped_op(name: str, grouped_calls: list) ->
     out = flint_moe(x, router, w, k, counter, shared)
     torch.cuda.synchronize()
     assert same(out_t, ref) and same(out, ref)
-    _same_taps(taps, ref_taps)
+    same_taps(taps, ref_taps)
     g, static_out = capture_graph(lambda: flint_moe(x, router, w, k, counter, shared))
     g.replay()
     torch.cuda.synchronize()

@@ -411,14 +411,13 @@ def _derived_cpu_cases() -> list[Case]:
 
 
 #: Cases of the gpu-full profile only: the slowest grouped cases (45-62 s each of the golden model's order replay
-#: on the H200, reports/h200), kept out of the gpu profile so that it stays under its 5-minute budget. The gpu
-#: profile still meets each of their paths, shapes, token-count ranges and data profiles in other cases:
-#: DeepSeek-V3 grouped at M = 64 (e4m3_scales, both launch configurations) and M = 256 (the forced expert
-#: boundary, with and without expert-wide row blocks), gpt-oss-120b grouped at M = 4..300, Kimi-K2 grouped at
-#: M = 9 (every core shape still gets every data profile of every path).
+#: on the H200, reports/h200), out of the gpu profile for its 5-minute budget, which meets their paths, shapes,
+#: token-count ranges and data profiles in other cases (DeepSeek-V3's data profiles at M <= 64: ``_GPU_PROFILE_M``).
 GPU_FULL_ONLY = frozenset({
     "nvfp4_grouped/deepseek-v3/M64/gaussian/s0",
     "nvfp4_grouped/deepseek-v3/M256/gaussian/s0",
+    "nvfp4_grouped/deepseek-v3/M130/global_scales/s0",
+    "nvfp4_grouped/deepseek-v3/M300/asymmetric/s0",
     "nvfp4_grouped/gpt-oss-120b-p128/M256/gaussian/s0",
     "nvfp4_grouped/kimi-k2/M64/gaussian/s0",
 })  # fmt: skip
@@ -553,6 +552,9 @@ _GPU_GROUPED_M = (4, 9, 16, 64, 256)
 _GPU_GROUPED_OTHER_M = (9, 64)
 _GPU_GROUPED_LARGE = {"deepseek-v3": (4096,), "qwen3-30b-a3b": (4096,)}
 _GPU_GROUPED_M_CYCLE = (9, 33, 16, 130, 64, 24, 12, 300, 10, 48, 17)
+#: Largest M of a data-profile grouped case per shape on the gpu profile (a larger cycle M also adds M = the cap;
+#: the larger case is gpu-full only).
+_GPU_PROFILE_M = {"deepseek-v3": 64}
 
 
 def _gpu_grouped_cases() -> list[Case]:
@@ -569,10 +571,9 @@ def _gpu_grouped_cases() -> list[Case]:
             profs = _rotating(profs, others, 1)
             others += 1
         group = [Case.make("nvfp4_grouped", s, m, "gaussian") for m in ms]
-        group += [
-            Case.make("nvfp4_grouped", s, _GPU_GROUPED_M_CYCLE[j % len(_GPU_GROUPED_M_CYCLE)], p)
-            for j, p in enumerate(profs)
-        ]
+        cap = _GPU_PROFILE_M.get(s.name, 1 << 30)
+        cyc = [(_GPU_GROUPED_M_CYCLE[j % len(_GPU_GROUPED_M_CYCLE)], p) for j, p in enumerate(profs)]
+        group += [Case.make("nvfp4_grouped", s, m, p) for m0, p in cyc for m in sorted({m0, min(m0, cap)})]
         group.sort(key=lambda c: weight_key(c))
         cases += group
     return cases
