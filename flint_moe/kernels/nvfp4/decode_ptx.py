@@ -48,6 +48,7 @@ __all__ = [
     "DEQUANT_BF16_PTX",
     "decode_e2m1",
     "decode_e2m1_words",
+    "e2m1_nibble_f32",
     "asm8",
     "join4",
     "decode_probe",
@@ -133,8 +134,10 @@ DEQUANT_BF16_PTX = tl.constexpr(
 
 
 @triton.jit
-def _e2m1_nibble_f32(n):
-    """Exact fp32 of E2M1 nibbles ``n`` (int32, 0..15) with plain integer ops (interpreter path)."""
+def e2m1_nibble_f32(n):
+    """Exact fp32 of E2M1 nibbles ``n`` (int32, 0..15; bit 8 the sign, so 8 is -0) with plain integer ops: the
+    interpreter path of the decodes here, and the per-token quantizer's operand values (no flush-to-zero multiply:
+    the nibble's bits are an fp32 subnormal times 2^126)."""
     bits = ((n & 7) << 22) | ((n & 8) << 28)
     return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126, exact
 
@@ -157,7 +160,7 @@ def decode_e2m1(codes):
         return lo, hi
     else:
         c = codes.to(tl.int32)
-        return _e2m1_nibble_f32(c & 15), _e2m1_nibble_f32(c >> 4)
+        return e2m1_nibble_f32(c & 15), e2m1_nibble_f32(c >> 4)
 
 
 @triton.jit
@@ -197,14 +200,14 @@ def decode_e2m1_words(words, DECODE: tl.constexpr):
         )
     else:
         return (
-            _e2m1_nibble_f32(words & 15),
-            _e2m1_nibble_f32((words >> 8) & 15),
-            _e2m1_nibble_f32((words >> 16) & 15),
-            _e2m1_nibble_f32((words >> 24) & 15),
-            _e2m1_nibble_f32((words >> 4) & 15),
-            _e2m1_nibble_f32((words >> 12) & 15),
-            _e2m1_nibble_f32((words >> 20) & 15),
-            _e2m1_nibble_f32((words >> 28) & 15),
+            e2m1_nibble_f32(words & 15),
+            e2m1_nibble_f32((words >> 8) & 15),
+            e2m1_nibble_f32((words >> 16) & 15),
+            e2m1_nibble_f32((words >> 24) & 15),
+            e2m1_nibble_f32((words >> 4) & 15),
+            e2m1_nibble_f32((words >> 12) & 15),
+            e2m1_nibble_f32((words >> 20) & 15),
+            e2m1_nibble_f32((words >> 28) & 15),
         )
 
 

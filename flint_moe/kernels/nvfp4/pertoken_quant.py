@@ -43,6 +43,7 @@ import triton.language as tl
 from flint_moe.kernels._launch import gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import div_rn
 from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
+from flint_moe.kernels.nvfp4.decode_ptx import e2m1_nibble_f32
 
 __all__ = ["PERTOKEN_QUANT_CONFIG", "PERTOKEN_ALIGNMENT", "launch_pertoken_quant", "audit_specs"]
 
@@ -104,16 +105,6 @@ def e2m1_code_rn(q):
 
 
 @triton.jit
-def e2m1_value(code):
-    """int32 E2M1 codes 0..15 -> fp32 values (exact): magnitude ``m / 2`` for m < 4, then 2, 3, 4, 6; sign bit 8
-    (code 8 is -0)."""
-    m = code & 7
-    twice = tl.where(m < 4, m, tl.where(m < 6, 2 * m - 4, 4 * m - 16))
-    mag = twice.to(tl.float32) * 0.5
-    return (mag.to(tl.int32, bitcast=True) | ((code & 8) << 28)).to(tl.float32, bitcast=True)  # the sign bit
-
-
-@triton.jit
 def _row_scales(am):
     """P1-P2 of a row amax ``am``: ``(g, d)`` (module docstring)."""
     zero = am == 0.0
@@ -140,7 +131,7 @@ def _quantize_chunk(xv, c, c0, row, g, d, codes_ptr, scale_ptr, values_ptr, H: t
     tl.store(codes_ptr + row * (HP // 2) + (c0 // 2) + blk[:, None] * 8 + pair[None, :], byte, mask=b_ok[:, None])
     tl.store(scale_ptr + row * (HP // 16) + (c0 // 16) + blk, sb.to(tl.uint8), mask=b_ok)
     if VALUES:
-        v = e2m1_value(code) * s[:, None]
+        v = e2m1_nibble_f32(code) * s[:, None]
         tl.store(values_ptr + row * H + c, v.to(tl.bfloat16), mask=c < H)
 
 
