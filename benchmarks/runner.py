@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Prepared", "copy_bandwidth", "time_graph", "write_table", "write_results", "main"]
+__all__ = ["Prepared", "copy_bandwidth", "time_graph", "profile_kernels", "write_table", "write_results", "main"]
 
 
 def _write_atomic(path, text: str) -> None:
@@ -114,6 +114,25 @@ def replay_median(graph: torch.cuda.CUDAGraph, calls: int, replays: int) -> floa
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e-3 / calls)
     return statistics.median(times)
+
+
+def profile_kernels(fn, calls: int = 10, warmup: int = 3) -> dict[str, float]:
+    """Kernel name (first 80 characters) -> mean device microseconds per call of ``fn(i)`` over ``calls`` eager
+    calls under torch.profiler (after ``warmup`` calls), longest first: where a path spends its device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fn(i)
+        torch.cuda.synchronize()
+    agg: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            agg[ev.name[:80]] = agg.get(ev.name[:80], 0.0) + ev.device_time_total / calls
+    return dict(sorted(agg.items(), key=lambda kv: -kv[1]))
 
 
 def write_table(out_dir: str, stem: str, copy_bw: float, rows: list[dict], header: str, lines: list[str]) -> str:

@@ -9,13 +9,13 @@ The measurements and what they decided are in docs/kernels/nvfp4-grouped.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
 import torch
 
 from benchmarks import bench_grouped_nvfp4 as G
+from benchmarks.tune import out_dir
 
 #: (model, token counts): every expert touched from M = 128 on (DeepSeek-V3, Qwen3-235B-A22B, gpt-oss-120b).
 CASES = (("deepseek-v3", (128, 256, 1024)), ("qwen3-235b-a22b", (128, 256)), ("gpt-oss-120b", (256,)))
@@ -31,10 +31,7 @@ VARIANTS = (
 def main(argv=None) -> int:
     from benchmarks.runner import copy_bandwidth
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "reports/tune-grouped"))
-    args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    out = out_dir(argv, "reports/tune-grouped")
     bw = copy_bandwidth()
     rows = []
     for model, ms in CASES:
@@ -51,7 +48,7 @@ def main(argv=None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
         del layer
         torch.cuda.empty_cache()
-    with open(os.path.join(args.out, "sweep.json"), "w") as f:
+    with open(os.path.join(out, "sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)
     return 0
 

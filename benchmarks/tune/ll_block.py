@@ -8,47 +8,29 @@ kernel, written to ``DIR/ll_profile.json`` and printed. The notes are docs/kerne
 
 from __future__ import annotations
 
-import argparse
-import collections
 import json
 import os
 
-import torch
+from benchmarks.tune import out_dir
 
 #: (model, M) measured.
 POINTS = (("deepseek-v3", 1), ("deepseek-v3", 8))
 
 
 def main(argv=None) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
     from benchmarks import bench_ll as B
+    from benchmarks.runner import profile_kernels
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "reports/tune-ll"))
-    args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    out = out_dir(argv, "reports/tune-ll")
     rows = []
     for model, m in POINTS:
         for path in ("ll", "triton"):
-            prep = B.prepare(path=path, model=model, M=m)
-            for i in range(4):
-                prep.fn(i)
-            torch.cuda.synchronize()
-            calls = 20
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for i in range(calls):
-                    prep.fn(i)
-                torch.cuda.synchronize()
-            agg: dict[str, float] = collections.defaultdict(float)
-            for ev in prof.events():
-                if ev.device_type == torch.autograd.DeviceType.CUDA:
-                    agg[ev.name[:80]] += ev.device_time_total / calls
-            print(f"== {model} M = {m} {path}: {sum(agg.values()):.1f} us per call", flush=True)
-            for name, us in sorted(agg.items(), key=lambda kv: -kv[1]):
+            kernels = profile_kernels(B.prepare(path=path, model=model, M=m).fn, calls=20)
+            print(f"== {model} M = {m} {path}: {sum(kernels.values()):.1f} us per call", flush=True)
+            for name, us in kernels.items():
                 print(f"   {us:8.1f} us  {name}", flush=True)
                 rows.append(dict(model=model, M=m, path=path, kernel=name, us=us))
-    with open(os.path.join(args.out, "ll_profile.json"), "w") as f:
+    with open(os.path.join(out, "ll_profile.json"), "w") as f:
         json.dump(rows, f, indent=1)
     return 0
 

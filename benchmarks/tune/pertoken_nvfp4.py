@@ -14,14 +14,13 @@ made from them are in docs/kernels/nvfp4-pertoken.md.
 
 from __future__ import annotations
 
-import argparse
-import collections
 import json
 import os
 
 import torch
 
 from benchmarks import bench_pertoken_nvfp4 as B
+from benchmarks.tune import out_dir
 
 #: (model, dims, M): DeepSeek-V3 at M = 1024 (BM 32) and 4096 (BM 128), gpt-oss-120b at 4096 (BM 128).
 CASES = (("deepseek-v3", B.DEEPSEEK, 1024), ("gpt-oss-120b", B.GPT_OSS, 4096), ("deepseek-v3", B.DEEPSEEK, 4096))
@@ -38,31 +37,11 @@ VARIANTS = (
 )
 
 
-def profile_kernels(fn, calls: int = 10) -> dict[str, float]:
-    """Kernel name (80 characters) -> mean device microseconds per call of ``fn`` (after 3 warm-up calls)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for i in range(3):
-        fn(i)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            fn(i)
-        torch.cuda.synchronize()
-    agg: dict[str, float] = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            agg[ev.name[:80]] += ev.device_time_total / calls
-    return dict(sorted(agg.items(), key=lambda kv: -kv[1]))
-
-
 def main(argv=None) -> int:
     from benchmarks.bench_grouped_nvfp4 import time_fn
+    from benchmarks.runner import profile_kernels
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "reports/tune-pertoken"))
-    args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    out = out_dir(argv, "reports/tune-pertoken")
     prof, sweep = [], []
     for model, d, m in CASES:
         for impl, cfg in (("pertoken", None), ("w4a16", W4A16)):
@@ -81,7 +60,7 @@ def main(argv=None) -> int:
         B._LAYERS.clear()
         torch.cuda.empty_cache()
     for name, rows in (("prof", prof), ("sweep", sweep)):
-        with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
             json.dump(rows, f, indent=1)
     return 0
 

@@ -10,11 +10,12 @@ equal the first configuration's bit for bit (``same``); ``DIR/quant_sweep.json``
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
 import torch
+
+from benchmarks.tune import out_dir
 
 #: (name, rows, H, Hp, dtype): gpt-oss-120b M = 4096 (k 4) FC2 input and tokens, DeepSeek-V3 M = 4096 / 1024 (k 8).
 SHAPES = (
@@ -29,31 +30,22 @@ WARPS = (4, 8, 16)
 
 
 def _time(launch, calls: int = 10, replays: int = 5) -> float:
-    """Median microseconds per call of ``launch`` in a CUDA graph of ``calls`` calls."""
+    """Median microseconds per call of ``launch`` in a CUDA graph of ``calls`` calls (``runner.replay_median``)."""
+    from benchmarks.runner import replay_median
+
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(calls):
             launch()
     g.replay()
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(replays):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / calls)
-    return sorted(ts)[replays // 2]
+    return replay_median(g, calls, replays) * 1e6
 
 
 def main(argv=None) -> int:
     from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "reports/tune-pertoken-quant"))
-    args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    out = out_dir(argv, "reports/tune-pertoken-quant")
     rows = []
     for name, m, h, hp, dtype in SHAPES:
         x = torch.randn(m, h, device="cuda").to(dtype)
@@ -78,7 +70,7 @@ def main(argv=None) -> int:
                 rows.append(dict(shape=name, chunk=chunk, warps=warps, us=us, tbps=nbytes / us / 1e6,
                                  same=all(torch.equal(p, q) for p, q in zip(got, ref, strict=True))))  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
-    with open(os.path.join(args.out, "quant_sweep.json"), "w") as f:
+    with open(os.path.join(out, "quant_sweep.json"), "w") as f:
         json.dump(rows, f, indent=1)
     return 0
 
