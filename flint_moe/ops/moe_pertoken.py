@@ -20,7 +20,7 @@ from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 from flint_moe.kernels.nvfp4.permute import moe_permute
 from flint_moe.kernels.nvfp4.pertoken_fc1 import launch_pertoken_fc1
 from flint_moe.kernels.nvfp4.pertoken_fc2 import launch_pertoken_fc2_combine
-from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
+from flint_moe.kernels.nvfp4.pertoken_quant import quantize_rows
 from flint_moe.layouts.routed_nvfp4 import RoutedNVFP4Weights, to_routed_nvfp4
 from flint_moe.ops._checks import check_kernel_device, check_out
 
@@ -174,12 +174,7 @@ def routed_nvfp4_moe(
         out = torch.zeros((t, h), dtype=torch.bfloat16, device=dev)
     if cap == 0:
         return out
-    hp = w.padded_hidden_size
-    x_codes = torch.empty((cap, hp // 2), dtype=torch.uint8, device=dev)
-    x_scale = torch.empty((cap, hp // 16), dtype=torch.uint8, device=dev)
-    x_d = torch.empty((cap,), dtype=torch.float32, device=dev)
-    x_values = torch.empty((cap, h), dtype=torch.bfloat16, device=dev)
-    launch_pertoken_quant(hidden_states[:cap], hp, x_codes, x_scale, x_d, values=x_values)  # P1-P5
+    x_codes, x_scale, x_d, x_values = quantize_rows(hidden_states[:cap], w.padded_hidden_size, values=True)  # P1-P5
     ids = routing_map[:cap]
     loc = ids - off
     local = (loc >= 0) & (loc < e)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from flint_moe.kernels._launch import check_op_tensor
-from flint_moe.kernels.nvfp4.pertoken_quant import PERTOKEN_ALIGNMENT, launch_pertoken_quant
+from flint_moe.kernels.nvfp4.pertoken_quant import PERTOKEN_ALIGNMENT, launch_pertoken_quant, quantize_rows
 from flint_moe.ops._checks import check_kernel_device
 
 __all__ = ["quantize_routed_nvfp4_input"]
@@ -77,12 +77,8 @@ def quantize_routed_nvfp4_input(
     if hp % PERTOKEN_ALIGNMENT or hp < h:
         raise ValueError(f"padded_hidden_size: must be a multiple of {PERTOKEN_ALIGNMENT} and >= H = {h}, got {hp}")
     check_kernel_device("hidden_states", hidden_states)
-    dev = hidden_states.device
     if out is None:
-        codes = torch.empty((m, hp // 2), dtype=torch.uint8, device=dev)
-        scale = torch.empty((m, hp // 16), dtype=torch.uint8, device=dev)
-        token_scale = torch.empty((m,), dtype=torch.float32, device=dev)
-    else:
-        codes, scale, token_scale = _check_out(out, m, hp, dev, hidden_states)
+        return quantize_rows(hidden_states, hp)[:3]
+    codes, scale, token_scale = _check_out(out, m, hp, hidden_states.device, hidden_states)
     launch_pertoken_quant(hidden_states, hp, codes, scale, token_scale)
     return codes, scale, token_scale

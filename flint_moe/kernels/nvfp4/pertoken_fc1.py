@@ -38,7 +38,7 @@ from flint_moe.kernels._rule import swiglu_f32
 from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
 from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, default_warps
 from flint_moe.kernels.nvfp4.grouped_mainloop import k_loop, k_loop_tail, row_block, tail_rows
-from flint_moe.kernels.nvfp4.pertoken_quant import launch_pertoken_quant
+from flint_moe.kernels.nvfp4.pertoken_quant import quantize_rows
 
 __all__ = [
     "PERTOKEN_FC1_CONFIG",
@@ -292,12 +292,7 @@ def launch_pertoken_fc1(
             H=h, HP=hp, IP=ip, INTER=inter, TOPK=k, GATED=gated, BC=bc,
             **pertoken_launch_kwargs(cfg, perm.block_m, tap, perm.tail),
         )  # fmt: skip
-    a_codes = torch.empty((p, ip // 2), dtype=torch.uint8, device=dev)
-    a_scale = torch.empty((p, ip // 16), dtype=torch.uint8, device=dev)
-    a_d = torch.empty((p,), dtype=torch.float32, device=dev)
-    a_values = torch.empty((p, inter), dtype=torch.bfloat16, device=dev)
-    if p > 0:
-        launch_pertoken_quant(act, ip, a_codes, a_scale, a_d, values=a_values)  # P10
+    a_codes, a_scale, a_d, a_values = quantize_rows(act, ip, values=True)  # P10
     if tap:
         taps.update(fc1_acc=acc1.view(t, k, n1), h=hbuf.view(t, k, n1), act=act.view(t, k, inter))
     return act, a_codes, a_scale, a_d, a_values

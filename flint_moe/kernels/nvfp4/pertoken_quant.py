@@ -45,7 +45,7 @@ from flint_moe.kernels._rule import div_rn
 from flint_moe.kernels.audit.registry import DEFAULT_FORBID, register_audit
 from flint_moe.kernels.nvfp4.decode_ptx import e2m1_nibble_f32
 
-__all__ = ["PERTOKEN_QUANT_CONFIG", "PERTOKEN_ALIGNMENT", "launch_pertoken_quant", "audit_specs"]
+__all__ = ["PERTOKEN_QUANT_CONFIG", "PERTOKEN_ALIGNMENT", "launch_pertoken_quant", "quantize_rows", "audit_specs"]
 
 #: Largest chunk (columns per pass-2 tile, a power of two >= 16; a row of Hp <= ``CHUNK`` columns is one chunk
 #: of the next power of two) and warps per program. Neither changes a bit: the amax is a max, every other step
@@ -200,6 +200,22 @@ def launch_pertoken_quant(
         x, codes, block_scale, token_scale, token_scale if values is None else values,
         H=h, HP=padded_hidden_size, CHUNK=chunk, VALUES=values is not None, num_warps=warps, **launch_options(),
     )  # fmt: skip
+
+
+def quantize_rows(
+    x: torch.Tensor, padded_hidden_size: int, *, values: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`launch_pertoken_quant` into new tensors on ``x``'s device: ``(codes, block_scale, token_scale,
+    values)`` of the shapes there (``values`` None unless asked for); no launch for M = 0."""
+    m, h = x.shape
+    hp, dev = padded_hidden_size, x.device
+    codes = torch.empty((m, hp // 2), dtype=torch.uint8, device=dev)
+    scale = torch.empty((m, hp // 16), dtype=torch.uint8, device=dev)
+    token_scale = torch.empty((m,), dtype=torch.float32, device=dev)
+    vals = torch.empty((m, h), dtype=torch.bfloat16, device=dev) if values else None
+    if m > 0:
+        launch_pertoken_quant(x, hp, codes, scale, token_scale, values=vals)
+    return codes, scale, token_scale, vals
 
 
 #: (name, H, Hp) audited: DeepSeek-V3 / Kimi-K2 (H 7168, already a multiple of 256), gpt-oss (H 2880 padded to
