@@ -32,11 +32,10 @@ WARMUP, PROFILED = 3, 1
 #: ncu metrics kept per launch (the raw page holds them; names as ncu 2025 on sm_90).
 METRICS = {
     "us": "gpu__time_duration.sum",
-    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "dram_bytes": "dram__bytes_read.sum",
+    "dram_tbps": "dram__bytes.sum.per_second",
+    "dram_active_pct": "dram__cycles_active.avg.pct_of_peak_sustained_elapsed",
     "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "inst": "smsp__inst_executed.sum",
     "regs": "launch__registers_per_thread",
     "grid": "launch__grid_size",
     "l1_hit_pct": "l1tex__t_sector_hit_rate.pct",
@@ -96,11 +95,13 @@ def _num(v: str) -> float:
 def summarise(point: str, raw: str) -> list[dict]:
     out = []
     units, rows = _rows(raw)
-    to_us = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(units.get(METRICS["us"], "usecond"), float("nan"))
+    to_us = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(
+        units.get(METRICS["us"], "us"), float("nan"))
     for r in rows:
         row = {"point": point, "kernel": r.get("Kernel Name", "")[:60]}
         row.update({k: _num(r.get(v, "")) for k, v in METRICS.items()})
         row["us"] *= to_us
+        row["dram_tbps"] /= 1e12
         stalls = {k[len(_STALL):-len(_STALL_SUFFIX)]: _num(v) for k, v in r.items()
                   if k.startswith(_STALL) and k.endswith(_STALL_SUFFIX) and "not_issued" not in k}  # fmt: skip
         row["stalls"] = dict(sorted(((k, v) for k, v in stalls.items() if v == v), key=lambda kv: -kv[1])[:4])
@@ -114,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="reports/tune-ncu")
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--drive", help=argparse.SUPPRESS)
+    ap.add_argument("--from-csv", action="store_true", help="summarise the CSVs already in --out (no GPU)")
     a = ap.parse_args(argv)
     if a.drive:
         drive(a.drive)
@@ -125,10 +127,13 @@ def main(argv=None) -> int:
         cmd = [a.ncu, "--clock-control", "none", "--profile-from-start", "off", "--kernel-name",
                f"regex:{KERNELS[point.split(':')[0]]}", *sections, "--csv", "--page", "raw",
                sys.executable, "-m", "benchmarks.tune.ncu_kernels", "--drive", point]  # fmt: skip
-        p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
-        name = point.replace(":", "_")
-        with open(os.path.join(a.out, f"{name}.csv"), "w") as f:
-            f.write(p.stdout)
+        name = os.path.join(a.out, point.replace(":", "_") + ".csv")
+        if a.from_csv:
+            p = subprocess.CompletedProcess(cmd, 0, open(name).read(), "")
+        else:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+            with open(name, "w") as f:
+                f.write(p.stdout)
         if p.returncode:
             print(f"{point}: ncu rc {p.returncode}\n{p.stderr[-2000:]}", flush=True)
             continue
@@ -136,7 +141,7 @@ def main(argv=None) -> int:
         summary += rows
         for r in rows:
             st = ", ".join(f"{k} {v:.1f}" for k, v in r["stalls"].items())
-            print(f"{point} {r['kernel'][:40]:40s} {r['us']:8.1f} us dram {r['dram_pct']:5.1f}% issue "
+            print(f"{point} {r['kernel'][:40]:40s} {r['us']:8.1f} us dram {r['dram_tbps']:5.2f} TB/s issue "
                   f"{r['issue_pct']:5.1f}% occ {r['occupancy_pct']:5.1f}% regs {r['regs']:.0f} grid {r['grid']:.0f}"
                   f" | {st}", flush=True)  # fmt: skip
     with open(os.path.join(a.out, "ncu_summary.json"), "w") as f:
