@@ -10,9 +10,7 @@ hold fewer), per block ``acc = fma.rn.f32(x_h, w_h, acc)`` for h ascending from 
 butterfly with ``add.rn.f32``; lane 0 writes the row's partial to the fp32 workspace [P, S, N] that
 ``finish`` / ``combine`` sum over s in increasing order. The work mapping and the instructions:
 
-- grid (N / (WARPS * R), S, G), R rows per warp (:func:`rows_per_warp`: each block's inputs are loaded and
-  widened once for the warp's R rows, which the ALU pipe, the decode's limit, pays per element otherwise):
-  G = P pairs for the routed experts, 1 for the shared expert. The CTA
+- grid (N / WARPS, S, G), one warp per row: G = P pairs for the routed experts, 1 for the shared expert. The CTA
   of pair q works only when q is the first pair that selected expert ``ids[q]``; it then finds every pair of that
   expert (at most one per token: a token selects an expert once) by warp ballots over ``ids`` and accumulates
   all of them (up to 8, the block's token limit) from one read of the weights. The shared expert's single CTA
@@ -43,8 +41,8 @@ from flint_moe.kernels.cute.ll_down import DownSpec
 from flint_moe.kernels.cute.ll_gate_up import FINISH_THREADS, WARPS, GateUpSpec, cute_available
 
 __all__ = [
-    "AUDIT_SPECS", "BLOCKS_PER_LANE_CAP", "MAX_TOKENS", "PTX_FORBID", "PTX_REQUIRE", "audit_down", "audit_gate_up",
-    "compile_down", "compile_gate_up", "rows_per_warp",
+    "AUDIT_SPECS", "MAX_TOKENS", "PTX_FORBID", "PTX_REQUIRE", "audit_down", "audit_gate_up", "compile_down",
+    "compile_gate_up",
 ]  # fmt: skip
 
 #: Token slots of the widest body (the block's token limit).
@@ -53,23 +51,6 @@ MAX_TOKENS = 8
 _BODIES = (1, 2, 4, 8)
 #: 2^14 as f16x2 (both halves): undoes the f16 placement of an E2M1 code.
 _F16X2_2P14 = 0x74007400
-
-#: Most weight blocks one lane streams per body (rows per warp x blocks per lane): bounds the code words a lane
-#: holds in registers.
-BLOCKS_PER_LANE_CAP = 28
-
-
-def rows_per_warp(n: int, k: int, splits: int) -> int:
-    """Weight rows one warp accumulates (each block's inputs loaded and widened once for all of them) for a
-    partial kernel over ``n`` rows reducing ``k`` elements in ``splits`` K-splits: the largest of 4, 2, 1 that
-    divides the rows of one CTA column (``n / WARPS``) and keeps rows x blocks per lane within
-    :data:`BLOCKS_PER_LANE_CAP`. The rows of a warp do not change any row's summation order."""
-    per_lane = -(-(-(-k // 16) // splits) // 32)
-    for r in (4, 2):
-        if (n // WARPS) % r == 0 and r * per_lane <= BLOCKS_PER_LANE_CAP:
-            return r
-    return 1
-
 
 #: PTX every build must contain (rule step 5 exact decode, fma chain and tree, the vector loads, the global scale
 #: and bf16 rounding of finish / combine, PDL); the routed builds also the ballot, gate/up also ex2 / rcp
@@ -175,15 +156,14 @@ def _dsl() -> types.SimpleNamespace:
             out += [bits_f32(v << 16), bits_f32(v & Int32(-65536))]  # 0xFFFF0000
         return out
 
-    def body(nt, x_base, w_base, sf, ws_base, e, rows, s, lane, slots, xrows, cnt, K, N, KV, S):
-        """Accumulate ``nt`` token slots of the warp's ``rows`` (module docstring; each block's inputs are loaded
-        and widened once for all of them), then each row's butterfly and stores."""
+    def body(nt, x_base, w_base, sf, ws_base, e, row, s, lane, slots, xrows, cnt, K, N, KV, S):
+        """Accumulate ``nt`` token slots of one row (module docstring), then the butterfly and the stores."""
         bps = (K // 16 + S - 1) // S
         mp, kp = ll_gate_up.scale_block_shape(N, K)
-        w_rows = [ll_gate_up.codes_row_word(e, row, N, K) for row in rows]
-        sf_rows = [ll_gate_up.scale_row_byte(e, row, mp, kp) for row in rows]
+        w_row = ll_gate_up.codes_row_word(e, row, N, K)
+        sf_row = ll_gate_up.scale_row_byte(e, row, mp, kp)
         exact = KV == K and bps * S == K // 16  # every lane of every step holds a valid block
-        acc = [[Float32(0.0) for _ in range(nt)] for _ in rows]
+        acc = [Float32(0.0) for _ in range(nt)]
         for j in range((bps + 31) // 32):
             jb = j * 32 + lane
             blk = s * bps + jb
@@ -193,23 +173,21 @@ def _dsl() -> types.SimpleNamespace:
                 ok = (jb < bps) & (blk * 16 < KV)
                 blk = sel(ok, blk, s * 0)  # an idle lane reads block 0 of its row and keeps its sum
                 blk = Int32(blk)
-            xv = [x_block(x_base, xrows[t], blk, K) for t in range(nt)]
-            for r in range(len(rows)):
-                c0, c1 = ld_nc_v2(w_base + (Int64(w_rows[r]) + Int64(blk) * 2) * 4)
-                sc2 = scale_f16x2(Int32(sf[sf_rows[r] + ll_gate_up.scale_block_byte(blk)]))
-                wv = decode_block(c0, c1, sc2)
-                for t in range(nt):
-                    a = acc[r][t]
-                    for h in range(16):
-                        a = fma_rn(xv[t][h], wv[h], a)
-                    acc[r][t] = Float32(sel(ok, a, acc[r][t])) if tail else a
-        for r, row in enumerate(rows):
+            c0, c1 = ld_nc_v2(w_base + (Int64(w_row) + Int64(blk) * 2) * 4)
+            sc2 = scale_f16x2(Int32(sf[sf_row + ll_gate_up.scale_block_byte(blk)]))
+            wv = decode_block(c0, c1, sc2)
             for t in range(nt):
-                a = acc[r][t]
-                for lvl in range(5):
-                    a = add_rn(a, cute.arch.shuffle_sync_bfly(a, offset=16 >> lvl))
-                dst = ws_base + (Int64(slots[t]) * S + s) * (N * 4) + Int64(row) * 4
-                st_f32_if(dst, a, Int32(sel((lane == 0) & (cnt > t), 1, 0)))
+                xv = x_block(x_base, xrows[t], blk, K)
+                a = acc[t]
+                for h in range(16):
+                    a = fma_rn(xv[h], wv[h], a)
+                acc[t] = Float32(sel(ok, a, acc[t])) if tail else a
+        for t in range(nt):
+            a = acc[t]
+            for lvl in range(5):
+                a = add_rn(a, cute.arch.shuffle_sync_bfly(a, offset=16 >> lvl))
+            dst = ws_base + (Int64(slots[t]) * S + s) * (N * 4) + Int64(row) * 4
+            st_f32_if(dst, a, Int32(sel((lane == 0) & (cnt > t), 1, 0)))
 
     @cute.kernel
     def _partial_kernel(
@@ -226,13 +204,12 @@ def _dsl() -> types.SimpleNamespace:
         TOPK: cutlass.Constexpr,
         ROUTED: cutlass.Constexpr,
         X_BY_PAIR: cutlass.Constexpr,
-        ROWS: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         rt, s, q = cute.arch.block_idx()
         warp = tidx // 32
         lane = tidx % 32
-        rows = [(rt * WARPS + warp) * ROWS + r for r in range(ROWS)]
+        row = rt * WARPS + warp
         cute.arch.griddepcontrol_wait()
         x_base = x.iterator.toint()
         w_base = w.iterator.toint()
@@ -278,13 +255,13 @@ def _dsl() -> types.SimpleNamespace:
                 xrows[c] = slots[c]
         if first != 0:
             if cnt <= 1:
-                body(1, x_base, w_base, sf, ws_base, e, rows, s, lane, slots, xrows, cnt, K, N, KV, S)
+                body(1, x_base, w_base, sf, ws_base, e, row, s, lane, slots, xrows, cnt, K, N, KV, S)
             elif cnt <= 2:
-                body(2, x_base, w_base, sf, ws_base, e, rows, s, lane, slots, xrows, cnt, K, N, KV, S)
+                body(2, x_base, w_base, sf, ws_base, e, row, s, lane, slots, xrows, cnt, K, N, KV, S)
             elif cnt <= 4:
-                body(4, x_base, w_base, sf, ws_base, e, rows, s, lane, slots, xrows, cnt, K, N, KV, S)
+                body(4, x_base, w_base, sf, ws_base, e, row, s, lane, slots, xrows, cnt, K, N, KV, S)
             else:
-                body(8, x_base, w_base, sf, ws_base, e, rows, s, lane, slots, xrows, cnt, K, N, KV, S)
+                body(8, x_base, w_base, sf, ws_base, e, row, s, lane, slots, xrows, cnt, K, N, KV, S)
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
@@ -294,10 +271,8 @@ def _dsl() -> types.SimpleNamespace:
         H: cutlass.Constexpr, IP: cutlass.Constexpr, S: cutlass.Constexpr, ROUTED: cutlass.Constexpr,
         TAP: cutlass.Constexpr, TOPK: cutlass.Constexpr, stream: cuda.CUstream,
     ):  # fmt: skip
-        R = rows_per_warp(2 * IP, H, S)
-        _partial_kernel(x, ids, w, sf, ws, pairs, H, 2 * IP, H, S, TOPK, ROUTED, False, R).launch(
-            grid=[2 * IP // (WARPS * R), S, pairs if ROUTED else 1], block=[32 * WARPS, 1, 1], stream=stream,
-            use_pdl=True,
+        _partial_kernel(x, ids, w, sf, ws, pairs, H, 2 * IP, H, S, TOPK, ROUTED, False).launch(
+            grid=[2 * IP // WARPS, S, pairs if ROUTED else 1], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _finish_kernel(ws, ids, gs, act, g_tap, u_tap, IP, S, ROUTED, TAP).launch(
             grid=[(IP + FINISH_THREADS - 1) // FINISH_THREADS, pairs, 1], block=[FINISH_THREADS, 1, 1],
@@ -313,12 +288,11 @@ def _dsl() -> types.SimpleNamespace:
         IV: cutlass.Constexpr, SI: cutlass.Constexpr, TOPK: cutlass.Constexpr, S: cutlass.Constexpr,
         SS: cutlass.Constexpr, TAP: cutlass.Constexpr, stream: cuda.CUstream,
     ):  # fmt: skip
-        R, RS = rows_per_warp(H, IP, S), rows_per_warp(H, SI, SS)
-        _partial_kernel(act, ids, w2, sf2, ws_r, tokens * TOPK, IP, H, IV, S, TOPK, True, True, R).launch(
-            grid=[H // (WARPS * R), S, tokens * TOPK], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
+        _partial_kernel(act, ids, w2, sf2, ws_r, tokens * TOPK, IP, H, IV, S, TOPK, True, True).launch(
+            grid=[H // WARPS, S, tokens * TOPK], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
-        _partial_kernel(sact, ids, sw2, ssf2, ws_s, tokens, SI, H, SI, SS, 1, False, True, RS).launch(
-            grid=[H // (WARPS * RS), SS, 1], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
+        _partial_kernel(sact, ids, sw2, ssf2, ws_s, tokens, SI, H, SI, SS, 1, False, True).launch(
+            grid=[H // WARPS, SS, 1], block=[32 * WARPS, 1, 1], stream=stream, use_pdl=True
         )
         _combine_kernel(
             ws_r, ws_s, ids, tw, gs2, gs_s, out, acc_tap, y_tap, sacc_tap, sy_tap, H, TOPK, S, SS, TAP
