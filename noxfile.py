@@ -48,7 +48,10 @@ def golden(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks under CUDA graphs (needs the GPU; on the H200, which has no nox, run
-    ``PYTHONPATH=$PWD python3 -m benchmarks.runner``). Extra args go to the runner."""
+    ``PYTHONPATH=$PWD python3 -m benchmarks.runner``). Extra args go to the runner. Without an NVIDIA GPU the
+    session is skipped before it installs anything."""
+    if not _has_gpu():
+        session.skip("benchmarks need an NVIDIA GPU (the H200); nothing timed")
     _install(session, "test")
     session.run("python", "-m", "benchmarks.runner", *session.posargs)
 

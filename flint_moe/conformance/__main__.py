@@ -196,22 +196,28 @@ def _merge_rerun(prev: dict, prev_path: str, results: list, mutation, env: dict)
     return merged, mutation if mutation is not None else prev.get("mutation")
 
 
-def summary_table(results: list):
+def summary_table(results: list, width: int | None = None):
     """rich Table: case (black-box labelled), verdict, exact %, max ulp, end to end, failing stages,
     warnings, failing invariances, diagnosis (``results``: CaseResults or their JSON dicts). Every cell is a
-    rich Text: what a result holds is shown literally, never read as markup."""
+    rich Text: what a result holds is shown literally, never read as markup. With the console's ``width``, case
+    ids up to half of it are never wrapped (an id is what --filter takes; the other columns fold first)."""
     from rich.table import Table
     from rich.text import Text
 
     from flint_moe.conformance.report.summary import _e2e_cell, _max_ulp, _warnings, case_dicts, exact_percent
 
     style = {"EXACT": "green", "WITHIN-BOUND": "cyan", "EXPLAINED": "yellow", "FAIL": "bold red"}
+    cases = case_dicts(results)
     t = Table(title="flint-moe conformance")
-    t.add_column("case", overflow="fold")
-    for col in ("verdict", "exact %", "max ulp", "end to end", "stages failing", "warnings", "invariances failing",
-                "diagnosis"):  # fmt: skip
-        t.add_column(col)
-    for c in case_dicts(results):
+    longest = max((len(str(c["case_id"])) for c in cases), default=4)
+    if width is not None and longest <= width // 2:
+        t.add_column("case", no_wrap=True, min_width=longest)
+    else:
+        t.add_column("case", overflow="fold")
+    t.add_column("verdict", no_wrap=True)
+    for col in ("exact %", "max ulp", "end to end", "stages failing", "warnings", "invariances failing", "diagnosis"):
+        t.add_column(col, overflow="fold")
+    for c in cases:
         v = c["verdict"]
         inv = ", ".join(i["name"] for i in c.get("invariance") or [] if i.get("outcome") == "FAIL")
         inv = inv or ("-" if c.get("invariance") else "n/a")
@@ -548,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     if not stopped:  # a complete run replaces --out; an INCOMPLETE one stays in the staging directory
         final = publish(staging, out_dir, run_id)
         paths = {k: final / p.name for k, p in paths.items()}
-    console.print(summary_table(results))
+    console.print(summary_table(results, console.width))
     n_fail, n_nj = (sum((r["verdict"] if isinstance(r, dict) else r.verdict) == v for r in results) for v in _NOT_PASS)
     if mutation:
         from flint_moe.conformance.report.summary import mutation_line

@@ -487,3 +487,19 @@ def test_tokens_option(tmp_path, fake_run, capsys):
     for bad in ("0", "65537", "8,x", ""):
         assert cli.main(["--profile", "cpu", "--list", "--tokens", bad]) == 2
         assert capsys.readouterr().err.strip() == f"--tokens {bad}: expected token counts M[,M...], each in [1, 65536]"
+
+
+def test_summary_table_never_wraps_a_case_id():
+    """A case id is what --filter takes: on a console at least twice as wide as the id, the other columns fold
+    and the id stays on one line; on a narrower one it folds like the rest."""
+    from rich.console import Console
+
+    r = ok_case(6)
+    r.case_id = "nvfp4_grouped/deepseek-v3/M256/gaussian/s0/r-count-128-5/c-classic"
+    r.diagnosis = ["gate_up_swapped: matches the reference with gate/up swapped (SwiGLU(up, gate))"]
+    for width, whole in ((140, True), (110, False)):  # the id has 67 characters
+        console = Console(width=width, record=True, color_system=None)
+        console.print(cli.summary_table([r], console.width))
+        lines = console.export_text().splitlines()
+        assert any(r.case_id in ln for ln in lines) == whole
+        assert max(len(ln) for ln in lines) <= width

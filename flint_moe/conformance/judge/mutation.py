@@ -27,6 +27,7 @@ report.json block (docs/ARCHITECTURE.md, section 2).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -326,13 +327,17 @@ def run_mutations(mutations=None, *, device=None) -> list[MutationResult]:
     for; on the CPU without the decode block's, whose kernels need a GPU; on a GPU without the paths whose kernels
     have not yet passed there, ``inputs.cases.GPU_PENDING_PATHS``) on ``device`` (default CUDA when
     available, else the CPU) and return one :class:`MutationResult` each.
-    On the CPU the interpreter makes this a few minutes (each weights / path injection is a kernel run)."""
+    On the CPU the interpreter makes this a few minutes (each weights / path injection is a kernel run).
+    The injected faults produce NaN / inf on purpose: numpy's RuntimeWarnings about them (the Triton interpreter
+    runs on numpy) are silenced while they run."""
     cache: dict = {}
     device = _device() if device is None else torch.device(device)
     if mutations is None:
         skip = GPU_PENDING_PATHS if device.type == "cuda" else BLOCK_PATHS
         mutations = [m for m in MUTATIONS if m.path not in skip]
-    return [run_mutation(m, cache=cache, device=device) for m in mutations]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return [run_mutation(m, cache=cache, device=device) for m in mutations]
 
 
 def mutation_report(results: list[MutationResult], sub_bound: dict | None = None) -> dict:
@@ -360,7 +365,11 @@ def self_test(device=None) -> dict:
     sub-bound fault (``subbound.run_sub_bound``), as the report.json ``"mutation"`` block."""
     from flint_moe.conformance.judge.subbound import run_sub_bound, sub_bound_report
 
-    return mutation_report(run_mutations(device=device), sub_bound_report(run_sub_bound(device=device)))
+    results = run_mutations(device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # sub-bound faults: as in run_mutations
+        sub_bound = sub_bound_report(run_sub_bound(device=device))
+    return mutation_report(results, sub_bound)
 
 
 assert all(m.fault in FAULTS_BY_NAME for m in MUTATIONS)
