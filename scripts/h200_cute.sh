@@ -21,20 +21,13 @@ case ${1:-} in
          && mv .device-stage/cu13.part.00 .device-stage/p1/ && mv .device-stage/cu13.part.01 .device-stage/p2/ \
          && mv .device-stage/cu13.part.02 .device-stage/p3/ && cp .device-stage/a/*.whl .device-stage/p1/ \
          && cp .device-stage/b/WHEEL_NAME .device-stage/p3/ && du -sh .device-stage/p1 .device-stage/p2 .device-stage/p3 ;;
-  p1|p2) mkdir -p /tmp/stage && cp ".device-stage/$1/"* /tmp/stage/ && ls /tmp/stage ;;
-  p3) if [ -d /tmp/stage ]; then
-        cp .device-stage/p3/* /tmp/stage/ && install_staged
-      else
-        echo "CuTe DSL NOT installed: /tmp/stage is missing (the machine was restarted between the calls)"
-      fi
-      export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD ;;
-  a) mkdir -p /tmp/stage && cp .device-stage/a/* /tmp/stage/ && ls /tmp/stage ;;
-  b) if [ -d /tmp/stage ]; then
-       cp .device-stage/b/* /tmp/stage/ && install_staged
-     else
-       echo "CuTe DSL NOT installed: /tmp/stage is missing (the machine was restarted between the two calls)"
-     fi
-     export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD ;;
+  a|p1|p2) mkdir -p /tmp/stage && cp ".device-stage/$1/"* /tmp/stage/ && ls /tmp/stage ;;
+  b|p3) if [ -d /tmp/stage ]; then
+          cp ".device-stage/$1/"* /tmp/stage/ && install_staged
+        else
+          echo "CuTe DSL NOT installed: /tmp/stage is missing (the machine was restarted between the calls)"
+        fi
+        export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD ;;
   *) echo "usage: bash scripts/h200_cute.sh a | source scripts/h200_cute.sh b;" \
        "bash scripts/h200_cute.sh split (here) | p1 | p2 | source scripts/h200_cute.sh p3"; exit 2 ;;
 esac

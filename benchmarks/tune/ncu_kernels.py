@@ -93,6 +93,9 @@ def _num(v: str) -> float:
 
 
 def summarise(point: str, raw: str) -> list[dict]:
+    """One dict per launch of ncu's raw CSV page ``raw``: ``point``, the kernel name, :data:`METRICS` (time in
+    microseconds, DRAM in TB/s; a metric the page lacks is NaN) and ``stalls`` (the four largest warp stall
+    reasons, cycles per issued instruction)."""
     out = []
     units, rows = _rows(raw)
     to_us = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(
@@ -129,15 +132,17 @@ def main(argv=None) -> int:
                sys.executable, "-m", "benchmarks.tune.ncu_kernels", "--drive", point]  # fmt: skip
         name = os.path.join(a.out, point.replace(":", "_") + ".csv")
         if a.from_csv:
-            p = subprocess.CompletedProcess(cmd, 0, open(name).read(), "")
+            with open(name) as f:
+                raw = f.read()
         else:
-            p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+            p = subprocess.run(cmd, capture_output=True, text=True)
             with open(name, "w") as f:
                 f.write(p.stdout)
-        if p.returncode:
-            print(f"{point}: ncu rc {p.returncode}\n{p.stderr[-2000:]}", flush=True)
-            continue
-        rows = summarise(point, p.stdout)
+            if p.returncode:
+                print(f"{point}: ncu rc {p.returncode}\n{p.stderr[-2000:]}", flush=True)
+                continue
+            raw = p.stdout
+        rows = summarise(point, raw)
         summary += rows
         for r in rows:
             st = ", ".join(f"{k} {v:.1f}" for k, v in r["stalls"].items())

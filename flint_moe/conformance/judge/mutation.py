@@ -27,6 +27,7 @@ report.json block (docs/ARCHITECTURE.md, section 2).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -322,21 +323,28 @@ def run_mutation(mut: Mutation, *, cache: dict | None = None, device=None) -> Mu
     return res
 
 
+@contextlib.contextmanager
+def _faults_quiet():
+    """The injected faults produce NaN / inf on purpose: numpy's RuntimeWarnings about them (the Triton
+    interpreter runs on numpy) are silenced while they run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
 def run_mutations(mutations=None, *, device=None) -> list[MutationResult]:
     """Run ``mutations`` (default :data:`MUTATIONS`: every catalogued fault, on each path it has an injection
     for; on the CPU without the decode block's, whose kernels need a GPU; on a GPU without the paths whose kernels
     have not yet passed there, ``inputs.cases.GPU_PENDING_PATHS``) on ``device`` (default CUDA when
     available, else the CPU) and return one :class:`MutationResult` each.
-    On the CPU the interpreter makes this a few minutes (each weights / path injection is a kernel run).
-    The injected faults produce NaN / inf on purpose: numpy's RuntimeWarnings about them (the Triton interpreter
-    runs on numpy) are silenced while they run."""
+    On the CPU the interpreter makes this a few minutes (each weights / path injection is a kernel run); numpy's
+    warnings about the faults' NaN / inf are silenced (:func:`_faults_quiet`)."""
     cache: dict = {}
     device = _device() if device is None else torch.device(device)
     if mutations is None:
         skip = GPU_PENDING_PATHS if device.type == "cuda" else BLOCK_PATHS
         mutations = [m for m in MUTATIONS if m.path not in skip]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with _faults_quiet():
         return [run_mutation(m, cache=cache, device=device) for m in mutations]
 
 
@@ -366,8 +374,7 @@ def self_test(device=None) -> dict:
     from flint_moe.conformance.judge.subbound import run_sub_bound, sub_bound_report
 
     results = run_mutations(device=device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # sub-bound faults: as in run_mutations
+    with _faults_quiet():
         sub_bound = sub_bound_report(run_sub_bound(device=device))
     return mutation_report(results, sub_bound)
 

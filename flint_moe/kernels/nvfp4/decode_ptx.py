@@ -135,7 +135,7 @@ DEQUANT_BF16_PTX = tl.constexpr(
 
 @triton.jit
 def e2m1_nibble_f32(n):
-    """Exact fp32 of E2M1 nibbles ``n`` (int32, 0..15; bit 8 the sign, so 8 is -0) with plain integer ops: the
+    """Exact fp32 of E2M1 nibbles ``n`` (int32, 0..15; bit 3 the sign, so code 8 is -0) with plain integer ops: the
     interpreter path of the decodes here, and the per-token quantizer's operand values (no flush-to-zero multiply:
     the nibble's bits are an fp32 subnormal times 2^126)."""
     bits = ((n & 7) << 22) | ((n & 8) << 28)
