@@ -237,11 +237,16 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 #: ``grouped_gate_up.row_block_options``) against the row-block schedule with both options off (``classic``),
 #: the expert-wide row blocks alone (op config ``TAIL``: BM + 32 pairs per program, the 32-pair tail
 #: accumulator's MMAs only where an expert has more than BM pairs) and with the scales as one word per row per
-#: 64 K (``SCALE_WORD``) in both GEMMs.
+#: 64 K (``SCALE_WORD``) in both GEMMs, and the Gluon GEMMs (``ENGINE`` 'gluon': the weights dequantised into
+#: the wgmma A registers; the row-block schedule without a tail, BM at most 128: ``"BM": None`` takes the
+#: default's BM capped at 128).
 _SW, _NO_SW = {"SCALE_WORD": True}, {"SCALE_WORD": False}
+_GLUON = {"ENGINE": "gluon"}
 AB_VARIANTS = {"default": None, "classic": {"TAIL": 0, "gate_up": _NO_SW, "down": _NO_SW},
                "rows": {"TAIL": 32, "gate_up": _NO_SW, "down": _NO_SW},
-               "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW}}  # fmt: skip
+               "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW},
+               "gluon": {"TAIL": 0, "BM": None, "gate_up": _GLUON, "down": _GLUON},
+               "gluon+tail": {"TAIL": 32, "BM": None, "gate_up": _GLUON, "down": _GLUON}}  # fmt: skip
 #: ``--ab`` (model, M) cases when no ``--model`` / ``--M`` is given.
 AB_CASES = (("deepseek-v3", 4096), ("deepseek-v3", 16384), ("qwen3-235b-a22b", 4096), ("gpt-oss-120b", 4096))
 
@@ -292,14 +297,17 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
            "flops": fl, "BM": bm, "rounds": [], "schedule": {}, "bits_equal_default": {},
            "pairs_per_expert": [int(counts.min()), float(counts.float().mean()), int(counts.max())]}  # fmt: skip
     tiles = -(-layer.I // GROUPED_GATE_UP_CONFIG["BC"]) + -(-layer.H // 128)  # gate/up + down weight tiles
+    variants = {n: (dict(c, BM=min(bm, 128)) if c and "BM" in c and c["BM"] is None else c)
+                for n, c in AB_VARIANTS.items()}  # fmt: skip
     perms = {}
-    for name, cfg in AB_VARIANTS.items():
-        perms[name] = moe_permute(ids, layer.E, bm, min(int((cfg or resolved)["TAIL"]), bm))
+    for name, cfg in variants.items():
+        vbm = (cfg or {}).get("BM", bm)
+        perms[name] = moe_permute(ids, layer.E, vbm, min(int((cfg or resolved)["TAIL"]), vbm))
         res["schedule"][name] = schedule_counts(perms[name], M * layer.k, tiles)
     ref_taps: dict = {}
     ref = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, taps=ref_taps)
     ref_out = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared)
-    for name, cfg in AB_VARIANTS.items():
+    for name, cfg in variants.items():
         taps: dict = {}
         o = flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=cfg, taps=taps)
         eq = {"out": _bits_equal(flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=cfg), ref_out),
@@ -310,9 +318,9 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
         del taps, o
     del ref_taps
     torch.cuda.empty_cache()
-    fns = {name: _grouped(layer, x, router, shared, counter, cfg) for name, cfg in AB_VARIANTS.items()}
+    fns = {name: _grouped(layer, x, router, shared, counter, cfg) for name, cfg in variants.items()}
     fns["bf16"] = _bf16(layer, x, router, shared, counter)
-    for name, cfg in AB_VARIANTS.items():
+    for name, cfg in variants.items():
         cfg, perm = cfg or resolved, perms[name]
         act = launch_grouped_gate_up(x, ids, perm, layer.w, config=cfg.get("gate_up"))
         fns[f"{name} gate/up kernel"] = lambda i, c=cfg, p=perm: launch_grouped_gate_up(

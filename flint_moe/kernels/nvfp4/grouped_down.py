@@ -37,7 +37,8 @@ __all__ = [
 #: ``BK`` K elements per main-loop step (a power of two >= 32; None = ``grouped_gate_up.default_bk(BM, I)``),
 #: ``num_stages``; ``num_warps`` None = ``default_warps(BM)`` (``BM`` comes from the permutation); ``SCALE_WORD``
 #: as in ``grouped_gate_up.GROUPED_GATE_UP_CONFIG``.
-GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
+GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False,
+                       "ENGINE": "triton"}  # fmt: skip
 
 
 def default_bh(block_m: int) -> int:
@@ -233,7 +234,7 @@ def nvfp4_grouped_down(
         taps: if a dict, the tapped build stores ``down_acc`` fp32 [M, k, H] (before the global scale),
             ``y`` bf16 [M, k, H] and ``out`` bf16 [M, H].
         config: overrides of ``GROUPED_DOWN_CONFIG`` (``BH``, ``BK`` (None: ``default_bk(BM, I)``), ``num_warps``,
-            ``num_stages``, ``SCALE_WORD``, ``DECODE``).
+            ``num_stages``, ``SCALE_WORD``, ``DECODE``, ``ENGINE``: see ``GROUPED_GATE_UP_CONFIG``).
         out: None, or a bf16 [M, H] contiguous tensor the combine writes and that is returned (no overlap with
             any input: the op checks that, ``ops._checks.check_out``).
         check: False skips the tensor checks, for a caller that made them (``launch_grouped_down``); the config
@@ -263,30 +264,33 @@ def nvfp4_grouped_down(
     tap = taps is not None
     dacc = torch.empty((P, H), dtype=torch.float32, device=dev) if tap else y
     if P > 0:
-        kw = grouped_launch_kwargs(cfg, perm.block_m, tap, INTER)
-        if perm.tail:  # expert-wide row blocks: BM + tail pairs per program
-            kernel, kw = _grouped_down_rows_kernel, {**kw, "TAIL": perm.tail}
+        if cfg["ENGINE"] == "gluon":
+            _launch_gluon(act, perm, weights, y, dacc, H, IP, INTER, tap, (config or {}).get("num_stages"))
         else:
+            kw = grouped_launch_kwargs(cfg, perm.block_m, tap, INTER)
             kernel = _grouped_down_kernel
-        kernel[(triton.cdiv(H, bh), perm.num_blocks)](
-            act,
-            perm.order,
-            perm.block_expert,
-            perm.block_start,
-            perm.block_end,
-            weights.w2,
-            weights.w2_sf_swizzled.view(torch.uint8),
-            weights.w2_alpha,
-            y,
-            dacc,
-            H=H, IP=IP, INTER=INTER, BH=bh, **kw,
-        )  # fmt: skip
+            if perm.tail:  # expert-wide row blocks: BM + tail pairs per program
+                kernel, kw = _grouped_down_rows_kernel, {**kw, "TAIL": perm.tail}
+            kernel[(triton.cdiv(H, bh), perm.num_blocks)](
+                act, perm.order, perm.block_expert, perm.block_start, perm.block_end, weights.w2,
+                weights.w2_sf_swizzled.view(torch.uint8), weights.w2_alpha, y, dacc, H=H, IP=IP, INTER=INTER, BH=bh,
+                **kw,
+            )  # fmt: skip
         _grouped_combine_kernel[(M, triton.cdiv(H, COMBINE_BLOCK))](
             tw, y, shared_output, out, H=H, TOPK=top_k, BLOCK=COMBINE_BLOCK, num_warps=4, **launch_options()
         )
     if tap:
         taps.update(down_acc=dacc.view(M, top_k, H), y=y.view(M, top_k, H), out=out)
     return out
+
+
+def _launch_gluon(act, perm, weights, y, dacc, H, IP, INTER, tap, stages) -> None:  # noqa: N803
+    """The down GEMM by the Gluon kernel (config ENGINE 'gluon'; ``grouped_gluon``)."""
+    from flint_moe.kernels.nvfp4.grouped_gluon import check_gluon_launch, launch_gluon_down
+
+    check_gluon_launch("nvfp4_grouped_down", perm, INTER)
+    launch_gluon_down(act, perm, weights.w2, weights.w2_sf_swizzled.view(torch.uint8), weights.w2_alpha, y, dacc,
+                      H=H, IP=IP, INTER=INTER, TAP=tap, stages=stages)  # fmt: skip
 
 
 def launch_grouped_down(*args, **kwargs) -> torch.Tensor:

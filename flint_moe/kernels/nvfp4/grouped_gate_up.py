@@ -48,7 +48,11 @@ __all__ = [
 #: needs BK a multiple of 64) instead of byte by byte: at BK 64 a thread's scales then reach the 4 bytes
 #: ``cp.async`` needs and are pipelined instead of loaded synchronously in the loop; the same scale values,
 #: hence the same bits.
-GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False}
+#: ``ENGINE``: "triton" (these kernels) or "gluon" (``grouped_gluon``: the weights dequantised straight into the
+#: wgmma A registers; sm_90 only, BM <= 128, K a multiple of 64; the same bits; of the other keys only an explicit
+#: ``num_stages`` applies to it).
+GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False,
+                          "ENGINE": "triton"}  # fmt: skip
 
 
 def default_bk(block_m: int, k: int) -> int:
@@ -301,6 +305,8 @@ def _cfg(config: dict | None, default: dict, name: str) -> dict:
         if unknown:
             raise ValueError(f"{name}: unknown config keys {sorted(unknown)}")
         cfg.update(config)
+    if cfg.get("ENGINE", "triton") not in ("triton", "gluon"):
+        raise ValueError(f"{name}: config ENGINE must be 'triton' or 'gluon', got {cfg['ENGINE']!r}")
     if "SCALE_WORD" in cfg and not isinstance(cfg["SCALE_WORD"], bool):
         raise ValueError(f"{name}: config SCALE_WORD must be a bool, got {cfg['SCALE_WORD']!r}")
     if cfg["BK"] is not None:
@@ -329,7 +335,7 @@ def nvfp4_grouped_gate_up(
         taps: if a dict, the tapped build runs and stores ``gate_acc`` / ``up_acc`` fp32 [M, k, I] (before the
             global scale) and ``act`` bf16 [M, k, I].
         config: overrides of ``GROUPED_GATE_UP_CONFIG`` (``BC``, ``BK`` (None: ``default_bk(BM, H)``),
-            ``num_warps``, ``num_stages``, ``SCALE_WORD``) and
+            ``num_warps``, ``num_stages``, ``SCALE_WORD``, ``ENGINE``) and
             ``DECODE`` (GPU: 3 = one inline-PTX call per code word giving bf16 weights times the scale (default),
             2 / 1 = the decode kernels' fp16x2 / bf16x2 E2M1 decodes, 0 = plain integer ops; identical values,
             hence identical bits; the interpreter always takes the plain path).
@@ -356,7 +362,13 @@ def nvfp4_grouped_gate_up(
     P = M * top_k
     tap = taps is not None
     act, gacc, uacc = gate_up_buffers(P, INTER, tap, dev)
-    if P > 0:
+    if P > 0 and cfg["ENGINE"] == "gluon":
+        from flint_moe.kernels.nvfp4.grouped_gluon import check_gluon_launch, launch_gluon_gate_up
+
+        check_gluon_launch("nvfp4_grouped_gate_up", perm, H)
+        launch_gluon_gate_up(x, perm, *w1_operands(weights), act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=top_k,
+                             TAP=tap, stages=(config or {}).get("num_stages"))  # fmt: skip
+    elif P > 0:
         grid = (triton.cdiv(INTER, bc), perm.num_blocks)
         kw = grouped_launch_kwargs(cfg, perm.block_m, tap, H)
         if perm.tail:  # expert-wide row blocks: BM + tail pairs per program

@@ -1,0 +1,77 @@
+"""The Gluon grouped GEMMs on the CPU: sm_90a builds (no GPU needed) and the launch checks.
+
+The SASS of every build the launchers take for the real shapes: the main loop issues HGMMA with the A operand
+from registers and no shared-memory store (the dequantised weights never leave the registers), one CTA barrier
+per K step; registers and shared memory fit two CTAs per SM. Bad configurations raise ValueError naming the
+constraint. Bitwise equality with the Triton kernels is a GPU test (test_nvfp4_grouped_gluon_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flint_moe.kernels._launch import INTERPRET
+from flint_moe.kernels.nvfp4.grouped_gluon import GLUON_ROWS, check_gluon_launch, gluon_bk, gluon_stages
+from flint_moe.kernels.nvfp4.permute import moe_permute
+
+
+def test_bk_and_stages():
+    assert gluon_bk(7168) == 128 and gluon_bk(2880) == 64 and gluon_bk(1536) == 128
+    # 64 rows: codes 32 B + scales 2 B per row per 16 K, tokens 2 B per pair per K
+    assert gluon_stages(128, 128) == (110 * 1024) // (64 * 64 + 64 * 8 + 128 * 256)  # 3
+    assert gluon_stages(128, 64) == 4 and gluon_stages(16, 128) == 4 and GLUON_ROWS == 64
+
+
+def test_launch_checks():
+    ids = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="sm_90 GPU"):
+        check_gluon_launch("op", moe_permute(ids, 4, 16), 128)
+    if INTERPRET or not torch.cuda.is_available():
+        return
+    with pytest.raises(ValueError, match="TAIL"):  # pragma: no cover (GPU machines)
+        check_gluon_launch("op", moe_permute(ids.cuda(), 4, 16, 16), 128)
+
+
+def test_engine_config_checked():
+    from flint_moe.kernels.nvfp4.grouped_gate_up import GROUPED_GATE_UP_CONFIG, _cfg
+
+    with pytest.raises(ValueError, match="ENGINE"):
+        _cfg({"ENGINE": "cuda"}, GROUPED_GATE_UP_CONFIG, "nvfp4_grouped_gate_up")
+    assert _cfg({"ENGINE": "gluon"}, GROUPED_GATE_UP_CONFIG, "x")["ENGINE"] == "gluon"
+
+
+_BUILDS = [("gate_up", 7168, 2048, 8, 128), ("down", 7168, 2048, 8, 128), ("gate_up", 7168, 2048, 8, 16),
+           ("down", 2880, 2880, 4, 64)]  # fmt: skip
+
+_SCRIPT = r"""
+import json
+from benchmarks.sass_grouped_nvfp4 import hgmma_loops, sass_of
+from flint_moe.kernels.nvfp4.grouped_gluon import compile_gluon_sm90
+res = []
+for kind, H, I, k, bm in BUILDS:
+    c = compile_gluon_sm90(kind, H, I, k, bm)
+    loops = hgmma_loops(sass_of(c.asm["cubin"]))
+    res.append({"loops": loops, "shared": c.metadata.shared})
+print(json.dumps(res))
+"""
+
+
+def test_main_loop_keeps_weights_in_registers():
+    """sm_90a SASS of the launchers' builds (compiled in a fresh interpreter without TRITON_INTERPRET): one main
+    loop of BK / 16 HGMMA.64xBMx16 per K step with the A operand in registers, no STS / LDSM (the weights never
+    go through shared memory), at most 2 CTA barriers per step, <= 113 KiB of shared memory (two CTAs per SM)."""
+    from ._sm90_build import run_build_script
+
+    res = run_build_script(f"BUILDS = {_BUILDS!r}\n" + _SCRIPT, timeout=900)
+    for (kind, H, I, _k, bm), r in zip(_BUILDS, res, strict=True):  # noqa: E741, N806
+        assert len(r["loops"]) == 1, kind
+        body = r["loops"][0]
+        ops = [line.split()[1] if line.startswith("@") else line.split()[0] for line in body]
+        hgmma = [line for line in body if line.startswith("HGMMA")]
+        assert len(hgmma) == gluon_bk(H if kind == "gate_up" else I) // 16
+        assert all(h.startswith(f"HGMMA.64x{bm}x16.F32.BF16 R") and ", R" in h for h in hgmma), hgmma[0]
+        assert all(h.split(",")[1].strip().startswith("R") for h in hgmma)  # A from registers, not gdesc
+        assert not any(o.startswith(("STS", "LDSM")) for o in ops), kind
+        assert sum(o.startswith("BAR.SYNC") for o in ops) <= 2
+        assert r["shared"] <= 113 * 1024

@@ -1,0 +1,79 @@
+"""The Gluon grouped GEMMs (config ``ENGINE`` 'gluon') on the H200 (marked gpu): bitwise the Triton kernels.
+
+Real layers (DeepSeek-V3, Qwen3-235B-A22B, gpt-oss-120b) at bandwidth-bound and tensor-core-bound token counts,
+row blocks of 16 / 32 / 64 / 128 pairs: the op's production output and every tap of the tapped build (gate_acc,
+up_acc, act, down_acc, y, out) equal the default Triton kernels' bit for bit; the golden model fed the taps
+(order-free steps bitwise, accumulators within the certified bound); CUDA-graph replays bitwise identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flint_moe.ops import flint_moe_grouped, make_route_counter
+
+from ._grouped_check import check_grouped_taps
+from ._nvfp4_check import capture_graph, run_op_checked, same
+from .test_nvfp4_grouped_gpu import _tokens, _weights
+
+pytestmark = pytest.mark.gpu
+
+GLUON = {"TAIL": 0, "gate_up": {"ENGINE": "gluon"}, "down": {"ENGINE": "gluon"}}
+
+
+def _gluon_op(w, x, router, k, counter, shared, bm, taps=None, out=None, tail=0):
+    cfg = {**GLUON, "BM": bm, "TAIL": tail}
+    return flint_moe_grouped(x, router, w, k, counter, shared, taps=taps, config=cfg, out=out)
+
+
+@pytest.mark.parametrize(
+    "E,H,I,k,M,bm,tail",
+    [
+        (256, 7168, 2048, 8, 128, 16, 0),
+        (256, 7168, 2048, 8, 4096, 128, 0),
+        (256, 7168, 2048, 8, 4096, 128, 32),
+        (256, 7168, 2048, 8, 256, 16, 16),
+        (256, 7168, 2048, 8, 1024, 32, 0),
+        (128, 4096, 1536, 8, 2000, 128, 32),
+        (128, 2880, 2880, 4, 4096, 128, 32),
+        (128, 2880, 2880, 4, 600, 64, 0),
+    ],
+)
+def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail):  # noqa: E741, N803
+    """Gluon (with the same row-block schedule, tails included) against the Triton kernels: every tap bitwise."""
+    w = _weights(E, H, I)
+    x, router, shared = _tokens(M, H, E, 23)
+    counter = make_route_counter("cuda")
+    t0: dict = {}
+    t1: dict = {}
+    o0 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t0, config={"TAIL": tail, "BM": bm})
+    o1 = _gluon_op(w, x, router, k, counter, shared, bm, taps=t1, tail=tail)
+    assert same(o1, o0)
+    for name in ("gate_acc", "up_acc", "act", "down_acc", "y", "out"):
+        assert same(t1[name], t0[name]), f"gluon BM {bm} TAIL {tail}: {name} differs from the Triton kernels"
+    del t0, t1
+    assert same(_gluon_op(w, x, router, k, counter, shared, bm, tail=tail), o0)  # production build
+    for stages in (2, 3):  # the ring depth changes no bit
+        cfg = {**GLUON, "BM": bm, "TAIL": tail, "gate_up": {"ENGINE": "gluon", "num_stages": stages},
+               "down": {"ENGINE": "gluon", "num_stages": stages}}  # fmt: skip
+        assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0)
+
+
+def test_gluon_golden_and_graph_replay():
+    """DeepSeek-V3 M = 1024: the golden model fed the Gluon build's taps; CUDA-graph replays bitwise identical."""
+    E, H, I, k, M = 256, 7168, 2048, 8, 1024  # noqa: E741
+    w = _weights(E, H, I)
+    x, router, shared = _tokens(M, H, E, 29)
+    counter = make_route_counter("cuda")
+
+    def op(x, router, weights, k, counter, shared, taps=None):
+        return flint_moe_grouped(x, router, weights, k, counter, shared, taps=taps, config={**GLUON, "BM": 32})
+
+    run_op_checked(op, check_grouped_taps, w, x, router, k, counter, shared, acc_pairs=[(0, 0), (M - 1, 7), (517, 3)])
+    ref = _gluon_op(w, x, router, k, counter, shared, 32)
+    graph, out = capture_graph(lambda: _gluon_op(w, x, router, k, counter, shared, 32))
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert same(out, ref)
