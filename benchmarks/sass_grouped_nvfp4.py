@@ -269,6 +269,40 @@ def _resources(compiled) -> dict:
     }
 
 
+#: Gluon builds (``--gluon``; ``grouped_gluon``, config ENGINE 'gluon'): (kind, BM, TAIL, name); BK, ring depth
+#: and warps are the launchers' (``gluon_bk``, ``gluon_stages``, ``GLUON_WARPS``).
+GLUON_BUILDS = [
+    ("gate_up", 128, 0, "gluon gate/up BM128"),
+    ("gate_up", 128, 32, "gluon gate/up BM128+32"),
+    ("down", 128, 0, "gluon down BM128"),
+    ("down", 128, 32, "gluon down BM128+32"),
+    ("gate_up", 16, 0, "gluon gate/up BM16"),
+    ("down", 16, 0, "gluon down BM16"),
+]
+
+
+def gluon_main(H: int, I: int, k: int) -> list:  # noqa: E741, N803
+    """``--gluon``: registers, shared memory and the main loop's mix per HGMMA of every ``GLUON_BUILDS`` build
+    (printed as a markdown table; returned as rows)."""
+    from flint_moe.kernels.nvfp4.grouped_gluon import compile_gluon_sm90
+
+    rows = []
+    print("| build | regs | smem KiB | loop instr | HGMMA | instr / HGMMA | STS | LDS | LDGSTS | BAR |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    for kind, bm, tail, name in GLUON_BUILDS:
+        c = compile_gluon_sm90(kind, H, I, k, bm, tail=tail)
+        res = _resources(c)
+        mix = loop_mix(max(hgmma_loops(sass_of(c.asm["cubin"])), key=len))
+        n = sum(mix["shapes"].values())
+        g = mix["groups"]
+        shapes = ", ".join(f"{v} x {s_.split('.')[1]}" for s_, v in mix["shapes"].items())
+        print(f"| {name} | {res['regs']} | {res['smem'] / 1024:.0f} | {mix['total']} | {shapes} | "
+              f"{mix['total'] / n:.1f} | {g.get('STS', 0)} | {g.get('LDS/LDSM', 0)} | "
+              f"{g.get('LDGSTS (cp.async)', 0)} | {g.get('BAR/SYNCS', 0)} |")  # fmt: skip
+        rows.append({"build": name, **res, "mix": dict(g), "hgmma": n})
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=["gate_up", "down"])
@@ -276,10 +310,14 @@ def main(argv=None) -> int:
     p.add_argument("--dump", help="write each build's SASS here")
     p.add_argument("--builds", help="comma-separated indices into BUILDS")
     p.add_argument("--markdown", action="store_true", help="end with the summary tables in markdown")
+    p.add_argument("--gluon", action="store_true", help="the Gluon GEMMs' builds (GLUON_BUILDS) instead")
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("sass_grouped_nvfp4: unset TRITON_INTERPRET (the sm_90 build is compiled, not interpreted)")
     H, I, k = (int(v) for v in a.shape.split(","))  # noqa: E741
+    if a.gluon:
+        gluon_main(H, I, k)
+        return 0
     sel = range(len(BUILDS)) if not a.builds else [int(v) for v in a.builds.split(",")]
     rows = []
     for idx in sel:
