@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flint_moe.kernels._rule import bf16_rn, global_scale, swiglu
 
-__all__ = ["GLUON_ROWS", "GLUON_WARPS", "gluon_bk", "gluon_stages", "gluon_layouts", "check_gluon_launch",
-           "launch_gluon_gate_up", "launch_gluon_down"]  # fmt: skip
+__all__ = ["GLUON_ROWS", "GLUON_WARPS", "gluon_bk", "gluon_stages", "gluon_layouts", "gluon_refusal",
+           "check_gluon_launch", "launch_gluon_gate_up", "launch_gluon_down", "compile_gluon_sm90"]  # fmt: skip
 
 #: Weight rows per program (one warpgroup, one m64 wgmma per k16 step) and warps: two such CTAs fit one SM
 #: (<= 112 KiB of shared memory, <= 208 registers), so one's dequantisation overlaps the other's MMAs.
@@ -368,19 +368,26 @@ def _gluon_down_kernel(act_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr
                 _down_store(acc_t, order_ptr, start + BM, end, q, gs, y_ptr, dacc_ptr, H, TAP)
 
 
-def check_gluon_launch(name: str, perm, k: int) -> None:
-    """ValueError unless the Gluon GEMMs serve this launch: a CUDA device of compute capability 9.x (they have
-    no interpreter path), a row block of 16..128 pairs without a tail, a reduction length ``k`` that is a
-    multiple of 64."""
+def gluon_refusal(perm, k: int) -> str | None:
+    """Why the Gluon GEMMs cannot serve this launch, or None: they need a CUDA device of compute capability 9.x
+    (no interpreter path), row blocks of 16..128 pairs and a reduction length ``k`` that is a multiple of 64."""
     from flint_moe.kernels._launch import INTERPRET
 
-    if INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability(perm.order.device)[0] != 9:
-        raise ValueError(f"{name}: config ENGINE 'gluon' needs an sm_90 GPU (no interpreter path)")
+    dev = perm.order.device
+    if INTERPRET or dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
+        return "needs an sm_90 GPU (no interpreter path)"
     if perm.block_m not in (16, 32, 64, 128):
-        raise ValueError(f"{name}: config ENGINE 'gluon' needs row blocks of 16..128 pairs (BM <= 128), got BM "
-                         f"{perm.block_m}")  # fmt: skip
+        return f"needs row blocks of 16..128 pairs (BM <= 128), got BM {perm.block_m}"
     if k % 64:
-        raise ValueError(f"{name}: config ENGINE 'gluon' needs a reduction length that is a multiple of 64, got {k}")
+        return f"needs a reduction length that is a multiple of 64, got {k}"
+    return None
+
+
+def check_gluon_launch(name: str, perm, k: int) -> None:
+    """ValueError naming the constraint unless the Gluon GEMMs serve this launch (:func:`gluon_refusal`)."""
+    why = gluon_refusal(perm, k)
+    if why is not None:
+        raise ValueError(f"{name}: config ENGINE 'gluon' {why}")
 
 
 def _meta(block_m: int, tail: int, k: int, stages: int | None = None) -> dict:
