@@ -152,8 +152,7 @@ def _k_loop(w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, has_tail, K: gl.co
     NW: gl.constexpr = BK // 8
     NS: gl.constexpr = BK // 64
     NK: gl.constexpr = K // BK
-    # 16-byte chunks of a code row XOR (row / 2) % 4: the 8 rows of a warp's LDS.128 hit distinct banks
-    codes_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, NW], gl.SwizzledSharedLayout(4, 2, 4, [1, 0]))
+    codes_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, NW], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     scl_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, NS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_sl)
@@ -238,10 +237,10 @@ def _token_ptrs(src_ptr, order_ptr, pos0, end, TOPK: gl.constexpr, K: gl.constex
     (positions below ``end``): row ``order[pos]`` of ``src_ptr`` (TOPK > 0: token ``pair // TOPK`` of x;
     TOPK = 0: the pair's own row of act), K elements each."""
     NUM_W: gl.constexpr = gl.num_warps()
-    # a thread copies 16-byte chunks of one row (one 64-bit row address, the chunks at immediate offsets)
-    TR: gl.constexpr = min(N, 32)
-    WR: gl.constexpr = min(NUM_W, N // TR)
-    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [TR, 32 // TR], [WR, NUM_W // WR], [1, 0])
+    # consecutive lanes copy consecutive 16-byte chunks of a row (coalesced); measured on the H200: one row per
+    # thread (a single 64-bit row address, chunks at immediate offsets, 32 rows per warp instruction) made the
+    # GEMMs 2.3x slower
+    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BK // 8), BK // 8], [NUM_W, 1], [1, 0])
     pos = pos0 + gl.arange(0, N, layout=gl.SliceLayout(1, x_l))
     ok = pos < end
     pair = gl.load(order_ptr + pos, mask=ok, other=0)
