@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
 # Usage on the GPU machine, from the repository root:
-#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep]
+#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep] [gluon]
 # (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request; shards = the gpu
-# profile as FLINT_SHARDS shards one after another, merged; pending = the paths whose kernels have not yet passed
+# profile as FLINT_SHARDS shards one after another, merged; gluon = the Gluon grouped GEMMs (config ENGINE "gluon"):
+# their GPU test against the Triton kernels, then the --ab layers at AB_CASES and DeepSeek-V3 M = 128 / 256 (under
+# gluon/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
 # FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT: seconds per step.
 # FLINT_BENCH=a,b: the bench step runs only the cases whose module.name contains a or b (e.g. ll.,pertoken).
@@ -59,6 +61,14 @@ for step in $steps; do
             timeout "${FLINT_BENCH_TIMEOUT:-3000}" python3 -m benchmarks.runner --out "$OUT" "${filters[@]}" \
               > "$OUT/bench.log" 2>&1 || rc=1
             tail -30 "$OUT/bench.log" ;;
+    gluon)  mkdir -p "$OUT/gluon"
+            python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider tests/kernels/test_nvfp4_grouped_gluon_gpu.py \
+              > "$OUT/gluon/pytest.txt" 2>&1 || rc=1
+            tail -3 "$OUT/gluon/pytest.txt"
+            python3 benchmarks/bench_grouped_nvfp4.py --ab --out "$OUT/gluon/large" > "$OUT/gluon/ab-large.log" 2>&1 || rc=1
+            python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --M 128,256 --out "$OUT/gluon/small" \
+              > "$OUT/gluon/ab-small.log" 2>&1 || rc=1
+            grep -h "M=\|^| \(default\|gluon\|bf16\)" "$OUT"/gluon/ab-*.log ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
 done
