@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flint_moe.kernels._launch import INTERPRET
 from flint_moe.kernels.nvfp4.grouped_gluon import GLUON_ROWS, check_gluon_launch, gluon_bk, gluon_stages
 from flint_moe.kernels.nvfp4.permute import moe_permute
 
@@ -24,13 +23,10 @@ def test_bk_and_stages():
 
 
 def test_launch_checks():
+    """Without an sm_90 GPU (here: the CPU, or the interpreter) the Gluon GEMMs refuse every launch, naming why."""
     ids = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32)
-    with pytest.raises(ValueError, match="sm_90 GPU"):
+    with pytest.raises(ValueError, match="config ENGINE 'gluon' needs an sm_90 GPU"):
         check_gluon_launch("op", moe_permute(ids, 4, 16), 128)
-    if INTERPRET or not torch.cuda.is_available():
-        return
-    with pytest.raises(ValueError, match="TAIL"):  # pragma: no cover (GPU machines)
-        check_gluon_launch("op", moe_permute(ids.cuda(), 4, 16, 16), 128)
 
 
 def test_engine_config_checked():

@@ -60,6 +60,19 @@ def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail):  # noqa: E741, 
         assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0)
 
 
+def test_gluon_refusals_on_the_gpu():
+    """On the H200 the launch checks name the row-block and reduction-length constraints."""
+    from flint_moe.kernels.nvfp4.grouped_gluon import check_gluon_launch
+    from flint_moe.kernels.nvfp4.permute import moe_permute
+
+    ids = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32, device="cuda")
+    check_gluon_launch("op", moe_permute(ids, 4, 16, 16), 128)  # a tail is served
+    with pytest.raises(ValueError, match="BM <= 128"):
+        check_gluon_launch("op", moe_permute(ids, 4, 256), 128)
+    with pytest.raises(ValueError, match="multiple of 64, got 96"):
+        check_gluon_launch("op", moe_permute(ids, 4, 16), 96)
+
+
 def test_gluon_golden_and_graph_replay():
     """DeepSeek-V3 M = 1024: the golden model fed the Gluon build's taps; CUDA-graph replays bitwise identical."""
     E, H, I, k, M = 256, 7168, 2048, 8, 1024  # noqa: E741
