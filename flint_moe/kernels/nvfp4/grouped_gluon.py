@@ -24,9 +24,9 @@ sign trick and two exact ``mul.rn.bf16x2``) in the same A slots as the Triton ke
 waited for before the next step's dequantisation overwrites the A registers (a register operand may not change
 while its wgmma is in flight). The epilogues are the Triton kernels' (``_rule``: rule steps 6-8).
 
-Scope: sm_90 only (Gluon kernels do not run under the interpreter), row blocks of 16..128 pairs, reduction
-lengths that are multiples of 64, the row-block schedule without a tail. Docs: docs/kernels/nvfp4-grouped.md,
-"Gluon main loop".
+Scope: sm_90 only (Gluon kernels do not run under the interpreter), row blocks of 16..128 pairs with or without
+a tail (``moe_permute(..., tail)``: a second accumulator on the same A registers), reduction lengths that are
+multiples of 64. Docs: docs/kernels/nvfp4-grouped.md, "Gluon main loop".
 """
 
 from __future__ import annotations
