@@ -270,8 +270,8 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a.contiguous().view(iv), b.contiguous().view(iv)))
 
 
-def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
-    """One model and M: the grouped layer under each ``AB_VARIANTS`` configuration and the bf16
+def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None, names=None) -> dict:
+    """One model and M: the grouped layer under each ``AB_VARIANTS`` configuration (or those in ``names``) and the bf16
     ``torch._grouped_mm`` layer, timed in alternation for ``rounds`` rounds (the spread of one version across
     rounds is the noise), plus each variant's two GEMM kernels alone on its permutation; bits of every variant
     against the default (the output of the production build, and every tap of the tapped build); the row
@@ -298,7 +298,7 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None) -> dict:
            "pairs_per_expert": [int(counts.min()), float(counts.float().mean()), int(counts.max())]}  # fmt: skip
     tiles = -(-layer.I // GROUPED_GATE_UP_CONFIG["BC"]) + -(-layer.H // 128)  # gate/up + down weight tiles
     variants = {n: (dict(c, BM=min(bm, 128)) if c and "BM" in c and c["BM"] is None else c)
-                for n, c in AB_VARIANTS.items()}  # fmt: skip
+                for n, c in AB_VARIANTS.items() if names is None or n in names}  # fmt: skip
     perms = {}
     for name, cfg in variants.items():
         vbm = (cfg or {}).get("BM", bm)
@@ -384,9 +384,9 @@ def cross_all(models, out: str) -> list:
     return rows
 
 
-def ab_all(cases, out: str, rounds: int = 2) -> list:
-    """:func:`ab` for every (model, M) of ``cases`` (one layer per model, built once); writes
-    ``out/bench_ab.json`` after each case."""
+def ab_all(cases, out: str, rounds: int = 2, variants=None) -> list:
+    """:func:`ab` for every (model, M) of ``cases`` (one layer per model, built once) with the ``variants``
+    (names of ``AB_VARIANTS``; None: all); writes ``out/bench_ab.json`` after each case."""
     os.makedirs(out, exist_ok=True)
     results, layers = [], {}
     for model, M in cases:
@@ -394,7 +394,7 @@ def ab_all(cases, out: str, rounds: int = 2) -> list:
             layers.clear()
             torch.cuda.empty_cache()
             layers[model] = Layer(model)
-        results.append(ab(model, M, rounds, layers[model]))
+        results.append(ab(model, M, rounds, layers[model], variants))
         with open(os.path.join(out, "bench_ab.json"), "w") as f:
             json.dump(results, f, indent=1)
     return results
@@ -413,6 +413,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", choices=sorted(MODELS), action="append",
                    help="--ab: these models only (repeatable; default: AB_CASES)")  # fmt: skip
     p.add_argument("--M", help="--ab: these token counts only (comma-separated, e.g. 256,1024; default 4096)")
+    p.add_argument("--variants", help="--ab: these AB_VARIANTS only (comma-separated; 'default' is always run)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device (the H200)", file=sys.stderr)
@@ -426,7 +427,13 @@ def main(argv=None) -> int:
         else:
             ms = [int(m) for m in (args.M or "4096").split(",")]
             cases = [(model, m) for model in (args.model or ["deepseek-v3"]) for m in ms]
-        ab_all(cases, args.out)
+        names = None
+        if args.variants:
+            names = ["default"] + [v for v in args.variants.split(",") if v != "default"]
+            unknown = [v for v in names if v not in AB_VARIANTS]
+            if unknown:
+                p.error(f"--variants: unknown {unknown}; known: {sorted(AB_VARIANTS)}")
+        ab_all(cases, args.out, variants=names)
         return 0
     from flint_moe.ops import flint_moe_grouped, make_route_counter
 

@@ -146,6 +146,56 @@ def hgmma_loops(sass: str) -> list[list[str]]:
     return inner
 
 
+#: Opcodes that write no general register (their first operand is a source, a predicate or an address).
+_NO_REG_DEST = ("ST", "BAR", "BRA", "HGMMA", "WARPGROUP", "DEPBAR", "LDGSTS", "RED", "ATOM", "EXIT", "ISETP",
+                "FSETP", "PLOP", "NOP", "LDGDEPBAR", "WARPSYNC", "U", "BSSY", "BSYNC", "CALL", "RET", "MEMBAR",
+                "FENCE", "SYNCS", "R2UR")  # fmt: skip
+
+
+def _written_regs(text: str) -> set[int]:
+    """General registers an instruction writes (its first operand and, for 64 / 128-bit results, the next)."""
+    op = _opcode(text)
+    if op.startswith(_NO_REG_DEST):
+        return set()
+    rest = text.split(op, 1)[1]
+    m = re.match(r"\s*R(\d+)\b", rest)
+    if m is None:
+        return set()
+    width = 4 if (".128" in op or (op.startswith("LDSM") and ".4" in op)) else 2 if (".64" in op or ".2" in op) else 1
+    return set(range(int(m.group(1)), int(m.group(1)) + width))
+
+
+def inflight_register_writes(sass: str) -> list[tuple[str, str]]:
+    """Every write to a register that an issued HGMMA still reads or accumulates into: from an HGMMA (A operand
+    quad ``Ra..Ra+3`` from registers, accumulator ``Rd..Rd+N/2-1``) on, in address order and through
+    unconditional branches, up to the next ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` (the wait that covers every
+    committed group). PTX leaves those registers undefined to change before that wait (``wgmma.mma_async``,
+    register operands), so a correct build returns []. Pairs (HGMMA, offending instruction)."""
+    ins = _instructions(sass)
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    bad = []
+    for i, (_, text) in enumerate(ins):
+        m = re.match(r"HGMMA\.64x(\d+)x16\S*\s+R(\d+),\s*R(\d+),", text)
+        if m is None:
+            continue
+        n, acc, a = (int(g) for g in m.groups())
+        live = set(range(acc, acc + n // 2)) | set(range(a, a + 4))
+        j, steps = i + 1, 0
+        while j < len(ins) and steps < 10000:
+            t = ins[j][1]
+            if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t:
+                break
+            if _opcode(t) == "BRA" and not t.startswith("@"):
+                j = at.get(int(re.search(r"0x([0-9a-f]+)", t).group(1), 16), len(ins))
+                steps += 1
+                continue
+            if not _opcode(t).startswith("HGMMA") and _written_regs(t) & live:
+                bad.append((text, t))
+                break
+            j, steps = j + 1, steps + 1
+    return bad
+
+
 def main_loop(sass: str) -> list[str]:
     """The instructions of the innermost backward-branch loop that holds HGMMA instructions (the K loop; of
     several, the shortest)."""

@@ -37,37 +37,64 @@ def test_engine_config_checked():
     assert _cfg({"ENGINE": "gluon"}, GROUPED_GATE_UP_CONFIG, "x")["ENGINE"] == "gluon"
 
 
-_BUILDS = [("gate_up", 7168, 2048, 8, 128), ("down", 7168, 2048, 8, 128), ("gate_up", 7168, 2048, 8, 16),
-           ("down", 2880, 2880, 4, 64)]  # fmt: skip
+_BUILDS = [("gate_up", 7168, 2048, 8, 128, 0), ("down", 7168, 2048, 8, 128, 0), ("gate_up", 7168, 2048, 8, 16, 0),
+           ("down", 2880, 2880, 4, 64, 0), ("gate_up", 7168, 2048, 8, 128, 32),
+           ("down", 7168, 2048, 8, 16, 16)]  # fmt: skip
 
 _SCRIPT = r"""
 import json
-from benchmarks.sass_grouped_nvfp4 import hgmma_loops, sass_of
+from benchmarks.sass_grouped_nvfp4 import hgmma_loops, inflight_register_writes, sass_of
 from flint_moe.kernels.nvfp4.grouped_gluon import compile_gluon_sm90
 res = []
-for kind, H, I, k, bm in BUILDS:
-    c = compile_gluon_sm90(kind, H, I, k, bm)
-    loops = hgmma_loops(sass_of(c.asm["cubin"]))
-    res.append({"loops": loops, "shared": c.metadata.shared})
+for kind, H, I, k, bm, tail in BUILDS:
+    c = compile_gluon_sm90(kind, H, I, k, bm, tail=tail)
+    sass = sass_of(c.asm["cubin"])
+    res.append({"loops": hgmma_loops(sass), "shared": c.metadata.shared, "inflight": inflight_register_writes(sass)})
 print(json.dumps(res))
 """
 
 
 def test_main_loop_keeps_weights_in_registers():
-    """sm_90a SASS of the launchers' builds (compiled in a fresh interpreter without TRITON_INTERPRET): one main
-    loop of BK / 16 HGMMA.64xBMx16 per K step with the A operand in registers, no STS / LDSM (the weights never
-    go through shared memory), at most 2 CTA barriers per step, <= 113 KiB of shared memory (two CTAs per SM)."""
+    """sm_90a SASS of the launchers' builds (compiled in a fresh interpreter without TRITON_INTERPRET): a K loop
+    of BK / 16 HGMMA.64xBMx16 per K step with the A operand in registers (with a tail: a second loop, for the
+    blocks that have one, adding BK / 16 HGMMA.64xTAILx16 on the same A registers), no STS / LDSM (the weights
+    never go through shared memory), at most 2 CTA barriers per step, <= 113 KiB of shared memory (two CTAs per
+    SM), and no instruction writing the A or accumulator registers of an HGMMA before the wait that covers it."""
     from ._sm90_build import run_build_script
 
     res = run_build_script(f"BUILDS = {_BUILDS!r}\n" + _SCRIPT, timeout=900)
-    for (kind, H, I, _k, bm), r in zip(_BUILDS, res, strict=True):  # noqa: E741, N806
-        assert len(r["loops"]) == 1, kind
-        body = r["loops"][0]
-        ops = [line.split()[1] if line.startswith("@") else line.split()[0] for line in body]
-        hgmma = [line for line in body if line.startswith("HGMMA")]
-        assert len(hgmma) == gluon_bk(H if kind == "gate_up" else I) // 16
-        assert all(h.startswith(f"HGMMA.64x{bm}x16.F32.BF16 R") and ", R" in h for h in hgmma), hgmma[0]
-        assert all(h.split(",")[1].strip().startswith("R") for h in hgmma)  # A from registers, not gdesc
-        assert not any(o.startswith(("STS", "LDSM")) for o in ops), kind
-        assert sum(o.startswith("BAR.SYNC") for o in ops) <= 2
-        assert r["shared"] <= 113 * 1024
+    for (kind, H, I, _k, bm, tail), r in zip(_BUILDS, res, strict=True):  # noqa: E741, N806
+        name = f"{kind} BM {bm} TAIL {tail}"
+        steps = gluon_bk(H if kind == "gate_up" else I) // 16
+        assert r["inflight"] == [], (name, r["inflight"][:2])
+        assert r["shared"] <= 113 * 1024, name
+        loops = sorted(r["loops"], key=len)
+        assert len(loops) == (2 if tail else 1), name
+        for body, shapes in zip(loops, [[bm], [bm, tail]], strict=False):
+            ops = [line.split()[1] if line.startswith("@") else line.split()[0] for line in body]
+            hgmma = [line for line in body if line.startswith("HGMMA")]
+            want = sorted(f"HGMMA.64x{n}x16.F32.BF16" for n in shapes for _ in range(steps))
+            assert sorted(h.split()[0] for h in hgmma) == want, (name, hgmma[:2])
+            assert all(h.split(",")[1].strip().startswith("R") for h in hgmma)  # A from registers, not gdesc
+            assert not any(o.startswith(("STS", "LDSM")) for o in ops), name
+            assert sum(o.startswith("BAR.SYNC") for o in ops) <= 2, name
+
+
+def _sass(*lines: str) -> str:
+    return "\n".join(f"        /*{16 * i:04x}*/                   {t} ;" for i, t in enumerate(lines))
+
+
+def test_inflight_register_check():
+    """The SASS check flags a write to an in-flight HGMMA's A quad or accumulator before the covering wait, through
+    an unconditional branch, and nothing after the wait or to other registers."""
+    from benchmarks.sass_grouped_nvfp4 import inflight_register_writes
+
+    hg = "HGMMA.64x16x16.F32.BF16 R24, R40, gdesc[UR8], R24, gsb0"
+    wait = "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+    assert inflight_register_writes(_sass(hg, "PRMT R43, R3, 0x4440, R5", wait)) == [(hg, "PRMT R43, R3, 0x4440, R5")]
+    assert inflight_register_writes(_sass(hg, "FADD R31, R1, R2", wait)) == [(hg, "FADD R31, R1, R2")]  # acc R24..31
+    assert inflight_register_writes(_sass(hg, "LDS.128 R36, [R2]", "BRA 0x40", "NOP", wait)) == []  # R36..39
+    imad = "IMAD R40, R1, R2, RZ"
+    assert inflight_register_writes(_sass(hg, "BRA 0x30", wait, imad)) == [(hg, imad)]
+    assert inflight_register_writes(_sass(hg, wait, "IMAD R40, R1, R2, RZ", "FADD R24, R1, R2")) == []
+    assert inflight_register_writes(_sass(hg, "LDS.128 R37, [R2]", wait)) == [(hg, "LDS.128 R37, [R2]")]

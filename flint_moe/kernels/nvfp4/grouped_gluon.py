@@ -140,6 +140,76 @@ def _dequant(words, sw, csel, R: gl.constexpr, BK: gl.constexpr, P3: gl.constexp
 
 
 @gluon.jit
+def _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, j: gl.constexpr, WITH_TAIL: gl.constexpr,
+              P3: gl.constexpr, SW: gl.constexpr, DOT: gl.constexpr, DOT_T: gl.constexpr):  # fmt: skip
+    """Sub-step ``j`` (64 K) of a K step in ring buffers ``codes_s`` [R, BK/8] / ``scl_s`` [R, BK/64] / ``x_s``
+    [BM, BK] / ``xt_s``: dequantise its codes into the A fragment and issue (not wait for) its wgmma into
+    ``acc`` and, WITH_TAIL, the tail rows' into ``acc_t``. Returns (a, acc, acc_t): the A registers stay live
+    until the caller's wait."""
+    R: gl.constexpr = codes_s.shape[0]
+    a = _dequant(codes_s.slice(j * 8, 8, dim=1).load(gl.SliceLayout(2, P3)), scl_s.slice(j, 1, dim=1).load(SW),
+                 csel, R, 64, P3, DOT)  # fmt: skip
+    acc = hopper.warpgroup_mma(a, x_s.slice(j * 64, 64, dim=1).permute((1, 0)), acc, is_async=True)
+    if WITH_TAIL:
+        acc_t = hopper.warpgroup_mma(gl.convert_layout(a, DOT_T), xt_s.slice(j * 64, 64, dim=1).permute((1, 0)),
+                                     acc_t, is_async=True)  # fmt: skip
+    return a, acc, acc_t
+
+
+@gluon.jit
+def _mma_step(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, NSUB: gl.constexpr, WITH_TAIL: gl.constexpr,
+              P3: gl.constexpr, SW: gl.constexpr, DOT: gl.constexpr, DOT_T: gl.constexpr):  # fmt: skip
+    """One K step of ``NSUB`` (1 or 2) sub-steps of 64 K: sub-step 1 is dequantised while sub-step 0's wgmma
+    runs; both are waited for at the end (their A registers are kept alive by the wait's dependencies, all in
+    this step: none is in flight across the loop's back edge). Returns (acc, acc_t)."""
+    a0, acc, acc_t = _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
+    if NSUB == 2:
+        a1, acc, acc_t = _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
+        if WITH_TAIL:
+            acc_t, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc_t, a0, a1])
+        acc, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, a0, a1])
+    else:
+        if WITH_TAIL:
+            acc_t, a0 = hopper.warpgroup_mma_wait(0, deps=[acc_t, a0])
+        acc, a0 = hopper.warpgroup_mma_wait(0, deps=[acc, a0])
+    return acc, acc_t
+
+
+@gluon.jit
+def _issue_step(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, TAIL: gl.constexpr):
+    """Start the ``cp.async`` copies of one K step (code words, scale words, gathered operand rows, tail rows)
+    into one ring slot (no commit)."""
+    async_copy.async_copy_global_to_shared(codes_s, w_ptrs)
+    async_copy.async_copy_global_to_shared(scl_s, s_ptrs)
+    async_copy.async_copy_global_to_shared(x_s, x_ptrs, mask=x_mask)
+    if TAIL > 0:
+        async_copy.async_copy_global_to_shared(xt_s, xt_ptrs, mask=xt_mask)
+
+
+@gluon.jit
+def _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, acc, acc_t, csel,
+             NK: gl.constexpr, NW: gl.constexpr, NS: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+             TAIL: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, SW: gl.constexpr, DOT: gl.constexpr,
+             DOT_T: gl.constexpr):  # fmt: skip
+    """The K loop of :func:`_k_loop` after its prologue: per step, wait for the step's copies, refill the slot
+    of the previous step, then :func:`_mma_step`. Returns (acc, acc_t)."""
+    for kk in range(NK):
+        st = kk % STAGES
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()  # step kk landed for every thread; every thread is done with step kk - 1
+        nk = kk + STAGES - 1
+        if nk < NK:  # refill the slot of step kk - 1 (its wgmma was waited for before the barrier)
+            ns = nk % STAGES
+            _issue_step(codes_s.index(ns), scl_s.index(ns), x_s.index(ns), xt_s.index(ns), w_ptrs + nk * NW,
+                        s_ptrs + nk * (NS * 128), x_ptrs + nk * BK, x_mask, xt_ptrs + nk * BK, xt_mask,
+                        TAIL)  # fmt: skip
+        async_copy.commit_group()
+        acc, acc_t = _mma_step(codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st), acc, acc_t, csel,
+                               NS, WITH_TAIL, P3, SW, DOT, DOT_T)  # fmt: skip
+    return acc, acc_t
+
+
+@gluon.jit
 def _k_loop(w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, has_tail, K: gl.constexpr, BM: gl.constexpr,
             TAIL: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
             MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
@@ -147,7 +217,8 @@ def _k_loop(w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, has_tail, K: gl.co
     increasing order, wgmma(dequant(codes, scales), x^T) into ``acc`` and, where ``has_tail`` (TAIL > 0), the
     same dequantised tile times the tail rows' x^T into ``acc_t``. ``w_ptrs`` int32 [R, BK/8] code words of
     step 0, ``s_ptrs`` int32 [R, BK/64] scale words, ``x_ptrs`` bf16 [BM, BK] / ``xt_ptrs`` [TAIL, BK] gathered
-    operand rows (masked rows read as 0)."""
+    operand rows (masked rows read as 0). P3 / SW are the layouts of one 64-K sub-step (``gluon_layouts(BM,
+    64)``)."""
     R: gl.constexpr = w_ptrs.shape[0]
     NW: gl.constexpr = BK // 8
     NS: gl.constexpr = BK // 64
@@ -160,39 +231,28 @@ def _k_loop(w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, has_tail, K: gl.co
     if TAIL > 0:
         xt_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TAIL, BK],
                                          gl.NVMMASharedLayout.get_default_for([TAIL, BK], gl.bfloat16))  # fmt: skip
+    else:
+        xt_s = x_s  # never read (no tail)
     DOT: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    DOT_T: gl.constexpr = gl.DotOperandLayout(0, MMA_T, 2)
     cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
     csel = (cidx | 0x4440)[None, None, :]
     for i in gl.static_range(STAGES - 1):
-        async_copy.async_copy_global_to_shared(codes_s.index(i), w_ptrs + i * NW)
-        async_copy.async_copy_global_to_shared(scl_s.index(i), s_ptrs + i * (NS * 128))
-        async_copy.async_copy_global_to_shared(x_s.index(i), x_ptrs + i * BK, mask=x_mask)
-        if TAIL > 0:
-            async_copy.async_copy_global_to_shared(xt_s.index(i), xt_ptrs + i * BK, mask=xt_mask)
+        _issue_step(codes_s.index(i), scl_s.index(i), x_s.index(i), xt_s.index(i), w_ptrs + i * NW,
+                    s_ptrs + i * (NS * 128), x_ptrs + i * BK, x_mask, xt_ptrs + i * BK, xt_mask, TAIL)  # fmt: skip
         async_copy.commit_group()
     acc = gl.zeros([R, BM], gl.float32, layout=MMA)
     acc_t = gl.zeros([R, TN], gl.float32, layout=MMA_T)
-    for kk in range(NK):
-        st = kk % STAGES
-        async_copy.wait_group(STAGES - 2)
-        gl.thread_barrier()  # step kk landed for every thread; every thread is done with step kk - 1
-        a = _dequant(codes_s.index(st).load(gl.SliceLayout(2, P3)), scl_s.index(st).load(SW), csel, R, BK, P3, DOT)
-        acc = hopper.warpgroup_mma(a, x_s.index(st).permute((1, 0)), acc, is_async=True)
-        if TAIL > 0:
-            if has_tail:  # the same A registers, the tail rows' tile (waited with the main one)
-                a_t = gl.convert_layout(a, gl.DotOperandLayout(0, MMA_T, 2))
-                acc_t = hopper.warpgroup_mma(a_t, xt_s.index(st).permute((1, 0)), acc_t, is_async=True)
-                acc_t, a_t = hopper.warpgroup_mma_wait(0, deps=[acc_t, a_t])
-        acc, a = hopper.warpgroup_mma_wait(0, deps=[acc, a])
-        nk = kk + STAGES - 1
-        if nk < NK:  # refill the buffers of step kk - 1
-            ns = nk % STAGES
-            async_copy.async_copy_global_to_shared(codes_s.index(ns), w_ptrs + nk * NW)
-            async_copy.async_copy_global_to_shared(scl_s.index(ns), s_ptrs + nk * (NS * 128))
-            async_copy.async_copy_global_to_shared(x_s.index(ns), x_ptrs + nk * BK, mask=x_mask)
-            if TAIL > 0:
-                async_copy.async_copy_global_to_shared(xt_s.index(ns), xt_ptrs + nk * BK, mask=xt_mask)
-        async_copy.commit_group()
+    if TAIL > 0:
+        if has_tail:  # one K loop per kind of block (uniform per program): the tail's wgmma on the same A
+            acc, acc_t = _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, acc,
+                                  acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, True, P3, SW, DOT, DOT_T)  # fmt: skip
+        else:
+            acc, acc_t = _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, acc,
+                                  acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, False, P3, SW, DOT, DOT_T)  # fmt: skip
+    else:
+        acc, acc_t = _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, acc,
+                              acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, False, P3, SW, DOT, DOT_T)  # fmt: skip
     gl.thread_barrier()  # the epilogue's scratch may reuse the ring
     return acc, acc_t
 
@@ -391,7 +451,7 @@ def check_gluon_launch(name: str, perm, k: int) -> None:
 
 def _meta(block_m: int, tail: int, k: int, stages: int | None = None) -> dict:
     bk = gluon_bk(k)
-    p3, mma, sw = gluon_layouts(block_m, bk)
+    p3, mma, sw = gluon_layouts(block_m, 64)
     mma_t = gluon_layouts(max(tail, 16), bk)[1]
     stages = stages or gluon_stages(block_m + tail, bk)
     return {"BM": block_m, "TAIL": tail, "BK": bk, "STAGES": stages, "P3": p3,
