@@ -239,14 +239,20 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 #: accumulator's MMAs only where an expert has more than BM pairs) and with the scales as one word per row per
 #: 64 K (``SCALE_WORD``) in both GEMMs, and the Gluon GEMMs (``ENGINE`` 'gluon': the weights dequantised into
 #: the wgmma A registers; the row-block schedule without a tail, BM at most 128: ``"BM": None`` takes the
-#: default's BM capped at 128).
+#: default's BM capped at 128); ``gluon-3cta``: the same with a 2-deep ring (74 KiB, 168 registers: three CTAs per
+#: SM instead of two), ``gluon-bm64+32`` / ``gluon-bm64+16``: 64-pair row blocks with a 32 / 16-pair tail (three /
+#: four CTAs per SM).
 _SW, _NO_SW = {"SCALE_WORD": True}, {"SCALE_WORD": False}
 _GLUON = {"ENGINE": "gluon"}
 AB_VARIANTS = {"default": None, "classic": {"TAIL": 0, "gate_up": _NO_SW, "down": _NO_SW},
                "rows": {"TAIL": 32, "gate_up": _NO_SW, "down": _NO_SW},
                "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW},
                "gluon": {"TAIL": 0, "BM": None, "gate_up": _GLUON, "down": _GLUON},
-               "gluon+tail": {"TAIL": 32, "BM": None, "gate_up": _GLUON, "down": _GLUON}}  # fmt: skip
+               "gluon+tail": {"TAIL": 32, "BM": None, "gate_up": _GLUON, "down": _GLUON},
+               "gluon-3cta": {"TAIL": 0, "BM": None, "gate_up": {**_GLUON, "num_stages": 2},
+                              "down": {**_GLUON, "num_stages": 2}},
+               "gluon-bm64+32": {"TAIL": 32, "BM": 64, "gate_up": _GLUON, "down": _GLUON},
+               "gluon-bm64+16": {"TAIL": 16, "BM": 64, "gate_up": _GLUON, "down": _GLUON}}  # fmt: skip
 #: ``--ab`` (model, M) cases when no ``--model`` / ``--M`` is given.
 AB_CASES = (("deepseek-v3", 4096), ("deepseek-v3", 16384), ("qwen3-235b-a22b", 4096), ("gpt-oss-120b", 4096))
 
