@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
 # Usage on the GPU machine, from the repository root:
-#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep] [gluon]
+#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep] [gluon] [gluon-ncu]
 # (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request; shards = the gpu
 # profile as FLINT_SHARDS shards one after another, merged; gluon = the Gluon grouped GEMMs (config ENGINE "gluon"):
 # their GPU test against the Triton kernels, then the --ab layers at AB_CASES and DeepSeek-V3 M = 128 / 256 (under
-# gluon/); pending = the paths whose kernels have not yet passed
+# gluon/); gluon-ncu = Nsight Compute over the Gluon GEMMs and the default kernels (benchmarks.tune.ncu_kernels,
+# under gluon-ncu/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
 # FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT: seconds per step.
 # FLINT_BENCH=a,b: the bench step runs only the cases whose module.name contains a or b (e.g. ll.,pertoken).
@@ -69,6 +70,10 @@ for step in $steps; do
             python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --M 128,256 --out "$OUT/gluon/small" \
               > "$OUT/gluon/ab-small.log" 2>&1 || rc=1
             grep -h "M=\|^| \(default\|gluon\|bf16\)" "$OUT"/gluon/ab-*.log ;;
+    gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels
+            python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ncu" gluontail:deepseek-v3:4096 \
+              grouped:deepseek-v3:4096 gluon:deepseek-v3:128 > "$OUT/gluon-ncu.log" 2>&1 || rc=1
+            cat "$OUT/gluon-ncu.log" ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
 done

@@ -3,7 +3,8 @@ stall reasons of the kernels that limit a path (METHOD.md: read what limits a ke
 
 ``python3 -m benchmarks.tune.ncu_kernels --out DIR [--ncu ncu] POINT ...`` with POINT ``bench:model:M``:
 ``ll`` (``benchmarks/bench_ll.py``, path ``ll``: the CuTe DSL decode block), ``lltriton`` (the same module's
-Triton decode path) or ``grouped`` (``benchmarks/bench_grouped_nvfp4.py``, the W4A16 grouped path). For each
+Triton decode path), ``grouped`` (``benchmarks/bench_grouped_nvfp4.py``, the W4A16 grouped path) or ``gluon`` /
+``gluontail`` (the same path with the Gluon GEMMs, ``--ab`` variants ``gluon`` / ``gluon+tail``). For each
 point it runs ``ncu --clock-control none`` on a child process of this module (``--drive POINT``: warm-up calls,
 then the profiled ones) for the kernels in :data:`KERNELS`, and writes ``DIR/<point>.csv`` (ncu's raw page) and
 ``DIR/ncu_summary.json`` (one row per launch: the metrics in :data:`METRICS` and the four largest stall
@@ -26,6 +27,8 @@ KERNELS = {
     "ll": "partial_kernel",
     "lltriton": "_nvfp4_gate_up_kernel|_nvfp4_down_split_kernel",
     "grouped": "_grouped_gate_up|_grouped_down",
+    "gluon": "_gluon_gate_up|_gluon_down",
+    "gluontail": "_gluon_gate_up|_gluon_down",
 }
 #: Warm-up calls before the profiled ones (the first compiles), profiled calls.
 WARMUP, PROFILED = 3, 1
@@ -42,6 +45,9 @@ METRICS = {
     "lsu_pct": "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
     "alu_pct": "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
     "fma_pct": "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active",
+    "tensor_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+    "smem_pct": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed",
+    "smem_conflicts": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
 }
 #: Sections collected (ncu's raw page then holds every metric they use; a name missing there reads NaN).
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "SchedulerStats", "WarpStateStats", "ComputeWorkloadAnalysis",
@@ -58,7 +64,14 @@ def _fn(point: str):
         return bench_ll.prepare(path="ll" if bench == "ll" else "triton", model=model, M=int(m)).fn
     from benchmarks import bench_grouped_nvfp4
 
-    return bench_grouped_nvfp4.prepare(model=model, M=int(m)).fn
+    config = None
+    if bench in ("gluon", "gluontail"):
+        from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
+
+        shape = bench_grouped_nvfp4.MODELS[model]
+        variant = bench_grouped_nvfp4.AB_VARIANTS["gluon" if bench == "gluon" else "gluon+tail"]
+        config = dict(variant, BM=min(grouped_config(int(m) * shape["k"], shape["E"])["BM"], 128))
+    return bench_grouped_nvfp4.prepare(model=model, M=int(m), config=config).fn
 
 
 def drive(point: str) -> None:
@@ -148,6 +161,7 @@ def main(argv=None) -> int:
             st = ", ".join(f"{k} {v:.1f}" for k, v in r["stalls"].items())
             print(f"{point} {r['kernel'][:40]:40s} {r['us']:8.1f} us dram {r['dram_tbps']:5.2f} TB/s issue "
                   f"{r['issue_pct']:5.1f}% occ {r['occupancy_pct']:5.1f}% regs {r['regs']:.0f} grid {r['grid']:.0f}"
+                  f" tensor {r['tensor_pct']:5.1f}% smem {r['smem_pct']:5.1f}%"
                   f" | {st}", flush=True)  # fmt: skip
     with open(os.path.join(a.out, "ncu_summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
