@@ -147,52 +147,85 @@ def hgmma_loops(sass: str) -> list[list[str]]:
 
 
 #: Opcodes that write no general register (their first operand is a source, a predicate or an address).
-_NO_REG_DEST = ("ST", "BAR", "BRA", "HGMMA", "WARPGROUP", "DEPBAR", "LDGSTS", "RED", "ATOM", "EXIT", "ISETP",
+_NO_REG_DEST = ("ST", "BAR", "BRA", "BRX", "JMX", "HGMMA", "WARPGROUP", "DEPBAR", "LDGSTS", "RED", "EXIT", "ISETP",
                 "FSETP", "PLOP", "NOP", "LDGDEPBAR", "WARPSYNC", "U", "BSSY", "BSYNC", "CALL", "RET", "MEMBAR",
-                "FENCE", "SYNCS", "R2UR")  # fmt: skip
+                "FENCE", "SYNCS.EXCH", "SYNCS.PHASECHK", "R2UR")  # fmt: skip
+#: A predicate destination written before the register one (``SHFL.BFLY PT, R9, ..``, ``LOP3.LUT P0, R11, ..``).
+_PRED_DEST = re.compile(r"\s*!?U?P(?:T|\d+)\s*,")
+_HGMMA = re.compile(r"HGMMA\.64x(\d+)x\d+\.(F32|F16)\S*\s+R(\d+),\s*(?:R(\d+)|gdesc)")
+_WAIT_ALL = "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+
+
+def _width(op: str) -> int:
+    """Registers a result of opcode ``op`` occupies."""
+    parts = op.split(".")
+    if ".128" in op or (parts[0] == "LDSM" and parts[-1] == "4"):
+        return 4
+    if ".64" in op or (parts[0] == "LDSM" and parts[-1] == "2") or op.startswith(("IMAD.WIDE", "SYNCS.ARRIVE")):
+        return 2
+    if parts[0] in ("DADD", "DMUL", "DFMA", "CS2R") or "F64" in parts[1:2]:
+        return 2
+    return 1
 
 
 def _written_regs(text: str) -> set[int]:
-    """General registers an instruction writes (its first operand and, for 64 / 128-bit results, the next)."""
+    """General registers an instruction writes: its first register operand after any predicate destinations and,
+    for 64 / 128-bit results, the next ones."""
     op = _opcode(text)
     if op.startswith(_NO_REG_DEST):
         return set()
     rest = text.split(op, 1)[1]
+    while (p := _PRED_DEST.match(rest)) is not None:
+        rest = rest[p.end() :]
     m = re.match(r"\s*R(\d+)\b", rest)
     if m is None:
         return set()
-    width = 4 if (".128" in op or (op.startswith("LDSM") and ".4" in op)) else 2 if (".64" in op or ".2" in op) else 1
-    return set(range(int(m.group(1)), int(m.group(1)) + width))
+    return set(range(int(m.group(1)), int(m.group(1)) + _width(op)))
 
 
 def inflight_register_writes(sass: str) -> list[tuple[str, str]]:
-    """Every write to a register that an issued HGMMA still reads or accumulates into: from an HGMMA (A operand
-    quad ``Ra..Ra+3`` from registers, accumulator ``Rd..Rd+N/2-1``) on, in address order and through
-    unconditional branches, up to the next ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` (the wait that covers every
-    committed group). PTX leaves those registers undefined to change before that wait (``wgmma.mma_async``,
-    register operands), so a correct build returns []. Pairs (HGMMA, offending instruction)."""
+    """Every write to a register that an issued HGMMA still reads or accumulates into (A quad ``Ra..Ra+3`` when A
+    comes from registers, accumulator ``Rd..`` of N / 2 fp32 or N / 4 fp16 registers), on every path from the
+    HGMMA (both ways at a predicated branch, through unconditional ones, ending at ``EXIT``) up to an unpredicated
+    ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` (the wait for every committed group). PTX leaves those registers undefined
+    to change before that wait; ptxas renames such a write or adds a wait before it (a hand-written violation
+    compiled that way), so on ptxas output this guards the tool chain, and the count of waits per K step (the
+    CPU test) catches the serialisation it falls back to. A branch without an address counts as a write. Pairs
+    (HGMMA, offending instruction); [] for a correct build."""
     ins = _instructions(sass)
     at = {a: i for i, (a, _) in enumerate(ins)}
     bad = []
     for i, (_, text) in enumerate(ins):
-        m = re.match(r"HGMMA\.64x(\d+)x16\S*\s+R(\d+),\s*R(\d+),", text)
+        m = _HGMMA.match(text)
         if m is None:
             continue
-        n, acc, a = (int(g) for g in m.groups())
-        live = set(range(acc, acc + n // 2)) | set(range(a, a + 4))
-        j, steps = i + 1, 0
-        while j < len(ins) and steps < 10000:
-            t = ins[j][1]
-            if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t:
-                break
-            if _opcode(t) == "BRA" and not t.startswith("@"):
-                j = at.get(int(re.search(r"0x([0-9a-f]+)", t).group(1), 16), len(ins))
-                steps += 1
+        n, acc = int(m.group(1)), int(m.group(3))
+        live = set(range(acc, acc + n // (2 if m.group(2) == "F32" else 4)))
+        if m.group(4):
+            live |= set(range(int(m.group(4)), int(m.group(4)) + 4))
+        todo, seen = [i + 1], set()
+        while todo:
+            j = todo.pop()
+            if j in seen or j >= len(ins):
                 continue
-            if not _opcode(t).startswith("HGMMA") and _written_regs(t) & live:
+            seen.add(j)
+            t = ins[j][1]
+            op, predicated = _opcode(t), t.startswith("@") and not t.startswith("@PT ")
+            if t.startswith((_WAIT_ALL, "@PT " + _WAIT_ALL)) or (op == "EXIT" and not predicated):
+                continue
+            if op.startswith(("BRA", "JMP")):
+                target = re.search(r"0x([0-9a-f]+)\s*$", t)
+                if target is None:
+                    bad.append((text, t))
+                    continue
+                todo.append(at.get(int(target.group(1), 16), len(ins)))
+                if predicated or op != "BRA":  # may fall through (BRA.U / BRA.DIV carry their own predicate)
+                    todo.append(j + 1)
+                continue
+            if not op.startswith("HGMMA") and _written_regs(t) & live:
                 bad.append((text, t))
                 break
-            j, steps = j + 1, steps + 1
+            todo.append(j + 1)
     return bad
 
 

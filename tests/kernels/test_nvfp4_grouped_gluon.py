@@ -59,7 +59,8 @@ def test_main_loop_keeps_weights_in_registers():
     of BK / 16 HGMMA.64xBMx16 per K step with the A operand in registers (with a tail: a second loop, for the
     blocks that have one, adding BK / 16 HGMMA.64xTAILx16 on the same A registers), no STS / LDSM (the weights
     never go through shared memory), at most 2 CTA barriers per step, <= 113 KiB of shared memory (two CTAs per
-    SM), and no instruction writing the A or accumulator registers of an HGMMA before the wait that covers it."""
+    SM), no instruction writing the A or accumulator registers of an HGMMA before the wait that covers it, and one
+    wgmma wait per K step (per kind of loop)."""
     from ._sm90_build import run_build_script
 
     res = run_build_script(f"BUILDS = {_BUILDS!r}\n" + _SCRIPT, timeout=900)
@@ -78,6 +79,9 @@ def test_main_loop_keeps_weights_in_registers():
             assert all(h.split(",")[1].strip().startswith("R") for h in hgmma)  # A from registers, not gdesc
             assert not any(o.startswith(("STS", "LDSM")) for o in ops), name
             assert sum(o.startswith("BAR.SYNC") for o in ops) <= 2, name
+            # one wait per K step for all its wgmma groups (ptxas serialises the HGMMAs with more waits when a
+            # register of an in-flight HGMMA would be written)
+            assert sum(o.startswith("WARPGROUP.DEPBAR") for o in ops) <= len(shapes), name
 
 
 def _sass(*lines: str) -> str:
@@ -98,3 +102,11 @@ def test_inflight_register_check():
     assert inflight_register_writes(_sass(hg, "BRA 0x30", wait, imad)) == [(hg, imad)]
     assert inflight_register_writes(_sass(hg, wait, "IMAD R40, R1, R2, RZ", "FADD R24, R1, R2")) == []
     assert inflight_register_writes(_sass(hg, "LDS.128 R37, [R2]", wait)) == [(hg, "LDS.128 R37, [R2]")]
+    # the taken side of a predicated branch, a predicate destination before the register one, a label-only branch
+    assert inflight_register_writes(_sass(hg, "@P0 BRA 0x40", wait, "EXIT", imad)) == [(hg, imad)]
+    lop = "LOP3.LUT P0, R41, R9, 0x1, RZ, 0xc0, !PT"
+    assert inflight_register_writes(_sass(hg, lop, wait)) == [(hg, lop)]
+    assert inflight_register_writes(_sass(hg, "BRA `(.L_x_1)", wait)) == [(hg, "BRA `(.L_x_1)")]
+    # a predicated wait does not cover; EXIT ends the path
+    assert inflight_register_writes(_sass(hg, "@P1 " + wait, imad)) == [(hg, imad)]
+    assert inflight_register_writes(_sass(hg, "EXIT", imad)) == []

@@ -1,0 +1,262 @@
+"""Prototype under evaluation: a warp-specialised Gluon grouped gate/up GEMM (sm_90), measured against the Gluon
+kernel of ``flint_moe.kernels.nvfp4.grouped_gluon`` before anything of it moves into the package.
+
+Structure (docs/kernels/nvfp4-grouped.md, "Gluon main loop"): programs of 128 weight rows (one w1 interleave group:
+64 up rows, then their 64 gate rows) and BM pairs. A producer partition of 4 warps issues every ``cp.async`` of a
+K step (code words, scale words, the gathered token rows) into a ring of ``STAGES`` slots and signals the slot's
+``full`` mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``: 128 arrivals); the default partition,
+two consumer warpgroups of 64 rows each, waits for ``full``, dequantises its rows straight into the wgmma A
+registers (``grouped_gluon._dequant``, in two 64-K halves as the package kernel) and issues the wgmma against the
+token tile both warpgroups share (half the token fill per multiply-add of 64-row programs), waits for it, and
+releases the slot through its ``empty`` mbarrier (one arrival). No CTA barrier in the K loop; the loads run up to
+``STAGES`` steps ahead. Same weights, same A slots, same k16 wgmma chain per output element in increasing k from
++0 as the package kernels (``orders.nvfp4_grouped_order``): the output must be bitwise the package kernels'.
+
+Scope: gate/up only, row blocks without a tail (``moe_permute(..., tail=0)``), H a multiple of 128.
+
+``python -m benchmarks.prototypes.gluon_ws_gate_up --sass`` (CPU: registers, shared memory, the SASS checks of the
+package kernels); ``python -m benchmarks.prototypes.gluon_ws_gate_up --gpu`` (H200: act bitwise the Gluon and the
+Triton kernels' at DeepSeek-V3 M = 4096 and 128, then the three gate/up kernels timed with CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from flint_moe.kernels.nvfp4.grouped_gluon import _dequant, _gate_up_store, _token_ptrs, _weight_ptrs
+
+#: Weight rows per program (two consumer warpgroups), consumer and producer warps, producer registers.
+WS_ROWS, WS_WARPS = 128, 8
+WS_PRODUCER_WARPS, WS_PRODUCER_REGS = gl.constexpr(4), gl.constexpr(56)
+
+
+def ws_layouts(block_m: int):
+    """(P3, MMA, SW) of a 64-K sub-step for ``WS_ROWS`` rows over ``WS_WARPS`` warps (``grouped_gluon.gluon_layouts``
+    with a third warp basis: warps 4-7 are the second warpgroup, rows 64-127)."""
+    reg = [[8, 0, 0], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+    lanes = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    warps = [[16, 0, 0], [32, 0, 0], [64, 0, 0]]
+    p3 = gl.DistributedLinearLayout(reg_bases=reg, lane_bases=lanes, warp_bases=warps, block_bases=[],
+                                    shape=[WS_ROWS, 8, 4])  # fmt: skip
+    mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WS_WARPS, 1], instr_shape=[16, block_m, 16])
+    sw = gl.DistributedLinearLayout(reg_bases=[[8, 0]], lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+                                    warp_bases=[[16, 0], [32, 0], [64, 0]], block_bases=[],
+                                    shape=[WS_ROWS, 1])  # fmt: skip
+    return p3, mma, sw
+
+
+@gluon.jit
+def _producer(codes_s, scl_s, x_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end,
+              H: gl.constexpr, KP: gl.constexpr, TOPK: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
+              STAGES: gl.constexpr):  # fmt: skip
+    """Producer partition: the copies of every K step into ring slot ``kk % STAGES`` once the consumers released
+    it (``empty``), then ``full`` arrives when this thread's copies have landed."""
+    R: gl.constexpr = codes_s.shape[1]
+    NW: gl.constexpr = BK // 8
+    NS: gl.constexpr = BK // 64
+    w_ptrs, s_ptrs = _weight_ptrs(w_base, s_base, q, 0, H // 8, KP, R, BK, True)
+    x_ptrs, x_ok = _token_ptrs(x_ptr, order_ptr, start, end, TOPK, H, BM, BK)
+    for kk in range(H // BK):
+        st = kk % STAGES
+        mbarrier.wait(empty.index(st), ((kk // STAGES) & 1) ^ 1)  # the first round passes (fresh barrier)
+        async_copy.async_copy_global_to_shared(codes_s.index(st), w_ptrs + kk * NW)
+        async_copy.async_copy_global_to_shared(scl_s.index(st), s_ptrs + kk * (NS * 128))
+        async_copy.async_copy_global_to_shared(x_s.index(st), x_ptrs + kk * BK, mask=x_ok)
+        async_copy.mbarrier_arrive(full.index(st), increment_count=False)
+
+
+@gluon.jit
+def _consumer(codes_s, scl_s, x_s, full, empty, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr,
+              H: gl.constexpr, INTER: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+              TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, SW: gl.constexpr):  # fmt: skip
+    """Default partition (two warpgroups): per K step wait for the slot, dequantise and issue the two 64-K halves
+    (the second dequantised while the first's wgmma runs), wait for both, release the slot; then rule steps 6-7."""
+    R: gl.constexpr = codes_s.shape[1]
+    DOT: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
+    csel = (cidx | 0x4440)[None, None, :]
+    acc = gl.zeros([R, BM], gl.float32, layout=MMA)
+    for kk in range(H // BK):
+        st = kk % STAGES
+        mbarrier.wait(full.index(st), (kk // STAGES) & 1)
+        cs = codes_s.index(st)
+        ss = scl_s.index(st)
+        xs = x_s.index(st)
+        a0 = _dequant(cs.slice(0, 8, dim=1).load(gl.SliceLayout(2, P3)), ss.slice(0, 1, dim=1).load(SW), csel, R,
+                      64, P3, DOT)  # fmt: skip
+        acc = hopper.warpgroup_mma(a0, xs.slice(0, 64, dim=1).permute((1, 0)), acc, is_async=True)
+        a1 = _dequant(cs.slice(8, 8, dim=1).load(gl.SliceLayout(2, P3)), ss.slice(1, 1, dim=1).load(SW), csel, R,
+                      64, P3, DOT)  # fmt: skip
+        acc = hopper.warpgroup_mma(a1, xs.slice(64, 64, dim=1).permute((1, 0)), acc, is_async=True)
+        acc, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, a0, a1])
+        mbarrier.arrive(empty.index(st))
+    _gate_up_store(acc, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr, INTER, TAP)
+
+
+@gluon.jit
+def _ws_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, s_ptr, alpha_ptr, act_ptr,
+                       gacc_ptr, uacc_ptr, H: gl.constexpr, IP: gl.constexpr, INTER: gl.constexpr,
+                       TOPK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, TAP: gl.constexpr,
+                       P3: gl.constexpr, MMA: gl.constexpr, SW: gl.constexpr):  # fmt: skip
+    """``_gluon_gate_up_kernel``'s contract without tails, grid ``(cdiv(I, 64), NB)``: 128 weight rows (64
+    intermediate columns) per program, K steps of 128."""
+    BK: gl.constexpr = 128
+    R: gl.constexpr = P3.shape[0]
+    KP: gl.constexpr = (H // 16 + 3) // 4 * 4
+    MP: gl.constexpr = (2 * IP + 127) // 128 * 128
+    q = gl.program_id(0)
+    b = gl.program_id(1)
+    e = gl.load(bexp_ptr + b).to(gl.int64)
+    start = gl.load(bstart_ptr + b)
+    end = gl.load(bend_ptr + b)
+    if end > start:
+        codes_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, BK // 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        scl_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, BK // 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK],
+                                        gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16))  # fmt: skip
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(full.index(i), count=WS_PRODUCER_WARPS * 32)
+            mbarrier.init(empty.index(i), count=1)
+        w_base = w_ptr.to(gl.pointer_type(gl.int32)) + e * (2 * IP * H // 8)
+        s_base = (s_ptr + e * (MP * KP)).to(gl.pointer_type(gl.int32))
+        gs = gl.load(alpha_ptr + e)
+        gl.warp_specialize(
+            [(_consumer, (codes_s, scl_s, x_s, full, empty, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr,
+                          H, INTER, BM, BK, STAGES, TAP, P3, MMA, SW)),
+             (_producer, (codes_s, scl_s, x_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end, H, KP,
+                          TOPK, BM, BK, STAGES))],
+            [WS_PRODUCER_WARPS], [WS_PRODUCER_REGS])  # fmt: skip
+
+
+def ws_stages(block_m: int) -> int:
+    """Ring depth: as many K steps (2..6) as fit 224 KiB next to the epilogue's fp32 scratch [128, BM] (one CTA
+    per SM)."""
+    per_stage = WS_ROWS * 64 + WS_ROWS * 8 + block_m * 128 * 2
+    return max(2, min(6, (224 * 1024 - WS_ROWS * block_m * 4) // per_stage))
+
+
+def _meta(block_m: int, stages: int | None = None) -> dict:
+    p3, mma, sw = ws_layouts(block_m)
+    return {"BM": block_m, "STAGES": stages or ws_stages(block_m), "P3": p3, "MMA": mma, "SW": sw,
+            "num_warps": WS_WARPS}  # fmt: skip
+
+
+def launch_ws_gate_up(x, perm, w1, w1_scales, w1_alpha, act, gacc, uacc, *, H, IP, INTER, TOPK, TAP, stages=None):
+    """Launch the prototype (operands as ``grouped_gluon.launch_gluon_gate_up``'s; ``perm`` without a tail,
+    BM 16..128; H a multiple of 128)."""
+    if perm.tail or perm.block_m not in (16, 32, 64, 128) or H % 128:
+        raise ValueError(f"gluon_ws_gate_up: needs BM 16..128 without a tail and H % 128 == 0, got BM "
+                         f"{perm.block_m}, tail {perm.tail}, H {H}")  # fmt: skip
+    grid = (triton.cdiv(INTER, WS_ROWS // 2), perm.num_blocks)
+    _ws_gate_up_kernel[grid](x, perm.order, perm.block_expert, perm.block_start, perm.block_end, w1, w1_scales,
+                             w1_alpha, act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=TOPK, TAP=TAP,
+                             **_meta(perm.block_m, stages))  # fmt: skip
+
+
+def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tap: bool = False):  # noqa: N803, E741
+    """``triton.compile`` of the prototype for sm_90a on any machine (as ``grouped_gluon.compile_gluon_sm90``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ip = (I + 63) // 64 * 64
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16",
+            "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}  # fmt: skip
+    consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "TAP": tap, **_meta(block_m)}
+    num_warps = consts.pop("num_warps")
+    kern = _ws_gate_up_kernel
+    sig = {a: ("constexpr" if a in consts else ptrs.get(a, "*i32")) for a in kern.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kern.arg_names) if sig[a].startswith("*")}
+    src = GluonASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def sass_report(H: int = 7168, I: int = 2048, k: int = 8) -> list[dict]:  # noqa: N803, E741
+    """CPU: registers, shared memory, HGMMA count and the in-flight register check of the BM 128 and BM 16 builds."""
+    from benchmarks.sass_grouped_nvfp4 import _resources, inflight_register_writes, sass_of
+
+    out = []
+    for bm in (128, 16):
+        c = compile_ws_sm90(H, I, k, bm)
+        sass = sass_of(c.asm["cubin"])
+        out.append({"BM": bm, **{k2: v for k2, v in _resources(c).items() if k2 != "tma"},
+                    "hgmma": sass.count("HGMMA."), "bar_sync": sass.count("BAR.SYNC"),
+                    "inflight_writes": len(inflight_register_writes(sass))})  # fmt: skip
+    return out
+
+
+def gpu_case(layer, M: int) -> dict:
+    """H200, one layer and M: act of the prototype against the Gluon and the Triton gate/up kernels on the same
+    permutation (row blocks without a tail), bitwise, then the three kernels timed (CUDA graphs, us)."""
+    import torch
+
+    from benchmarks.bench_grouped_nvfp4 import time_fn
+    from flint_moe.kernels.nvfp4.gate_up import gate_up_buffers, w1_operands
+    from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
+    from flint_moe.kernels.nvfp4.grouped_gluon import launch_gluon_gate_up
+    from flint_moe.kernels.nvfp4.permute import moe_permute
+    from flint_moe.ops import make_route_counter, route
+
+    x, router, _ = layer.inputs(M, seed=5)
+    ids, _ = route(x, router, layer.k, make_route_counter(layer.device))
+    bm = min(grouped_config(M * layer.k, layer.E)["BM"], 128)
+    perm = moe_permute(ids, layer.E, bm, 0)
+    w1 = w1_operands(layer.w)
+    kw = {"H": layer.H, "IP": (layer.I + 63) // 64 * 64, "INTER": layer.I, "TOPK": layer.k, "TAP": False}
+    act_ws, act_gl = (gate_up_buffers(M * layer.k, layer.I, False, x.device)[0] for _ in range(2))
+    runs = {
+        "ws": lambda i: launch_ws_gate_up(x, perm, *w1, act_ws, act_ws, act_ws, **kw),
+        "gluon": lambda i: launch_gluon_gate_up(x, perm, *w1, act_gl, act_gl, act_gl, **kw),
+        "triton": lambda i: nvfp4_grouped_gate_up(x, ids, perm, layer.w, config={"SCALE_WORD": True}),
+    }
+    runs["ws"](0)
+    runs["gluon"](0)
+    act_tr = runs["triton"](0)
+    torch.cuda.synchronize()
+    bits = {"ws_eq_gluon": torch.equal(act_ws.view(torch.int16), act_gl.view(torch.int16)),
+            "ws_eq_triton": torch.equal(act_ws.view(torch.int16), act_tr.view(torch.int16))}  # fmt: skip
+    return {"model": layer.model, "M": M, "BM": bm, **bits, "us": {n: time_fn(f) * 1e6 for n, f in runs.items()}}
+
+
+def gpu_check(cases=(("deepseek-v3", 4096), ("deepseek-v3", 128))) -> list[dict]:
+    """:func:`gpu_case` for every (model, M) of ``cases``, printed as JSON lines."""
+    from benchmarks.bench_grouped_nvfp4 import Layer
+
+    out, layers = [], {}
+    for model, M in cases:
+        layers.setdefault(model, Layer(model))
+        out.append(gpu_case(layers[model], M))
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sass", action="store_true", help="CPU: the sm_90a builds' resources and SASS checks")
+    ap.add_argument("--gpu", action="store_true", help="H200: bits against the package kernels, then times")
+    ap.add_argument("--out", help="write the results as JSON here")
+    a = ap.parse_args(argv)
+    res = {}
+    if a.sass:
+        res["sass"] = sass_report()
+        print(json.dumps(res["sass"], indent=1))
+    if a.gpu:
+        res["gpu"] = gpu_check()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0 if res else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
