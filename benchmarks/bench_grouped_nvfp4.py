@@ -239,9 +239,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 #: accumulator's MMAs only where an expert has more than BM pairs) and with the scales as one word per row per
 #: 64 K (``SCALE_WORD``) in both GEMMs, and the Gluon GEMMs (``ENGINE`` 'gluon': the weights dequantised into
 #: the wgmma A registers; the row-block schedule without a tail, BM at most 128: ``"BM": None`` takes the
-#: default's BM capped at 128); ``gluon-3cta``: the same with a 2-deep ring (74 KiB, 168 registers: three CTAs per
-#: SM instead of two), ``gluon-bm64+32`` / ``gluon-bm64+16``: 64-pair row blocks with a 32 / 16-pair tail (three /
-#: four CTAs per SM).
+#: default's BM capped at 128); ``gluon-3cta``: the same with a 2-deep ring (73 KiB, 168 registers: three CTAs per
+#: SM instead of two), ``gluon-bm64+32`` / ``gluon-bm64+16``: 64-pair row blocks with a 32 / 16-pair tail (143 /
+#: 127 registers; their 3- / 4-deep rings, 85 / 98 KiB, still hold them to two CTAs per SM).
 _SW, _NO_SW = {"SCALE_WORD": True}, {"SCALE_WORD": False}
 _GLUON = {"ENGINE": "gluon"}
 AB_VARIANTS = {"default": None, "classic": {"TAIL": 0, "gate_up": _NO_SW, "down": _NO_SW},

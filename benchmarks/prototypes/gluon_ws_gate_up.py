@@ -8,9 +8,11 @@ K step (code words, scale words, the gathered token rows) into a ring of ``STAGE
 two consumer warpgroups of 64 rows each, waits for ``full``, dequantises its rows straight into the wgmma A
 registers (``grouped_gluon._dequant``, in two 64-K halves as the package kernel) and issues the wgmma against the
 token tile both warpgroups share (half the token fill per multiply-add of 64-row programs), waits for it, and
-releases the slot through its ``empty`` mbarrier (one arrival). No CTA barrier in the K loop; the loads run up to
-``STAGES`` steps ahead. Same weights, same A slots, same k16 wgmma chain per output element in increasing k from
-+0 as the package kernels (``orders.nvfp4_grouped_order``): the output must be bitwise the package kernels'.
+releases the slot through its ``empty`` mbarrier (one arrival, from one thread after a barrier of the partition's
+256 threads that the compiler places there, as it places one after the ``full`` wait: two partition-wide
+``bar.sync`` per K step, none across the producer). The loads run up to ``STAGES`` steps ahead. Same weights,
+same A slots, same k16 wgmma chain per output element in increasing k from +0 as the package kernels
+(``orders.nvfp4_grouped_order``): the output must be bitwise the package kernels'.
 
 Scope: gate/up only, row blocks without a tail (``moe_permute(..., tail=0)``), H a multiple of 128.
 
@@ -182,15 +184,20 @@ def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tap: bool = False):  #
 
 
 def sass_report(H: int = 7168, I: int = 2048, k: int = 8) -> list[dict]:  # noqa: N803, E741
-    """CPU: registers, shared memory, HGMMA count and the in-flight register check of the BM 128 and BM 16 builds."""
-    from benchmarks.sass_grouped_nvfp4 import _resources, inflight_register_writes, sass_of
+    """CPU: registers, shared memory and, in the consumers' K loop (the shortest loop around HGMMAs), the HGMMA,
+    wgmma-wait, ``BAR.SYNC`` and ``SYNCS`` (mbarrier) counts, plus the in-flight register check, of the BM 128 and
+    BM 16 builds."""
+    from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, inflight_register_writes, main_loop, sass_of
 
     out = []
     for bm in (128, 16):
         c = compile_ws_sm90(H, I, k, bm)
         sass = sass_of(c.asm["cubin"])
-        out.append({"BM": bm, **{k2: v for k2, v in _resources(c).items() if k2 != "tma"},
-                    "hgmma": sass.count("HGMMA."), "bar_sync": sass.count("BAR.SYNC"),
+        ops = [_opcode(t) for t in main_loop(sass)]
+        count = {name: sum(o.startswith(prefix) for o in ops)
+                 for name, prefix in (("hgmma", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("bar_sync", "BAR.SYNC"),
+                                      ("syncs", "SYNCS"), ("sts", "STS"), ("ldsm", "LDSM"))}  # fmt: skip
+        out.append({"BM": bm, **{k2: v for k2, v in _resources(c).items() if k2 != "tma"}, "loop": count,
                     "inflight_writes": len(inflight_register_writes(sass))})  # fmt: skip
     return out
 

@@ -51,7 +51,7 @@ METRICS = {
 }
 #: Sections collected (ncu's raw page then holds every metric they use; a name missing there reads NaN).
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "SchedulerStats", "WarpStateStats", "ComputeWorkloadAnalysis",
-            "MemoryWorkloadAnalysis")  # fmt: skip
+            "MemoryWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables")  # fmt: skip
 _STALL = "smsp__average_warps_issue_stalled_"
 _STALL_SUFFIX = "_per_issue_active.ratio"
 

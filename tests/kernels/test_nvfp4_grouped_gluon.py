@@ -59,8 +59,8 @@ def test_main_loop_keeps_weights_in_registers():
     of BK / 16 HGMMA.64xBMx16 per K step with the A operand in registers (with a tail: a second loop, for the
     blocks that have one, adding BK / 16 HGMMA.64xTAILx16 on the same A registers), no STS / LDSM (the weights
     never go through shared memory), at most 2 CTA barriers per step, <= 113 KiB of shared memory (two CTAs per
-    SM), no instruction writing the A or accumulator registers of an HGMMA before the wait that covers it, and one
-    wgmma wait per K step (per kind of loop)."""
+    SM), no instruction writing the A or accumulator registers of an HGMMA before the wait that covers it, and at
+    most one wgmma wait per accumulator per K step."""
     from ._sm90_build import run_build_script
 
     res = run_build_script(f"BUILDS = {_BUILDS!r}\n" + _SCRIPT, timeout=900)
@@ -79,7 +79,7 @@ def test_main_loop_keeps_weights_in_registers():
             assert all(h.split(",")[1].strip().startswith("R") for h in hgmma)  # A from registers, not gdesc
             assert not any(o.startswith(("STS", "LDSM")) for o in ops), name
             assert sum(o.startswith("BAR.SYNC") for o in ops) <= 2, name
-            # one wait per K step for all its wgmma groups (ptxas serialises the HGMMAs with more waits when a
+            # at most one wgmma wait per accumulator per K step (ptxas serialises the HGMMAs with more waits when a
             # register of an in-flight HGMMA would be written)
             assert sum(o.startswith("WARPGROUP.DEPBAR") for o in ops) <= len(shapes), name
 

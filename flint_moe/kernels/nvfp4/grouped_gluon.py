@@ -15,7 +15,9 @@ layout and let the compiler move it into the wgmma A-fragment layout through sha
 - The scale of a k16 group is one E4M3 byte per row (``SCALE_WORD`` layout: a row's 4 block scales of 64 K in
   one aligned int32 word of the 128x4 swizzle); one asm call per word gives the 4 bf16x2 pairs (s, s).
 - Codes, scale words and the gathered token rows go through a ``cp.async`` ring of ``STAGES`` buffers; the
-  token tile is the wgmma B operand in a 128-byte-swizzled (NVMMA) layout. One CTA barrier per K step.
+  token tile is the wgmma B operand in a 128-byte-swizzled (NVMMA) layout. Two CTA barriers per K step: the
+  step's (its copies landed, the previous step done everywhere) and the compiler's between the refill's copies and
+  the reads of the step's slot.
 
 Values and order: the same weights (``E2M1 x E4M3``, exact in bf16, the decode kernels' shift / mask / ``mad``
 sign trick and two exact ``mul.rn.bf16x2``) in the same A slots as the Triton kernels, the same
