@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
 # Usage on the GPU machine, from the repository root:
-#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep] [gluon] [gluon-ncu]
+#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep] [gluon] [gluon-ncu] [gluon-ws]
 # (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request; shards = the gpu
 # profile as FLINT_SHARDS shards one after another, merged; gluon = the Gluon grouped GEMMs (config ENGINE "gluon"):
 # their GPU test against the Triton kernels, then the --ab layers at AB_CASES and DeepSeek-V3 M = 128 / 256 (under
 # gluon/); gluon-ncu = Nsight Compute over the Gluon GEMMs and the default kernels (benchmarks.tune.ncu_kernels,
-# under gluon-ncu/); pending = the paths whose kernels have not yet passed
+# under gluon-ncu/); gluon-ws = the warp-specialised gate/up prototype (benchmarks/prototypes/gluon_ws_gate_up.py,
+# under gluon-ws/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
 # FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT: seconds per step.
 # FLINT_BENCH=a,b: the bench step runs only the cases whose module.name contains a or b (e.g. ll.,pertoken).
@@ -70,6 +71,11 @@ for step in $steps; do
             python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --M 128,256 --out "$OUT/gluon/small" \
               > "$OUT/gluon/ab-small.log" 2>&1 || rc=1
             grep -h "M=\|^| \(default\|gluon\|bf16\)" "$OUT"/gluon/ab-*.log ;;
+    gluon-ws) # the warp-specialised gate/up prototype: bits against the package kernels, then times
+            mkdir -p "$OUT/gluon-ws"
+            timeout "${FLINT_BENCH_TIMEOUT:-600}" python3 -m benchmarks.prototypes.gluon_ws_gate_up --sass --gpu \
+              --out "$OUT/gluon-ws/ws.json" > "$OUT/gluon-ws/ws.log" 2>&1 || rc=1
+            tail -5 "$OUT/gluon-ws/ws.log" ;;
     gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels
             python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ncu" gluontail:deepseek-v3:4096 \
               grouped:deepseek-v3:4096 gluon:deepseek-v3:128 > "$OUT/gluon-ncu.log" 2>&1 || rc=1
