@@ -9,7 +9,8 @@
 # under gluon-ncu/); gluon-ws = the warp-specialised gate/up prototype (benchmarks/prototypes/gluon_ws_gate_up.py,
 # under gluon-ws/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
-# FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT: seconds per step.
+# FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT / FLINT_WS_TIMEOUT
+# (default 240: a hung mbarrier ring ends there): seconds per step.
 # FLINT_BENCH=a,b: the bench step runs only the cases whose module.name contains a or b (e.g. ll.,pertoken).
 # FLINT_GIT_COMMIT names the commit the tree was sent from (the device copy has no .git).
 # The machine has torch 2.11 / triton 3.6 and no nox, so this runs python directly.
@@ -73,7 +74,7 @@ for step in $steps; do
             grep -h "M=\|^| \(default\|gluon\|bf16\)" "$OUT"/gluon/ab-*.log ;;
     gluon-ws) # the warp-specialised gate/up prototype: bits against the package kernels, then times
             mkdir -p "$OUT/gluon-ws"
-            timeout "${FLINT_BENCH_TIMEOUT:-600}" python3 -m benchmarks.prototypes.gluon_ws_gate_up --sass --gpu \
+            timeout "${FLINT_WS_TIMEOUT:-240}" python3 -m benchmarks.prototypes.gluon_ws_gate_up --sass --gpu \
               --out "$OUT/gluon-ws/ws.json" > "$OUT/gluon-ws/ws.log" 2>&1 || rc=1
             tail -5 "$OUT/gluon-ws/ws.log" ;;
     gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels
