@@ -56,6 +56,11 @@ CASES = [
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
+def expert_weight_bytes(H: int, I: int) -> int:  # noqa: E741
+    """NVFP4 bytes of one expert's w1 and w2: codes (3 H I / 2) and E4M3 block scales (3 H I / 16)."""
+    return 3 * H * I // 2 + 3 * H * I // 16
+
+
 def flops(M: int, H: int, I: int, k: int) -> int:  # noqa: E741
     return 2 * M * k * (2 * I) * H + 2 * M * k * I * H
 
@@ -149,7 +154,7 @@ def prepare(name=None, model="deepseek-v3", M=128, impl="grouped", layer=None, c
         def fn(i):
             return flint_moe_grouped(x, router, layer.w, layer.k, counter, shared, config=config)
 
-        wbytes_per_expert = 3 * layer.H * layer.I // 2 + 3 * layer.H * layer.I // 16
+        wbytes_per_expert = expert_weight_bytes(layer.H, layer.I)
     elif impl == "bf16":
         layer.bf16()
 
@@ -167,7 +172,7 @@ def prepare(name=None, model="deepseek-v3", M=128, impl="grouped", layer=None, c
             act = nvfp4_gate_up(x, ids, layer.w)
             return nvfp4_down(act, ids, tw, layer.w, shared)
 
-        wbytes_per_expert = 3 * layer.H * layer.I // 2 + 3 * layer.H * layer.I // 16
+        wbytes_per_expert = expert_weight_bytes(layer.H, layer.I)
     else:
         raise ValueError(f"impl: 'grouped', 'bf16' or 'decode', got {impl!r}")
     used = min(layer.E, M * layer.k)  # upper bound of the distinct experts touched
@@ -276,10 +281,12 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a.contiguous().view(iv), b.contiguous().view(iv)))
 
 
-def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None, names=None) -> dict:
+def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None, names=None, copy_bps: float = 0.0) -> dict:
     """One model and M: the grouped layer under each ``AB_VARIANTS`` configuration (or those in ``names``) and the bf16
     ``torch._grouped_mm`` layer, timed in alternation for ``rounds`` rounds (the spread of one version across
-    rounds is the noise), plus each variant's two GEMM kernels alone on its permutation; bits of every variant
+    rounds is the noise), plus each variant's two GEMM kernels alone on its permutation; with ``copy_bps`` (the
+    same run's copy bandwidth, bytes/s) each variant's layer as a percentage of it over the touched experts' weight
+    bytes (``pct_of_copy``, the bandwidth-bound goal's measure); bits of every variant
     against the default (the output of the production build, and every tap of the tapped build); the row
     blocks and programs each variant's schedule uses. Returns the results (printed as a table)."""
     from flint_moe.kernels.nvfp4.grouped_down import launch_grouped_down
@@ -301,7 +308,8 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None, names=No
     counts = torch.bincount(ids.reshape(-1).long(), minlength=layer.E)
     res = {"env": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}, "model": model, "M": M,
            "flops": fl, "BM": bm, "rounds": [], "schedule": {}, "bits_equal_default": {},
-           "pairs_per_expert": [int(counts.min()), float(counts.float().mean()), int(counts.max())]}  # fmt: skip
+           "pairs_per_expert": [int(counts.min()), float(counts.float().mean()), int(counts.max())],
+           "weight_bytes": int((counts > 0).sum()) * expert_weight_bytes(layer.H, layer.I)}  # fmt: skip
     tiles = -(-layer.I // GROUPED_GATE_UP_CONFIG["BC"]) + -(-layer.H // 128)  # gate/up + down weight tiles
     variants = {n: (dict(c, BM=min(bm, 128)) if c and "BM" in c and c["BM"] is None else c)
                 for n, c in AB_VARIANTS.items() if names is None or n in names}  # fmt: skip
@@ -353,6 +361,11 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None, names=No
         base = "default" + n[len(variant):] if variant and variant != "default" else None
         speed = f"{med[base] / med[n]:.2f}" if base in med else ""
         print(f"| {n} | {per} | {tf} | {ratio} | {speed} |")
+    if copy_bps:
+        res["copy_tbps"] = copy_bps / 1e12
+        res["pct_of_copy"] = {n: 100 * res["weight_bytes"] / (med[n] * 1e-6) / copy_bps for n in variants}
+        print(f"weights of the {int((counts > 0).sum())} touched experts {res['weight_bytes'] / 1e9:.2f} GB, copy "
+              f"{copy_bps / 1e12:.2f} TB/s: " + ", ".join(f"{n} {v:.1f}%" for n, v in res["pct_of_copy"].items()))
     return res
 
 
@@ -393,14 +406,17 @@ def cross_all(models, out: str) -> list:
 def ab_all(cases, out: str, rounds: int = 2, variants=None) -> list:
     """:func:`ab` for every (model, M) of ``cases`` (one layer per model, built once) with the ``variants``
     (names of ``AB_VARIANTS``; None: all); writes ``out/bench_ab.json`` after each case."""
+    from benchmarks.runner import copy_bandwidth
+
     os.makedirs(out, exist_ok=True)
     results, layers = [], {}
+    copy_bps = copy_bandwidth()
     for model, M in cases:
         if model not in layers:
             layers.clear()
             torch.cuda.empty_cache()
             layers[model] = Layer(model)
-        results.append(ab(model, M, rounds, layers[model], variants))
+        results.append(ab(model, M, rounds, layers[model], variants, copy_bps))
         with open(os.path.join(out, "bench_ab.json"), "w") as f:
             json.dump(results, f, indent=1)
     return results
