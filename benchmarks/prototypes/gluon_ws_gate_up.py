@@ -14,11 +14,13 @@ releases the slot through its ``empty`` mbarrier (one arrival, from one thread a
 same A slots, same k16 wgmma chain per output element in increasing k from +0 as the package kernels
 (``orders.nvfp4_grouped_order``): the output must be bitwise the package kernels'.
 
-Scope: gate/up only, row blocks without a tail (``moe_permute(..., tail=0)``), H a multiple of 128.
+Scope: gate/up only, row blocks of 16..128 pairs with or without a tail (``moe_permute(..., tail)``: the tail rows'
+wgmma on the same A registers, one K loop per kind of block), H a multiple of 128.
 
 ``python -m benchmarks.prototypes.gluon_ws_gate_up --sass`` (CPU: registers, shared memory, the SASS checks of the
 package kernels); ``python -m benchmarks.prototypes.gluon_ws_gate_up --gpu`` (H200: act bitwise the Gluon and the
-Triton kernels' at DeepSeek-V3 M = 4096 and 128, then the three gate/up kernels timed with CUDA graphs).
+Triton kernels' at DeepSeek-V3 M = 4096 without and with tails and M = 128, then the three gate/up kernels timed
+with CUDA graphs).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from flint_moe.kernels.nvfp4.grouped_gluon import _dequant, _gate_up_store, _tok
 
 #: Weight rows per program (two consumer warpgroups), consumer and producer warps, producer registers.
 WS_ROWS, WS_WARPS = 128, 8
-WS_PRODUCER_WARPS, WS_PRODUCER_REGS = gl.constexpr(4), gl.constexpr(56)
+WS_PRODUCER_WARPS, WS_PRODUCER_REGS = gl.constexpr(4), gl.constexpr(80)
 
 
 def ws_layouts(block_m: int):
@@ -57,36 +59,41 @@ def ws_layouts(block_m: int):
 
 
 @gluon.jit
-def _producer(codes_s, scl_s, x_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end,
-              H: gl.constexpr, KP: gl.constexpr, TOPK: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-              STAGES: gl.constexpr):  # fmt: skip
-    """Producer partition: the copies of every K step into ring slot ``kk % STAGES`` once the consumers released
-    it (``empty``), then ``full`` arrives when this thread's copies have landed."""
+def _producer(codes_s, scl_s, x_s, xt_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end,
+              H: gl.constexpr, KP: gl.constexpr, TOPK: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr,
+              BK: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    """Producer partition: the copies of every K step (and, TAIL > 0, the tail rows' tile) into ring slot
+    ``kk % STAGES`` once the consumers released it (``empty``), then ``full`` arrives when this thread's copies
+    have landed."""
     R: gl.constexpr = codes_s.shape[1]
     NW: gl.constexpr = BK // 8
     NS: gl.constexpr = BK // 64
     w_ptrs, s_ptrs = _weight_ptrs(w_base, s_base, q, 0, H // 8, KP, R, BK, True)
     x_ptrs, x_ok = _token_ptrs(x_ptr, order_ptr, start, end, TOPK, H, BM, BK)
+    xt_ptrs, xt_ok = _token_ptrs(x_ptr, order_ptr, start + BM, end, TOPK, H, max(TAIL, 16), BK)
     for kk in range(H // BK):
         st = kk % STAGES
         mbarrier.wait(empty.index(st), ((kk // STAGES) & 1) ^ 1)  # the first round passes (fresh barrier)
         async_copy.async_copy_global_to_shared(codes_s.index(st), w_ptrs + kk * NW)
         async_copy.async_copy_global_to_shared(scl_s.index(st), s_ptrs + kk * (NS * 128))
         async_copy.async_copy_global_to_shared(x_s.index(st), x_ptrs + kk * BK, mask=x_ok)
+        if TAIL > 0:
+            async_copy.async_copy_global_to_shared(xt_s.index(st), xt_ptrs + kk * BK, mask=xt_ok)
         async_copy.mbarrier_arrive(full.index(st), increment_count=False)
 
 
 @gluon.jit
-def _consumer(codes_s, scl_s, x_s, full, empty, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr,
-              H: gl.constexpr, INTER: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-              TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, SW: gl.constexpr):  # fmt: skip
-    """Default partition (two warpgroups): per K step wait for the slot, dequantise and issue the two 64-K halves
-    (the second dequantised while the first's wgmma runs), wait for both, release the slot; then rule steps 6-7."""
+def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H: gl.constexpr, BK: gl.constexpr,
+                    STAGES: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
+                    MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
+    """The consumers' K loop: per K step wait for the slot, dequantise and issue the two 64-K halves (the second
+    dequantised while the first's wgmma runs; WITH_TAIL: each half's A registers also feed the tail rows' wgmma),
+    wait for all of them once, release the slot. Returns (acc, acc_t)."""
     R: gl.constexpr = codes_s.shape[1]
     DOT: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    DOT_T: gl.constexpr = gl.DotOperandLayout(0, MMA_T, 2)
     cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
     csel = (cidx | 0x4440)[None, None, :]
-    acc = gl.zeros([R, BM], gl.float32, layout=MMA)
     for kk in range(H // BK):
         st = kk % STAGES
         mbarrier.wait(full.index(st), (kk // STAGES) & 1)
@@ -96,21 +103,58 @@ def _consumer(codes_s, scl_s, x_s, full, empty, order_ptr, start, end, q, gs, ac
         a0 = _dequant(cs.slice(0, 8, dim=1).load(gl.SliceLayout(2, P3)), ss.slice(0, 1, dim=1).load(SW), csel, R,
                       64, P3, DOT)  # fmt: skip
         acc = hopper.warpgroup_mma(a0, xs.slice(0, 64, dim=1).permute((1, 0)), acc, is_async=True)
+        if WITH_TAIL:
+            xt0 = xt_s.index(st).slice(0, 64, dim=1).permute((1, 0))
+            acc_t = hopper.warpgroup_mma(gl.convert_layout(a0, DOT_T), xt0, acc_t, is_async=True)
         a1 = _dequant(cs.slice(8, 8, dim=1).load(gl.SliceLayout(2, P3)), ss.slice(1, 1, dim=1).load(SW), csel, R,
                       64, P3, DOT)  # fmt: skip
         acc = hopper.warpgroup_mma(a1, xs.slice(64, 64, dim=1).permute((1, 0)), acc, is_async=True)
-        acc, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, a0, a1])
+        if WITH_TAIL:
+            xt1 = xt_s.index(st).slice(64, 64, dim=1).permute((1, 0))
+            acc_t = hopper.warpgroup_mma(gl.convert_layout(a1, DOT_T), xt1, acc_t, is_async=True)
+            acc, acc_t, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, acc_t, a0, a1])
+        else:
+            acc, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, a0, a1])
         mbarrier.arrive(empty.index(st))
+    return acc, acc_t
+
+
+@gluon.jit
+def _consumer(codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr,
+              H: gl.constexpr, INTER: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, BK: gl.constexpr,
+              STAGES: gl.constexpr, TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr,
+              SW: gl.constexpr):  # fmt: skip
+    """Default partition (two warpgroups): the K loop of a block with or without its tail rows (one loop per kind
+    of block, chosen once), then rule steps 6-7 for the BM pairs and the tail's."""
+    R: gl.constexpr = codes_s.shape[1]
+    TN: gl.constexpr = 16 if TAIL == 0 else TAIL
+    acc = gl.zeros([R, BM], gl.float32, layout=MMA)
+    acc_t = gl.zeros([R, TN], gl.float32, layout=MMA_T)
+    has_tail = end - start > BM
+    if TAIL > 0:
+        if has_tail:
+            acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H, BK, STAGES, True, P3,
+                                         MMA, MMA_T, SW)  # fmt: skip
+        else:
+            acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H, BK, STAGES, False, P3,
+                                         MMA, MMA_T, SW)  # fmt: skip
+    else:
+        acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H, BK, STAGES, False, P3,
+                                     MMA, MMA_T, SW)  # fmt: skip
     _gate_up_store(acc, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr, INTER, TAP)
+    if TAIL > 0:
+        if has_tail:
+            _gate_up_store(acc_t, order_ptr, start + BM, end, q, gs, act_ptr, gacc_ptr, uacc_ptr, INTER, TAP)
 
 
 @gluon.jit
 def _ws_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, s_ptr, alpha_ptr, act_ptr,
                        gacc_ptr, uacc_ptr, H: gl.constexpr, IP: gl.constexpr, INTER: gl.constexpr,
-                       TOPK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr, TAP: gl.constexpr,
-                       P3: gl.constexpr, MMA: gl.constexpr, SW: gl.constexpr):  # fmt: skip
-    """``_gluon_gate_up_kernel``'s contract without tails, grid ``(cdiv(I, 64), NB)``: 128 weight rows (64
-    intermediate columns) per program, K steps of 128."""
+                       TOPK: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
+                       TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr,
+                       SW: gl.constexpr):  # fmt: skip
+    """``_gluon_gate_up_kernel``'s contract, grid ``(cdiv(I, 64), NB)``: 128 weight rows (64 intermediate columns)
+    per program, K steps of 128, row blocks of up to BM + TAIL pairs."""
     BK: gl.constexpr = 128
     R: gl.constexpr = P3.shape[0]
     KP: gl.constexpr = (H // 16 + 3) // 4 * 4
@@ -125,6 +169,11 @@ def _ws_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, 
         scl_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, BK // 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK],
                                         gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16))  # fmt: skip
+        if TAIL > 0:
+            xt_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TAIL, BK],
+                                             gl.NVMMASharedLayout.get_default_for([TAIL, BK], gl.bfloat16))  # fmt: skip
+        else:
+            xt_s = x_s  # never read (no tail)
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -134,39 +183,39 @@ def _ws_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, 
         s_base = (s_ptr + e * (MP * KP)).to(gl.pointer_type(gl.int32))
         gs = gl.load(alpha_ptr + e)
         gl.warp_specialize(
-            [(_consumer, (codes_s, scl_s, x_s, full, empty, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr,
-                          H, INTER, BM, BK, STAGES, TAP, P3, MMA, SW)),
-             (_producer, (codes_s, scl_s, x_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end, H, KP,
-                          TOPK, BM, BK, STAGES))],
+            [(_consumer, (codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, gs, act_ptr, gacc_ptr,
+                          uacc_ptr, H, INTER, BM, TAIL, BK, STAGES, TAP, P3, MMA, MMA_T, SW)),
+             (_producer, (codes_s, scl_s, x_s, xt_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end, H,
+                          KP, TOPK, BM, TAIL, BK, STAGES))],
             [WS_PRODUCER_WARPS], [WS_PRODUCER_REGS])  # fmt: skip
 
 
-def ws_stages(block_m: int) -> int:
-    """Ring depth: as many K steps (2..6) as fit 224 KiB next to the epilogue's fp32 scratch [128, BM] (one CTA
-    per SM)."""
-    per_stage = WS_ROWS * 64 + WS_ROWS * 8 + block_m * 128 * 2
-    return max(2, min(6, (224 * 1024 - WS_ROWS * block_m * 4) // per_stage))
+def ws_stages(block_m: int, tail: int = 0) -> int:
+    """Ring depth: as many K steps (2..6) as fit 224 KiB next to the epilogue's fp32 scratch ([128, BM] and
+    [128, TAIL], one CTA per SM)."""
+    per_stage = WS_ROWS * 64 + WS_ROWS * 8 + (block_m + tail) * 128 * 2
+    return max(2, min(6, (224 * 1024 - WS_ROWS * (block_m + tail) * 4) // per_stage))
 
 
-def _meta(block_m: int, stages: int | None = None) -> dict:
+def _meta(block_m: int, tail: int = 0, stages: int | None = None) -> dict:
     p3, mma, sw = ws_layouts(block_m)
-    return {"BM": block_m, "STAGES": stages or ws_stages(block_m), "P3": p3, "MMA": mma, "SW": sw,
-            "num_warps": WS_WARPS}  # fmt: skip
+    mma_t = ws_layouts(max(tail, 16))[1]
+    return {"BM": block_m, "TAIL": tail, "STAGES": stages or ws_stages(block_m, tail), "P3": p3, "MMA": mma,
+            "MMA_T": mma_t, "SW": sw, "num_warps": WS_WARPS}  # fmt: skip
 
 
 def launch_ws_gate_up(x, perm, w1, w1_scales, w1_alpha, act, gacc, uacc, *, H, IP, INTER, TOPK, TAP, stages=None):
-    """Launch the prototype (operands as ``grouped_gluon.launch_gluon_gate_up``'s; ``perm`` without a tail,
-    BM 16..128; H a multiple of 128)."""
-    if perm.tail or perm.block_m not in (16, 32, 64, 128) or H % 128:
-        raise ValueError(f"gluon_ws_gate_up: needs BM 16..128 without a tail and H % 128 == 0, got BM "
-                         f"{perm.block_m}, tail {perm.tail}, H {H}")  # fmt: skip
+    """Launch the prototype (operands as ``grouped_gluon.launch_gluon_gate_up``'s; ``perm`` of BM 16..128 pairs
+    with or without a tail; H a multiple of 128)."""
+    if perm.block_m not in (16, 32, 64, 128) or H % 128:
+        raise ValueError(f"gluon_ws_gate_up: needs BM 16..128 and H % 128 == 0, got BM {perm.block_m}, H {H}")
     grid = (triton.cdiv(INTER, WS_ROWS // 2), perm.num_blocks)
     _ws_gate_up_kernel[grid](x, perm.order, perm.block_expert, perm.block_start, perm.block_end, w1, w1_scales,
                              w1_alpha, act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=TOPK, TAP=TAP,
-                             **_meta(perm.block_m, stages))  # fmt: skip
+                             **_meta(perm.block_m, perm.tail, stages))  # fmt: skip
 
 
-def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tap: bool = False):  # noqa: N803, E741
+def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool = False):  # noqa: N803, E741
     """``triton.compile`` of the prototype for sm_90a on any machine (as ``grouped_gluon.compile_gluon_sm90``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -174,7 +223,7 @@ def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tap: bool = False):  #
     ip = (I + 63) // 64 * 64
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16",
             "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}  # fmt: skip
-    consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "TAP": tap, **_meta(block_m)}
+    consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "TAP": tap, **_meta(block_m, tail)}
     num_warps = consts.pop("num_warps")
     kern = _ws_gate_up_kernel
     sig = {a: ("constexpr" if a in consts else ptrs.get(a, "*i32")) for a in kern.arg_names}
@@ -184,27 +233,28 @@ def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tap: bool = False):  #
 
 
 def sass_report(H: int = 7168, I: int = 2048, k: int = 8) -> list[dict]:  # noqa: N803, E741
-    """CPU: registers, shared memory and, in the consumers' K loop (the shortest loop around HGMMAs), the HGMMA,
-    wgmma-wait, ``BAR.SYNC`` and ``SYNCS`` (mbarrier) counts, plus the in-flight register check, of the BM 128 and
-    BM 16 builds."""
+    """CPU: registers, shared memory and, in the consumers' K loop (the shortest loop around HGMMAs: with a tail,
+    the loop of blocks without one), the HGMMA, wgmma-wait, ``BAR.SYNC`` and ``SYNCS`` (mbarrier) counts, plus the
+    in-flight register check, of the BM 128, BM 16 and BM 128 + 32 builds."""
     from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, inflight_register_writes, main_loop, sass_of
 
     out = []
-    for bm in (128, 16):
-        c = compile_ws_sm90(H, I, k, bm)
+    for bm, tail in ((128, 0), (16, 0), (128, 32)):
+        c = compile_ws_sm90(H, I, k, bm, tail)
         sass = sass_of(c.asm["cubin"])
         ops = [_opcode(t) for t in main_loop(sass)]
         count = {name: sum(o.startswith(prefix) for o in ops)
                  for name, prefix in (("hgmma", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("bar_sync", "BAR.SYNC"),
                                       ("syncs", "SYNCS"), ("sts", "STS"), ("ldsm", "LDSM"))}  # fmt: skip
-        out.append({"BM": bm, **{k2: v for k2, v in _resources(c).items() if k2 != "tma"}, "loop": count,
+        out.append({"BM": bm, "TAIL": tail, **{k2: v for k2, v in _resources(c).items() if k2 != "tma"}, "loop": count,
                     "inflight_writes": len(inflight_register_writes(sass))})  # fmt: skip
     return out
 
 
-def gpu_case(layer, M: int) -> dict:
-    """H200, one layer and M: act of the prototype against the Gluon and the Triton gate/up kernels on the same
-    permutation (row blocks without a tail), bitwise, then the three kernels timed (CUDA graphs, us)."""
+def gpu_case(layer, M: int, tail: int = 0) -> dict:
+    """H200, one layer, M and tail: act of the prototype against the Gluon and the Triton gate/up kernels on the
+    same permutation (the default's BM capped at 128, the given tail), bitwise, then the three kernels timed (CUDA
+    graphs, us)."""
     import torch
 
     from benchmarks.bench_grouped_nvfp4 import time_fn
@@ -217,7 +267,7 @@ def gpu_case(layer, M: int) -> dict:
     x, router, _ = layer.inputs(M, seed=5)
     ids, _ = route(x, router, layer.k, make_route_counter(layer.device))
     bm = min(grouped_config(M * layer.k, layer.E)["BM"], 128)
-    perm = moe_permute(ids, layer.E, bm, 0)
+    perm = moe_permute(ids, layer.E, bm, min(tail, bm))
     w1 = w1_operands(layer.w)
     kw = {"H": layer.H, "IP": (layer.I + 63) // 64 * 64, "INTER": layer.I, "TOPK": layer.k, "TAP": False}
     act_ws, act_gl = (gate_up_buffers(M * layer.k, layer.I, False, x.device)[0] for _ in range(2))
@@ -232,17 +282,18 @@ def gpu_case(layer, M: int) -> dict:
     torch.cuda.synchronize()
     bits = {"ws_eq_gluon": torch.equal(act_ws.view(torch.int16), act_gl.view(torch.int16)),
             "ws_eq_triton": torch.equal(act_ws.view(torch.int16), act_tr.view(torch.int16))}  # fmt: skip
-    return {"model": layer.model, "M": M, "BM": bm, **bits, "us": {n: time_fn(f) * 1e6 for n, f in runs.items()}}
+    return {"model": layer.model, "M": M, "BM": bm, "TAIL": perm.tail, **bits,
+            "us": {n: time_fn(f) * 1e6 for n, f in runs.items()}}  # fmt: skip
 
 
-def gpu_check(cases=(("deepseek-v3", 4096), ("deepseek-v3", 128))) -> list[dict]:
-    """:func:`gpu_case` for every (model, M) of ``cases``, printed as JSON lines."""
+def gpu_check(cases=(("deepseek-v3", 4096, 0), ("deepseek-v3", 4096, 32), ("deepseek-v3", 128, 0))) -> list[dict]:
+    """:func:`gpu_case` for every (model, M, tail) of ``cases``, printed as JSON lines."""
     from benchmarks.bench_grouped_nvfp4 import Layer
 
     out, layers = [], {}
-    for model, M in cases:
+    for model, M, tail in cases:
         layers.setdefault(model, Layer(model))
-        out.append(gpu_case(layers[model], M))
+        out.append(gpu_case(layers[model], M, tail))
         print(json.dumps(out[-1]), flush=True)
     return out
 
