@@ -6,7 +6,7 @@
 # profile as FLINT_SHARDS shards one after another, merged; gluon = the Gluon grouped GEMMs (config ENGINE "gluon"):
 # their GPU test against the Triton kernels, then the --ab layers at AB_CASES and DeepSeek-V3 M = 128 / 256 (under
 # gluon/); gluon-ncu = Nsight Compute over the Gluon GEMMs and the default kernels (benchmarks.tune.ncu_kernels,
-# under gluon-ncu/); gluon-ws = the warp-specialised gate/up prototype (benchmarks/prototypes/gluon_ws_gate_up.py,
+# under gluon-ncu/); gluon-ws = the warp-specialised grouped GEMM prototype (benchmarks/prototypes/gluon_ws_grouped.py,
 # under gluon-ws/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
 # FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT / FLINT_WS_TIMEOUT
@@ -72,9 +72,9 @@ for step in $steps; do
             python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --M 128,256 --out "$OUT/gluon/small" \
               > "$OUT/gluon/ab-small.log" 2>&1 || rc=1
             grep -h "M=\|^| \(default\|gluon\|bf16\)" "$OUT"/gluon/ab-*.log ;;
-    gluon-ws) # the warp-specialised gate/up prototype: bits against the package kernels, then times
+    gluon-ws) # the warp-specialised grouped GEMM prototype: bits against the package kernels, then times
             mkdir -p "$OUT/gluon-ws"
-            timeout "${FLINT_WS_TIMEOUT:-240}" python3 -m benchmarks.prototypes.gluon_ws_gate_up --sass --gpu \
+            timeout "${FLINT_WS_TIMEOUT:-240}" python3 -m benchmarks.prototypes.gluon_ws_grouped --sass --gpu \
               --out "$OUT/gluon-ws/ws.json" > "$OUT/gluon-ws/ws.log" 2>&1 || rc=1
             tail -5 "$OUT/gluon-ws/ws.log" ;;
     gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels

@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon gate/up prototype (benchmarks/prototypes/gluon_ws_gate_up.py) on the CPU: its sm_90a
+"""The warp-specialised Gluon grouped GEMM prototype (benchmarks/prototypes/gluon_ws_grouped.py) on the CPU: its sm_90a
 builds compile (compiled in a fresh interpreter without TRITON_INTERPRET), fit one CTA's shared memory, and their
 consumers' K loop issues one K step of 128 as 8 HGMMA with one wgmma wait, waits and arrives on mbarriers, keeps the
 weights in registers and writes no register of an in-flight HGMMA. Its
@@ -6,11 +6,11 @@ bits against the package kernels are a GPU run (``--gpu``)."""
 
 from __future__ import annotations
 
-from benchmarks.prototypes.gluon_ws_gate_up import WS_ROWS, ws_stages
+from benchmarks.prototypes.gluon_ws_grouped import WS_ROWS, ws_stages
 
 _SCRIPT = r"""
 import json
-from benchmarks.prototypes.gluon_ws_gate_up import sass_report
+from benchmarks.prototypes.gluon_ws_grouped import sass_report
 print(json.dumps(sass_report()))
 """
 

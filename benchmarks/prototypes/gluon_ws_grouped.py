@@ -1,26 +1,25 @@
-"""Prototype under evaluation: a warp-specialised Gluon grouped gate/up GEMM (sm_90), measured against the Gluon
-kernel of ``flint_moe.kernels.nvfp4.grouped_gluon`` before anything of it moves into the package.
+"""Prototype under evaluation: warp-specialised Gluon grouped GEMMs (gate/up and down, sm_90), measured against the
+Gluon kernels of ``flint_moe.kernels.nvfp4.grouped_gluon`` before anything of it moves into the package.
 
-Structure (docs/kernels/nvfp4-grouped.md, "Gluon main loop"): programs of 128 weight rows (one w1 interleave group:
-64 up rows, then their 64 gate rows) and BM pairs. A producer partition of 4 warps issues every ``cp.async`` of a
-K step (code words, scale words, the gathered token rows) into a ring of ``STAGES`` slots and signals the slot's
-``full`` mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``: 128 arrivals); the default partition,
-two consumer warpgroups of 64 rows each, waits for ``full``, dequantises its rows straight into the wgmma A
-registers (``grouped_gluon._dequant``, in two 64-K halves as the package kernel) and issues the wgmma against the
-token tile both warpgroups share (half the token fill per multiply-add of 64-row programs), waits for it, and
-releases the slot through its ``empty`` mbarrier (one arrival, from one thread after a barrier of the partition's
-256 threads that the compiler places there, as it places one after the ``full`` wait: two partition-wide
-``bar.sync`` per K step, none across the producer). The loads run up to ``STAGES`` steps ahead. Same weights,
-same A slots, same k16 wgmma chain per output element in increasing k from +0 as the package kernels
+Structure (docs/kernels/nvfp4-grouped.md, "Gluon main loop"): programs of 128 weight rows (gate/up: one w1
+interleave group, 64 up rows then their 64 gate rows; down: 128 hidden rows) and BM pairs. A producer partition of 4
+warps issues every ``cp.async`` of a K step (code words, scale words, the gathered token rows) into a ring of
+``STAGES`` slots and signals the slot's ``full`` mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``:
+128 arrivals); the default partition, two consumer warpgroups of 64 rows each, waits for ``full``, dequantises its
+rows straight into the wgmma A registers (``grouped_gluon._dequant``, in two 64-K halves as the package kernel) and
+issues the wgmma against the token tile both warpgroups share (half the token fill per multiply-add of 64-row
+programs), waits for it, and releases the slot through its ``empty`` mbarrier (one arrival, from one thread after a
+barrier of the partition's 256 threads that the compiler places there, as it places one after the ``full`` wait: two
+partition-wide ``bar.sync`` per K step, none across the producer). The loads run up to ``STAGES`` steps ahead. Same
+weights, same A slots, same k16 wgmma chain per output element in increasing k from +0 as the package kernels
 (``orders.nvfp4_grouped_order``): the output must be bitwise the package kernels'.
 
-Scope: gate/up only, row blocks of 16..128 pairs with or without a tail (``moe_permute(..., tail)``: the tail rows'
-wgmma on the same A registers, one K loop per kind of block), H a multiple of 128.
+Scope: row blocks of 16..128 pairs with or without a tail (``moe_permute(..., tail)``: the tail rows'
+wgmma on the same A registers, one K loop per kind of block), reduction lengths that are multiples of 128.
 
-``python -m benchmarks.prototypes.gluon_ws_gate_up --sass`` (CPU: registers, shared memory, the SASS checks of the
-package kernels); ``python -m benchmarks.prototypes.gluon_ws_gate_up --gpu`` (H200: act bitwise the Gluon and the
-Triton kernels' at DeepSeek-V3 M = 4096 without and with tails and M = 128, then the three gate/up kernels timed
-with CUDA graphs).
+``python -m benchmarks.prototypes.gluon_ws_grouped --sass`` (CPU: registers, shared memory, the SASS checks of the
+package kernels); ``python -m benchmarks.prototypes.gluon_ws_grouped --gpu`` (H200: act and y bitwise the package
+kernels' at DeepSeek-V3 M = 4096 without and with tails and M = 128, then the kernels timed with CUDA graphs).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from flint_moe.kernels.nvfp4.grouped_gluon import _dequant, _gate_up_store, _token_ptrs, _weight_ptrs
+from flint_moe.kernels.nvfp4.grouped_gluon import _dequant, _down_store, _gate_up_store, _token_ptrs, _weight_ptrs
 
 #: Weight rows per program (two consumer warpgroups), consumer and producer warps, producer registers.
 WS_ROWS, WS_WARPS = 128, 8
@@ -60,18 +59,20 @@ def ws_layouts(block_m: int):
 
 @gluon.jit
 def _producer(codes_s, scl_s, x_s, xt_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end,
-              H: gl.constexpr, KP: gl.constexpr, TOPK: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr,
-              BK: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+              K: gl.constexpr, ROW_WORDS: gl.constexpr, N_ROWS: gl.constexpr, KP: gl.constexpr,
+              TOPK: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+              GATE_UP: gl.constexpr):  # fmt: skip
     """Producer partition: the copies of every K step (and, TAIL > 0, the tail rows' tile) into ring slot
     ``kk % STAGES`` once the consumers released it (``empty``), then ``full`` arrives when this thread's copies
-    have landed."""
+    have landed. K the reduction length (the operand rows' length), ROW_WORDS the code words of a weight row,
+    N_ROWS the weight rows (down: H, the rows past it read row 0), TOPK 0: the operand rows are the pairs' own."""
     R: gl.constexpr = codes_s.shape[1]
     NW: gl.constexpr = BK // 8
     NS: gl.constexpr = BK // 64
-    w_ptrs, s_ptrs = _weight_ptrs(w_base, s_base, q, 0, H // 8, KP, R, BK, True)
-    x_ptrs, x_ok = _token_ptrs(x_ptr, order_ptr, start, end, TOPK, H, BM, BK)
-    xt_ptrs, xt_ok = _token_ptrs(x_ptr, order_ptr, start + BM, end, TOPK, H, max(TAIL, 16), BK)
-    for kk in range(H // BK):
+    w_ptrs, s_ptrs = _weight_ptrs(w_base, s_base, q, N_ROWS, ROW_WORDS, KP, R, BK, GATE_UP)
+    x_ptrs, x_ok = _token_ptrs(x_ptr, order_ptr, start, end, TOPK, K, BM, BK)
+    xt_ptrs, xt_ok = _token_ptrs(x_ptr, order_ptr, start + BM, end, TOPK, K, max(TAIL, 16), BK)
+    for kk in range(K // BK):
         st = kk % STAGES
         mbarrier.wait(empty.index(st), ((kk // STAGES) & 1) ^ 1)  # the first round passes (fresh barrier)
         async_copy.async_copy_global_to_shared(codes_s.index(st), w_ptrs + kk * NW)
@@ -120,12 +121,14 @@ def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H: gl.co
 
 
 @gluon.jit
-def _consumer(codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr,
-              H: gl.constexpr, INTER: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, BK: gl.constexpr,
+def _consumer(codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, gs, out_ptr, aux_ptr, aux2_ptr,
+              K: gl.constexpr, N_OUT: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, BK: gl.constexpr,
               STAGES: gl.constexpr, TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr,
-              SW: gl.constexpr):  # fmt: skip
-    """Default partition (two warpgroups): the K loop of a block with or without its tail rows (one loop per kind
-    of block, chosen once), then rule steps 6-7 for the BM pairs and the tail's."""
+              SW: gl.constexpr, GATE_UP: gl.constexpr):  # fmt: skip
+    """Default partition (two warpgroups): the K loop (reduction length K) of a block with or without its tail
+    rows (one loop per kind of block, chosen once), then the epilogue for the BM pairs and the tail's: gate/up rule
+    steps 6-7 (``out_ptr`` act, taps ``aux_ptr`` / ``aux2_ptr`` g_acc / u_acc, N_OUT = I) or down rule step 8
+    (``out_ptr`` y, tap ``aux_ptr`` down_acc, N_OUT = H)."""
     R: gl.constexpr = codes_s.shape[1]
     TN: gl.constexpr = 16 if TAIL == 0 else TAIL
     acc = gl.zeros([R, BM], gl.float32, layout=MMA)
@@ -133,32 +136,48 @@ def _consumer(codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, 
     has_tail = end - start > BM
     if TAIL > 0:
         if has_tail:
-            acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H, BK, STAGES, True, P3,
+            acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K, BK, STAGES, True, P3,
                                          MMA, MMA_T, SW)  # fmt: skip
         else:
-            acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H, BK, STAGES, False, P3,
+            acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K, BK, STAGES, False, P3,
                                          MMA, MMA_T, SW)  # fmt: skip
     else:
-        acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H, BK, STAGES, False, P3,
+        acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K, BK, STAGES, False, P3,
                                      MMA, MMA_T, SW)  # fmt: skip
-    _gate_up_store(acc, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr, INTER, TAP)
+    _epilogue(acc, order_ptr, start, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OUT, TAP, GATE_UP)
     if TAIL > 0:
         if has_tail:
-            _gate_up_store(acc_t, order_ptr, start + BM, end, q, gs, act_ptr, gacc_ptr, uacc_ptr, INTER, TAP)
+            _epilogue(acc_t, order_ptr, start + BM, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OUT, TAP, GATE_UP)
 
 
 @gluon.jit
-def _ws_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, s_ptr, alpha_ptr, act_ptr,
-                       gacc_ptr, uacc_ptr, H: gl.constexpr, IP: gl.constexpr, INTER: gl.constexpr,
+def _epilogue(acc, order_ptr, pos0, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OUT: gl.constexpr, TAP: gl.constexpr,
+              GATE_UP: gl.constexpr):  # fmt: skip
+    """The package kernels' epilogues: gate/up ``grouped_gluon._gate_up_store``, down ``_down_store``."""
+    if GATE_UP:
+        _gate_up_store(acc, order_ptr, pos0, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OUT, TAP)
+    else:
+        _down_store(acc, order_ptr, pos0, end, q, gs, out_ptr, aux_ptr, N_OUT, TAP)
+
+
+@gluon.jit
+def _ws_grouped_kernel(src_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, s_ptr, alpha_ptr, out_ptr,
+                       aux_ptr, aux2_ptr, H: gl.constexpr, IP: gl.constexpr, INTER: gl.constexpr,
                        TOPK: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
-                       TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr,
-                       SW: gl.constexpr):  # fmt: skip
-    """``_gluon_gate_up_kernel``'s contract, grid ``(cdiv(I, 64), NB)``: 128 weight rows (64 intermediate columns)
-    per program, K steps of 128, row blocks of up to BM + TAIL pairs."""
+                       TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr, SW: gl.constexpr,
+                       GATE_UP: gl.constexpr):  # fmt: skip
+    """GATE_UP: ``_gluon_gate_up_kernel``'s contract (``src_ptr`` x, ``out_ptr`` act, taps g_acc / u_acc), grid
+    ``(cdiv(I, 64), NB)``, 128 weight rows = 64 intermediate columns per program; else ``_gluon_down_kernel``'s
+    (``src_ptr`` act, ``out_ptr`` y, tap down_acc), grid ``(cdiv(H, 128), NB)``, 128 hidden rows per program. K
+    steps of 128, row blocks of up to BM + TAIL pairs."""
     BK: gl.constexpr = 128
     R: gl.constexpr = P3.shape[0]
-    KP: gl.constexpr = (H // 16 + 3) // 4 * 4
-    MP: gl.constexpr = (2 * IP + 127) // 128 * 128
+    K: gl.constexpr = H if GATE_UP else INTER
+    KW: gl.constexpr = H if GATE_UP else IP  # stored reduction length of a weight row
+    KP: gl.constexpr = (KW // 16 + 3) // 4 * 4
+    MP: gl.constexpr = (2 * IP + 127) // 128 * 128 if GATE_UP else (H + 127) // 128 * 128
+    N_ROWS: gl.constexpr = 0 if GATE_UP else H
+    N_OUT: gl.constexpr = INTER if GATE_UP else H
     q = gl.program_id(0)
     b = gl.program_id(1)
     e = gl.load(bexp_ptr + b).to(gl.int64)
@@ -179,14 +198,14 @@ def _ws_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, 
         for i in gl.static_range(STAGES):
             mbarrier.init(full.index(i), count=WS_PRODUCER_WARPS * 32)
             mbarrier.init(empty.index(i), count=1)
-        w_base = w_ptr.to(gl.pointer_type(gl.int32)) + e * (2 * IP * H // 8)
+        w_base = w_ptr.to(gl.pointer_type(gl.int32)) + e * ((2 * IP if GATE_UP else H) * KW // 8)
         s_base = (s_ptr + e * (MP * KP)).to(gl.pointer_type(gl.int32))
         gs = gl.load(alpha_ptr + e)
         gl.warp_specialize(
-            [(_consumer, (codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, gs, act_ptr, gacc_ptr,
-                          uacc_ptr, H, INTER, BM, TAIL, BK, STAGES, TAP, P3, MMA, MMA_T, SW)),
-             (_producer, (codes_s, scl_s, x_s, xt_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end, H,
-                          KP, TOPK, BM, TAIL, BK, STAGES))],
+            [(_consumer, (codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, gs, out_ptr, aux_ptr,
+                          aux2_ptr, K, N_OUT, BM, TAIL, BK, STAGES, TAP, P3, MMA, MMA_T, SW, GATE_UP)),
+             (_producer, (codes_s, scl_s, x_s, xt_s, full, empty, src_ptr, order_ptr, w_base, s_base, q, start, end,
+                          K, KW // 8, N_ROWS, KP, TOPK, BM, TAIL, BK, STAGES, GATE_UP))],
             [WS_PRODUCER_WARPS], [WS_PRODUCER_REGS])  # fmt: skip
 
 
@@ -205,27 +224,44 @@ def _meta(block_m: int, tail: int = 0, stages: int | None = None) -> dict:
 
 
 def launch_ws_gate_up(x, perm, w1, w1_scales, w1_alpha, act, gacc, uacc, *, H, IP, INTER, TOPK, TAP, stages=None):
-    """Launch the prototype (operands as ``grouped_gluon.launch_gluon_gate_up``'s; ``perm`` of BM 16..128 pairs
-    with or without a tail; H a multiple of 128)."""
-    if perm.block_m not in (16, 32, 64, 128) or H % 128:
-        raise ValueError(f"gluon_ws_gate_up: needs BM 16..128 and H % 128 == 0, got BM {perm.block_m}, H {H}")
+    """Launch the gate/up prototype (operands as ``grouped_gluon.launch_gluon_gate_up``'s; ``perm`` of BM 16..128
+    pairs with or without a tail; H a multiple of 128)."""
+    _check(perm, H)
     grid = (triton.cdiv(INTER, WS_ROWS // 2), perm.num_blocks)
-    _ws_gate_up_kernel[grid](x, perm.order, perm.block_expert, perm.block_start, perm.block_end, w1, w1_scales,
-                             w1_alpha, act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=TOPK, TAP=TAP,
+    _ws_grouped_kernel[grid](x, perm.order, perm.block_expert, perm.block_start, perm.block_end, w1, w1_scales,
+                             w1_alpha, act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=TOPK, TAP=TAP, GATE_UP=True,
                              **_meta(perm.block_m, perm.tail, stages))  # fmt: skip
 
 
-def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool = False):  # noqa: N803, E741
-    """``triton.compile`` of the prototype for sm_90a on any machine (as ``grouped_gluon.compile_gluon_sm90``)."""
+def launch_ws_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INTER, TAP, stages=None):
+    """Launch the down prototype (operands as ``grouped_gluon.launch_gluon_down``'s; INTER a multiple of 128)."""
+    _check(perm, INTER)
+    grid = (triton.cdiv(H, WS_ROWS), perm.num_blocks)
+    _ws_grouped_kernel[grid](act, perm.order, perm.block_expert, perm.block_start, perm.block_end, w2, w2_scales,
+                             w2_alpha, y, dacc, dacc, H=H, IP=IP, INTER=INTER, TOPK=0, TAP=TAP, GATE_UP=False,
+                             **_meta(perm.block_m, perm.tail, stages))  # fmt: skip
+
+
+def _check(perm, k: int) -> None:
+    if perm.block_m not in (16, 32, 64, 128) or k % 128:
+        raise ValueError(f"gluon_ws prototype: needs BM 16..128 and a reduction length that is a multiple of 128, "
+                         f"got BM {perm.block_m}, K {k}")  # fmt: skip
+
+
+def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool = False,  # noqa: N803, E741
+                    gate_up: bool = True):  # fmt: skip
+    """``triton.compile`` of the prototype (``gate_up``: the gate/up GEMM, else down) for sm_90a on any machine (as
+    ``grouped_gluon.compile_gluon_sm90``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     ip = (I + 63) // 64 * 64
-    ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16",
-            "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}  # fmt: skip
-    consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "TAP": tap, **_meta(block_m, tail)}
+    ptrs = {"src_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "out_ptr": "*bf16",
+            "aux_ptr": "*fp32", "aux2_ptr": "*fp32"}  # fmt: skip
+    consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k if gate_up else 0, "TAP": tap, "GATE_UP": gate_up,
+              **_meta(block_m, tail)}  # fmt: skip
     num_warps = consts.pop("num_warps")
-    kern = _ws_gate_up_kernel
+    kern = _ws_grouped_kernel
     sig = {a: ("constexpr" if a in consts else ptrs.get(a, "*i32")) for a in kern.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kern.arg_names) if sig[a].startswith("*")}
     src = GluonASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs)
@@ -235,32 +271,34 @@ def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bo
 def sass_report(H: int = 7168, I: int = 2048, k: int = 8) -> list[dict]:  # noqa: N803, E741
     """CPU: registers, shared memory and, in the consumers' K loop (the shortest loop around HGMMAs: with a tail,
     the loop of blocks without one), the HGMMA, wgmma-wait, ``BAR.SYNC`` and ``SYNCS`` (mbarrier) counts, plus the
-    in-flight register check, of the BM 128, BM 16 and BM 128 + 32 builds."""
+    in-flight register check, of the gate/up BM 128, BM 16 and BM 128 + 32 builds and the down BM 128 + 32 one."""
     from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, inflight_register_writes, main_loop, sass_of
 
     out = []
-    for bm, tail in ((128, 0), (16, 0), (128, 32)):
-        c = compile_ws_sm90(H, I, k, bm, tail)
+    for bm, tail, gate_up in ((128, 0, True), (16, 0, True), (128, 32, True), (128, 32, False)):
+        c = compile_ws_sm90(H, I, k, bm, tail, gate_up=gate_up)
         sass = sass_of(c.asm["cubin"])
         ops = [_opcode(t) for t in main_loop(sass)]
         count = {name: sum(o.startswith(prefix) for o in ops)
                  for name, prefix in (("hgmma", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("bar_sync", "BAR.SYNC"),
                                       ("syncs", "SYNCS"), ("sts", "STS"), ("ldsm", "LDSM"))}  # fmt: skip
-        out.append({"BM": bm, "TAIL": tail, **{k2: v for k2, v in _resources(c).items() if k2 != "tma"}, "loop": count,
+        res = {k2: v for k2, v in _resources(c).items() if k2 != "tma"}
+        out.append({"kind": "gate_up" if gate_up else "down", "BM": bm, "TAIL": tail, **res, "loop": count,
                     "inflight_writes": len(inflight_register_writes(sass))})  # fmt: skip
     return out
 
 
 def gpu_case(layer, M: int, tail: int = 0) -> dict:
-    """H200, one layer, M and tail: act of the prototype against the Gluon and the Triton gate/up kernels on the
-    same permutation (the default's BM capped at 128, the given tail), bitwise, then the three kernels timed (CUDA
-    graphs, us)."""
+    """H200, one layer, M and tail, on one permutation (the default's BM capped at 128, the given tail): act of the
+    gate/up prototype against the Gluon and the Triton gate/up kernels, and y of the down prototype against the
+    Gluon down kernel (bitwise the Triton one: tests/kernels/test_nvfp4_grouped_gluon_gpu.py) on the same act,
+    bitwise; then the five kernels timed (CUDA graphs, us)."""
     import torch
 
     from benchmarks.bench_grouped_nvfp4 import time_fn
     from flint_moe.kernels.nvfp4.gate_up import gate_up_buffers, w1_operands
     from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
-    from flint_moe.kernels.nvfp4.grouped_gluon import launch_gluon_gate_up
+    from flint_moe.kernels.nvfp4.grouped_gluon import launch_gluon_down, launch_gluon_gate_up
     from flint_moe.kernels.nvfp4.permute import moe_permute
     from flint_moe.ops import make_route_counter, route
 
@@ -269,19 +307,25 @@ def gpu_case(layer, M: int, tail: int = 0) -> dict:
     bm = min(grouped_config(M * layer.k, layer.E)["BM"], 128)
     perm = moe_permute(ids, layer.E, bm, min(tail, bm))
     w1 = w1_operands(layer.w)
-    kw = {"H": layer.H, "IP": (layer.I + 63) // 64 * 64, "INTER": layer.I, "TOPK": layer.k, "TAP": False}
-    act_ws, act_gl = (gate_up_buffers(M * layer.k, layer.I, False, x.device)[0] for _ in range(2))
+    w2 = (layer.w.w2, layer.w.w2_sf_swizzled.view(torch.uint8), layer.w.w2_alpha)
+    P, H, ip = M * layer.k, layer.H, (layer.I + 63) // 64 * 64
+    kw = {"H": H, "IP": ip, "INTER": layer.I, "TAP": False}
+    act_ws, act_gl = (gate_up_buffers(P, layer.I, False, x.device)[0] for _ in range(2))
+    act_tr = nvfp4_grouped_gate_up(x, ids, perm, layer.w, config={"SCALE_WORD": True})
+    y_ws, y_gl = (torch.empty(P, H, dtype=torch.bfloat16, device=x.device) for _ in range(2))
     runs = {
-        "ws": lambda i: launch_ws_gate_up(x, perm, *w1, act_ws, act_ws, act_ws, **kw),
-        "gluon": lambda i: launch_gluon_gate_up(x, perm, *w1, act_gl, act_gl, act_gl, **kw),
-        "triton": lambda i: nvfp4_grouped_gate_up(x, ids, perm, layer.w, config={"SCALE_WORD": True}),
+        "gate_up ws": lambda i: launch_ws_gate_up(x, perm, *w1, act_ws, act_ws, act_ws, TOPK=layer.k, **kw),
+        "gate_up gluon": lambda i: launch_gluon_gate_up(x, perm, *w1, act_gl, act_gl, act_gl, TOPK=layer.k, **kw),
+        "gate_up triton": lambda i: nvfp4_grouped_gate_up(x, ids, perm, layer.w, config={"SCALE_WORD": True}),
+        "down ws": lambda i: launch_ws_down(act_tr, perm, *w2, y_ws, y_ws, **kw),
+        "down gluon": lambda i: launch_gluon_down(act_tr, perm, *w2, y_gl, y_gl, **kw),
     }
-    runs["ws"](0)
-    runs["gluon"](0)
-    act_tr = runs["triton"](0)
+    for name in ("gate_up ws", "gate_up gluon", "down ws", "down gluon"):
+        runs[name](0)
     torch.cuda.synchronize()
-    bits = {"ws_eq_gluon": torch.equal(act_ws.view(torch.int16), act_gl.view(torch.int16)),
-            "ws_eq_triton": torch.equal(act_ws.view(torch.int16), act_tr.view(torch.int16))}  # fmt: skip
+    bits = {"act_ws_eq_gluon": torch.equal(act_ws.view(torch.int16), act_gl.view(torch.int16)),
+            "act_ws_eq_triton": torch.equal(act_ws.view(torch.int16), act_tr.view(torch.int16)),
+            "y_ws_eq_gluon": torch.equal(y_ws.view(torch.int16), y_gl.view(torch.int16))}  # every pair's row written
     return {"model": layer.model, "M": M, "BM": bm, "TAIL": perm.tail, **bits,
             "us": {n: time_fn(f) * 1e6 for n, f in runs.items()}}  # fmt: skip
 
