@@ -9,7 +9,7 @@ warps issues every ``cp.async`` of a K step (code words, scale words, the gather
 rows straight into the wgmma A registers (``grouped_gluon._dequant``, in two 64-K halves as the package kernel) and
 issues the wgmma against the token tile both warpgroups share (half the token fill per multiply-add of 64-row
 programs), waits for it, and releases the slot through its ``empty`` mbarrier (one arrival, from one thread after a
-barrier of the partition's 256 threads that the compiler places there, as it places one after the ``full`` wait: two
+barrier of the partition's 256 threads that the compiler places there, as it places one before the ``full`` wait: two
 partition-wide ``bar.sync`` per K step, none across the producer). The loads run up to ``STAGES`` steps ahead. Same
 weights, same A slots, same k16 wgmma chain per output element in increasing k from +0 as the package kernels
 (``orders.nvfp4_grouped_order``): the output must be bitwise the package kernels'.
@@ -79,12 +79,13 @@ def _producer(codes_s, scl_s, x_s, xt_s, full, empty, x_ptr, order_ptr, w_base, 
         async_copy.async_copy_global_to_shared(scl_s.index(st), s_ptrs + kk * (NS * 128))
         async_copy.async_copy_global_to_shared(x_s.index(st), x_ptrs + kk * BK, mask=x_ok)
         if TAIL > 0:
-            async_copy.async_copy_global_to_shared(xt_s.index(st), xt_ptrs + kk * BK, mask=xt_ok)
+            if end - start > BM:  # blocks without a tail never read the tail tile
+                async_copy.async_copy_global_to_shared(xt_s.index(st), xt_ptrs + kk * BK, mask=xt_ok)
         async_copy.mbarrier_arrive(full.index(st), increment_count=False)
 
 
 @gluon.jit
-def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H: gl.constexpr, BK: gl.constexpr,
+def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K: gl.constexpr, BK: gl.constexpr,
                     STAGES: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
                     MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
     """The consumers' K loop: per K step wait for the slot, dequantise and issue the two 64-K halves (the second
@@ -95,7 +96,7 @@ def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, H: gl.co
     DOT_T: gl.constexpr = gl.DotOperandLayout(0, MMA_T, 2)
     cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
     csel = (cidx | 0x4440)[None, None, :]
-    for kk in range(H // BK):
+    for kk in range(K // BK):
         st = kk % STAGES
         mbarrier.wait(full.index(st), (kk // STAGES) & 1)
         cs = codes_s.index(st)
@@ -209,18 +210,20 @@ def _ws_grouped_kernel(src_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr
             [WS_PRODUCER_WARPS], [WS_PRODUCER_REGS])  # fmt: skip
 
 
-def ws_stages(block_m: int, tail: int = 0) -> int:
-    """Ring depth: as many K steps (2..6) as fit 224 KiB next to the epilogue's fp32 scratch ([128, BM] and
-    [128, TAIL], one CTA per SM)."""
+def ws_stages(block_m: int, tail: int = 0, gate_up: bool = True) -> int:
+    """Ring depth: as many K steps (2..6) as fit 224 KiB next to the epilogue's scratch (one CTA per SM): gate/up
+    stages its fp32 accumulator [128, BM] in shared memory (the tail's [128, TAIL] reuses it), down converts
+    its layout through ~16 KiB."""
     per_stage = WS_ROWS * 64 + WS_ROWS * 8 + (block_m + tail) * 128 * 2
-    return max(2, min(6, (224 * 1024 - WS_ROWS * (block_m + tail) * 4) // per_stage))
+    scratch = WS_ROWS * max(block_m, tail) * 4 if gate_up else 16 * 1024
+    return max(2, min(6, (224 * 1024 - scratch) // per_stage))
 
 
-def _meta(block_m: int, tail: int = 0, stages: int | None = None) -> dict:
+def _meta(block_m: int, tail: int = 0, stages: int | None = None, gate_up: bool = True) -> dict:
     p3, mma, sw = ws_layouts(block_m)
     mma_t = ws_layouts(max(tail, 16))[1]
-    return {"BM": block_m, "TAIL": tail, "STAGES": stages or ws_stages(block_m, tail), "P3": p3, "MMA": mma,
-            "MMA_T": mma_t, "SW": sw, "num_warps": WS_WARPS}  # fmt: skip
+    return {"BM": block_m, "TAIL": tail, "STAGES": stages or ws_stages(block_m, tail, gate_up), "P3": p3,
+            "MMA": mma, "MMA_T": mma_t, "SW": sw, "num_warps": WS_WARPS}  # fmt: skip
 
 
 def launch_ws_gate_up(x, perm, w1, w1_scales, w1_alpha, act, gacc, uacc, *, H, IP, INTER, TOPK, TAP, stages=None):
@@ -239,13 +242,14 @@ def launch_ws_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INTER,
     grid = (triton.cdiv(H, WS_ROWS), perm.num_blocks)
     _ws_grouped_kernel[grid](act, perm.order, perm.block_expert, perm.block_start, perm.block_end, w2, w2_scales,
                              w2_alpha, y, dacc, dacc, H=H, IP=IP, INTER=INTER, TOPK=0, TAP=TAP, GATE_UP=False,
-                             **_meta(perm.block_m, perm.tail, stages))  # fmt: skip
+                             **_meta(perm.block_m, perm.tail, stages, gate_up=False))  # fmt: skip
 
 
 def _check(perm, k: int) -> None:
-    if perm.block_m not in (16, 32, 64, 128) or k % 128:
-        raise ValueError(f"gluon_ws prototype: needs BM 16..128 and a reduction length that is a multiple of 128, "
-                         f"got BM {perm.block_m}, K {k}")  # fmt: skip
+    if perm.block_m not in (16, 32, 64, 128) or perm.tail > 64 or k % 128:
+        raise ValueError(f"gluon_ws prototype: needs BM 16..128, a tail of at most 64 pairs (128 spills) and a "
+                         f"reduction length that is a multiple of 128, got BM {perm.block_m}, tail {perm.tail}, "
+                         f"K {k}")  # fmt: skip
 
 
 def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool = False,  # noqa: N803, E741
@@ -259,7 +263,7 @@ def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bo
     ptrs = {"src_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "out_ptr": "*bf16",
             "aux_ptr": "*fp32", "aux2_ptr": "*fp32"}  # fmt: skip
     consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k if gate_up else 0, "TAP": tap, "GATE_UP": gate_up,
-              **_meta(block_m, tail)}  # fmt: skip
+              **_meta(block_m, tail, gate_up=gate_up)}  # fmt: skip
     num_warps = consts.pop("num_warps")
     kern = _ws_grouped_kernel
     sig = {a: ("constexpr" if a in consts else ptrs.get(a, "*i32")) for a in kern.arg_names}
@@ -336,7 +340,9 @@ def gpu_check(cases=(("deepseek-v3", 4096, 0), ("deepseek-v3", 4096, 32), ("deep
 
     out, layers = [], {}
     for model, M, tail in cases:
-        layers.setdefault(model, Layer(model))
+        if model not in layers:
+            layers.clear()
+            layers[model] = Layer(model)
         out.append(gpu_case(layers[model], M, tail))
         print(json.dumps(out[-1]), flush=True)
     return out

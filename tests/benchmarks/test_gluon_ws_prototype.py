@@ -16,9 +16,11 @@ print(json.dumps(sass_report()))
 
 
 def test_ring_depth():
-    # per slot: 128 rows x (64 B codes + 8 B scales) + (BM + TAIL) x 256 B tokens; 224 KiB minus the fp32 scratch
-    # [128, BM + TAIL]: BM 128 -> (229376 - 65536) / 41984 = 3.9; + 32 -> (229376 - 81920) / 50176 = 2.9
-    assert ws_stages(128) == 3 and ws_stages(16) == 6 and ws_stages(128, 32) == 2 and WS_ROWS == 128
+    # per slot: 128 rows x (64 B codes + 8 B scales) + (BM + TAIL) x 256 B tokens; 224 KiB minus the epilogue's
+    # scratch (gate/up: fp32 [128, BM]; down: 16 KiB): BM 128 -> (229376 - 65536) / 41984 = 3.9;
+    # BM 128 + 32 -> (229376 - 65536) / 50176 = 3.3; down BM 128 + 32 -> (229376 - 16384) / 50176 = 4.2
+    assert ws_stages(128) == 3 and ws_stages(16) == 6 and ws_stages(128, 32) == 3 and WS_ROWS == 128
+    assert ws_stages(128, 32, gate_up=False) == 4
 
 
 def test_builds():
