@@ -6,7 +6,7 @@ interleave group, 64 up rows then their 64 gate rows; down: 128 hidden rows) and
 warps issues every ``cp.async`` of a K step (code words, scale words, the gathered token rows) into a ring of
 ``STAGES`` slots and signals the slot's ``full`` mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``:
 128 arrivals); the default partition, two consumer warpgroups of 64 rows each, waits for ``full``, dequantises its
-rows straight into the wgmma A registers (``grouped_gluon._dequant``, in two 64-K halves as the package kernel) and
+rows straight into the wgmma A registers (``grouped_gluon._half_mma``: the package kernel's two 64-K halves) and
 issues the wgmma against the token tile both warpgroups share (half the token fill per multiply-add of 64-row
 programs), waits for it, and releases the slot through its ``empty`` mbarrier (one arrival, from one thread after a
 barrier of the partition's 256 threads that the compiler places there, as it places one before the ``full`` wait: two
@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from flint_moe.kernels.nvfp4.grouped_gluon import _dequant, _down_store, _gate_up_store, _token_ptrs, _weight_ptrs
+from flint_moe.kernels.nvfp4.grouped_gluon import _down_store, _gate_up_store, _half_mma, _token_ptrs, _weight_ptrs
 
 #: Weight rows per program (two consumer warpgroups), consumer and producer warps, producer registers.
 WS_ROWS, WS_WARPS = 128, 8
@@ -91,7 +91,6 @@ def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K: gl.co
     """The consumers' K loop: per K step wait for the slot, dequantise and issue the two 64-K halves (the second
     dequantised while the first's wgmma runs; WITH_TAIL: each half's A registers also feed the tail rows' wgmma),
     wait for all of them once, release the slot. Returns (acc, acc_t)."""
-    R: gl.constexpr = codes_s.shape[1]
     DOT: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_T: gl.constexpr = gl.DotOperandLayout(0, MMA_T, 2)
     cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
@@ -99,21 +98,10 @@ def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K: gl.co
     for kk in range(K // BK):
         st = kk % STAGES
         mbarrier.wait(full.index(st), (kk // STAGES) & 1)
-        cs = codes_s.index(st)
-        ss = scl_s.index(st)
-        xs = x_s.index(st)
-        a0 = _dequant(cs.slice(0, 8, dim=1).load(gl.SliceLayout(2, P3)), ss.slice(0, 1, dim=1).load(SW), csel, R,
-                      64, P3, DOT)  # fmt: skip
-        acc = hopper.warpgroup_mma(a0, xs.slice(0, 64, dim=1).permute((1, 0)), acc, is_async=True)
+        cs, ss, xs, xts = codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
+        a0, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
+        a1, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
         if WITH_TAIL:
-            xt0 = xt_s.index(st).slice(0, 64, dim=1).permute((1, 0))
-            acc_t = hopper.warpgroup_mma(gl.convert_layout(a0, DOT_T), xt0, acc_t, is_async=True)
-        a1 = _dequant(cs.slice(8, 8, dim=1).load(gl.SliceLayout(2, P3)), ss.slice(1, 1, dim=1).load(SW), csel, R,
-                      64, P3, DOT)  # fmt: skip
-        acc = hopper.warpgroup_mma(a1, xs.slice(64, 64, dim=1).permute((1, 0)), acc, is_async=True)
-        if WITH_TAIL:
-            xt1 = xt_s.index(st).slice(64, 64, dim=1).permute((1, 0))
-            acc_t = hopper.warpgroup_mma(gl.convert_layout(a1, DOT_T), xt1, acc_t, is_async=True)
             acc, acc_t, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, acc_t, a0, a1])
         else:
             acc, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, a0, a1])
