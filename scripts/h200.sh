@@ -6,8 +6,8 @@
 # profile as FLINT_SHARDS shards one after another, merged; gluon = the Gluon grouped GEMMs (config ENGINE "gluon"):
 # their GPU test against the Triton kernels, then the --ab layers at AB_CASES and DeepSeek-V3 M = 128 / 256 (under
 # gluon/); gluon-ncu = Nsight Compute over the Gluon GEMMs and the default kernels (benchmarks.tune.ncu_kernels,
-# under gluon-ncu/); gluon-ws = the warp-specialised grouped GEMM prototype (benchmarks/prototypes/gluon_ws_grouped.py,
-# under gluon-ws/); pending = the paths whose kernels have not yet passed
+# under gluon-ncu/); gluon-ws = the warp-specialised Gluon GEMMs (config ENGINE "gluon_ws"): the --ab layers at
+# AB_CASES and DeepSeek-V3 M = 128 / 256 against the Gluon ones, then their GPU tests (under gluon-ws/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
 # FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT / FLINT_WS_TIMEOUT
 # (default 240: a hung mbarrier ring ends there): seconds per step.
@@ -72,11 +72,16 @@ for step in $steps; do
             python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --M 128,256 --out "$OUT/gluon/small" \
               > "$OUT/gluon/ab-small.log" 2>&1 || rc=1
             grep -h "M=\|^| \(default\|gluon\|bf16\)" "$OUT"/gluon/ab-*.log ;;
-    gluon-ws) # the warp-specialised grouped GEMM prototype: bits against the package kernels, then times
+    gluon-ws) # the warp-specialised Gluon GEMMs: A/B against the default and the Gluon engine, then their GPU tests
             mkdir -p "$OUT/gluon-ws"
-            timeout "${FLINT_WS_TIMEOUT:-240}" python3 -m benchmarks.prototypes.gluon_ws_grouped --sass --gpu \
-              --out "$OUT/gluon-ws/ws.json" > "$OUT/gluon-ws/ws.log" 2>&1 || rc=1
-            tail -5 "$OUT/gluon-ws/ws.log" ;;
+            python3 benchmarks/bench_grouped_nvfp4.py --ab --variants gluon+tail,gluon_ws,gluon_ws+tail,gluon_ws+tail64 \
+              --out "$OUT/gluon-ws/large" > "$OUT/gluon-ws/ab-large.log" 2>&1 || rc=1
+            python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --M 128,256 --variants gluon,gluon_ws \
+              --out "$OUT/gluon-ws/small" > "$OUT/gluon-ws/ab-small.log" 2>&1 || rc=1
+            grep -h "M=\|refused\|^| \(default\|gluon\|bf16\)\|copy " "$OUT"/gluon-ws/ab-*.log
+            timeout "${FLINT_WS_TIMEOUT:-240}" python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider -k gluon_ws \
+              tests/kernels/test_nvfp4_grouped_gluon_gpu.py > "$OUT/gluon-ws/pytest.txt" 2>&1 || rc=1
+            tail -3 "$OUT/gluon-ws/pytest.txt" ;;
     gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels
             python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ncu" gluontail:deepseek-v3:4096 \
               grouped:deepseek-v3:4096 gluon:deepseek-v3:128 > "$OUT/gluon-ncu.log" 2>&1 || rc=1

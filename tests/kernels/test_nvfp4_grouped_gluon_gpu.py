@@ -1,4 +1,5 @@
-"""The Gluon grouped GEMMs (config ``ENGINE`` 'gluon') on the H200 (marked gpu): bitwise the Triton kernels.
+"""The Gluon grouped GEMMs (config ``ENGINE`` 'gluon' and the warp-specialised 'gluon_ws') on the H200 (marked
+gpu): bitwise the Triton kernels.
 
 Real layers (DeepSeek-V3, Qwen3-235B-A22B, gpt-oss-120b) at bandwidth-bound and tensor-core-bound token counts,
 row blocks of 16 / 32 / 64 / 128 pairs: the op's production output and every tap of the tapped build (gate_acc,
@@ -19,20 +20,25 @@ from .test_nvfp4_grouped_gpu import _tokens, _weights
 
 pytestmark = pytest.mark.gpu
 
-GLUON = {"TAIL": 0, "gate_up": {"ENGINE": "gluon"}, "down": {"ENGINE": "gluon"}}
+
+def _engine(engine: str, stages: int | None = None) -> dict:
+    kernel = {"ENGINE": engine} if stages is None else {"ENGINE": engine, "num_stages": stages}
+    return {"gate_up": kernel, "down": dict(kernel)}
 
 
-def _gluon_op(w, x, router, k, counter, shared, bm, taps=None, out=None, tail=0):
-    cfg = {**GLUON, "BM": bm, "TAIL": tail}
+def _gluon_op(w, x, router, k, counter, shared, bm, taps=None, out=None, tail=0, engine="gluon"):
+    cfg = {**_engine(engine), "BM": bm, "TAIL": tail}
     return flint_moe_grouped(x, router, w, k, counter, shared, taps=taps, config=cfg, out=out)
 
 
+@pytest.mark.parametrize("engine", ["gluon", "gluon_ws"])
 @pytest.mark.parametrize(
     "E,H,I,k,M,bm,tail",
     [
         (256, 7168, 2048, 8, 128, 16, 0),
         (256, 7168, 2048, 8, 4096, 128, 0),
         (256, 7168, 2048, 8, 4096, 128, 32),
+        (256, 7168, 2048, 8, 4096, 128, 64),
         (256, 7168, 2048, 8, 256, 16, 16),
         (256, 7168, 2048, 8, 1024, 32, 0),
         (128, 4096, 1536, 8, 2000, 128, 32),
@@ -40,23 +46,28 @@ def _gluon_op(w, x, router, k, counter, shared, bm, taps=None, out=None, tail=0)
         (128, 2880, 2880, 4, 600, 64, 0),
     ],
 )
-def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail):  # noqa: E741, N803
-    """Gluon (with the same row-block schedule, tails included) against the Triton kernels: every tap bitwise."""
+def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail, engine):  # noqa: E741, N803
+    """A Gluon engine (with the same row-block schedule, tails included) against the Triton kernels: every tap
+    bitwise, the production build too, at every ring depth. gpt-oss-120b (K 2880) is refused by 'gluon_ws' (K steps
+    of 128), naming the constraint."""
     w = _weights(E, H, I)
     x, router, shared = _tokens(M, H, E, 23)
     counter = make_route_counter("cuda")
+    if engine == "gluon_ws" and (H % 128 or I % 128):
+        with pytest.raises(ValueError, match="ENGINE 'gluon_ws' needs a reduction length that is a multiple of 128"):
+            _gluon_op(w, x, router, k, counter, shared, bm, tail=tail, engine=engine)
+        return
     t0: dict = {}
     t1: dict = {}
     o0 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t0, config={"TAIL": tail, "BM": bm})
-    o1 = _gluon_op(w, x, router, k, counter, shared, bm, taps=t1, tail=tail)
+    o1 = _gluon_op(w, x, router, k, counter, shared, bm, taps=t1, tail=tail, engine=engine)
     assert same(o1, o0)
     for name in ("gate_acc", "up_acc", "act", "down_acc", "y", "out"):
-        assert same(t1[name], t0[name]), f"gluon BM {bm} TAIL {tail}: {name} differs from the Triton kernels"
+        assert same(t1[name], t0[name]), f"{engine} BM {bm} TAIL {tail}: {name} differs from the Triton kernels"
     del t0, t1
-    assert same(_gluon_op(w, x, router, k, counter, shared, bm, tail=tail), o0)  # production build
+    assert same(_gluon_op(w, x, router, k, counter, shared, bm, tail=tail, engine=engine), o0)  # production build
     for stages in (2, 3):  # the ring depth changes no bit
-        cfg = {**GLUON, "BM": bm, "TAIL": tail, "gate_up": {"ENGINE": "gluon", "num_stages": stages},
-               "down": {"ENGINE": "gluon", "num_stages": stages}}  # fmt: skip
+        cfg = {**_engine(engine, stages), "BM": bm, "TAIL": tail}
         assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0)
 
 
@@ -71,21 +82,30 @@ def test_gluon_refusals_on_the_gpu():
         check_gluon_launch("op", moe_permute(ids, 4, 256), 128)
     with pytest.raises(ValueError, match="multiple of 64, got 96"):
         check_gluon_launch("op", moe_permute(ids, 4, 16), 96)
+    from flint_moe.kernels.nvfp4.grouped_gluon_ws import check_ws_launch
+
+    check_ws_launch("op", moe_permute(ids, 4, 128, 64), 256)
+    with pytest.raises(ValueError, match="ENGINE 'gluon_ws' needs a tail of at most 64 pairs, got 128"):
+        check_ws_launch("op", moe_permute(ids, 4, 128, 128), 256)
+    with pytest.raises(ValueError, match="multiple of 128, got 192"):
+        check_ws_launch("op", moe_permute(ids, 4, 16), 192)
 
 
-def test_gluon_golden_and_graph_replay():
-    """DeepSeek-V3 M = 1024: the golden model fed the Gluon build's taps; CUDA-graph replays bitwise identical."""
+@pytest.mark.parametrize("engine", ["gluon", "gluon_ws"])
+def test_gluon_golden_and_graph_replay(engine):
+    """DeepSeek-V3 M = 1024: the golden model fed a Gluon engine's taps; CUDA-graph replays bitwise identical."""
     E, H, I, k, M = 256, 7168, 2048, 8, 1024  # noqa: E741
     w = _weights(E, H, I)
     x, router, shared = _tokens(M, H, E, 29)
     counter = make_route_counter("cuda")
 
     def op(x, router, weights, k, counter, shared, taps=None):
-        return flint_moe_grouped(x, router, weights, k, counter, shared, taps=taps, config={**GLUON, "BM": 32})
+        cfg = {**_engine(engine), "BM": 32, "TAIL": 0}
+        return flint_moe_grouped(x, router, weights, k, counter, shared, taps=taps, config=cfg)
 
     run_op_checked(op, check_grouped_taps, w, x, router, k, counter, shared, acc_pairs=[(0, 0), (M - 1, 7), (517, 3)])
-    ref = _gluon_op(w, x, router, k, counter, shared, 32)
-    graph, out = capture_graph(lambda: _gluon_op(w, x, router, k, counter, shared, 32))
+    ref = _gluon_op(w, x, router, k, counter, shared, 32, engine=engine)
+    graph, out = capture_graph(lambda: _gluon_op(w, x, router, k, counter, shared, 32, engine=engine))
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()

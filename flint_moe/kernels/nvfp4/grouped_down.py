@@ -264,8 +264,9 @@ def nvfp4_grouped_down(
     tap = taps is not None
     dacc = torch.empty((P, H), dtype=torch.float32, device=dev) if tap else y
     if P > 0:
-        if cfg["ENGINE"] == "gluon":
-            _launch_gluon(act, perm, weights, y, dacc, H, IP, INTER, tap, (config or {}).get("num_stages"))
+        if cfg["ENGINE"] in ("gluon", "gluon_ws"):
+            _launch_gluon(cfg["ENGINE"], act, perm, weights, y, dacc, H, IP, INTER, tap,
+                          (config or {}).get("num_stages"))  # fmt: skip
         else:
             kw = grouped_launch_kwargs(cfg, perm.block_m, tap, INTER)
             kernel = _grouped_down_kernel
@@ -284,13 +285,17 @@ def nvfp4_grouped_down(
     return out
 
 
-def _launch_gluon(act, perm, weights, y, dacc, H, IP, INTER, tap, stages) -> None:  # noqa: N803
-    """The down GEMM by the Gluon kernel (config ENGINE 'gluon'; ``grouped_gluon``)."""
-    from flint_moe.kernels.nvfp4.grouped_gluon import check_gluon_launch, launch_gluon_down
+def _launch_gluon(engine, act, perm, weights, y, dacc, H, IP, INTER, tap, stages) -> None:  # noqa: N803
+    """The down GEMM by a Gluon kernel (config ENGINE 'gluon': ``grouped_gluon``; 'gluon_ws': ``grouped_gluon_ws``)."""
+    from flint_moe.kernels.nvfp4 import grouped_gluon, grouped_gluon_ws
 
-    check_gluon_launch("nvfp4_grouped_down", perm, INTER)
-    launch_gluon_down(act, perm, weights.w2, weights.w2_sf_swizzled.view(torch.uint8), weights.w2_alpha, y, dacc,
-                      H=H, IP=IP, INTER=INTER, TAP=tap, stages=stages)  # fmt: skip
+    if engine == "gluon":
+        check, launch = grouped_gluon.check_gluon_launch, grouped_gluon.launch_gluon_down
+    else:
+        check, launch = grouped_gluon_ws.check_ws_launch, grouped_gluon_ws.launch_ws_down
+    check("nvfp4_grouped_down", perm, INTER)
+    launch(act, perm, weights.w2, weights.w2_sf_swizzled.view(torch.uint8), weights.w2_alpha, y, dacc,
+           H=H, IP=IP, INTER=INTER, TAP=tap, stages=stages)  # fmt: skip
 
 
 def launch_grouped_down(*args, **kwargs) -> torch.Tensor:

@@ -48,9 +48,11 @@ __all__ = [
 #: needs BK a multiple of 64) instead of byte by byte: at BK 64 a thread's scales then reach the 4 bytes
 #: ``cp.async`` needs and are pipelined instead of loaded synchronously in the loop; the same scale values,
 #: hence the same bits.
-#: ``ENGINE``: "triton" (these kernels) or "gluon" (``grouped_gluon``: the weights dequantised straight into the
-#: wgmma A registers; sm_90 only, BM <= 128, K a multiple of 64; the same bits; of the other keys only an explicit
-#: ``num_stages`` applies to it).
+#: ``ENGINE``: "triton" (these kernels), "gluon" (``grouped_gluon``: the weights dequantised straight into the
+#: wgmma A registers; sm_90 only, BM <= 128, K a multiple of 64) or "gluon_ws" (``grouped_gluon_ws``: the same
+#: warp-specialised, a producer warp group feeding two consumer warpgroups; sm_90 only, BM <= 128, a tail of at most
+#: 64 pairs, K a multiple of 128); the same bits; of the other keys only an explicit ``num_stages`` applies to them.
+ENGINES = ("triton", "gluon", "gluon_ws")
 GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False,
                           "ENGINE": "triton"}  # fmt: skip
 
@@ -305,8 +307,8 @@ def _cfg(config: dict | None, default: dict, name: str) -> dict:
         if unknown:
             raise ValueError(f"{name}: unknown config keys {sorted(unknown)}")
         cfg.update(config)
-    if cfg.get("ENGINE", "triton") not in ("triton", "gluon"):
-        raise ValueError(f"{name}: config ENGINE must be 'triton' or 'gluon', got {cfg['ENGINE']!r}")
+    if cfg.get("ENGINE", "triton") not in ENGINES:
+        raise ValueError(f"{name}: config ENGINE must be one of {ENGINES}, got {cfg['ENGINE']!r}")
     if "SCALE_WORD" in cfg and not isinstance(cfg["SCALE_WORD"], bool):
         raise ValueError(f"{name}: config SCALE_WORD must be a bool, got {cfg['SCALE_WORD']!r}")
     if cfg["BK"] is not None:
@@ -368,6 +370,12 @@ def nvfp4_grouped_gate_up(
         check_gluon_launch("nvfp4_grouped_gate_up", perm, H)
         launch_gluon_gate_up(x, perm, *w1_operands(weights), act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=top_k,
                              TAP=tap, stages=(config or {}).get("num_stages"))  # fmt: skip
+    elif P > 0 and cfg["ENGINE"] == "gluon_ws":
+        from flint_moe.kernels.nvfp4.grouped_gluon_ws import check_ws_launch, launch_ws_gate_up
+
+        check_ws_launch("nvfp4_grouped_gate_up", perm, H)
+        launch_ws_gate_up(x, perm, *w1_operands(weights), act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=top_k,
+                          TAP=tap, stages=(config or {}).get("num_stages"))  # fmt: skip
     elif P > 0:
         grid = (triton.cdiv(INTER, bc), perm.num_blocks)
         kw = grouped_launch_kwargs(cfg, perm.block_m, tap, H)

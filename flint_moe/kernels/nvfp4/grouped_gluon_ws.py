@@ -1,32 +1,28 @@
-"""Prototype under evaluation: warp-specialised Gluon grouped GEMMs (gate/up and down, sm_90), measured against the
-Gluon kernels of ``flint_moe.kernels.nvfp4.grouped_gluon`` before anything of it moves into the package.
+"""The grouped NVFP4 GEMMs (gate/up and down) in Gluon for sm_90, warp-specialised: a producer partition feeds
+an mbarrier ring, two consumer warpgroups dequantise into the wgmma A registers and multiply.
 
-Structure (docs/kernels/nvfp4-grouped.md, "Gluon main loop"): programs of 128 weight rows (gate/up: one w1
-interleave group, 64 up rows then their 64 gate rows; down: 128 hidden rows) and BM pairs. A producer partition of 4
-warps issues every ``cp.async`` of a K step (code words, scale words, the gathered token rows) into a ring of
-``STAGES`` slots and signals the slot's ``full`` mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``:
-128 arrivals); the default partition, two consumer warpgroups of 64 rows each, waits for ``full``, dequantises its
-rows straight into the wgmma A registers (``grouped_gluon._half_mma``: the package kernel's two 64-K halves) and
-issues the wgmma against the token tile both warpgroups share (half the token fill per multiply-add of 64-row
-programs), waits for it, and releases the slot through its ``empty`` mbarrier (one arrival, from one thread after a
-barrier of the partition's 256 threads that the compiler places there, as it places one before the ``full`` wait: two
-partition-wide ``bar.sync`` per K step, none across the producer). The loads run up to ``STAGES`` steps ahead. Same
-weights, same A slots, same k16 wgmma chain per output element in increasing k from +0 as the package kernels
-(``orders.nvfp4_grouped_order``): the output must be bitwise the package kernels'.
+Structure (docs/kernels/nvfp4-grouped.md, "Warp-specialised Gluon GEMMs"): programs of 128 weight rows (gate/up:
+one w1 interleave group, 64 up rows then their 64 gate rows; down: 128 hidden rows) and BM pairs. A producer
+partition of 4 warps issues every ``cp.async`` of a K step (code words, scale words, the gathered token rows) into a
+ring of ``STAGES`` slots and signals the slot's ``full`` mbarrier when its copies land
+(``cp.async.mbarrier.arrive.noinc``: 128 arrivals); the default partition, two consumer warpgroups of 64 rows each,
+waits for ``full``, dequantises its rows straight into the wgmma A registers (``grouped_gluon._half_mma``: two 64-K
+halves, the second dequantised under the first's wgmma) and issues the wgmma against the token tile both
+warpgroups share (half the token traffic per multiply-add of the 64-row programs of ``grouped_gluon``), waits for
+it once per K step, and releases the slot through its ``empty`` mbarrier (one arrival after a barrier of the
+partition's 256 threads). The loads run up to ``STAGES`` steps ahead of the multiplies.
 
-Scope: row blocks of 16..128 pairs with or without a tail (``moe_permute(..., tail)``: the tail rows'
-wgmma on the same A registers, one K loop per kind of block), reduction lengths that are multiples of 128.
+Values and order: the weights of ``grouped_gluon`` (``E2M1 x E4M3``, exact in bf16) in the same A slots, the same
+``wgmma.mma_async.m64nNk16.f32.bf16.bf16`` chain of k16 steps in increasing k from +0 per output element
+(``orders.nvfp4_grouped_order``), the same epilogues (rule steps 6-8): bitwise the Triton and ``grouped_gluon``
+kernels (GPU test tests/kernels/test_nvfp4_grouped_gluon_gpu.py).
 
-``python -m benchmarks.prototypes.gluon_ws_grouped --sass`` (CPU: registers, shared memory, the SASS checks of the
-package kernels); ``python -m benchmarks.prototypes.gluon_ws_grouped --gpu`` (H200: act and y bitwise the package
-kernels' at DeepSeek-V3 M = 4096 without and with tails and M = 128, then the kernels timed with CUDA graphs).
+Scope: sm_90 only (no interpreter path), row blocks of 16..128 pairs with or without a tail of up to 64 pairs
+(``moe_permute(..., tail)``: the tail rows' wgmma on the same A registers, one K loop per kind of block), reduction
+lengths that are multiples of 128 (:func:`ws_refusal`).
 """
 
 from __future__ import annotations
-
-import argparse
-import json
-import sys
 
 import triton
 from triton.experimental import gluon
@@ -36,6 +32,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from flint_moe.kernels.nvfp4.grouped_gluon import _down_store, _gate_up_store, _half_mma, _token_ptrs, _weight_ptrs
+
+__all__ = ["WS_ROWS", "WS_WARPS", "ws_stages", "ws_layouts", "ws_refusal", "check_ws_launch", "launch_ws_gate_up",
+           "launch_ws_down", "compile_ws_sm90"]  # fmt: skip
 
 #: Weight rows per program (two consumer warpgroups), consumer and producer warps, producer registers.
 WS_ROWS, WS_WARPS = 128, 8
@@ -214,35 +213,52 @@ def _meta(block_m: int, tail: int = 0, stages: int | None = None, gate_up: bool 
             "MMA": mma, "MMA_T": mma_t, "SW": sw, "num_warps": WS_WARPS}  # fmt: skip
 
 
-def launch_ws_gate_up(x, perm, w1, w1_scales, w1_alpha, act, gacc, uacc, *, H, IP, INTER, TOPK, TAP, stages=None):
-    """Launch the gate/up prototype (operands as ``grouped_gluon.launch_gluon_gate_up``'s; ``perm`` of BM 16..128
-    pairs with or without a tail; H a multiple of 128)."""
-    _check(perm, H)
+def launch_ws_gate_up(x, perm, w1, w1_scales, w1_alpha, act, gacc, uacc, *, H, IP, INTER, TOPK, TAP,
+                      stages=None) -> None:  # fmt: skip
+    """Launch the gate/up GEMM on checked operands (``nvfp4_grouped_gate_up`` with ENGINE 'gluon_ws', after
+    :func:`check_ws_launch`); ``stages`` None: :func:`ws_stages`."""
     grid = (triton.cdiv(INTER, WS_ROWS // 2), perm.num_blocks)
     _ws_grouped_kernel[grid](x, perm.order, perm.block_expert, perm.block_start, perm.block_end, w1, w1_scales,
                              w1_alpha, act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=TOPK, TAP=TAP, GATE_UP=True,
                              **_meta(perm.block_m, perm.tail, stages))  # fmt: skip
 
 
-def launch_ws_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INTER, TAP, stages=None):
-    """Launch the down prototype (operands as ``grouped_gluon.launch_gluon_down``'s; INTER a multiple of 128)."""
-    _check(perm, INTER)
+def launch_ws_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INTER, TAP, stages=None) -> None:
+    """Launch the down GEMM on checked operands (``nvfp4_grouped_down`` with ENGINE 'gluon_ws')."""
     grid = (triton.cdiv(H, WS_ROWS), perm.num_blocks)
     _ws_grouped_kernel[grid](act, perm.order, perm.block_expert, perm.block_start, perm.block_end, w2, w2_scales,
                              w2_alpha, y, dacc, dacc, H=H, IP=IP, INTER=INTER, TOPK=0, TAP=TAP, GATE_UP=False,
                              **_meta(perm.block_m, perm.tail, stages, gate_up=False))  # fmt: skip
 
 
-def _check(perm, k: int) -> None:
-    if perm.block_m not in (16, 32, 64, 128) or perm.tail > 64 or k % 128:
-        raise ValueError(f"gluon_ws prototype: needs BM 16..128, a tail of at most 64 pairs (128 spills) and a "
-                         f"reduction length that is a multiple of 128, got BM {perm.block_m}, tail {perm.tail}, "
-                         f"K {k}")  # fmt: skip
+def ws_refusal(perm, k: int) -> str | None:
+    """Why the warp-specialised GEMMs cannot serve this launch, or None: they need a CUDA device of compute
+    capability 9.x (no interpreter path), row blocks of 16..128 pairs, a tail of at most 64 pairs (a 128-pair
+    tail's accumulator spills) and a reduction length ``k`` that is a multiple of 128 (the K step)."""
+    from flint_moe.kernels.nvfp4.grouped_gluon import gluon_refusal
+
+    why = gluon_refusal(perm, k)
+    if why is not None:
+        return why
+    if perm.tail > 64:
+        return f"needs a tail of at most 64 pairs, got {perm.tail}"
+    if k % 128:
+        return f"needs a reduction length that is a multiple of 128, got {k}"
+    return None
+
+
+def check_ws_launch(name: str, perm, k: int) -> None:
+    """ValueError naming the constraint unless the warp-specialised GEMMs serve this launch (:func:`ws_refusal`)."""
+    why = ws_refusal(perm, k)
+    if why is not None:
+        raise ValueError(f"{name}: config ENGINE 'gluon_ws' {why}")
 
 
 def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool = False,  # noqa: N803, E741
                     gate_up: bool = True):  # fmt: skip
-    """``triton.compile`` of the prototype (``gate_up``: the gate/up GEMM, else down) for sm_90a on any machine (as
+    """The ``triton.compile`` result of the gate/up (``gate_up`` True) or down GEMM for sm_90a on any machine (no
+    GPU needed): shapes (H, I, top_k), row block ``block_m`` and ``tail``, the launchers' meta-parameters, pointer
+    arguments 16-byte aligned as a launch on torch tensors specialises them (as
     ``grouped_gluon.compile_gluon_sm90``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -258,101 +274,3 @@ def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bo
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kern.arg_names) if sig[a].startswith("*")}
     src = GluonASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
-
-
-def sass_report(H: int = 7168, I: int = 2048, k: int = 8) -> list[dict]:  # noqa: N803, E741
-    """CPU: registers, shared memory and, in the consumers' K loop (the shortest loop around HGMMAs: with a tail,
-    the loop of blocks without one), the HGMMA, wgmma-wait, ``BAR.SYNC`` and ``SYNCS`` (mbarrier) counts, plus the
-    in-flight register check, of the gate/up BM 128, BM 16 and BM 128 + 32 builds and the down BM 128 + 32 one."""
-    from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, inflight_register_writes, main_loop, sass_of
-
-    out = []
-    for bm, tail, gate_up in ((128, 0, True), (16, 0, True), (128, 32, True), (128, 32, False)):
-        c = compile_ws_sm90(H, I, k, bm, tail, gate_up=gate_up)
-        sass = sass_of(c.asm["cubin"])
-        ops = [_opcode(t) for t in main_loop(sass)]
-        count = {name: sum(o.startswith(prefix) for o in ops)
-                 for name, prefix in (("hgmma", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("bar_sync", "BAR.SYNC"),
-                                      ("syncs", "SYNCS"), ("sts", "STS"), ("ldsm", "LDSM"))}  # fmt: skip
-        res = {k2: v for k2, v in _resources(c).items() if k2 != "tma"}
-        out.append({"kind": "gate_up" if gate_up else "down", "BM": bm, "TAIL": tail, **res, "loop": count,
-                    "inflight_writes": len(inflight_register_writes(sass))})  # fmt: skip
-    return out
-
-
-def gpu_case(layer, M: int, tail: int = 0) -> dict:
-    """H200, one layer, M and tail, on one permutation (the default's BM capped at 128, the given tail): act of the
-    gate/up prototype against the Gluon and the Triton gate/up kernels, and y of the down prototype against the
-    Gluon down kernel (bitwise the Triton one: tests/kernels/test_nvfp4_grouped_gluon_gpu.py) on the same act,
-    bitwise; then the five kernels timed (CUDA graphs, us)."""
-    import torch
-
-    from benchmarks.bench_grouped_nvfp4 import time_fn
-    from flint_moe.kernels.nvfp4.gate_up import gate_up_buffers, w1_operands
-    from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config, nvfp4_grouped_gate_up
-    from flint_moe.kernels.nvfp4.grouped_gluon import launch_gluon_down, launch_gluon_gate_up
-    from flint_moe.kernels.nvfp4.permute import moe_permute
-    from flint_moe.ops import make_route_counter, route
-
-    x, router, _ = layer.inputs(M, seed=5)
-    ids, _ = route(x, router, layer.k, make_route_counter(layer.device))
-    bm = min(grouped_config(M * layer.k, layer.E)["BM"], 128)
-    perm = moe_permute(ids, layer.E, bm, min(tail, bm))
-    w1 = w1_operands(layer.w)
-    w2 = (layer.w.w2, layer.w.w2_sf_swizzled.view(torch.uint8), layer.w.w2_alpha)
-    P, H, ip = M * layer.k, layer.H, (layer.I + 63) // 64 * 64
-    kw = {"H": H, "IP": ip, "INTER": layer.I, "TAP": False}
-    act_ws, act_gl = (gate_up_buffers(P, layer.I, False, x.device)[0] for _ in range(2))
-    act_tr = nvfp4_grouped_gate_up(x, ids, perm, layer.w, config={"SCALE_WORD": True})
-    y_ws, y_gl = (torch.empty(P, H, dtype=torch.bfloat16, device=x.device) for _ in range(2))
-    runs = {
-        "gate_up ws": lambda i: launch_ws_gate_up(x, perm, *w1, act_ws, act_ws, act_ws, TOPK=layer.k, **kw),
-        "gate_up gluon": lambda i: launch_gluon_gate_up(x, perm, *w1, act_gl, act_gl, act_gl, TOPK=layer.k, **kw),
-        "gate_up triton": lambda i: nvfp4_grouped_gate_up(x, ids, perm, layer.w, config={"SCALE_WORD": True}),
-        "down ws": lambda i: launch_ws_down(act_tr, perm, *w2, y_ws, y_ws, **kw),
-        "down gluon": lambda i: launch_gluon_down(act_tr, perm, *w2, y_gl, y_gl, **kw),
-    }
-    for name in ("gate_up ws", "gate_up gluon", "down ws", "down gluon"):
-        runs[name](0)
-    torch.cuda.synchronize()
-    bits = {"act_ws_eq_gluon": torch.equal(act_ws.view(torch.int16), act_gl.view(torch.int16)),
-            "act_ws_eq_triton": torch.equal(act_ws.view(torch.int16), act_tr.view(torch.int16)),
-            "y_ws_eq_gluon": torch.equal(y_ws.view(torch.int16), y_gl.view(torch.int16))}  # every pair's row written
-    return {"model": layer.model, "M": M, "BM": bm, "TAIL": perm.tail, **bits,
-            "us": {n: time_fn(f) * 1e6 for n, f in runs.items()}}  # fmt: skip
-
-
-def gpu_check(cases=(("deepseek-v3", 4096, 0), ("deepseek-v3", 4096, 32), ("deepseek-v3", 128, 0))) -> list[dict]:
-    """:func:`gpu_case` for every (model, M, tail) of ``cases``, printed as JSON lines."""
-    from benchmarks.bench_grouped_nvfp4 import Layer
-
-    out, layers = [], {}
-    for model, M, tail in cases:
-        if model not in layers:
-            layers.clear()
-            layers[model] = Layer(model)
-        out.append(gpu_case(layers[model], M, tail))
-        print(json.dumps(out[-1]), flush=True)
-    return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sass", action="store_true", help="CPU: the sm_90a builds' resources and SASS checks")
-    ap.add_argument("--gpu", action="store_true", help="H200: bits against the package kernels, then times")
-    ap.add_argument("--out", help="write the results as JSON here")
-    a = ap.parse_args(argv)
-    res = {}
-    if a.sass:
-        res["sass"] = sass_report()
-        print(json.dumps(res["sass"], indent=1))
-    if a.gpu:
-        res["gpu"] = gpu_check()
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
-    return 0 if res else 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

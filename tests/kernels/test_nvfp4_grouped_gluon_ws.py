@@ -1,0 +1,76 @@
+"""The warp-specialised Gluon grouped GEMMs (config ``ENGINE`` 'gluon_ws') on the CPU: sm_90a builds (no GPU
+needed), the ring depth and the launch checks.
+
+The builds the launchers take for DeepSeek-V3 (gate/up BM 128, 16 and 128 + 32; down BM 128 + 32): they
+fit one CTA's shared memory without spilling, and the consumers' K loop issues one K step of 128 as 8 HGMMA with
+one wgmma wait, waits and arrives on mbarriers, keeps the weights in registers (no STS / LDSM) and writes no
+register of an in-flight HGMMA. Bitwise equality with the Triton kernels is a GPU test
+(test_nvfp4_grouped_gluon_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flint_moe.kernels.nvfp4.grouped_gluon_ws import WS_ROWS, check_ws_launch, ws_stages
+from flint_moe.kernels.nvfp4.permute import moe_permute
+
+_BUILDS = [(128, 0, True), (16, 0, True), (128, 32, True), (128, 32, False)]
+
+_SCRIPT = r"""
+import json
+from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, inflight_register_writes, main_loop, sass_of
+from flint_moe.kernels.nvfp4.grouped_gluon_ws import compile_ws_sm90
+out = []
+for bm, tail, gate_up in BUILDS:
+    c = compile_ws_sm90(7168, 2048, 8, bm, tail, gate_up=gate_up)
+    sass = sass_of(c.asm["cubin"])
+    ops = [_opcode(t) for t in main_loop(sass)]
+    loop = {name: sum(o.startswith(prefix) for o in ops)
+            for name, prefix in (("hgmma", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("bar_sync", "BAR.SYNC"),
+                                 ("syncs", "SYNCS"), ("sts", "STS"), ("ldsm", "LDSM"))}
+    res = {k: v for k, v in _resources(c).items() if k != "tma"}
+    out.append({**res, "loop": loop, "inflight": len(inflight_register_writes(sass))})
+print(json.dumps(out))
+"""
+
+
+def test_ring_depth():
+    # per slot: 128 rows x (64 B codes + 8 B scales) + (BM + TAIL) x 256 B tokens; 224 KiB minus the epilogue's
+    # scratch (gate/up: fp32 [128, max(BM, TAIL)]; down: 16 KiB): BM 128 -> (229376 - 65536) / 41984 = 3.9;
+    # BM 128 + 32 -> (229376 - 65536) / 50176 = 3.3; BM 128 + 64 -> 163840 / 58368 = 2.8; down BM 128 + 32 ->
+    # (229376 - 16384) / 50176 = 4.2; BM 16 -> (229376 - 8192) / 13312 = 16.6, capped at 6
+    assert ws_stages(128) == 3 and ws_stages(16) == 6 and ws_stages(128, 32) == 3 and WS_ROWS == 128
+    assert ws_stages(128, 64) == 2 and ws_stages(128, 32, gate_up=False) == 4
+
+
+def test_launch_checks():
+    """Without an sm_90 GPU (here: the CPU, or the interpreter) every launch is refused, naming why; the engine
+    name is accepted by both GEMMs' config check."""
+    from flint_moe.kernels.nvfp4.grouped_down import GROUPED_DOWN_CONFIG
+    from flint_moe.kernels.nvfp4.grouped_gate_up import GROUPED_GATE_UP_CONFIG, _cfg
+
+    ids = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="config ENGINE 'gluon_ws' needs an sm_90 GPU"):
+        check_ws_launch("op", moe_permute(ids, 4, 16), 128)
+    assert _cfg({"ENGINE": "gluon_ws"}, GROUPED_GATE_UP_CONFIG, "x")["ENGINE"] == "gluon_ws"
+    assert _cfg({"ENGINE": "gluon_ws"}, GROUPED_DOWN_CONFIG, "x")["ENGINE"] == "gluon_ws"
+    with pytest.raises(ValueError, match="ENGINE must be one of"):
+        _cfg({"ENGINE": "gluon-ws"}, GROUPED_DOWN_CONFIG, "nvfp4_grouped_down")
+
+
+def test_builds():
+    """sm_90a builds compiled in a fresh interpreter without TRITON_INTERPRET (see the module docstring)."""
+    from ._sm90_build import run_build_script
+
+    res = run_build_script(f"BUILDS = {_BUILDS!r}\n" + _SCRIPT, timeout=900)
+    for (bm, tail, gate_up), r in zip(_BUILDS, res, strict=True):
+        name = f"{'gate_up' if gate_up else 'down'} BM {bm} TAIL {tail}"
+        assert r["smem"] <= 227 * 1024 and r["spills"] == 0, (name, r)
+        # one K step of 128 = 2 halves x 4 HGMMA, one wgmma wait, the mbarrier wait and arrive, no shared-memory
+        # store or ldmatrix, no CTA-wide barrier besides the consumer partition's two
+        loop = r["loop"]
+        assert loop["hgmma"] == 8 and loop["waits"] == 1, (name, loop)
+        assert loop["sts"] == 0 and loop["ldsm"] == 0 and loop["bar_sync"] <= 2 and loop["syncs"] >= 2, (name, loop)
+        assert r["inflight"] == 0, (name, r)
