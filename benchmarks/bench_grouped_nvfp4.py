@@ -248,10 +248,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 #: SM instead of two), ``gluon-bm64+32`` / ``gluon-bm64+16``: 64-pair row blocks with a 32 / 16-pair tail (143 /
 #: 127 registers; their 3- / 4-deep rings, 85 / 98 KiB, still hold them to two CTAs per SM); ``gluon_ws``,
 #: ``gluon_ws+tail``, ``gluon_ws+tail64``: the warp-specialised Gluon GEMMs (``ENGINE`` 'gluon_ws') without a tail,
-#: with a 32- and a 64-pair tail.
+#: with a 32- and a 64-pair tail; ``triton``: the default's row-block schedule on the Triton kernels (the engine
+#: the default takes without an sm_90 GPU; ``grouped_gate_up.default_engine``).
 _SW, _NO_SW = {"SCALE_WORD": True}, {"SCALE_WORD": False}
-_GLUON, _WS = {"ENGINE": "gluon"}, {"ENGINE": "gluon_ws"}
-AB_VARIANTS = {"default": None, "classic": {"TAIL": 0, "gate_up": _NO_SW, "down": _NO_SW},
+_GLUON, _WS, _TRITON = {"ENGINE": "gluon"}, {"ENGINE": "gluon_ws"}, {"ENGINE": "triton"}
+AB_VARIANTS = {"default": None, "triton": {"gate_up": _TRITON, "down": _TRITON},
+               "classic": {"TAIL": 0, "gate_up": _NO_SW, "down": _NO_SW},
                "rows": {"TAIL": 32, "gate_up": _NO_SW, "down": _NO_SW},
                "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW},
                "gluon": {"TAIL": 0, "BM": None, "gate_up": _GLUON, "down": _GLUON},
@@ -318,6 +320,10 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None, names=No
     tiles = -(-layer.I // GROUPED_GATE_UP_CONFIG["BC"]) + -(-layer.H // 128)  # gate/up + down weight tiles
     variants = {n: (dict(c, BM=min(bm, 128)) if c and "BM" in c and c["BM"] is None else c)
                 for n, c in AB_VARIANTS.items() if names is None or n in names}  # fmt: skip
+    for n, c in variants.items():  # a variant that sets no TAIL takes the default's row-block options
+        if c and "TAIL" not in c:
+            variants[n] = {**c, "TAIL": resolved["TAIL"],
+                           **{g: {**resolved[g], **c.get(g, {})} for g in ("gate_up", "down")}}  # fmt: skip
     perms = {}
     for name, cfg in variants.items():
         vbm = (cfg or {}).get("BM", bm)

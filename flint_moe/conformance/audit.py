@@ -226,6 +226,13 @@ def _case_launches(case, counter) -> list[Launch]:
     return launches
 
 
+def _h200_capability(device=None) -> tuple[int, int]:
+    """The fake CUDA device's compute capability: the H200's (9, 0), so the launchers pick the kernels (engine,
+    build) they pick there."""
+    del device
+    return (9, 0)
+
+
 @contextlib.contextmanager
 def _fake_run_patches(launches: list[Launch]):
     """The recorder plus the stand-ins the ops need on fake tensors (``conformance.audit_fakes``)."""
@@ -238,6 +245,7 @@ def _fake_run_patches(launches: list[Launch]):
         _patched(grouped_op, "moe_permute", shape_only_permute),
         _patched(pertoken_op, "moe_permute", shape_only_permute),
         _patched(torch.Tensor, "__getitem__", fake_row_slicing(torch.Tensor.__getitem__)),
+        _patched(torch.cuda, "get_device_capability", _h200_capability),
     ):
         yield
 
@@ -326,7 +334,7 @@ _TAG_KEYS = ("H", "IP", "INTER", "TOPK", "EP2", "BM", "BN", "BH", "MMA", "TAP")
 
 def _spec_name(ln: Launch) -> str:
     consts = dict(ln.constexprs)
-    tags = [f"{k}{int(consts[k])}" for k in _TAG_KEYS if k in consts]
+    tags = [f"{k}{int(consts[k])}" for k in _TAG_KEYS if isinstance(consts.get(k), int)]  # not a Gluon layout
     digest = hashlib.sha1(repr(ln.key).encode()).hexdigest()[:10]
     return ".".join(["matrix", ln.kernel_name, *tags, digest])
 
@@ -345,15 +353,17 @@ def _swap_path(require: tuple, mma: bool) -> tuple:
 
 def _rule_lists(kernel: Any, constexprs: dict, specs: dict) -> tuple[tuple, tuple]:
     """(require, forbid) of ``kernel``'s own registered specs (a kernel's rule instructions do not depend on its
-    sizes). For a kernel with a ``GATED`` constexpr, the specs with the same ``GATED`` value; with an ``MMA``
+    sizes). For a kernel with a ``GATED`` (or ``GATE_UP``: one kernel for both GEMMs) constexpr, the specs with the
+    same value; with an ``MMA``
     constexpr, the specs with the same ``MMA`` value; when its module audits
     only the other path, that path's list with the path instructions swapped as the module's ``audit_specs()``
     swaps them (``_swap_path``). Raises LookupError when the kernel module registers no spec for this kernel or
     its specs disagree."""
     fn = getattr(kernel, "fn", kernel)
     own = [s for s in specs.values() if getattr(s.kernel, "fn", s.kernel) is fn and not s.name.startswith("matrix.")]
-    if "GATED" in constexprs:  # the activation's instructions (SwiGLU's sigmoid) depend on it
-        own = [s for s in own if bool(s.constexprs.get("GATED")) == bool(constexprs["GATED"])]
+    for flag in ("GATED", "GATE_UP"):  # the activation's instructions (SwiGLU's sigmoid) depend on it
+        if flag in constexprs:
+            own = [s for s in own if bool(s.constexprs.get(flag)) == bool(constexprs[flag])]
     lists = {(s.require, s.forbid) for s in own}
     if "MMA" in constexprs:
         mma = bool(constexprs["MMA"])
@@ -372,7 +382,9 @@ def _rule_lists(kernel: Any, constexprs: dict, specs: dict) -> tuple[tuple, tupl
 def matrix_spec_records(profiles: Sequence[str] = ("gpu", "cpu")) -> list[dict]:
     """JSON-able records of every distinct matrix launch no kernel-module spec covers: ``name``, ``kernel``
     ("module:function"), ``signature``, ``constexprs``, ``options``, ``require``, ``forbid``, ``cases`` (how many
-    matrix cases launch it) and ``example`` (the first such case id). Sorted by name."""
+    matrix cases launch it), ``example`` (the first such case id) and ``layouts`` (the names of the constexprs that
+    are Gluon layouts, left out of ``constexprs``: ``register_records`` has the kernel's module rebuild them). Sorted
+    by name."""
     from flint_moe.kernels.audit.registry import collect_audit_specs
 
     specs = {n: s for n, s in collect_audit_specs().items() if not n.startswith("matrix.")}
@@ -380,12 +392,14 @@ def matrix_spec_records(profiles: Sequence[str] = ("gpu", "cpu")) -> list[dict]:
     for ln, ids in uncovered_launches(matrix_launches(profiles), specs).values():
         consts = dict(ln.constexprs)
         require, forbid = _rule_lists(ln.kernel, consts, specs)
+        layouts = sorted(k for k, v in consts.items() if not isinstance(v, (bool, int, float, str, type(None))))
         out.append(
             {
                 "name": _spec_name(ln),
                 "kernel": _kernel_ref(ln.kernel),
                 "signature": dict(ln.signature),
-                "constexprs": consts,
+                "constexprs": {k: v for k, v in consts.items() if k not in layouts},
+                "layouts": layouts,
                 "options": {k: v for k, v in _norm_options(dict(ln.options)) if k != "enable_fp_fusion"},
                 "require": [list(r) if isinstance(r, tuple) else r for r in require],
                 "forbid": list(forbid),
@@ -402,11 +416,19 @@ def register_records(records: Iterable[dict]) -> list[str]:
 
     names = []
     for r in records:
+        kernel, consts = _resolve_kernel(r["kernel"]), dict(r["constexprs"])
+        if r.get("layouts"):  # a Gluon kernel's layout constexprs, rebuilt by its module as its launchers build them
+            import importlib
+
+            made = importlib.import_module(kernel.fn.__module__).layout_constexprs(consts)
+            if sorted(made) != sorted(r["layouts"]):
+                raise ValueError(f"register_records: {r['name']}: layouts {sorted(made)} != {r['layouts']}")
+            consts.update(made)
         register_audit(
             r["name"],
-            _resolve_kernel(r["kernel"]),
+            kernel,
             r["signature"],
-            r["constexprs"],
+            consts,
             [tuple(x) if isinstance(x, list) else x for x in r["require"]],
             r["forbid"],
             options=r["options"],

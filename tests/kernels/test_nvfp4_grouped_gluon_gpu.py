@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flint_moe.kernels.nvfp4.grouped_gluon_ws import ws_stage_bytes
 from flint_moe.ops import flint_moe_grouped, make_route_counter
 
 from ._grouped_check import check_grouped_taps
@@ -68,6 +69,10 @@ def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail, engine):  # noqa
     assert same(_gluon_op(w, x, router, k, counter, shared, bm, tail=tail, engine=engine), o0)  # production build
     for stages in (2, 3):  # the ring depth changes no bit
         cfg = {**_engine(engine, stages), "BM": bm, "TAIL": tail}
+        if engine == "gluon_ws" and stages * ws_stage_bytes(bm, tail)[0] + ws_stage_bytes(bm, tail)[1] > 224 << 10:
+            with pytest.raises(ValueError, match=f"num_stages = {stages} needs 2 .. 2 ring slots"):  # BM 128 + 64
+                flint_moe_grouped(x, router, w, k, counter, shared, config=cfg)
+            continue
         assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0)
 
 
@@ -85,6 +90,17 @@ def test_gluon_refusals_on_the_gpu():
     from flint_moe.kernels.nvfp4.grouped_gluon_ws import check_ws_launch
 
     check_ws_launch("op", moe_permute(ids, 4, 128, 64), 256)
+    from flint_moe.kernels.nvfp4.grouped_gate_up import default_engine
+
+    # the engine a launch takes by default: warp-specialised at BM 128 with a tail and K a multiple of 128, the
+    # Gluon kernels at BM 16, else the Triton kernels
+    assert default_engine(moe_permute(ids, 4, 128, 32), 7168) == "gluon_ws"
+    assert default_engine(moe_permute(ids, 4, 128, 32), 2880) == "triton"
+    assert default_engine(moe_permute(ids, 4, 128), 7168) == "triton"
+    assert default_engine(moe_permute(ids, 4, 16, 16), 2880) == "gluon"
+    assert default_engine(moe_permute(ids, 4, 16), 7168) == "gluon"
+    assert default_engine(moe_permute(ids, 4, 64, 32), 7168) == "triton"
+    assert default_engine(moe_permute(ids, 4, 256, 32), 7168) == "triton"
     with pytest.raises(ValueError, match="ENGINE 'gluon_ws' needs a tail of at most 64 pairs, got 128"):
         check_ws_launch("op", moe_permute(ids, 4, 128, 128), 256)
     with pytest.raises(ValueError, match="multiple of 128, got 192"):

@@ -58,6 +58,23 @@ def test_launch_checks():
     assert _cfg({"ENGINE": "gluon_ws"}, GROUPED_DOWN_CONFIG, "x")["ENGINE"] == "gluon_ws"
     with pytest.raises(ValueError, match="ENGINE must be one of"):
         _cfg({"ENGINE": "gluon-ws"}, GROUPED_DOWN_CONFIG, "nvfp4_grouped_down")
+    # without an sm_90 GPU every launch takes the Triton kernels by default
+    from flint_moe.kernels.nvfp4.grouped_gate_up import default_engine
+
+    assert default_engine(moe_permute(ids, 4, 128, 32), 7168) == "triton"
+    assert default_engine(moe_permute(ids, 4, 16), 7168) == "triton"
+
+
+def test_ring_depth_checked():
+    """An explicit ring depth that does not fit 224 KiB raises ValueError naming the range (BM 128 + 64 gate/up:
+    2 x 58368 + 65536 = 182272 B fits, 3 slots 240640 B do not)."""
+    from flint_moe.kernels.nvfp4.grouped_gluon_ws import _meta, ws_stage_bytes
+
+    assert ws_stage_bytes(128, 64) == (58368, 65536)
+    assert _meta(128, 64, 2)["STAGES"] == 2
+    with pytest.raises(ValueError, match="num_stages = 3 needs 2 .. 2 ring slots at BM 128 \\+ tail 64"):
+        _meta(128, 64, 3)
+    assert _meta(128, 64, 3, gate_up=False)["STAGES"] == 3  # down: 3 x 58368 + 16384 B
 
 
 def test_builds():

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from flint_moe.conformance.inputs.block import BLOCK_PATHS, BLOCK_PROFILES, block_shape, gpu_block_specs
+from flint_moe.conformance.inputs.configs import PATH_CONFIGS
 from flint_moe.conformance.inputs.routing import ROUTE_EXCLUSIVE_PROFILES, check_route
 from flint_moe.shapes import MODEL_SHAPES, MoEShape, sizes_name
 
@@ -103,44 +104,6 @@ PATH_PROFILES["ll_block"] = BLOCK_PROFILES
 PATH_PROFILES["ll_module"] = ("gaussian", "skewed_routing")
 PATH_PROFILES["nvfp4_pertoken_swiglu"] = PATH_PROFILES["nvfp4_pertoken_relu2"] = (
     "gaussian", "outlier_rows", "zero_rows", "e4m3_clamp", "e2m1_ties", "dispatcher")  # fmt: skip
-
-#: Launch configurations a path can pick besides its default (every kernel configuration a path can
-#: pick, not only the default): name -> overrides per kernel (``gate_up`` / ``down``: a launcher config dict,
-#: or the name of one in flint_moe/kernels/nvfp4/tuned.py; ``BM`` and ``TAIL`` for the grouped path).
-#: ``flint_moe.conformance.run.paths.path_for`` runs them and ``stages.expert_models`` bounds their accumulations
-#: with the model each kernel declares for that configuration. NVFP4 decode: the other measured path of each
-#: kernel (CUDA cores / tensor cores; docs/kernels/nvfp4-decode.md); BF16: the faster Qwen M=1 gate/up of the
-#: launch sweep and a deeper down unroll; grouped: the smallest and a larger row block, and the expert-wide row
-#: blocks (``TAIL``: BM + min(TAIL, BM) pairs per program, a second accumulator for the pairs past BM) where the
-#: default (below 8 pairs per expert) has none, and ``classic`` (neither ``TAIL`` nor ``SCALE_WORD``) where the
-#: default has both.
-PATH_CONFIGS: dict[str, dict[str, dict]] = {
-    "nvfp4_decode": {
-        "default": {},
-        "gu-cuda-core": {"gate_up": "GATE_UP_CUDA_CORE"},
-        "dn-cuda-core": {"down": "DOWN_CUDA_CORE"},
-    },
-    "bf16_decode": {
-        "default": {},
-        "gu-bn4-w1-u8": {"gate_up": {"BN": 4, "num_warps": 1, "UNROLL": 8}},
-        "dn-bh8-u8": {"down": {"BH": 8, "UNROLL": 8}},
-    },
-    "nvfp4_grouped": {
-        "default": {},
-        "bm64": {"BM": 64},
-        "bm128": {"BM": 128},
-        "rows-tail32": {"TAIL": 32},
-        "classic": {"TAIL": 0, "gate_up": {"SCALE_WORD": False}, "down": {"SCALE_WORD": False}},
-    },
-    "nvfp4_module": {"default": {}},
-    "bf16_module": {"default": {}},
-    "nvfp4_dispatch": {"default": {}},
-    "ll_block": {"default": {}},
-    "ll_module": {"default": {}},
-    "nvfp4_pertoken_swiglu": {"default": {}},
-    "nvfp4_pertoken_relu2": {"default": {}},
-}
-
 
 @dataclass(frozen=True)
 class ShapeSpec:

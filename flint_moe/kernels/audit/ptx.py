@@ -52,7 +52,12 @@ def compile_ptx_sm90(
     # the build a launch runs: Triton specialises a pointer argument whose address is 16-byte aligned (every
     # torch allocation, and the ops refuse others) as tt.divisibility = 16, which changes vector widths
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names) if sig[a].startswith("*")}
-    src = ASTSource(fn=kernel, signature=sig, constexprs=dict(constexprs), attrs=attrs)
+    if kernel.is_gluon():  # a Gluon kernel (triton.experimental.gluon): its own AST source, same compiler
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn=kernel, signature=sig, constexprs=dict(constexprs), attrs=attrs)
+    else:
+        src = ASTSource(fn=kernel, signature=sig, constexprs=dict(constexprs), attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     return compiled.asm["ptx"]
 

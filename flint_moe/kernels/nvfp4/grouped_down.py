@@ -20,7 +20,14 @@ import triton.language as tl
 from flint_moe.kernels._launch import check_op_tensor, gdc_launch_dependents, gdc_wait, launch_options
 from flint_moe.kernels._rule import bf16_rn, combine_fma, global_scale, shared_add
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4.grouped_gate_up import _cfg, _check_perm, default_bk, default_warps, grouped_launch_kwargs
+from flint_moe.kernels.nvfp4.grouped_gate_up import (
+    _cfg,
+    _check_perm,
+    default_bk,
+    default_engine,
+    default_warps,
+    grouped_launch_kwargs,
+)
 from flint_moe.kernels.nvfp4.grouped_mainloop import k_loop, k_loop_tail, row_block, tail_rows
 
 __all__ = [
@@ -38,7 +45,7 @@ __all__ = [
 #: ``num_stages``; ``num_warps`` None = ``default_warps(BM)`` (``BM`` comes from the permutation); ``SCALE_WORD``
 #: as in ``grouped_gate_up.GROUPED_GATE_UP_CONFIG``.
 GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False,
-                       "ENGINE": "triton"}  # fmt: skip
+                       "ENGINE": None}  # fmt: skip
 
 
 def default_bh(block_m: int) -> int:
@@ -264,8 +271,9 @@ def nvfp4_grouped_down(
     tap = taps is not None
     dacc = torch.empty((P, H), dtype=torch.float32, device=dev) if tap else y
     if P > 0:
-        if cfg["ENGINE"] in ("gluon", "gluon_ws"):
-            _launch_gluon(cfg["ENGINE"], act, perm, weights, y, dacc, H, IP, INTER, tap,
+        engine = cfg["ENGINE"] or default_engine(perm, INTER)
+        if engine in ("gluon", "gluon_ws"):
+            _launch_gluon(engine, act, perm, weights, y, dacc, H, IP, INTER, tap,
                           (config or {}).get("num_stages"))  # fmt: skip
         else:
             kw = grouped_launch_kwargs(cfg, perm.block_m, tap, INTER)

@@ -30,6 +30,7 @@ __all__ = [
     "grouped_config",
     "default_warps",
     "default_bk",
+    "default_engine",
     "nvfp4_grouped_gate_up",
     "launch_grouped_gate_up",
     "audit_specs",
@@ -52,9 +53,28 @@ __all__ = [
 #: wgmma A registers; sm_90 only, BM <= 128, K a multiple of 64) or "gluon_ws" (``grouped_gluon_ws``: the same
 #: warp-specialised, a producer warp group feeding two consumer warpgroups; sm_90 only, BM <= 128, a tail of at most
 #: 64 pairs, K a multiple of 128); the same bits; of the other keys only an explicit ``num_stages`` applies to them.
+#: None: :func:`default_engine` of the launch.
 ENGINES = ("triton", "gluon", "gluon_ws")
 GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False,
-                          "ENGINE": "triton"}  # fmt: skip
+                          "ENGINE": None}  # fmt: skip
+
+
+def default_engine(perm, k: int) -> str:
+    """The engine of a grouped GEMM launch with reduction length ``k`` (H for gate/up, I for down) on the row blocks
+    of ``perm``, where the config leaves ``ENGINE`` None. Measured on the H200 (reports/gpu/nvfp4-grouped/engines/,
+    same bits): row blocks of 128 pairs with a tail (the default from 65 to 128 pairs per expert) take
+    'gluon_ws' (DeepSeek-V3 M = 4096: gate/up 1.13x, down 1.18x the Triton kernels), row blocks of 16 pairs (at most
+    16 pairs per expert: the bandwidth-bound token counts) take 'gluon' (DeepSeek-V3 M = 128 / 256: 1.16-1.32x);
+    'triton' where those refuse the launch (no sm_90 GPU, the interpreter, K not a multiple of 128 / 64) and at the
+    other row-block sizes. Depends only on the permutation's BM / tail and ``k`` (never on the routing)."""
+    from flint_moe.kernels.nvfp4.grouped_gluon import gluon_refusal
+    from flint_moe.kernels.nvfp4.grouped_gluon_ws import ws_refusal
+
+    if perm.block_m == 128 and perm.tail > 0 and ws_refusal(perm, k) is None:
+        return "gluon_ws"
+    if perm.block_m == 16 and gluon_refusal(perm, k) is None:
+        return "gluon"
+    return "triton"
 
 
 def default_bk(block_m: int, k: int) -> int:
@@ -307,7 +327,7 @@ def _cfg(config: dict | None, default: dict, name: str) -> dict:
         if unknown:
             raise ValueError(f"{name}: unknown config keys {sorted(unknown)}")
         cfg.update(config)
-    if cfg.get("ENGINE", "triton") not in ENGINES:
+    if cfg.get("ENGINE") is not None and cfg["ENGINE"] not in ENGINES:
         raise ValueError(f"{name}: config ENGINE must be one of {ENGINES}, got {cfg['ENGINE']!r}")
     if "SCALE_WORD" in cfg and not isinstance(cfg["SCALE_WORD"], bool):
         raise ValueError(f"{name}: config SCALE_WORD must be a bool, got {cfg['SCALE_WORD']!r}")
@@ -364,13 +384,14 @@ def nvfp4_grouped_gate_up(
     P = M * top_k
     tap = taps is not None
     act, gacc, uacc = gate_up_buffers(P, INTER, tap, dev)
-    if P > 0 and cfg["ENGINE"] == "gluon":
+    engine = cfg["ENGINE"] or default_engine(perm, H)
+    if P > 0 and engine == "gluon":
         from flint_moe.kernels.nvfp4.grouped_gluon import check_gluon_launch, launch_gluon_gate_up
 
         check_gluon_launch("nvfp4_grouped_gate_up", perm, H)
         launch_gluon_gate_up(x, perm, *w1_operands(weights), act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=top_k,
                              TAP=tap, stages=(config or {}).get("num_stages"))  # fmt: skip
-    elif P > 0 and cfg["ENGINE"] == "gluon_ws":
+    elif P > 0 and engine == "gluon_ws":
         from flint_moe.kernels.nvfp4.grouped_gluon_ws import check_ws_launch, launch_ws_gate_up
 
         check_ws_launch("nvfp4_grouped_gate_up", perm, H)

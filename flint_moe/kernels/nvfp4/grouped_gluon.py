@@ -41,9 +41,11 @@ from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flint_moe.kernels._rule import bf16_rn, global_scale, swiglu
+from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
 
 __all__ = ["GLUON_ROWS", "GLUON_WARPS", "gluon_bk", "gluon_stages", "gluon_layouts", "gluon_refusal",
-           "check_gluon_launch", "launch_gluon_gate_up", "launch_gluon_down", "compile_gluon_sm90"]  # fmt: skip
+           "check_gluon_launch", "launch_gluon_gate_up", "launch_gluon_down", "compile_gluon_sm90", "layout_constexprs",
+           "audit_specs"]  # fmt: skip
 
 #: Weight rows per program (one warpgroup, one m64 wgmma per k16 step) and warps: two such CTAs fit one SM
 #: (<= 112 KiB of shared memory, <= 208 registers), so one's dequantisation overlaps the other's MMAs.
@@ -478,13 +480,10 @@ def launch_gluon_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INT
                              **_meta(perm.block_m, perm.tail, INTER, stages))  # fmt: skip
 
 
-def compile_gluon_sm90(kind: str, H: int, I: int, k: int, block_m: int, tap: bool = False, tail: int = 0):  # noqa: N803, E741
-    """The ``triton.compile`` result of the gate/up (``kind`` "gate_up") or down ("down") Gluon kernel for sm_90a,
-    on any machine (no GPU needed): shapes (H, I, top_k), row block ``block_m``, the launchers' meta-parameters,
-    pointer arguments 16-byte aligned as a launch on torch tensors specialises them."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+def _build_args(kind: str, H: int, I: int, k: int, block_m: int, tap: bool = False, tail: int = 0):  # noqa: N803, E741
+    """(kernel, signature, constexprs, num_warps) of the launchers' build of ``kind`` ("gate_up" / "down") at shapes
+    (H, I, top_k), row block ``block_m`` + ``tail`` (pointer arguments typed as a launch on torch tensors types
+    them; the block arrays int32)."""
     ip = (I + 63) // 64 * 64
     if kind == "gate_up":
         kern = _gluon_gate_up_kernel
@@ -499,7 +498,50 @@ def compile_gluon_sm90(kind: str, H: int, I: int, k: int, block_m: int, tap: boo
     else:
         raise ValueError(f"compile_gluon_sm90: kind must be 'gate_up' or 'down', got {kind!r}")
     num_warps = consts.pop("num_warps")
-    sig = {a: ("constexpr" if a in consts else ptrs.get(a, "*i32")) for a in kern.arg_names}
+    sig = {a: ptrs.get(a, "*i32") for a in kern.arg_names if a not in consts}
+    return kern, sig, consts, num_warps
+
+
+def compile_gluon_sm90(kind: str, H: int, I: int, k: int, block_m: int, tap: bool = False, tail: int = 0):  # noqa: N803, E741
+    """The ``triton.compile`` result of the gate/up (``kind`` "gate_up") or down ("down") Gluon kernel for sm_90a,
+    on any machine (no GPU needed): shapes (H, I, top_k), row block ``block_m``, the launchers' meta-parameters,
+    pointer arguments 16-byte aligned as a launch on torch tensors specialises them."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kern, ptr_sig, consts, num_warps = _build_args(kind, H, I, k, block_m, tap, tail)
+    sig = {a: ("constexpr" if a in consts else ptr_sig[a]) for a in kern.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kern.arg_names) if sig[a].startswith("*")}
     src = GluonASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def layout_constexprs(consts: dict) -> dict:
+    """The layout constexprs (P3, MMA, MMA_T, SW) of a launch whose other constexprs are ``consts`` (BM, TAIL, BK),
+    as the launchers make them: the sm_90 audit rebuilds a recorded launch's layouts from them."""
+    p3, mma, sw = gluon_layouts(consts["BM"], 64)
+    return {"P3": p3, "MMA": mma, "MMA_T": gluon_layouts(max(consts["TAIL"], 16), consts["BK"])[1], "SW": sw}
+
+
+#: (H, I, k, BM, TAIL) builds audited for sm_90 (the default engine at row blocks of 16 pairs, DeepSeek-V3); the
+#: conformance matrix's other launches are audited with these instruction lists (``flint_moe.conformance.audit``).
+GLUON_AUDIT_CASES = [(7168, 2048, 8, 16, 0), (7168, 2048, 8, 16, 16)]
+#: Instructions the audit requires: the rule's (bf16 conversion, SwiGLU's rcp / ex2 in gate/up), the exact
+#: ``mul.rn.bf16x2`` dequantisation and the tensor cores (wgmma).
+GLUON_AUDIT_REQUIRE = {"gate_up": [BF16_CVT, "rcp.approx.ftz.f32", "ex2.approx.ftz.f32", "mul.rn.bf16x2",
+                                   "wgmma.mma_async"],
+                       "down": [BF16_CVT, "mul.rn.bf16x2", "wgmma.mma_async"]}  # fmt: skip
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of both Gluon GEMMs at ``GLUON_AUDIT_CASES`` (production builds)."""
+    names = []
+    for kind in ("gate_up", "down"):
+        for h, i, k, bm, tail in GLUON_AUDIT_CASES:
+            kern, sig, consts, warps = _build_args(kind, h, i, k, bm, False, tail)
+            names.append(register_audit(f"nvfp4_grouped_gluon_{kind}.H{h}.I{i}.BM{bm}+{tail}", kern, sig, consts,
+                                        GLUON_AUDIT_REQUIRE[kind], options={"num_warps": warps}).name)  # fmt: skip
+    return names
+
+
+audit_specs()

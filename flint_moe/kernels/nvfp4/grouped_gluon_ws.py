@@ -31,10 +31,18 @@ from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from flint_moe.kernels.nvfp4.grouped_gluon import _down_store, _gate_up_store, _half_mma, _token_ptrs, _weight_ptrs
+from flint_moe.kernels.audit.registry import register_audit
+from flint_moe.kernels.nvfp4.grouped_gluon import (
+    GLUON_AUDIT_REQUIRE,
+    _down_store,
+    _gate_up_store,
+    _half_mma,
+    _token_ptrs,
+    _weight_ptrs,
+)
 
-__all__ = ["WS_ROWS", "WS_WARPS", "ws_stages", "ws_layouts", "ws_refusal", "check_ws_launch", "launch_ws_gate_up",
-           "launch_ws_down", "compile_ws_sm90"]  # fmt: skip
+__all__ = ["WS_ROWS", "WS_WARPS", "ws_stage_bytes", "ws_stages", "ws_layouts", "ws_refusal", "check_ws_launch",
+           "launch_ws_gate_up", "launch_ws_down", "compile_ws_sm90", "layout_constexprs", "audit_specs"]  # fmt: skip
 
 #: Weight rows per program (two consumer warpgroups), consumer and producer warps, producer registers.
 WS_ROWS, WS_WARPS = 128, 8
@@ -197,16 +205,29 @@ def _ws_grouped_kernel(src_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr
             [WS_PRODUCER_WARPS], [WS_PRODUCER_REGS])  # fmt: skip
 
 
-def ws_stages(block_m: int, tail: int = 0, gate_up: bool = True) -> int:
-    """Ring depth: as many K steps (2..6) as fit 224 KiB next to the epilogue's scratch (one CTA per SM): gate/up
-    stages its fp32 accumulator [128, BM] in shared memory (the tail's [128, TAIL] reuses it), down converts
-    its layout through ~16 KiB."""
+def ws_stage_bytes(block_m: int, tail: int = 0, gate_up: bool = True) -> tuple[int, int]:
+    """(bytes per ring slot, the epilogue's scratch bytes): a slot holds 128 rows x (64 B codes + 8 B scales) and
+    (BM + TAIL) token rows of 256 B; gate/up stages its fp32 accumulator [128, max(BM, TAIL)] in shared memory,
+    down converts its layout through ~16 KiB."""
     per_stage = WS_ROWS * 64 + WS_ROWS * 8 + (block_m + tail) * 128 * 2
     scratch = WS_ROWS * max(block_m, tail) * 4 if gate_up else 16 * 1024
+    return per_stage, scratch
+
+
+def ws_stages(block_m: int, tail: int = 0, gate_up: bool = True) -> int:
+    """Ring depth: as many K steps (2..6) as fit 224 KiB next to the epilogue's scratch (one CTA per SM;
+    :func:`ws_stage_bytes`)."""
+    per_stage, scratch = ws_stage_bytes(block_m, tail, gate_up)
     return max(2, min(6, (224 * 1024 - scratch) // per_stage))
 
 
 def _meta(block_m: int, tail: int = 0, stages: int | None = None, gate_up: bool = True) -> dict:
+    if stages is not None:
+        per_stage, scratch = ws_stage_bytes(block_m, tail, gate_up)
+        if stages < 2 or stages * per_stage + scratch > 224 * 1024:
+            raise ValueError(f"config ENGINE 'gluon_ws': num_stages = {stages} needs 2 .. "
+                             f"{(224 * 1024 - scratch) // per_stage} ring slots at BM {block_m} + tail {tail} "
+                             f"(224 KiB of shared memory)")  # fmt: skip
     p3, mma, sw = ws_layouts(block_m)
     mma_t = ws_layouts(max(tail, 16))[1]
     return {"BM": block_m, "TAIL": tail, "STAGES": stages or ws_stages(block_m, tail, gate_up), "P3": p3,
@@ -254,6 +275,18 @@ def check_ws_launch(name: str, perm, k: int) -> None:
         raise ValueError(f"{name}: config ENGINE 'gluon_ws' {why}")
 
 
+def _build_args(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool = False, gate_up: bool = True):  # noqa: N803, E741
+    """(kernel, signature, constexprs, num_warps) of the launchers' build (``grouped_gluon._build_args``)."""
+    ip = (I + 63) // 64 * 64
+    ptrs = {"src_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "out_ptr": "*bf16",
+            "aux_ptr": "*fp32", "aux2_ptr": "*fp32"}  # fmt: skip
+    consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k if gate_up else 0, "TAP": tap, "GATE_UP": gate_up,
+              **_meta(block_m, tail, gate_up=gate_up)}  # fmt: skip
+    num_warps = consts.pop("num_warps")
+    sig = {a: ptrs.get(a, "*i32") for a in _ws_grouped_kernel.arg_names if a not in consts}
+    return _ws_grouped_kernel, sig, consts, num_warps
+
+
 def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool = False,  # noqa: N803, E741
                     gate_up: bool = True):  # fmt: skip
     """The ``triton.compile`` result of the gate/up (``gate_up`` True) or down GEMM for sm_90a on any machine (no
@@ -263,14 +296,35 @@ def compile_ws_sm90(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bo
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    ip = (I + 63) // 64 * 64
-    ptrs = {"src_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "out_ptr": "*bf16",
-            "aux_ptr": "*fp32", "aux2_ptr": "*fp32"}  # fmt: skip
-    consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k if gate_up else 0, "TAP": tap, "GATE_UP": gate_up,
-              **_meta(block_m, tail, gate_up=gate_up)}  # fmt: skip
-    num_warps = consts.pop("num_warps")
-    kern = _ws_grouped_kernel
-    sig = {a: ("constexpr" if a in consts else ptrs.get(a, "*i32")) for a in kern.arg_names}
+    kern, ptr_sig, consts, num_warps = _build_args(H, I, k, block_m, tail, tap, gate_up)
+    sig = {a: ("constexpr" if a in consts else ptr_sig[a]) for a in kern.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kern.arg_names) if sig[a].startswith("*")}
     src = GluonASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def layout_constexprs(consts: dict) -> dict:
+    """The layout constexprs (P3, MMA, MMA_T, SW) of a launch whose other constexprs are ``consts`` (BM, TAIL), as
+    the launchers make them (``grouped_gluon.layout_constexprs``)."""
+    p3, mma, sw = ws_layouts(consts["BM"])
+    return {"P3": p3, "MMA": mma, "MMA_T": ws_layouts(max(consts["TAIL"], 16))[1], "SW": sw}
+
+
+#: (H, I, k, BM, TAIL) builds audited for sm_90: the default engine at row blocks of 128 + 32 pairs (DeepSeek-V3
+#: M = 4096), gate/up and down, with the instruction lists of ``grouped_gluon.GLUON_AUDIT_REQUIRE``.
+WS_AUDIT_CASES = [(7168, 2048, 8, 128, 32)]
+
+
+def audit_specs() -> list[str]:
+    """Register the sm_90 PTX audit of both warp-specialised GEMMs at ``WS_AUDIT_CASES`` (production builds)."""
+    names = []
+    for gate_up in (True, False):
+        kind = "gate_up" if gate_up else "down"
+        for h, i, k, bm, tail in WS_AUDIT_CASES:
+            kern, sig, consts, warps = _build_args(h, i, k, bm, tail, False, gate_up)
+            names.append(register_audit(f"nvfp4_grouped_gluon_ws_{kind}.H{h}.I{i}.BM{bm}+{tail}", kern, sig, consts,
+                                        GLUON_AUDIT_REQUIRE[kind], options={"num_warps": warps}).name)  # fmt: skip
+    return names
+
+
+audit_specs()
