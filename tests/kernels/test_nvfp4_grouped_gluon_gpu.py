@@ -77,12 +77,15 @@ def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail, engine):  # noqa
 
 
 def test_gluon_refusals_on_the_gpu():
-    """On the H200 the launch checks name the row-block and reduction-length constraints."""
+    """On the H200 the launch checks name the row-block and reduction-length constraints, and the default engine
+    follows them."""
     from flint_moe.kernels.nvfp4.grouped_gluon import check_gluon_launch
     from flint_moe.kernels.nvfp4.permute import moe_permute
 
     ids = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32, device="cuda")
-    check_gluon_launch("op", moe_permute(ids, 4, 16, 16), 128)  # a tail is served
+    check_gluon_launch("op", moe_permute(ids, 4, 16, 16), 192)  # a tail is served; three K steps of 64
+    with pytest.raises(ValueError, match="at least two K steps of 128 \\(a reduction length >= 256\\), got 128"):
+        check_gluon_launch("op", moe_permute(ids, 4, 16), 128)
     with pytest.raises(ValueError, match="BM <= 128"):
         check_gluon_launch("op", moe_permute(ids, 4, 256), 128)
     with pytest.raises(ValueError, match="multiple of 64, got 96"):

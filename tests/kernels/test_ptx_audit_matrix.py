@@ -74,7 +74,9 @@ def matrix_report(tmp_path_factory) -> dict:
 
 #: Kernels each path's op launches (flint_moe/ops: route -> GEMV+top-k for M <= ROUTE_GEMV_MAX_TOKENS, the router
 #: GEMM + top-k above; decode gate/up + split-K down; grouped gate/up + down + combine above ``flint_moe``'s
-#: per-shape limit, ``ops.decode_max_tokens(E, k)``).
+#: per-shape limit, ``ops.decode_max_tokens(E, k)``; on the fake H200 the grouped GEMMs' default engine,
+#: ``grouped_gate_up.default_engine``: the Gluon kernels at row blocks of 16 pairs, the Triton ones where those
+#: refuse the shape (the CPU shapes' short reductions); the engine config cases add the warp-specialised kernel).
 _ROUTER = {"router._router_gemv_topk_kernel"}
 _NVFP4_DECODE = _ROUTER | {"nvfp4.gate_up._nvfp4_gate_up_kernel", "nvfp4.down_combine._nvfp4_down_split_kernel"}
 _GROUPED = _ROUTER | {
@@ -82,6 +84,8 @@ _GROUPED = _ROUTER | {
     "nvfp4.grouped_gate_up._grouped_gate_up_kernel",
     "nvfp4.grouped_down._grouped_down_kernel",
     "nvfp4.grouped_down._grouped_combine_kernel",
+    "nvfp4.grouped_gluon._gluon_gate_up_kernel",
+    "nvfp4.grouped_gluon._gluon_down_kernel",
 }
 _BF16 = _ROUTER | {"bf16.gate_up._bf16_gate_up_kernel", "bf16.down_combine._bf16_down_combine_kernel"}
 #: The per-token op (no router): the per-token quantizer (of the tokens and of FC2's input, each writing the
@@ -94,7 +98,7 @@ _PERTOKEN = {
 }
 EXPECTED_KERNELS = {
     "nvfp4_decode": _NVFP4_DECODE,
-    "nvfp4_grouped": _GROUPED,
+    "nvfp4_grouped": _GROUPED | {"nvfp4.grouped_gluon_ws._ws_grouped_kernel"},
     "nvfp4_module": _NVFP4_DECODE | _GROUPED,
     "bf16_decode": _BF16,
     "bf16_module": _BF16,

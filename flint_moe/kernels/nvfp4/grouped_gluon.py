@@ -433,7 +433,8 @@ def _gluon_down_kernel(act_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr
 
 def gluon_refusal(perm, k: int) -> str | None:
     """Why the Gluon GEMMs cannot serve this launch, or None: they need a CUDA device of compute capability 9.x
-    (no interpreter path), row blocks of 16..128 pairs and a reduction length ``k`` that is a multiple of 64."""
+    (no interpreter path), row blocks of 16..128 pairs and a reduction length ``k`` that is a multiple of 64 and at
+    least two K steps (``gluon_bk``) long."""
     from flint_moe.kernels._launch import INTERPRET
 
     dev = perm.order.device
@@ -443,6 +444,8 @@ def gluon_refusal(perm, k: int) -> str | None:
         return f"needs row blocks of 16..128 pairs (BM <= 128), got BM {perm.block_m}"
     if k % 64:
         return f"needs a reduction length that is a multiple of 64, got {k}"
+    if k < 2 * gluon_bk(k):  # a one-step K loop does not compile (Triton 3.6, ConvertTritonGPUToLLVM)
+        return f"needs at least two K steps of {gluon_bk(k)} (a reduction length >= {2 * gluon_bk(k)}), got {k}"
     return None
 
 
@@ -539,7 +542,7 @@ def audit_specs() -> list[str]:
     for kind in ("gate_up", "down"):
         for h, i, k, bm, tail in GLUON_AUDIT_CASES:
             kern, sig, consts, warps = _build_args(kind, h, i, k, bm, False, tail)
-            names.append(register_audit(f"nvfp4_grouped_gluon_{kind}.H{h}.I{i}.BM{bm}+{tail}", kern, sig, consts,
+            names.append(register_audit(f"nvfp4_gluon_{kind}.H{h}.I{i}.BM{bm}+{tail}", kern, sig, consts,
                                         GLUON_AUDIT_REQUIRE[kind], options={"num_warps": warps}).name)  # fmt: skip
     return names
 

@@ -322,7 +322,7 @@ def audit_specs() -> list[str]:
         kind = "gate_up" if gate_up else "down"
         for h, i, k, bm, tail in WS_AUDIT_CASES:
             kern, sig, consts, warps = _build_args(h, i, k, bm, tail, False, gate_up)
-            names.append(register_audit(f"nvfp4_grouped_gluon_ws_{kind}.H{h}.I{i}.BM{bm}+{tail}", kern, sig, consts,
+            names.append(register_audit(f"nvfp4_gluon_ws_{kind}.H{h}.I{i}.BM{bm}+{tail}", kern, sig, consts,
                                         GLUON_AUDIT_REQUIRE[kind], options={"num_warps": warps}).name)  # fmt: skip
     return names
 
