@@ -248,7 +248,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 #: SM instead of two), ``gluon-bm64+32`` / ``gluon-bm64+16``: 64-pair row blocks with a 32 / 16-pair tail (143 /
 #: 127 registers; their 3- / 4-deep rings, 85 / 98 KiB, still hold them to two CTAs per SM); ``gluon_ws``,
 #: ``gluon_ws+tail``, ``gluon_ws+tail64``: the warp-specialised Gluon GEMMs (``ENGINE`` 'gluon_ws') without a tail,
-#: with a 32- and a 64-pair tail; ``triton``: the default's row-block schedule on the Triton kernels (the engine
+#: with a 32- and a 64-pair tail (``-tile``: one program per tile instead of one per SM; ``-s2``: 2-deep rings);
+#: ``triton``: the default's row-block schedule on the Triton kernels (the engine
 #: the default takes without an sm_90 GPU; ``grouped_gate_up.default_engine``).
 _SW, _NO_SW = {"SCALE_WORD": True}, {"SCALE_WORD": False}
 _GLUON, _WS, _TRITON = {"ENGINE": "gluon"}, {"ENGINE": "gluon_ws"}, {"ENGINE": "triton"}
@@ -264,7 +265,11 @@ AB_VARIANTS = {"default": None, "triton": {"gate_up": _TRITON, "down": _TRITON},
                "gluon-bm64+16": {"TAIL": 16, "BM": 64, "gate_up": _GLUON, "down": _GLUON},
                "gluon_ws": {"TAIL": 0, "BM": None, "gate_up": _WS, "down": _WS},
                "gluon_ws+tail": {"TAIL": 32, "BM": None, "gate_up": _WS, "down": _WS},
-               "gluon_ws+tail64": {"TAIL": 64, "BM": None, "gate_up": _WS, "down": _WS}}  # fmt: skip
+               "gluon_ws+tail64": {"TAIL": 64, "BM": None, "gate_up": _WS, "down": _WS},
+               "gluon_ws+tail-tile": {"TAIL": 32, "BM": None, "gate_up": {**_WS, "PERSISTENT": False},
+                                      "down": {**_WS, "PERSISTENT": False}},
+               "gluon_ws+tail-s2": {"TAIL": 32, "BM": None, "gate_up": {**_WS, "num_stages": 2},
+                                    "down": {**_WS, "num_stages": 2}}}  # fmt: skip
 #: ``--ab`` (model, M) cases when no ``--model`` / ``--M`` is given.
 AB_CASES = (("deepseek-v3", 4096), ("deepseek-v3", 16384), ("qwen3-235b-a22b", 4096), ("gpt-oss-120b", 4096))
 

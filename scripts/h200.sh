@@ -6,8 +6,9 @@
 # profile as FLINT_SHARDS shards one after another, merged; gluon = the Gluon grouped GEMMs (config ENGINE "gluon"):
 # their GPU test against the Triton kernels, then the --ab layers at AB_CASES and DeepSeek-V3 M = 128 / 256 (under
 # gluon/); gluon-ncu = Nsight Compute over the Gluon GEMMs and the default kernels (benchmarks.tune.ncu_kernels,
-# under gluon-ncu/); gluon-ws = the warp-specialised Gluon GEMMs (config ENGINE "gluon_ws"): the --ab layers at
-# AB_CASES and DeepSeek-V3 M = 128 / 256 against the Gluon ones, then their GPU tests (under gluon-ws/); pending = the paths whose kernels have not yet passed
+# under gluon-ncu/); gluon-ws = the warp-specialised Gluon GEMMs (config ENGINE "gluon_ws"): their GPU tests, the
+# --ab layers at AB_CASES and M = 128 / 256 (the default engines against the Triton kernels), Nsight Compute of the
+# default at DeepSeek-V3 M = 4096 / 128 (under gluon-ws/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
 # FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT / FLINT_WS_TIMEOUT
 # (default 240: a hung mbarrier ring ends there): seconds per step.
@@ -72,16 +73,19 @@ for step in $steps; do
             python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --M 128,256 --out "$OUT/gluon/small" \
               > "$OUT/gluon/ab-small.log" 2>&1 || rc=1
             grep -h "M=\|^| \(default\|gluon\|bf16\)" "$OUT"/gluon/ab-*.log ;;
-    gluon-ws) # the warp-specialised Gluon GEMMs: A/B against the default and the Gluon engine, then their GPU tests
+    gluon-ws) # the warp-specialised Gluon GEMMs: GPU tests, A/B of the default engines, Nsight Compute of the default
             mkdir -p "$OUT/gluon-ws"
-            python3 benchmarks/bench_grouped_nvfp4.py --ab --variants gluon+tail,gluon_ws,gluon_ws+tail,gluon_ws+tail64 \
-              --out "$OUT/gluon-ws/large" > "$OUT/gluon-ws/ab-large.log" 2>&1 || rc=1
-            python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --M 128,256 --variants gluon,gluon_ws \
-              --out "$OUT/gluon-ws/small" > "$OUT/gluon-ws/ab-small.log" 2>&1 || rc=1
-            grep -h "M=\|refused\|^| \(default\|gluon\|bf16\)\|copy " "$OUT"/gluon-ws/ab-*.log
-            timeout "${FLINT_WS_TIMEOUT:-240}" python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider -k gluon_ws \
-              tests/kernels/test_nvfp4_grouped_gluon_gpu.py > "$OUT/gluon-ws/pytest.txt" 2>&1 || rc=1
-            tail -3 "$OUT/gluon-ws/pytest.txt" ;;
+            timeout "${FLINT_WS_TIMEOUT:-240}" python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider \
+              -k "gluon_ws or refusals" tests/kernels/test_nvfp4_grouped_gluon_gpu.py > "$OUT/gluon-ws/pytest.txt" 2>&1 || rc=1
+            tail -3 "$OUT/gluon-ws/pytest.txt"
+            python3 benchmarks/bench_grouped_nvfp4.py --ab --out "$OUT/gluon-ws/large" \
+              --variants triton,gluon_ws+tail-tile,gluon_ws+tail-s2,gluon_ws+tail64 > "$OUT/gluon-ws/ab-large.log" 2>&1 || rc=1
+            python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --model qwen3-235b-a22b \
+              --model gpt-oss-120b --M 128,256 --variants triton --out "$OUT/gluon-ws/small" > "$OUT/gluon-ws/ab-small.log" 2>&1 || rc=1
+            grep -h "M=\|refused\|^| \(default\|gluon\|bf16\|triton\)\|copy " "$OUT"/gluon-ws/ab-*.log
+            python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ws/ncu" grouped:deepseek-v3:4096 grouped:deepseek-v3:128 \
+              > "$OUT/gluon-ws/ncu.log" 2>&1 || rc=1
+            cat "$OUT/gluon-ws/ncu.log" ;;
     gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels
             python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ncu" gluontail:deepseek-v3:4096 \
               grouped:deepseek-v3:4096 gluon:deepseek-v3:128 > "$OUT/gluon-ncu.log" 2>&1 || rc=1

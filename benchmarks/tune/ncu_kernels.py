@@ -3,8 +3,9 @@ stall reasons of the kernels that limit a path (METHOD.md: read what limits a ke
 
 ``python3 -m benchmarks.tune.ncu_kernels --out DIR [--ncu ncu] POINT ...`` with POINT ``bench:model:M``:
 ``ll`` (``benchmarks/bench_ll.py``, path ``ll``: the CuTe DSL decode block), ``lltriton`` (the same module's
-Triton decode path), ``grouped`` (``benchmarks/bench_grouped_nvfp4.py``, the W4A16 grouped path) or ``gluon`` /
-``gluontail`` (the same path with the Gluon GEMMs, ``--ab`` variants ``gluon`` / ``gluon+tail``). For each
+Triton decode path), ``grouped`` (``benchmarks/bench_grouped_nvfp4.py``, the W4A16 grouped path with its default
+engines), ``triton`` (the same on the Triton kernels, ``--ab`` variant ``triton``) or ``gluon`` / ``gluontail``
+(the same path with the Gluon GEMMs, ``--ab`` variants ``gluon`` / ``gluon+tail``). For each
 point it runs ``ncu --clock-control none`` on a child process of this module (``--drive POINT``: warm-up calls,
 then the profiled ones) for the kernels in :data:`KERNELS`, and writes ``DIR/<point>.csv`` (ncu's raw page) and
 ``DIR/ncu_summary.json`` (one row per launch: the metrics in :data:`METRICS` and the four largest stall
@@ -26,7 +27,8 @@ import sys
 KERNELS = {
     "ll": "partial_kernel",
     "lltriton": "_nvfp4_gate_up_kernel|_nvfp4_down_split_kernel",
-    "grouped": "_grouped_gate_up|_grouped_down",
+    "grouped": "_grouped_gate_up|_grouped_down|_gluon_gate_up|_gluon_down|_ws_grouped",
+    "triton": "_grouped_gate_up|_grouped_down",
     "gluon": "_gluon_gate_up|_gluon_down",
     "gluontail": "_gluon_gate_up|_gluon_down",
 }
@@ -65,6 +67,8 @@ def _fn(point: str):
     from benchmarks import bench_grouped_nvfp4
 
     config = None
+    if bench == "triton":
+        config = bench_grouped_nvfp4.AB_VARIANTS["triton"]
     if bench in ("gluon", "gluontail"):
         from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 

@@ -233,6 +233,14 @@ def _h200_capability(device=None) -> tuple[int, int]:
     return (9, 0)
 
 
+def _h200_properties(device=None):
+    """The fake CUDA device's properties the launchers read: the H200's 132 SMs (a persistent grid's size)."""
+    del device
+    from types import SimpleNamespace
+
+    return SimpleNamespace(multi_processor_count=132, major=9, minor=0, name="NVIDIA H200")
+
+
 @contextlib.contextmanager
 def _fake_run_patches(launches: list[Launch]):
     """The recorder plus the stand-ins the ops need on fake tensors (``conformance.audit_fakes``)."""
@@ -246,6 +254,7 @@ def _fake_run_patches(launches: list[Launch]):
         _patched(pertoken_op, "moe_permute", shape_only_permute),
         _patched(torch.Tensor, "__getitem__", fake_row_slicing(torch.Tensor.__getitem__)),
         _patched(torch.cuda, "get_device_capability", _h200_capability),
+        _patched(torch.cuda, "get_device_properties", _h200_properties),
     ):
         yield
 

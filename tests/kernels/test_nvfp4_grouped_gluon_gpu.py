@@ -74,6 +74,10 @@ def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail, engine):  # noqa
                 flint_moe_grouped(x, router, w, k, counter, shared, config=cfg)
             continue
         assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0)
+    if engine == "gluon_ws":  # one program per tile instead of one per SM: the same bits
+        kernel = {"ENGINE": engine, "PERSISTENT": False}
+        cfg = {"BM": bm, "TAIL": tail, "gate_up": kernel, "down": dict(kernel)}
+        assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0)
 
 
 def test_gluon_refusals_on_the_gpu():

@@ -53,10 +53,11 @@ __all__ = [
 #: wgmma A registers; sm_90 only, BM <= 128, K a multiple of 64) or "gluon_ws" (``grouped_gluon_ws``: the same
 #: warp-specialised, a producer warp group feeding two consumer warpgroups; sm_90 only, BM <= 128, a tail of at most
 #: 64 pairs, K a multiple of 128); the same bits; of the other keys only an explicit ``num_stages`` applies to them.
-#: None: :func:`default_engine` of the launch.
+#: None: :func:`default_engine` of the launch. ``PERSISTENT`` ('gluon_ws' only): one program per SM looping over
+#: the tiles (else one program per tile; the same bits).
 ENGINES = ("triton", "gluon", "gluon_ws")
 GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False,
-                          "ENGINE": None}  # fmt: skip
+                          "ENGINE": None, "PERSISTENT": True}  # fmt: skip
 
 
 def default_engine(perm, k: int) -> str:
@@ -396,7 +397,8 @@ def nvfp4_grouped_gate_up(
 
         check_ws_launch("nvfp4_grouped_gate_up", perm, H)
         launch_ws_gate_up(x, perm, *w1_operands(weights), act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=top_k,
-                          TAP=tap, stages=(config or {}).get("num_stages"))  # fmt: skip
+                          TAP=tap, stages=(config or {}).get("num_stages"),
+                          persistent=bool(cfg["PERSISTENT"]))  # fmt: skip
     elif P > 0:
         grid = (triton.cdiv(INTER, bc), perm.num_blocks)
         kw = grouped_launch_kwargs(cfg, perm.block_m, tap, H)

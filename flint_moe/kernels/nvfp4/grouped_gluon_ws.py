@@ -24,6 +24,7 @@ lengths that are multiples of 128 (:func:`ws_refusal`).
 
 from __future__ import annotations
 
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -44,9 +45,10 @@ from flint_moe.kernels.nvfp4.grouped_gluon import (
 __all__ = ["WS_ROWS", "WS_WARPS", "ws_stage_bytes", "ws_stages", "ws_layouts", "ws_refusal", "check_ws_launch",
            "launch_ws_gate_up", "launch_ws_down", "compile_ws_sm90", "layout_constexprs", "audit_specs"]  # fmt: skip
 
-#: Weight rows per program (two consumer warpgroups), consumer and producer warps, producer registers.
+#: Weight rows per tile (two consumer warpgroups), consumer and producer warps, producer registers (``setmaxnreg``:
+#: at 88 the producer's per-tile pointer tensors spill; 96 leave the consumers 208, no spill).
 WS_ROWS, WS_WARPS = 128, 8
-WS_PRODUCER_WARPS, WS_PRODUCER_REGS = gl.constexpr(4), gl.constexpr(80)
+WS_PRODUCER_WARPS, WS_PRODUCER_REGS = gl.constexpr(4), gl.constexpr(96)
 
 
 def ws_layouts(block_m: int):
@@ -65,46 +67,64 @@ def ws_layouts(block_m: int):
 
 
 @gluon.jit
-def _producer(codes_s, scl_s, x_s, xt_s, full, empty, x_ptr, order_ptr, w_base, s_base, q, start, end,
-              K: gl.constexpr, ROW_WORDS: gl.constexpr, N_ROWS: gl.constexpr, KP: gl.constexpr,
-              TOPK: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-              GATE_UP: gl.constexpr):  # fmt: skip
-    """Producer partition: the copies of every K step (and, TAIL > 0, the tail rows' tile) into ring slot
-    ``kk % STAGES`` once the consumers released it (``empty``), then ``full`` arrives when this thread's copies
-    have landed. K the reduction length (the operand rows' length), ROW_WORDS the code words of a weight row,
-    N_ROWS the weight rows (down: H, the rows past it read row 0), TOPK 0: the operand rows are the pairs' own."""
-    R: gl.constexpr = codes_s.shape[1]
-    NW: gl.constexpr = BK // 8
-    NS: gl.constexpr = BK // 64
-    w_ptrs, s_ptrs = _weight_ptrs(w_base, s_base, q, N_ROWS, ROW_WORDS, KP, R, BK, GATE_UP)
-    x_ptrs, x_ok = _token_ptrs(x_ptr, order_ptr, start, end, TOPK, K, BM, BK)
-    xt_ptrs, xt_ok = _token_ptrs(x_ptr, order_ptr, start + BM, end, TOPK, K, max(TAIL, 16), BK)
-    for kk in range(K // BK):
-        st = kk % STAGES
-        mbarrier.wait(empty.index(st), ((kk // STAGES) & 1) ^ 1)  # the first round passes (fresh barrier)
-        async_copy.async_copy_global_to_shared(codes_s.index(st), w_ptrs + kk * NW)
-        async_copy.async_copy_global_to_shared(scl_s.index(st), s_ptrs + kk * (NS * 128))
-        async_copy.async_copy_global_to_shared(x_s.index(st), x_ptrs + kk * BK, mask=x_ok)
-        if TAIL > 0:
-            if end - start > BM:  # blocks without a tail never read the tail tile
-                async_copy.async_copy_global_to_shared(xt_s.index(st), xt_ptrs + kk * BK, mask=xt_ok)
-        async_copy.mbarrier_arrive(full.index(st), increment_count=False)
+def _tile(t, bexp_ptr, bstart_ptr, bend_ptr, QN: gl.constexpr):
+    """Tile ``t`` of the persistent schedule: (q, expert, start, end) of weight-row tile q = t % QN of row block
+    t // QN (an empty block has end <= start)."""
+    b = t // QN
+    return t % QN, gl.load(bexp_ptr + b).to(gl.int64), gl.load(bstart_ptr + b), gl.load(bend_ptr + b)
 
 
 @gluon.jit
-def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K: gl.constexpr, BK: gl.constexpr,
+def _producer(codes_s, scl_s, x_s, xt_s, full, empty, x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, s_ptr,
+              n_tiles, K: gl.constexpr, KW: gl.constexpr, W_ROWS: gl.constexpr, MP: gl.constexpr,
+              N_ROWS: gl.constexpr, KP: gl.constexpr, QN: gl.constexpr, TOPK: gl.constexpr, BM: gl.constexpr,
+              TAIL: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GATE_UP: gl.constexpr):  # fmt: skip
+    """Producer partition: for each tile of this program (``_tile``; empty blocks skipped), the copies of every K
+    step (and, TAIL > 0 and the block longer than BM, the tail rows' tile) into ring slot ``it % STAGES`` (``it``
+    counts the program's K steps over its tiles) once the consumers released it (``empty``), then ``full`` arrives
+    when this thread's copies have landed. K the reduction length (the operand rows' length), KW the stored one of a
+    weight row, W_ROWS / MP the weight / scale rows of an expert, N_ROWS the rows a tile may read (down: H, the
+    rows past it read row 0), TOPK 0: the operand rows are the pairs' own."""
+    R: gl.constexpr = codes_s.shape[1]
+    NW: gl.constexpr = BK // 8
+    NS: gl.constexpr = BK // 64
+    it = 0
+    for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        q, e, start, end = _tile(t, bexp_ptr, bstart_ptr, bend_ptr, QN)
+        if end > start:
+            w_base = w_ptr.to(gl.pointer_type(gl.int32)) + e * (W_ROWS * KW // 8)
+            s_base = (s_ptr + e * (MP * KP)).to(gl.pointer_type(gl.int32))
+            w_ptrs, s_ptrs = _weight_ptrs(w_base, s_base, q, N_ROWS, KW // 8, KP, R, BK, GATE_UP)
+            x_ptrs, x_ok = _token_ptrs(x_ptr, order_ptr, start, end, TOPK, K, BM, BK)
+            xt_ptrs, xt_ok = _token_ptrs(x_ptr, order_ptr, start + BM, end, TOPK, K, max(TAIL, 16), BK)
+            for kk in range(K // BK):
+                st = it % STAGES
+                mbarrier.wait(empty.index(st), ((it // STAGES) & 1) ^ 1)  # the first round passes (fresh barrier)
+                async_copy.async_copy_global_to_shared(codes_s.index(st), w_ptrs + kk * NW)
+                async_copy.async_copy_global_to_shared(scl_s.index(st), s_ptrs + kk * (NS * 128))
+                async_copy.async_copy_global_to_shared(x_s.index(st), x_ptrs + kk * BK, mask=x_ok)
+                if TAIL > 0:
+                    if end - start > BM:  # blocks without a tail never read the tail tile
+                        async_copy.async_copy_global_to_shared(xt_s.index(st), xt_ptrs + kk * BK, mask=xt_ok)
+                async_copy.mbarrier_arrive(full.index(st), increment_count=False)
+                it += 1
+
+
+@gluon.jit
+def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: gl.constexpr, BK: gl.constexpr,
                     STAGES: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
                     MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
-    """The consumers' K loop: per K step wait for the slot, dequantise and issue the two 64-K halves (the second
-    dequantised while the first's wgmma runs; WITH_TAIL: each half's A registers also feed the tail rows' wgmma),
-    wait for all of them once, release the slot. Returns (acc, acc_t)."""
+    """The consumers' K loop of one tile, from the program's K step ``it`` on: per K step wait for the slot,
+    dequantise and issue the two 64-K halves (the second dequantised while the first's wgmma runs; WITH_TAIL: each
+    half's A registers also feed the tail rows' wgmma), wait for all of them once, release the slot. Returns
+    (acc, acc_t, it)."""
     DOT: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_T: gl.constexpr = gl.DotOperandLayout(0, MMA_T, 2)
     cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
     csel = (cidx | 0x4440)[None, None, :]
-    for kk in range(K // BK):
-        st = kk % STAGES
-        mbarrier.wait(full.index(st), (kk // STAGES) & 1)
+    for _ in range(K // BK):
+        st = it % STAGES
+        mbarrier.wait(full.index(st), (it // STAGES) & 1)
         cs, ss, xs, xts = codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
         a0, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
         a1, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
@@ -113,37 +133,45 @@ def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K: gl.co
         else:
             acc, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, a0, a1])
         mbarrier.arrive(empty.index(st))
-    return acc, acc_t
+        it += 1
+    return acc, acc_t, it
 
 
 @gluon.jit
-def _consumer(codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, gs, out_ptr, aux_ptr, aux2_ptr,
-              K: gl.constexpr, N_OUT: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, BK: gl.constexpr,
-              STAGES: gl.constexpr, TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr,
-              SW: gl.constexpr, GATE_UP: gl.constexpr):  # fmt: skip
-    """Default partition (two warpgroups): the K loop (reduction length K) of a block with or without its tail
-    rows (one loop per kind of block, chosen once), then the epilogue for the BM pairs and the tail's: gate/up rule
-    steps 6-7 (``out_ptr`` act, taps ``aux_ptr`` / ``aux2_ptr`` g_acc / u_acc, N_OUT = I) or down rule step 8
-    (``out_ptr`` y, tap ``aux_ptr`` down_acc, N_OUT = H)."""
+def _consumer(codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, alpha_ptr, out_ptr,
+              aux_ptr, aux2_ptr, n_tiles, K: gl.constexpr, N_OUT: gl.constexpr, QN: gl.constexpr, BM: gl.constexpr,
+              TAIL: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, TAP: gl.constexpr, P3: gl.constexpr,
+              MMA: gl.constexpr, MMA_T: gl.constexpr, SW: gl.constexpr, GATE_UP: gl.constexpr):  # fmt: skip
+    """Default partition (two warpgroups): for each tile of this program (the producer's sequence), the K loop
+    (reduction length K) of a block with or without its tail rows (one loop per kind of block), then the epilogue
+    for the BM pairs and the tail's: gate/up rule steps 6-7 (``out_ptr`` act, taps ``aux_ptr`` / ``aux2_ptr`` g_acc
+    / u_acc, N_OUT = I) or down rule step 8 (``out_ptr`` y, tap ``aux_ptr`` down_acc, N_OUT = H). The epilogue of a
+    tile runs while the producer already loads the next tile's first K steps."""
     R: gl.constexpr = codes_s.shape[1]
     TN: gl.constexpr = 16 if TAIL == 0 else TAIL
-    acc = gl.zeros([R, BM], gl.float32, layout=MMA)
-    acc_t = gl.zeros([R, TN], gl.float32, layout=MMA_T)
-    has_tail = end - start > BM
-    if TAIL > 0:
-        if has_tail:
-            acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K, BK, STAGES, True, P3,
-                                         MMA, MMA_T, SW)  # fmt: skip
-        else:
-            acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K, BK, STAGES, False, P3,
-                                         MMA, MMA_T, SW)  # fmt: skip
-    else:
-        acc, acc_t = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, K, BK, STAGES, False, P3,
-                                     MMA, MMA_T, SW)  # fmt: skip
-    _epilogue(acc, order_ptr, start, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OUT, TAP, GATE_UP)
-    if TAIL > 0:
-        if has_tail:
-            _epilogue(acc_t, order_ptr, start + BM, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OUT, TAP, GATE_UP)
+    it = 0
+    for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        q, e, start, end = _tile(t, bexp_ptr, bstart_ptr, bend_ptr, QN)
+        if end > start:
+            acc = gl.zeros([R, BM], gl.float32, layout=MMA)
+            acc_t = gl.zeros([R, TN], gl.float32, layout=MMA_T)
+            has_tail = end - start > BM
+            if TAIL > 0:
+                if has_tail:
+                    acc, acc_t, it = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K, BK,
+                                                     STAGES, True, P3, MMA, MMA_T, SW)  # fmt: skip
+                else:
+                    acc, acc_t, it = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K, BK,
+                                                     STAGES, False, P3, MMA, MMA_T, SW)  # fmt: skip
+            else:
+                acc, acc_t, it = _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K, BK, STAGES,
+                                                 False, P3, MMA, MMA_T, SW)  # fmt: skip
+            gs = gl.load(alpha_ptr + e)
+            _epilogue(acc, order_ptr, start, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OUT, TAP, GATE_UP)
+            if TAIL > 0:
+                if has_tail:
+                    _epilogue(acc_t, order_ptr, start + BM, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OUT, TAP,
+                              GATE_UP)  # fmt: skip
 
 
 @gluon.jit
@@ -158,51 +186,48 @@ def _epilogue(acc, order_ptr, pos0, end, q, gs, out_ptr, aux_ptr, aux2_ptr, N_OU
 
 @gluon.jit
 def _ws_grouped_kernel(src_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, s_ptr, alpha_ptr, out_ptr,
-                       aux_ptr, aux2_ptr, H: gl.constexpr, IP: gl.constexpr, INTER: gl.constexpr,
+                       aux_ptr, aux2_ptr, n_tiles, H: gl.constexpr, IP: gl.constexpr, INTER: gl.constexpr,
                        TOPK: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
                        TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr, SW: gl.constexpr,
                        GATE_UP: gl.constexpr):  # fmt: skip
-    """GATE_UP: ``_gluon_gate_up_kernel``'s contract (``src_ptr`` x, ``out_ptr`` act, taps g_acc / u_acc), grid
-    ``(cdiv(I, 64), NB)``, 128 weight rows = 64 intermediate columns per program; else ``_gluon_down_kernel``'s
-    (``src_ptr`` act, ``out_ptr`` y, tap down_acc), grid ``(cdiv(H, 128), NB)``, 128 hidden rows per program. K
-    steps of 128, row blocks of up to BM + TAIL pairs."""
+    """GATE_UP: ``_gluon_gate_up_kernel``'s contract (``src_ptr`` x, ``out_ptr`` act, taps g_acc / u_acc), tiles of
+    128 weight rows = 64 intermediate columns, QN = cdiv(I, 64) per row block; else ``_gluon_down_kernel``'s
+    (``src_ptr`` act, ``out_ptr`` y, tap down_acc), tiles of 128 hidden rows, QN = cdiv(H, 128). Persistent: program
+    p takes tiles p, p + grid, ... of the ``n_tiles`` = QN x row blocks (``_tile``: the weight-row tiles of a row
+    block next to each other); one ring and one K-step count run across a program's tiles. K steps of 128, row
+    blocks of up to BM + TAIL pairs."""
     BK: gl.constexpr = 128
     R: gl.constexpr = P3.shape[0]
     K: gl.constexpr = H if GATE_UP else INTER
     KW: gl.constexpr = H if GATE_UP else IP  # stored reduction length of a weight row
     KP: gl.constexpr = (KW // 16 + 3) // 4 * 4
     MP: gl.constexpr = (2 * IP + 127) // 128 * 128 if GATE_UP else (H + 127) // 128 * 128
+    W_ROWS: gl.constexpr = 2 * IP if GATE_UP else H
     N_ROWS: gl.constexpr = 0 if GATE_UP else H
     N_OUT: gl.constexpr = INTER if GATE_UP else H
-    q = gl.program_id(0)
-    b = gl.program_id(1)
-    e = gl.load(bexp_ptr + b).to(gl.int64)
-    start = gl.load(bstart_ptr + b)
-    end = gl.load(bend_ptr + b)
-    if end > start:
-        codes_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, BK // 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        scl_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, BK // 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK],
-                                        gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16))  # fmt: skip
-        if TAIL > 0:
-            xt_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TAIL, BK],
-                                             gl.NVMMASharedLayout.get_default_for([TAIL, BK], gl.bfloat16))  # fmt: skip
-        else:
-            xt_s = x_s  # never read (no tail)
-        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(full.index(i), count=WS_PRODUCER_WARPS * 32)
-            mbarrier.init(empty.index(i), count=1)
-        w_base = w_ptr.to(gl.pointer_type(gl.int32)) + e * ((2 * IP if GATE_UP else H) * KW // 8)
-        s_base = (s_ptr + e * (MP * KP)).to(gl.pointer_type(gl.int32))
-        gs = gl.load(alpha_ptr + e)
-        gl.warp_specialize(
-            [(_consumer, (codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, start, end, q, gs, out_ptr, aux_ptr,
-                          aux2_ptr, K, N_OUT, BM, TAIL, BK, STAGES, TAP, P3, MMA, MMA_T, SW, GATE_UP)),
-             (_producer, (codes_s, scl_s, x_s, xt_s, full, empty, src_ptr, order_ptr, w_base, s_base, q, start, end,
-                          K, KW // 8, N_ROWS, KP, TOPK, BM, TAIL, BK, STAGES, GATE_UP))],
-            [WS_PRODUCER_WARPS], [WS_PRODUCER_REGS])  # fmt: skip
+    QN: gl.constexpr = (INTER + R // 2 - 1) // (R // 2) if GATE_UP else (H + R - 1) // R
+    codes_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, BK // 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    scl_s = gl.allocate_shared_memory(gl.int32, [STAGES, R, BK // 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK],
+                                    gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16))  # fmt: skip
+    if TAIL > 0:
+        xt_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TAIL, BK],
+                                         gl.NVMMASharedLayout.get_default_for([TAIL, BK], gl.bfloat16))  # fmt: skip
+    else:
+        xt_s = x_s  # never read (no tail)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=WS_PRODUCER_WARPS * 32)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize(
+        [(_consumer, (codes_s, scl_s, x_s, xt_s, full, empty, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, alpha_ptr,
+                      out_ptr, aux_ptr, aux2_ptr, n_tiles, K, N_OUT, QN, BM, TAIL, BK, STAGES, TAP, P3, MMA, MMA_T,
+                      SW, GATE_UP)),
+         (_producer, (codes_s, scl_s, x_s, xt_s, full, empty, src_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr,
+                      w_ptr, s_ptr, n_tiles, K, KW, W_ROWS, MP, N_ROWS, KP, QN, TOPK, BM, TAIL, BK, STAGES,
+                      GATE_UP))],
+        [WS_PRODUCER_WARPS], [WS_PRODUCER_REGS])  # fmt: skip
 
 
 def ws_stage_bytes(block_m: int, tail: int = 0, gate_up: bool = True) -> tuple[int, int]:
@@ -234,22 +259,33 @@ def _meta(block_m: int, tail: int = 0, stages: int | None = None, gate_up: bool 
             "MMA": mma, "MMA_T": mma_t, "SW": sw, "num_warps": WS_WARPS}  # fmt: skip
 
 
+def _grid(n_tiles: int, device, persistent: bool) -> tuple[int]:
+    """One program per SM taking every grid-th tile (``persistent``), or one program per tile."""
+    if not persistent or n_tiles == 0:
+        return (max(n_tiles, 1),)
+    return (min(n_tiles, torch.cuda.get_device_properties(device).multi_processor_count),)
+
+
 def launch_ws_gate_up(x, perm, w1, w1_scales, w1_alpha, act, gacc, uacc, *, H, IP, INTER, TOPK, TAP,
-                      stages=None) -> None:  # fmt: skip
+                      stages=None, persistent=True) -> None:  # fmt: skip
     """Launch the gate/up GEMM on checked operands (``nvfp4_grouped_gate_up`` with ENGINE 'gluon_ws', after
-    :func:`check_ws_launch`); ``stages`` None: :func:`ws_stages`."""
-    grid = (triton.cdiv(INTER, WS_ROWS // 2), perm.num_blocks)
-    _ws_grouped_kernel[grid](x, perm.order, perm.block_expert, perm.block_start, perm.block_end, w1, w1_scales,
-                             w1_alpha, act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=TOPK, TAP=TAP, GATE_UP=True,
-                             **_meta(perm.block_m, perm.tail, stages))  # fmt: skip
+    :func:`check_ws_launch`); ``stages`` None: :func:`ws_stages`; ``persistent``: one program per SM (else one per
+    tile; the same bits)."""
+    n_tiles = triton.cdiv(INTER, WS_ROWS // 2) * perm.num_blocks
+    _ws_grouped_kernel[_grid(n_tiles, x.device, persistent)](
+        x, perm.order, perm.block_expert, perm.block_start, perm.block_end, w1, w1_scales, w1_alpha, act, gacc, uacc,
+        n_tiles, H=H, IP=IP, INTER=INTER, TOPK=TOPK, TAP=TAP, GATE_UP=True, **_meta(perm.block_m, perm.tail, stages))
 
 
-def launch_ws_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INTER, TAP, stages=None) -> None:
+def launch_ws_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INTER, TAP, stages=None,
+                   persistent=True) -> None:  # fmt: skip
     """Launch the down GEMM on checked operands (``nvfp4_grouped_down`` with ENGINE 'gluon_ws')."""
-    grid = (triton.cdiv(H, WS_ROWS), perm.num_blocks)
-    _ws_grouped_kernel[grid](act, perm.order, perm.block_expert, perm.block_start, perm.block_end, w2, w2_scales,
-                             w2_alpha, y, dacc, dacc, H=H, IP=IP, INTER=INTER, TOPK=0, TAP=TAP, GATE_UP=False,
-                             **_meta(perm.block_m, perm.tail, stages, gate_up=False))  # fmt: skip
+    n_tiles = triton.cdiv(H, WS_ROWS) * perm.num_blocks
+    _ws_grouped_kernel[_grid(n_tiles, act.device, persistent)](
+        act, perm.order, perm.block_expert, perm.block_start, perm.block_end, w2, w2_scales, w2_alpha, y, dacc, dacc,
+        n_tiles, H=H, IP=IP, INTER=INTER, TOPK=0, TAP=TAP, GATE_UP=False,
+        **_meta(perm.block_m, perm.tail, stages, gate_up=False),
+    )
 
 
 def ws_refusal(perm, k: int) -> str | None:
@@ -283,6 +319,7 @@ def _build_args(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool =
     consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k if gate_up else 0, "TAP": tap, "GATE_UP": gate_up,
               **_meta(block_m, tail, gate_up=gate_up)}  # fmt: skip
     num_warps = consts.pop("num_warps")
+    ptrs["n_tiles"] = "i32"
     sig = {a: ptrs.get(a, "*i32") for a in _ws_grouped_kernel.arg_names if a not in consts}
     return _ws_grouped_kernel, sig, consts, num_warps
 
