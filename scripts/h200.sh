@@ -83,7 +83,7 @@ for step in $steps; do
             python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --model qwen3-235b-a22b \
               --model gpt-oss-120b --M 128,256 --variants triton --out "$OUT/gluon-ws/small" > "$OUT/gluon-ws/ab-small.log" 2>&1 || rc=1
             grep -h "M=\|refused\|^| \(default\|gluon\|bf16\|triton\)\|copy " "$OUT"/gluon-ws/ab-*.log
-            python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ws/ncu" grouped:deepseek-v3:4096 grouped:deepseek-v3:128 \
+            python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ws/ncu" grouped:deepseek-v3:4096 \
               > "$OUT/gluon-ws/ncu.log" 2>&1 || rc=1
             cat "$OUT/gluon-ws/ncu.log" ;;
     gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels
