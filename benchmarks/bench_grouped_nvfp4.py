@@ -239,7 +239,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 #: ``--ab`` variants: the default launch configuration (from 8 pairs per expert on: ``rows+sw``,
-#: ``grouped_gate_up.row_block_options``) against the row-block schedule with both options off (``classic``),
+#: ``grouped_gate_up.row_block_options``, on the engine ``grouped_gate_up.default_engine`` picks) against, on the
+#: Triton kernels, the row-block schedule with both options off (``classic``),
 #: the expert-wide row blocks alone (op config ``TAIL``: BM + 32 pairs per program, the 32-pair tail
 #: accumulator's MMAs only where an expert has more than BM pairs) and with the scales as one word per row per
 #: 64 K (``SCALE_WORD``) in both GEMMs, and the Gluon GEMMs (``ENGINE`` 'gluon': the weights dequantised into
@@ -251,7 +252,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 #: with a 32- and a 64-pair tail (``-tile``: one program per tile instead of one per SM; ``-s2``: 2-deep rings);
 #: ``triton``: the default's row-block schedule on the Triton kernels (the engine
 #: the default takes without an sm_90 GPU; ``grouped_gate_up.default_engine``).
-_SW, _NO_SW = {"SCALE_WORD": True}, {"SCALE_WORD": False}
+_SW, _NO_SW = {"SCALE_WORD": True, "ENGINE": "triton"}, {"SCALE_WORD": False, "ENGINE": "triton"}
 _GLUON, _WS, _TRITON = {"ENGINE": "gluon"}, {"ENGINE": "gluon_ws"}, {"ENGINE": "triton"}
 AB_VARIANTS = {"default": None, "triton": {"gate_up": _TRITON, "down": _TRITON},
                "classic": {"TAIL": 0, "gate_up": _NO_SW, "down": _NO_SW},

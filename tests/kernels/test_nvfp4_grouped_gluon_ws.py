@@ -20,18 +20,20 @@ _BUILDS = [(128, 0, True), (16, 0, True), (128, 32, True), (128, 32, False)]
 
 _SCRIPT = r"""
 import json
-from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, inflight_register_writes, main_loop, sass_of
+from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, hgmma_loops, inflight_register_writes, sass_of
 from flint_moe.kernels.nvfp4.grouped_gluon_ws import compile_ws_sm90
 out = []
 for bm, tail, gate_up in BUILDS:
     c = compile_ws_sm90(7168, 2048, 8, bm, tail, gate_up=gate_up)
     sass = sass_of(c.asm["cubin"])
-    ops = [_opcode(t) for t in main_loop(sass)]
-    loop = {name: sum(o.startswith(prefix) for o in ops)
-            for name, prefix in (("hgmma", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("bar_sync", "BAR.SYNC"),
-                                 ("syncs", "SYNCS"), ("sts", "STS"), ("ldsm", "LDSM"))}
+    loops = []
+    for body in sorted(hgmma_loops(sass), key=len):
+        ops = [_opcode(t) for t in body]
+        loops.append({name: sum(o.startswith(prefix) for o in ops)
+                      for name, prefix in (("hgmma", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("bar_sync", "BAR.SYNC"),
+                                           ("syncs", "SYNCS"), ("sts", "STS"), ("ldsm", "LDSM"))})
     res = {k: v for k, v in _resources(c).items() if k != "tma"}
-    out.append({**res, "loop": loop, "inflight": len(inflight_register_writes(sass))})
+    out.append({**res, "loops": loops, "inflight": len(inflight_register_writes(sass))})
 print(json.dumps(out))
 """
 
@@ -65,6 +67,32 @@ def test_launch_checks():
     assert default_engine(moe_permute(ids, 4, 16), 7168) == "triton"
 
 
+def test_default_engine_on_an_h200(monkeypatch):
+    """The engine per launch where an sm_90 GPU is present (faked: capability (9, 0), no interpreter; a
+    permutation stand-in on device ``cuda``): warp-specialised at BM 128 with a tail and K a multiple of 128, Gluon
+    at BM 16 with K a multiple of 64 and at least two K steps, else Triton."""
+    from types import SimpleNamespace
+
+    from flint_moe.kernels import _launch
+    from flint_moe.kernels.nvfp4.grouped_gate_up import default_engine
+
+    monkeypatch.setattr(_launch, "INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def perm(bm, tail=0):
+        return SimpleNamespace(order=SimpleNamespace(device=torch.device("cuda")), block_m=bm, tail=tail)
+
+    assert default_engine(perm(128, 32), 7168) == "gluon_ws" and default_engine(perm(128, 64), 2048) == "gluon_ws"
+    assert default_engine(perm(128, 32), 2880) == "triton"  # K not a multiple of 128
+    assert default_engine(perm(128), 7168) == "triton"  # no tail
+    assert default_engine(perm(16), 7168) == "gluon" and default_engine(perm(16, 16), 2880) == "gluon"
+    assert default_engine(perm(16), 128) == "triton"  # one K step of 128
+    assert default_engine(perm(16), 96) == "triton"  # K not a multiple of 64
+    assert default_engine(perm(32, 32), 7168) == "triton" and default_engine(perm(256, 32), 7168) == "triton"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    assert default_engine(perm(128, 32), 7168) == "triton" and default_engine(perm(16), 7168) == "triton"
+
+
 def test_ring_depth_checked():
     """An explicit ring depth that does not fit 224 KiB raises ValueError naming the range (BM 128 + 64 gate/up:
     2 x 58368 + 65536 = 182272 B fits, 3 slots 240640 B do not)."""
@@ -85,9 +113,14 @@ def test_builds():
     for (bm, tail, gate_up), r in zip(_BUILDS, res, strict=True):
         name = f"{'gate_up' if gate_up else 'down'} BM {bm} TAIL {tail}"
         assert r["smem"] <= 227 * 1024 and r["spills"] == 0, (name, r)
-        # one K step of 128 = 2 halves x 4 HGMMA, one wgmma wait, the mbarrier wait and arrive, no shared-memory
-        # store or ldmatrix, no CTA-wide barrier besides the consumer partition's two
-        loop = r["loop"]
-        assert loop["hgmma"] == 8 and loop["waits"] == 1, (name, loop)
-        assert loop["sts"] == 0 and loop["ldsm"] == 0 and loop["bar_sync"] <= 2 and loop["syncs"] >= 2, (name, loop)
+        # the consumers' K loops (with a tail: one per kind of block): one K step of 128 = 2 halves x 4 HGMMA (and 4
+        # more per half on the tail rows), one wgmma wait, the mbarrier wait and arrive, no shared-memory store or
+        # ldmatrix, no CTA-wide barrier besides the consumer partition's two
+        # the K loops are the innermost loops around HGMMAs, the shortest; the persistent tile loop contains them
+        inner = r["loops"][: 2 if tail else 1]
+        assert len(r["loops"]) > len(inner), (name, r["loops"])
+        for loop, hgmma in zip(inner, (8, 16)[: len(inner)], strict=True):
+            assert loop["hgmma"] == hgmma and loop["waits"] == 1, (name, loop)
+            assert loop["sts"] == 0 and loop["ldsm"] == 0 and loop["bar_sync"] <= 2, (name, loop)
+            assert loop["syncs"] >= 2, (name, loop)
         assert r["inflight"] == 0, (name, r)

@@ -99,8 +99,9 @@ def test_decode_variants_and_block_sizes_same_bits():
     def run(decode, block_m=bm):
         perm = moe_permute(ids, E, block_m)
         taps: dict = {}
-        act = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps, config={"DECODE": decode})
-        out = nvfp4_grouped_down(act, ids, tw, perm, w, shared, taps=taps, config={"DECODE": decode})
+        cfg = {"DECODE": decode, "ENGINE": "triton"}  # DECODE selects the Triton kernels' dequantisation
+        act = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps, config=cfg)
+        out = nvfp4_grouped_down(act, ids, tw, perm, w, shared, taps=taps, config=cfg)
         return taps, out
 
     t2, o2 = run(3)  # the default: one inline-PTX call per code word
@@ -141,29 +142,34 @@ def test_expert_with_every_token():
     "E,H,I,k,M", [(256, 7168, 2048, 8, 4096), (256, 7168, 2048, 8, 16384), (128, 2880, 2880, 4, 4096)]
 )
 def test_expert_wide_row_blocks_same_bits(E, H, I, k, M):  # noqa: E741
-    """The op's ``TAIL`` option (BM + 32 pairs per program, a second accumulator for the pairs past BM) gives
-    the default's bits: the production output, and every tap of the tapped build (accumulators, act, y, out);
-    also with ``SCALE_WORD`` in both GEMMs, and ``SCALE_WORD`` alone; the schedule really runs tails (experts
-    with more than BM pairs) and fewer row blocks."""
+    """On the Triton kernels, the op's ``TAIL`` option (BM + 32 pairs per program, a second accumulator for the
+    pairs past BM) gives the bits of the schedule without tails: the production output, and every tap of the tapped
+    build (accumulators, act, y, out); also with ``SCALE_WORD`` in both GEMMs, and ``SCALE_WORD`` alone; the
+    default (its engine per launch) gives them too; the schedule really runs tails (experts with more than BM
+    pairs) and fewer row blocks."""
     w = _weights(E, H, I)
     x, router, shared = _tokens(M, H, E, 19)
     counter = make_route_counter("cuda")
+
+    def triton(tail, sw):  # the options on the Triton kernels (the default engine may be another one)
+        kernel = {"ENGINE": "triton", "SCALE_WORD": sw}
+        return {"TAIL": tail, "gate_up": kernel, "down": dict(kernel)}
+
     t0: dict = {}
     t1: dict = {}
-    o0 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t0)
-    o1 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t1, config={"TAIL": 32})
+    o0 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t0, config=triton(0, False))
+    o1 = flint_moe_grouped(x, router, w, k, counter, shared, taps=t1, config=triton(32, False))
     assert same(o1, o0)
     for name in ("gate_acc", "up_acc", "act", "down_acc", "y", "out"):
-        assert same(t1[name], t0[name]), f"TAIL 32: {name} differs from the default"
+        assert same(t1[name], t0[name]), f"TAIL 32: {name} differs from the schedule without tails"
     t2: dict = {}
-    sw = {"TAIL": 32, "gate_up": {"SCALE_WORD": True}, "down": {"SCALE_WORD": True}}
-    assert same(flint_moe_grouped(x, router, w, k, counter, shared, taps=t2, config=sw), o0)
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared, taps=t2, config=triton(32, True)), o0)
     for name in ("gate_acc", "up_acc", "down_acc"):
-        assert same(t2[name], t0[name]), f"TAIL 32 + SCALE_WORD: {name} differs from the default"
+        assert same(t2[name], t0[name]), f"TAIL 32 + SCALE_WORD: {name} differs from the schedule without tails"
     del t0, t1, t2
-    assert same(flint_moe_grouped(x, router, w, k, counter, shared, config={"TAIL": 32}), o0)
-    one = {"gate_up": {"SCALE_WORD": True}, "down": {"SCALE_WORD": True}}  # the default schedule with SCALE_WORD
-    assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=one), o0)
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=triton(32, False)), o0)
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=triton(0, True)), o0)
+    assert same(flint_moe_grouped(x, router, w, k, counter, shared), o0)  # the default (its engine, its options)
     bm = grouped_config(M * k, E)["BM"]
     ids, _ = route(x, router, k, counter)
     p0, p1 = moe_permute(ids, E, bm), moe_permute(ids, E, bm, 32)
@@ -202,7 +208,7 @@ def test_large_row_blocks_production_equals_tapped_repeatedly(tail):
     ids = torch.stack([torch.randperm(E, generator=g, device="cuda")[:k] for _ in range(M)]).to(torch.int32)
     tw = (torch.rand(M, k, generator=g, device="cuda") / k).to(torch.bfloat16).float()
     perm = moe_permute(ids, E, 128, tail)
-    off = {"SCALE_WORD": False}
+    off = {"SCALE_WORD": False, "ENGINE": "triton"}
     taps: dict = {}
     act_t = nvfp4_grouped_gate_up(x, ids, perm, w, taps=taps, config=off)
     out_t = nvfp4_grouped_down(act_t, ids, tw, perm, w, shared, taps=taps, config=off)

@@ -63,11 +63,12 @@ GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages":
 def default_engine(perm, k: int) -> str:
     """The engine of a grouped GEMM launch with reduction length ``k`` (H for gate/up, I for down) on the row blocks
     of ``perm``, where the config leaves ``ENGINE`` None. Measured on the H200 (reports/gpu/nvfp4-grouped/engines/,
-    same bits): row blocks of 128 pairs with a tail (the default from 65 to 128 pairs per expert) take
-    'gluon_ws' (DeepSeek-V3 M = 4096: gate/up 1.13x, down 1.18x the Triton kernels), row blocks of 16 pairs (at most
-    16 pairs per expert: the bandwidth-bound token counts) take 'gluon' (DeepSeek-V3 M = 128 / 256: 1.16-1.32x);
-    'triton' where those refuse the launch (no sm_90 GPU, the interpreter, K not a multiple of 128 / 64) and at the
-    other row-block sizes. Depends only on the permutation's BM / tail and ``k`` (never on the routing)."""
+    same bits): row blocks of 128 pairs with a tail (the default from 65 to 128 pairs per expert) take 'gluon_ws'
+    (DeepSeek-V3 M = 4096: gate/up 1.16-1.19x, down 1.21-1.32x the Triton kernels), row blocks of 16 pairs (at most
+    16 pairs per expert: the bandwidth-bound token counts) take 'gluon' (M = 128 / 256 on DeepSeek-V3, Qwen3-235B-A22B
+    and gpt-oss-120b: kernels 1.15-1.35x); 'triton' where those refuse the launch (no sm_90 GPU, the interpreter,
+    K not a multiple of 128 / 64, a one-step K loop) and at the other row-block sizes. Depends only on the
+    permutation's BM / tail and ``k`` (never on the routing)."""
     from flint_moe.kernels.nvfp4.grouped_gluon import gluon_refusal
     from flint_moe.kernels.nvfp4.grouped_gluon_ws import ws_refusal
 

@@ -46,7 +46,7 @@ __all__ = ["WS_ROWS", "WS_WARPS", "ws_stage_bytes", "ws_stages", "ws_layouts", "
            "launch_ws_gate_up", "launch_ws_down", "compile_ws_sm90", "layout_constexprs", "audit_specs"]  # fmt: skip
 
 #: Weight rows per tile (two consumer warpgroups), consumer and producer warps, producer registers (``setmaxnreg``:
-#: at 88 the producer's per-tile pointer tensors spill; 96 leave the consumers 208, no spill).
+#: at 88 the producer's per-tile pointer tensors spill; 96 leave the consumers 200 (PTX ``setmaxnreg``), no spill).
 WS_ROWS, WS_WARPS = 128, 8
 WS_PRODUCER_WARPS, WS_PRODUCER_REGS = gl.constexpr(4), gl.constexpr(96)
 
