@@ -197,7 +197,7 @@ SELF_TEST_IDS = [
     "nvfp4_decode/cpu-E6-H96-I64-k3/M2/tied_logits/s0",
     "bf16_decode/mut-E6-H128-I64-k3/M2/tied_logits/s0",
     "nvfp4_decode/cpu-E6-H96-I64-k3/M2/tiny_sigmoids/s0",
-    "nvfp4_grouped/cpu-E6-H96-I64-k3/M2/gaussian/s0",
+    "nvfp4_grouped/mut-E6-H256-I256-k3/M2/gaussian/s0",
     "nvfp4_pertoken_swiglu/pt-cpu-E5-H160-I176-P256-k3/M2/gaussian/s0",
     "nvfp4_pertoken_relu2/pt-cpu-E5-H160-I176-P256-k3/M2/gaussian/s0",
     "nvfp4_pertoken_swiglu/pt-cpu-E5-H160-I176-P256-k3/M2/dispatcher/s0",
@@ -221,9 +221,9 @@ def test_self_test_cases_are_recorded() -> None:
             ["bf16.down_combine._bf16_down_combine_kernel", True], ["bf16.gate_up._bf16_gate_up_kernel", True],
             ["router._router_gemv_topk_kernel", True],
         ],
-        "nvfp4_grouped": [
-            ["nvfp4.grouped_down._grouped_combine_kernel", None], ["nvfp4.grouped_down._grouped_down_kernel", True],
-            ["nvfp4.grouped_gate_up._grouped_gate_up_kernel", True], ["router._router_gemv_topk_kernel", True],
+        "nvfp4_grouped": [  # on the H200 the Gluon kernels (row blocks of 16 pairs, K 256)
+            ["nvfp4.grouped_down._grouped_combine_kernel", None], ["nvfp4.grouped_gluon._gluon_down_kernel", True],
+            ["nvfp4.grouped_gluon._gluon_gate_up_kernel", True], ["router._router_gemv_topk_kernel", True],
         ],
         "pertoken": [  # the quantiser once for FC1's operand, once for FC2's
             ["nvfp4.pertoken_fc1._pertoken_fc1_kernel", True], ["nvfp4.pertoken_fc2._pertoken_combine_kernel", True],

@@ -81,12 +81,16 @@ __all__ = [
 
 #: Small shapes of the mutation cases (keys: a path, or a path and a variant): the smallest NVFP4 cpu shape,
 #: one with Ip % 128 == 0 (so the 128-row interleave fault applies), a BF16 one (2I and H multiples of the
-#: 32-row shuffle block, H of the 64-element BlockMajorK block).
+#: 32-row shuffle block, H of the 64-element BlockMajorK block); ``<key>@cuda``: the shape a mutation takes on the
+#: GPU instead.
 MUTATION_SHAPES = {
     "nvfp4_decode": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
     "nvfp4_decode_i128": ShapeSpec("mut-E6-H96-I128-k3", 6, 96, 128, 3),
     "bf16_decode": ShapeSpec("mut-E6-H128-I64-k3", 6, 128, 64, 3),
     "nvfp4_grouped": ShapeSpec("cpu-E6-H96-I64-k3", 6, 96, 64, 3),
+    # on the GPU reductions of two K steps of 128 in both GEMMs, so that the faults reach the engine the default
+    # takes there at these row blocks (the Gluon kernels, ``grouped_gate_up.default_engine``)
+    "nvfp4_grouped@cuda": ShapeSpec("mut-E6-H256-I256-k3", 6, 256, 256, 3),
     # the decode block: the scaled-down DeepSeek-V3 layer (H % 128 and SI % 64, as the shared linears need) for
     # the CPU stand-in; on the GPU Ling-mini-2.0, whose H, I and SI are multiples of 512 (the CuTe split-K
     # kernels' lane blocking, docs/kernels/ll-block.md)
