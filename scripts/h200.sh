@@ -8,7 +8,7 @@
 # gluon/); gluon-ncu = Nsight Compute over the Gluon GEMMs and the default kernels (benchmarks.tune.ncu_kernels,
 # under gluon-ncu/); gluon-ws = the warp-specialised Gluon GEMMs (config ENGINE "gluon_ws"): their GPU tests, the
 # --ab layers at AB_CASES and M = 128 / 256 (the default engines against the Triton kernels), Nsight Compute of the
-# default at DeepSeek-V3 M = 4096 / 128 (under gluon-ws/); pending = the paths whose kernels have not yet passed
+# default at DeepSeek-V3 M = 4096 (under gluon-ws/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
 # FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT / FLINT_WS_TIMEOUT
 # (default 240: a hung mbarrier ring ends there): seconds per step.
