@@ -4,8 +4,9 @@ needed), the ring depth and the launch checks.
 The builds the launchers take for DeepSeek-V3 (gate/up BM 128, 16 and 128 + 32; down BM 128 + 32): they
 fit one CTA's shared memory without spilling, and the consumers' K loop issues one K step of 128 as 8 HGMMA with
 one wgmma wait, waits and arrives on mbarriers, keeps the weights in registers (no STS / LDSM) and writes no
-register of an in-flight HGMMA. Bitwise equality with the Triton kernels is a GPU test
-(test_nvfp4_grouped_gluon_gpu.py).
+register of an in-flight HGMMA; the gate/up epilogue's scratch store and loads compile to the vector widths and
+instruction counts that benchmarks.smem_banks models (its wavefront counts rest on them). Bitwise equality with
+the Triton kernels is a GPU test (test_nvfp4_grouped_gluon_gpu.py).
 """
 
 from __future__ import annotations
@@ -19,9 +20,27 @@ from flint_moe.kernels.nvfp4.permute import moe_permute
 _BUILDS = [(128, 0, True), (16, 0, True), (128, 32, True), (128, 32, False)]
 
 _SCRIPT = r"""
-import json
+import collections, inspect, json, re
 from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, hgmma_loops, inflight_register_writes, sass_of
+from flint_moe.kernels.nvfp4 import grouped_gluon
 from flint_moe.kernels.nvfp4.grouped_gluon_ws import compile_ws_sm90
+src, first = inspect.getsourcelines(grouped_gluon._gate_up_store.fn)
+EPI = {first + i for i, line in enumerate(src) if "epi_s.store(" in line or ".load(epi_l)" in line}
+
+def epilogue_shared_ops(ptx):
+    # PTX shared-memory instructions whose innermost source line is the scratch store / loads of _gate_up_store
+    files = {m[1]: m[2] for m in re.finditer(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M)}
+    ops, here = collections.Counter(), False
+    for line in ptx.splitlines():
+        m = re.match(r"\s*\.loc\s+(\d+)\s+(\d+)", line)
+        if m:
+            here = files.get(m[1], "").endswith("grouped_gluon.py") and int(m[2]) in EPI
+            continue
+        op = re.match(r"\s*(ld\.shared\S*|st\.shared\S*|ldmatrix\S*)", line)
+        if here and op:
+            ops[op[1]] += 1
+    return dict(ops)
+
 out = []
 for bm, tail, gate_up in BUILDS:
     c = compile_ws_sm90(7168, 2048, 8, bm, tail, gate_up=gate_up)
@@ -33,7 +52,8 @@ for bm, tail, gate_up in BUILDS:
                       for name, prefix in (("hgmma", "HGMMA"), ("waits", "WARPGROUP.DEPBAR"), ("bar_sync", "BAR.SYNC"),
                                            ("syncs", "SYNCS"), ("sts", "STS"), ("ldsm", "LDSM"))})
     res = {k: v for k, v in _resources(c).items() if k != "tma"}
-    out.append({**res, "loops": loops, "inflight": len(inflight_register_writes(sass))})
+    out.append({**res, "loops": loops, "inflight": len(inflight_register_writes(sass)),
+                "epilogue": epilogue_shared_ops(c.asm["ptx"]) if gate_up else {}})
 print(json.dumps(out))
 """
 
@@ -124,3 +144,20 @@ def test_builds():
             assert loop["sts"] == 0 and loop["ldsm"] == 0 and loop["bar_sync"] <= 2, (name, loop)
             assert loop["syncs"] >= 2, (name, loop)
         assert r["inflight"] == 0, (name, r)
+        if gate_up:  # the scratch copies are the ones benchmarks.smem_banks models (vector width, count)
+            assert r["epilogue"] == _modelled_epilogue(bm, tail), (name, r["epilogue"])
+
+
+def _modelled_epilogue(bm: int, tail: int) -> dict:
+    """PTX shared-memory instructions per thread of the gate/up epilogue's scratch (main block and tail) as
+    benchmarks.smem_banks counts them for the current layout: ``st.shared.v<vec>.b32`` / ``ld.shared.b32``."""
+    from benchmarks.smem_banks import epilogue_table
+
+    ops: dict = {}
+    for n in (bm, tail) if tail else (bm,):
+        row = epilogue_table(n)[0]
+        assert row["scratch"] == "row-major (current)"
+        for acc, kind in ((row["store"], "st"), (row["loads"][0], "ld"), (row["loads"][1], "ld")):
+            name = f"{kind}.shared.{f'v{acc.vec}.' if acc.vec > 1 else ''}b32"
+            ops[name] = ops.get(name, 0) + acc.instructions
+    return ops
