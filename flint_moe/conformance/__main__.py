@@ -251,6 +251,7 @@ def _mutation(console) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status (1 on any FAIL / NOT-JUDGED or no case selected, 2 for a refused gpu
     profile, an unusable baseline or --rerun-failed report, or a refused --out, 3 for a stopped run, else 0)."""
+    t_main = time.perf_counter()
     from rich.console import Console
 
     from flint_moe.conformance.report.digest import DEFAULT_GPU_REPORT, check_report, repo_root
@@ -554,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     if not stopped:  # a complete run replaces --out; an INCOMPLETE one stays in the staging directory
         final = publish(staging, out_dir, run_id)
         paths = {k: final / p.name for k, p in paths.items()}
+    t_done = time.perf_counter()
     console.print(summary_table(results, console.width))
     n_fail, n_nj = (sum((r["verdict"] if isinstance(r, dict) else r.verdict) == v for r in results) for v in _NOT_PASS)
     if mutation:
@@ -575,6 +577,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(str(p) for p in paths.values())}", markup=False)  # fmt: skip
     console.print(f"pull-request summary: {paths['summary']} (the full tables: {paths['summary_full']})",
                   markup=False, highlight=False)  # fmt: skip
+    from flint_moe.conformance.run.wall import process_seconds, wall_line
+
+    report_s = t_done - t_run - env["run_seconds"]
+    console.print(wall_line(process_seconds(), t_run - t_main, env["run_seconds"], report_s), markup=False,
+                  highlight=False)  # fmt: skip
     style = "bold green" if fresh.current else "bold yellow"
     console.print(fresh.line, style=style, markup=False, highlight=False, soft_wrap=True)  # one line, never wrapped
     if stopped:

@@ -32,6 +32,9 @@ Scheduling (:func:`plan_units`, :func:`pick_unit`):
 - **Several GPUs.** With CUDA the workers are spread round robin over every visible GPU; each worker process
   sees only its own (``CUDA_VISIBLE_DEVICES``), and the memory budget above holds per GPU.
 - **Mutation self-test.** ``mutation.run_mutations`` is one more unit, run beside the cases.
+- **What-if.** ``python -m flint_moe.conformance.run.simulate`` replays this hand-out on the CPU from a report's
+  measured costs (makespan, the work and memory lower bounds, the largest memory-time shares); the run records its
+  real ``timeline`` in ``env.parallel``.
 
 A case that raises is a FAIL with the exception (``runner.raised_result``), as in the serial runner, except
 that a CUDA out-of-memory error is retried after a pause (:func:`_run_with_retries`; out of memory on every
@@ -230,6 +233,17 @@ def plan_units(
     return units
 
 
+#: The fields of one ``env.parallel.timeline`` entry: a unit as it ran (worker, seconds into the run when handed out
+#: and when its worker reported it done) beside what the planner expected of it (seconds, GiB) and its first case.
+TIMELINE_FIELDS = ("uid", "worker", "start_s", "end_s", "planned_s", "planned_gib", "first_case")
+
+
+def _timeline_entry(unit: Unit, wid: int, start: float, end: float) -> list:
+    first = unit.cases[0][1].id if unit.cases else unit.kind
+    return [unit.uid, wid, round(start, 1), round(end, 1), round(unit.seconds, 1), round(unit.nbytes / 2**30, 1),
+            str(first)]  # fmt: skip
+
+
 def pick_unit(pending: list[Unit], running_bytes: list[int], budget: int) -> Unit | None:
     """The first unit of ``pending`` (longest first) that fits ``budget`` beside the running units'
     ``running_bytes``; with nothing running, the first unit even if it alone exceeds the budget; None when
@@ -419,7 +433,8 @@ def run_parallel(
     only while the units running there fit that GPU's memory budget.
 
     Returns (case result dicts of the finished cases in ``cases`` order, the mutation report or None, run
-    info: jobs, GPUs, per-GPU budget bytes, units, per-worker busy seconds). ``stopped`` receives the signal
+    info: jobs, GPUs, per-GPU budget bytes, units, per-worker busy seconds, and the ``timeline``: one entry of
+    :data:`TIMELINE_FIELDS` per unit that ran, which ``simulate`` compares with the planner's replay). ``stopped`` receives the signal
     name when SIGTERM / SIGINT stops the run (the parent's handlers raise ``__main__.RunStopped``). ``profile``:
     the run's case matrix profile ("gpu" / "cpu"), which a report must share for its measured costs to plan the
     units (:func:`measured_costs`; None: no measured costs)."""
@@ -464,6 +479,9 @@ def run_parallel(
     for slot in gpu_slots(n_workers, len(gpus)):
         start_worker(slot)
     deaths = 0
+    t0 = time.perf_counter()
+    started: dict[int, float] = {}  # uid -> seconds into the run when handed out
+    timeline: list[list] = []
     cols = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*cols, console=console, transient=False) as prog:
@@ -480,6 +498,7 @@ def run_parallel(
                     running[wid] = unit
                     left[unit.uid] = {pos for pos, _ in unit.cases}
                     workers[wid][1].put(unit)
+                    started[unit.uid] = time.perf_counter() - t0
                 try:
                     msg = results_q.get(timeout=2.0)
                 except queue.Empty:
@@ -513,8 +532,11 @@ def run_parallel(
                 elif kind == "mutation":
                     mutation_rep = msg[3]
                 elif kind == "done":
-                    running.pop(wid, None)
+                    unit = running.pop(wid, None)
                     busy[wid] = busy.get(wid, 0.0) + float(msg[3])
+                    if unit is not None:
+                        end = time.perf_counter() - t0
+                        timeline.append(_timeline_entry(unit, wid, started.get(unit.uid, 0.0), end))
     except (RunStopped, KeyboardInterrupt) as e:
         stopped.append(str(e) or "SIGINT")
         while True:  # keep the cases the workers finished before the stop
@@ -545,5 +567,7 @@ def run_parallel(
         "plan_from": plan_from if measured else None,
         "measured_cases": sum(c.id in measured for c in cases),
         "worker_busy_seconds": {str(k): round(v, 1) for k, v in sorted(busy.items())},
+        "timeline_fields": list(TIMELINE_FIELDS),
+        "timeline": sorted(timeline, key=lambda e: (e[2], e[1])),
     }
     return [done[pos] for pos in sorted(done)], mutation_rep, info

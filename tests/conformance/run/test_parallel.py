@@ -76,6 +76,12 @@ def test_two_workers_equal_the_serial_run():
     res, mut, info = parallel.run_parallel(cases, 2, "cpu", invariance=False)
     assert mut is None and info["jobs"] == 2 and info["units"] == 2
     assert [r["case_id"] for r in res] == [c.id for c in cases]
+    # the timeline: each unit once, on a worker, handed out before it was reported done, its first case named
+    assert info["timeline_fields"] == list(parallel.TIMELINE_FIELDS)
+    rows = [dict(zip(info["timeline_fields"], e, strict=True)) for e in info["timeline"]]
+    assert sorted(r["uid"] for r in rows) == [0, 1] and {r["worker"] for r in rows} <= {0, 1}
+    assert all(0.0 <= r["start_s"] <= r["end_s"] for r in rows)
+    assert sorted(r["first_case"] for r in rows) == sorted(c.id for c in cases)
     dev = torch.device("cpu")
     for case, got in zip(cases, res, strict=True):
         want = run_case(case, dev).to_json()
