@@ -153,7 +153,10 @@ _NO_REG_DEST = ("ST", "BAR", "BRA", "BRX", "JMX", "HGMMA", "WARPGROUP", "DEPBAR"
 #: A predicate destination written before the register one (``SHFL.BFLY PT, R9, ..``, ``LOP3.LUT P0, R11, ..``).
 _PRED_DEST = re.compile(r"\s*!?U?P(?:T|\d+)\s*,")
 _HGMMA = re.compile(r"HGMMA\.64x(\d+)x\d+\.(F32|F16)\S*\s+R(\d+),\s*(?:R(\d+)|gdesc)")
-_WAIT_ALL = "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+#: An unpredicated wgmma wait (``wgmma.wait_group N``): at most N committed groups left in flight.
+_WAIT = re.compile(r"(?:@PT\s+)?WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
+#: The operand that marks the HGMMA closing a wgmma group (its commit); groups counted up to _MAX_GROUPS.
+_GROUP_COMMIT, _MAX_GROUPS = "gsb0", 8
 
 
 def _width(op: str) -> int:
@@ -187,11 +190,12 @@ def inflight_register_writes(sass: str) -> list[tuple[str, str]]:
     """Every write to a register that an issued HGMMA still reads or accumulates into (A quad ``Ra..Ra+3`` when A
     comes from registers, accumulator ``Rd..`` of N / 2 fp32 or N / 4 fp16 registers), on every path from the
     HGMMA (both ways at a predicated branch, through unconditional ones, ending at ``EXIT``) up to an unpredicated
-    ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` (the wait for every committed group). PTX leaves those registers undefined
-    to change before that wait; ptxas renames such a write or adds a wait before it (a hand-written violation
-    compiled that way), so on ptxas output this guards the tool chain, and the count of waits per K step (the
-    CPU test) catches the serialisation it falls back to. A branch without an address counts as a write. Pairs
-    (HGMMA, offending instruction); [] for a correct build."""
+    ``WARPGROUP.DEPBAR.LE gsb0, N`` that retires it: its own group closed (the HGMMA carrying ``gsb0``, the
+    group's commit) and at least N groups committed after it on that path (N = 0: the wait for every committed
+    group). PTX leaves those registers undefined to change before that wait; ptxas renames such a write or adds a
+    wait before it (a hand-written violation compiled that way), so on ptxas output this guards the tool chain, and
+    the count of waits per K step (the CPU test) catches the serialisation it falls back to. A branch without an
+    address counts as a write. Pairs (HGMMA, offending instruction); [] for a correct build."""
     ins = _instructions(sass)
     at = {a: i for i, (a, _) in enumerate(ins)}
     bad = []
@@ -203,29 +207,34 @@ def inflight_register_writes(sass: str) -> list[tuple[str, str]]:
         live = set(range(acc, acc + n // (2 if m.group(2) == "F32" else 4)))
         if m.group(4):
             live |= set(range(int(m.group(4)), int(m.group(4)) + 4))
-        todo, seen = [i + 1], set()
+        # (instruction, groups committed after this HGMMA's own group on the path; -1 while its group is open)
+        todo, seen = [(i + 1, 0 if _GROUP_COMMIT in text else -1)], set()
         while todo:
-            j = todo.pop()
-            if j in seen or j >= len(ins):
+            j, younger = todo.pop()
+            if (j, younger) in seen or j >= len(ins):
                 continue
-            seen.add(j)
+            seen.add((j, younger))
             t = ins[j][1]
             op, predicated = _opcode(t), t.startswith("@") and not t.startswith("@PT ")
-            if t.startswith((_WAIT_ALL, "@PT " + _WAIT_ALL)) or (op == "EXIT" and not predicated):
+            wait = _WAIT.match(t)
+            if (wait and younger >= int(wait.group(1), 16)) or (op == "EXIT" and not predicated):
                 continue
             if op.startswith(("BRA", "JMP")):
                 target = re.search(r"0x([0-9a-f]+)\s*$", t)
                 if target is None:
                     bad.append((text, t))
                     continue
-                todo.append(at.get(int(target.group(1), 16), len(ins)))
+                todo.append((at.get(int(target.group(1), 16), len(ins)), younger))
                 if predicated or op != "BRA":  # may fall through (BRA.U / BRA.DIV carry their own predicate)
-                    todo.append(j + 1)
+                    todo.append((j + 1, younger))
                 continue
-            if not op.startswith("HGMMA") and _written_regs(t) & live:
+            if op.startswith("HGMMA"):
+                if _GROUP_COMMIT in t:
+                    younger = min(younger + 1, _MAX_GROUPS)
+            elif _written_regs(t) & live:
                 bad.append((text, t))
                 break
-            todo.append(j + 1)
+            todo.append((j + 1, younger))
     return bad
 
 

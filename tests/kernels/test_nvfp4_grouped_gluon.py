@@ -89,8 +89,9 @@ def _sass(*lines: str) -> str:
 
 
 def test_inflight_register_check():
-    """The SASS check flags a write to an in-flight HGMMA's A quad or accumulator before the covering wait, through
-    an unconditional branch, and nothing after the wait or to other registers."""
+    """The SASS check flags a write to an in-flight HGMMA's A quad or accumulator before the covering wait (all
+    groups, or all but the N youngest), through an unconditional branch, and nothing after the wait or to other
+    registers."""
     from benchmarks.sass_grouped_nvfp4 import inflight_register_writes
 
     hg = "HGMMA.64x16x16.F32.BF16 R24, R40, gdesc[UR8], R24, gsb0"
@@ -110,3 +111,14 @@ def test_inflight_register_check():
     # a predicated wait does not cover; EXIT ends the path
     assert inflight_register_writes(_sass(hg, "@P1 " + wait, imad)) == [(hg, imad)]
     assert inflight_register_writes(_sass(hg, "EXIT", imad)) == []
+    # a wait that leaves N groups in flight retires the groups committed before the last N: one younger group
+    # (hg2, gsb0: its own commit) after hg's lets "wait 0x1" retire hg but not hg2 (A R44..47)
+    hg2 = "HGMMA.64x16x16.F32.BF16 R32, R44, gdesc[UR8], R32, gsb0"
+    wait1 = "WARPGROUP.DEPBAR.LE gsb0, 0x1"
+    assert inflight_register_writes(_sass(hg, hg2, wait1, imad)) == []
+    assert inflight_register_writes(_sass(hg, hg2, wait1, "IMAD R45, R1, R2, RZ")) == [(hg2, "IMAD R45, R1, R2, RZ")]
+    assert inflight_register_writes(_sass(hg, wait1, imad)) == [(hg, imad)]  # no younger group: hg still in flight
+    # an HGMMA without gsb0 belongs to the group the next gsb0 closes: that commit is its own, not a younger one
+    open_hg = "HGMMA.64x16x16.F32.BF16 R24, R40, gdesc[UR8], R24"
+    assert inflight_register_writes(_sass(open_hg, hg2, wait1, imad)) == [(open_hg, imad)]
+    assert inflight_register_writes(_sass(open_hg, hg2, wait, imad)) == []

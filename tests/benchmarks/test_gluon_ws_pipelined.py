@@ -1,0 +1,53 @@
+"""The pipelined warp-specialised prototype (benchmarks/prototypes/gluon_ws_pipelined.py) on the CPU: ``rebound``
+rebinds only the names it is given; the sm_90a builds at bodies of 2 and 4 K steps compile (in a fresh interpreter
+without TRITON_INTERPRET) with the package builds' shared memory, no spill, and no write to a register of an
+in-flight HGMMA, their waits leaving one half's groups in flight. Bits and times against the package kernels are a
+GPU run (``--gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+
+_SCRIPT = r"""
+import json
+from benchmarks.prototypes.gluon_ws_pipelined import sass_report
+print(json.dumps(sass_report()))
+"""
+
+
+def _scale(x, k=2):
+    return k * x * FACTOR  # noqa: F821  (FACTOR: a global of this module only in its rebound copies)
+
+
+def test_rebound_binds_only_the_named_globals():
+    from benchmarks.prototypes.gluon_ws_pipelined import rebound, variant
+
+    three, five = rebound(_scale, FACTOR=3), rebound(_scale, FACTOR=5)
+    assert (three(7), five(7), three(7, k=1)) == (42, 70, 21)
+    assert "FACTOR" not in globals()  # the module itself is untouched
+    with pytest.raises(NameError):
+        _scale(1)
+    with pytest.raises(ValueError, match="unroll: a body of at least 2 K steps"):
+        variant(1)
+
+
+def test_builds():
+    from tests.kernels._sm90_build import run_build_script
+
+    rows = run_build_script(_SCRIPT, timeout=900)
+    by = {(r["build"], r["kind"], r["BM"], r["TAIL"]): r for r in rows}
+    builds = {(k, bm, tail) for _, k, bm, tail in by}
+    assert builds == {("gate_up", 128, 32), ("down", 128, 32), ("gate_up", 128, 0), ("gate_up", 16, 0)}
+    for kind, bm, tail in builds:
+        base = by[("package", kind, bm, tail)]
+        for u in (2, 4):
+            r = by[(f"unroll {u}", kind, bm, tail)]
+            assert r["smem"] == base["smem"] and r["spills"] == 0 == base["spills"], r
+            assert r["inflight_writes"] == 0 == base["inflight_writes"], r
+        # the unroll-2 body: two K steps (16 HGMMA per accumulator tile), the waits of the pipeline (after the first
+        # half-pair, twice in the second step, the final full wait): 4, against the package's one per step
+        body = min((loop for loop in by[("unroll 2", kind, bm, tail)]["loops"] if loop["hgmma"] % 16 == 0),
+                   key=lambda loop: loop["instr"])  # fmt: skip
+        step = min(by[("package", kind, bm, tail)]["loops"], key=lambda loop: loop["instr"])
+        assert body["hgmma"] == 2 * step["hgmma"] and body["waits"] == 4 and step["waits"] == 1, (body, step)
+        assert body["sts"] == 0 == body["ldsm"], body  # the weights stay in registers
