@@ -36,17 +36,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
+from flint_moe.kernels._rule import global_scale, swiglu
 from flint_moe.kernels.nvfp4 import grouped_gluon_ws as pkg
-from flint_moe.kernels.nvfp4.grouped_gluon import _half_mma
+from flint_moe.kernels.nvfp4.grouped_gluon import _block_pairs, _half_mma
 from flint_moe.kernels.nvfp4.grouped_gluon_ws import _consumer_steps as _package_steps
 
-__all__ = ["UNROLL", "rebound", "variant", "sass_report", "gpu_check", "SASS_BUILDS", "GPU_CASES", "UNROLLS"]
+__all__ = ["UNROLL", "SCRATCH", "rebound", "variant", "VARIANTS", "sass_report", "gpu_check", "SASS_BUILDS",
+           "GPU_CASES"]  # fmt: skip
 
 #: K steps per loop body (the first half of a body is dequantised with the tensor cores idle, the rest under a wgmma);
 #: :func:`variant` rebinds it.
 UNROLL = gl.constexpr(2)
-#: The body lengths :func:`sass_report` and :func:`gpu_check` compare with the package.
-UNROLLS = (2, 4)
 
 
 def rebound(fn, **names):
@@ -113,15 +113,50 @@ def _pipelined_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: 
     return acc, acc_t, it
 
 
+#: The gate/up epilogue's scratch of :func:`_gate_up_store_swizzled`: column-major, 8-element vectors, the phase
+#: moving every 2 columns over 4 groups (docs/kernels/nvfp4-grouped.md, "The gate/up epilogue's scratch").
+SCRATCH = gl.constexpr(gl.SwizzledSharedLayout(8, 2, 4, [0, 1]))
+
+
+@gluon.jit
+def _gate_up_store_swizzled(acc, order_ptr, pos0, end, q, gs, act_ptr, gacc_ptr, uacc_ptr, INTER: gl.constexpr,
+                            TAP: gl.constexpr):  # fmt: skip
+    """``grouped_gluon._gate_up_store`` with its scratch in :data:`SCRATCH` instead of row-major: the same values
+    through other addresses (``python -m benchmarks.smem_banks``: 1024 wavefronts per 128 x 128 tile, not
+    18432)."""
+    R: gl.constexpr = acc.shape[0]
+    N: gl.constexpr = acc.shape[1]
+    BC: gl.constexpr = R // 2
+    epi_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [0, 1])
+    epi_s = gl.allocate_shared_memory(gl.float32, [R, N], SCRATCH)
+    epi_s.store(acc)
+    gl.thread_barrier()
+    acc_u = epi_s.slice(0, BC).load(epi_l)
+    acc_g = epi_s.slice(BC, BC).load(epi_l)
+    gl.thread_barrier()  # the scratch is reused by the next store
+    pair, r_ok = _block_pairs(order_ptr, pos0, end, N, gl.SliceLayout(0, epi_l))
+    cols = q * BC + gl.arange(0, BC, layout=gl.SliceLayout(1, epi_l))
+    act = swiglu(global_scale(acc_g, gs), global_scale(acc_u, gs))
+    off = pair[None, :] * INTER + cols[:, None]
+    ok = (cols < INTER)[:, None] & r_ok[None, :]
+    gl.store(act_ptr + off, act, mask=ok)
+    if TAP:
+        gl.store(gacc_ptr + off, acc_g, mask=ok)
+        gl.store(uacc_ptr + off, acc_u, mask=ok)
+
+
 @functools.cache
-def variant(unroll: int = 2) -> types.SimpleNamespace:
-    """The package kernel rebuilt around :func:`_pipelined_steps` with bodies of ``unroll`` K steps: ``kernel``,
+def variant(unroll: int | None = 2, swizzled: bool = False) -> types.SimpleNamespace:
+    """The package kernel rebuilt around :func:`_pipelined_steps` with bodies of ``unroll`` K steps (None: the
+    package's K loop) and, ``swizzled``, the gate/up epilogue :func:`_gate_up_store_swizzled`: ``kernel``,
     ``compile_sm90`` (``grouped_gluon_ws.compile_ws_sm90``'s arguments), ``gate_up`` / ``down`` (the package
     launchers' arguments). ValueError for ``unroll`` < 2."""
-    if unroll < 2:
+    if unroll is not None and unroll < 2:
         raise ValueError(f"unroll: a body of at least 2 K steps overlaps anything, got {unroll}")
-    steps = rebound(_pipelined_steps, UNROLL=gl.constexpr(unroll))
-    kern = rebound(pkg._ws_grouped_kernel, _consumer=rebound(pkg._consumer, _consumer_steps=steps))
+    steps = pkg._consumer_steps if unroll is None else rebound(_pipelined_steps, UNROLL=gl.constexpr(unroll))
+    epilogue = rebound(pkg._epilogue, _gate_up_store=_gate_up_store_swizzled) if swizzled else pkg._epilogue
+    consumer = rebound(pkg._consumer, _consumer_steps=steps, _epilogue=epilogue)
+    kern = rebound(pkg._ws_grouped_kernel, _consumer=consumer)
     build_args = rebound(pkg._build_args, _ws_grouped_kernel=kern)
     return types.SimpleNamespace(
         kernel=kern, compile_sm90=rebound(pkg.compile_ws_sm90, _build_args=build_args),
@@ -130,20 +165,25 @@ def variant(unroll: int = 2) -> types.SimpleNamespace:
     )  # fmt: skip
 
 
+#: The variants :func:`sass_report` and :func:`gpu_check` compare with the package: name -> :func:`variant` args.
+VARIANTS = {"unroll 2": (2, False), "unroll 4": (4, False), "swizzled epilogue": (None, True),
+            "unroll 2 + swizzled epilogue": (2, True)}  # fmt: skip
+
+
 #: (BM, TAIL, gate_up) of the builds :func:`sass_report` compares (the default engine's DeepSeek-V3 builds).
 SASS_BUILDS = ((128, 32, True), (128, 32, False), (128, 0, True), (16, 0, True))
 
 
 def sass_report(H: int = 7168, I: int = 2048, k: int = 8) -> list[dict]:  # noqa: N803, E741
-    """CPU: per build of :data:`SASS_BUILDS`, the package's and the prototype's at each of :data:`UNROLLS`
-    ("unroll U"): registers, spills, shared memory, and per loop
+    """CPU: per build of :data:`SASS_BUILDS`, the package's and each of :data:`VARIANTS`: registers, spills, shared
+    memory, and per loop
     around HGMMAs (shortest first) the HGMMA, wgmma-wait, ``BAR.SYNC`` and ``SYNCS`` counts; the in-flight
     register check (``benchmarks.sass_grouped_nvfp4.inflight_register_writes``) over the whole kernel."""
     from benchmarks.sass_grouped_nvfp4 import _opcode, _resources, hgmma_loops, inflight_register_writes, sass_of
 
     out = []
     for bm, tail, gate_up in SASS_BUILDS:
-        builds = [("package", pkg.compile_ws_sm90)] + [(f"unroll {u}", variant(u).compile_sm90) for u in UNROLLS]
+        builds = [("package", pkg.compile_ws_sm90)] + [(n, variant(*a).compile_sm90) for n, a in VARIANTS.items()]
         for name, comp in builds:
             c = comp(H, I, k, bm, tail, gate_up=gate_up)
             sass = sass_of(c.asm["cubin"])
@@ -160,8 +200,8 @@ def sass_report(H: int = 7168, I: int = 2048, k: int = 8) -> list[dict]:  # noqa
     return out
 
 
-def gpu_case(layer, M: int, tail: int, unrolls=UNROLLS) -> dict:
-    """H200, one layer and M, row blocks of 128 pairs with ``tail``: per body length of ``unrolls``, act (and the
+def gpu_case(layer, M: int, tail: int, variants=tuple(VARIANTS)) -> dict:
+    """H200, one layer and M, row blocks of 128 pairs with ``tail``: per variant of ``variants``, act (and the
     tapped build's g_acc / u_acc) of the prototype gate/up against the package's, and y (and down_acc) of the
     prototype down against the package's on the package's act, bitwise; then every gate/up and down kernel timed
     (CUDA graphs, us)."""
@@ -180,7 +220,7 @@ def gpu_case(layer, M: int, tail: int, unrolls=UNROLLS) -> dict:
     P, H, ip, dev = M * layer.k, layer.H, (layer.I + 63) // 64 * 64, x.device
     kw = {"H": H, "IP": ip, "INTER": layer.I}
     impls = {"package": (pkg.launch_ws_gate_up, pkg.launch_ws_down)}
-    impls.update({f"unroll {u}": (variant(u).gate_up, variant(u).down) for u in unrolls})
+    impls.update({n: (variant(*VARIANTS[n]).gate_up, variant(*VARIANTS[n]).down) for n in variants})
 
     def run(name, tap):
         gu, dn = impls[name]

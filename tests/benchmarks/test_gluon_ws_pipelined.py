@@ -1,8 +1,8 @@
 """The pipelined warp-specialised prototype (benchmarks/prototypes/gluon_ws_pipelined.py) on the CPU: ``rebound``
-rebinds only the names it is given; the sm_90a builds at bodies of 2 and 4 K steps compile (in a fresh interpreter
-without TRITON_INTERPRET) with the package builds' shared memory, no spill, and no write to a register of an
-in-flight HGMMA, their waits leaving one half's groups in flight. Bits and times against the package kernels are a
-GPU run (``--gpu``)."""
+rebinds only the names it is given; the sm_90a builds of every variant (bodies of 2 and 4 K steps, the swizzled
+gate/up scratch, both) compile (in a fresh interpreter without TRITON_INTERPRET) with the package builds' shared
+memory, no spill, and no write to a register of an in-flight HGMMA, the pipelined waits leaving one half's groups
+in flight. Bits and times against the package kernels are a GPU run (``--gpu``)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def test_rebound_binds_only_the_named_globals():
 
 
 def test_builds():
+    from benchmarks.prototypes.gluon_ws_pipelined import VARIANTS
     from tests.kernels._sm90_build import run_build_script
 
     rows = run_build_script(_SCRIPT, timeout=900)
@@ -40,10 +41,17 @@ def test_builds():
     assert builds == {("gate_up", 128, 32), ("down", 128, 32), ("gate_up", 128, 0), ("gate_up", 16, 0)}
     for kind, bm, tail in builds:
         base = by[("package", kind, bm, tail)]
-        for u in (2, 4):
-            r = by[(f"unroll {u}", kind, bm, tail)]
+        for name in VARIANTS:
+            r = by[(name, kind, bm, tail)]
             assert r["smem"] == base["smem"] and r["spills"] == 0 == base["spills"], r
             assert r["inflight_writes"] == 0 == base["inflight_writes"], r
+        # the swizzled scratch changes the gate/up epilogue only: the same K loop (up to the register allocation's
+        # few moves); its loads become ldmatrix
+        swz = by[("swizzled epilogue", kind, bm, tail)]
+        k_swz, k_base = swz["loops"][0], base["loops"][0]
+        assert {**k_swz, "instr": 0} == {**k_base, "instr": 0} and abs(k_swz["instr"] - k_base["instr"]) <= 8
+        assert (sum(loop["ldsm"] for loop in swz["loops"]) > 0) == (kind == "gate_up"), swz["loops"]
+        assert sum(loop["ldsm"] for loop in base["loops"]) == 0, base["loops"]
         # the unroll-2 body: two K steps (16 HGMMA per accumulator tile), the waits of the pipeline (after the first
         # half-pair, twice in the second step, the final full wait): 4, against the package's one per step
         body = min((loop for loop in by[("unroll 2", kind, bm, tail)]["loops"] if loop["hgmma"] % 16 == 0),
