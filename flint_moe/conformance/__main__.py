@@ -555,7 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     if not stopped:  # a complete run replaces --out; an INCOMPLETE one stays in the staging directory
         final = publish(staging, out_dir, run_id)
         paths = {k: final / p.name for k, p in paths.items()}
-    t_done = time.perf_counter()
+    from flint_moe.conformance.run.wall import process_seconds, wall_line
+
+    t_done, age = time.perf_counter(), process_seconds()  # the console output below is not in the split
     console.print(summary_table(results, console.width))
     n_fail, n_nj = (sum((r["verdict"] if isinstance(r, dict) else r.verdict) == v for r in results) for v in _NOT_PASS)
     if mutation:
@@ -577,10 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(str(p) for p in paths.values())}", markup=False)  # fmt: skip
     console.print(f"pull-request summary: {paths['summary']} (the full tables: {paths['summary_full']})",
                   markup=False, highlight=False)  # fmt: skip
-    from flint_moe.conformance.run.wall import process_seconds, wall_line
-
     report_s = t_done - t_run - env["run_seconds"]
-    console.print(wall_line(process_seconds(), t_run - t_main, env["run_seconds"], report_s), markup=False,
+    console.print(wall_line(age, t_run - t_main, env["run_seconds"], report_s), markup=False,
                   highlight=False)  # fmt: skip
     style = "bold green" if fresh.current else "bold yellow"
     console.print(fresh.line, style=style, markup=False, highlight=False, soft_wrap=True)  # one line, never wrapped

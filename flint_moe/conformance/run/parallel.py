@@ -434,7 +434,8 @@ def run_parallel(
 
     Returns (case result dicts of the finished cases in ``cases`` order, the mutation report or None, run
     info: jobs, GPUs, per-GPU budget bytes, units, per-worker busy seconds, and the ``timeline``: one entry of
-    :data:`TIMELINE_FIELDS` per unit that ran, which ``simulate`` compares with the planner's replay). ``stopped`` receives the signal
+    :data:`TIMELINE_FIELDS` per unit that ran, the real schedule beside what ``simulate`` replays from the plan).
+    ``stopped`` receives the signal
     name when SIGTERM / SIGINT stops the run (the parent's handlers raise ``__main__.RunStopped``). ``profile``:
     the run's case matrix profile ("gpu" / "cpu"), which a report must share for its measured costs to plan the
     units (:func:`measured_costs`; None: no measured costs)."""

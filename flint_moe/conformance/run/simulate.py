@@ -14,7 +14,8 @@ simulated makespan beside three lower bounds:
 
 and the paths / shapes with the largest share of the memory-time, the quantity to cut when the memory bound is
 the binding one. ``--without`` drops the cases whose id matches a glob (``fnmatch``) before planning: the effect of
-moving them to the ``gpu-full`` profile. Worker start-up, the process's set-up and the report are outside the
+moving them to the ``gpu-full`` profile; ``--order area`` hands out units by their seconds times their share of the
+budget instead of longest first. Worker start-up, the process's set-up and the report are outside the
 simulation (``env.run_seconds`` of a report against its ``conformance wall``).
 """
 
@@ -37,7 +38,8 @@ _GIB = 1 << 30
 class Schedule:
     """A simulated run: ``makespan`` (s), per-worker busy seconds, ``starts`` as (start s, worker, Unit) in
     hand-out order, and the lower bounds ``work_bound`` (summed seconds / workers), ``memory_bound`` (summed
-    seconds x bytes / budget) and ``longest`` (the longest unit's seconds)."""
+    seconds x bytes / budget, a unit's bytes capped at the budget: one over it runs alone) and ``longest`` (the
+    longest unit's seconds)."""
 
     makespan: float
     busy: list[float]
@@ -68,14 +70,14 @@ def simulate(units: list[Unit], jobs: int, budget: int) -> Schedule:
             running[w] = (t + unit.seconds, unit)
             busy[w] += unit.seconds
             starts.append((t, w, unit))
+        # one completion per step, as the parent reads one "done" message before handing out again (units ending at
+        # the same moment are freed one after the other, the others still counted as running)
         w, (t, _) = min(running.items(), key=lambda kv: (kv[1][0], kv[0]))
         del running[w]
-        while running and min(e for e, _ in running.values()) <= t:  # units ending at the same moment
-            del running[min(running, key=lambda k: running[k][0])]
     total = sum(u.seconds for u in units)
     return Schedule(
         makespan=t, busy=busy, starts=starts, work_bound=total / jobs,
-        memory_bound=sum(u.seconds * u.nbytes for u in units) / budget,
+        memory_bound=sum(u.seconds * min(u.nbytes, budget) for u in units) / budget,  # a unit over it runs alone
         longest=max((u.seconds for u in units), default=0.0),
     )  # fmt: skip
 
@@ -115,10 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--without", action="append", default=[], metavar="PATTERN",
                     help="drop the cases whose id matches this glob (repeatable)")  # fmt: skip
     ap.add_argument("--top", type=int, default=8, help="memory-time shares listed")
+    ap.add_argument("--order", choices=("seconds", "area"), default="seconds",
+                    help="hand-out order: the planner's (longest first) or by seconds x max(1, bytes / (budget / "
+                         "jobs)), units holding a large share of the budget earlier")  # fmt: skip
     args = ap.parse_args(argv)
     measured = measured_costs(args.report, profile=args.profile)
     if not measured:
         print(f"{args.report}: no measured costs of a GPU run of profile {args.profile}", file=sys.stderr)
+        return 2
+    if args.jobs < 1 or (args.budget_gib is not None and args.budget_gib <= 0):
+        print(f"--jobs must be >= 1 and --budget-gib > 0, got {args.jobs} and {args.budget_gib}", file=sys.stderr)
         return 2
     budget = int(args.budget_gib * _GIB) if args.budget_gib else _report_budget(args.report)
     if budget is None:
@@ -126,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cases = [c for c in matrix(args.profile) if not any(fnmatch.fnmatchcase(c.id, p) for p in args.without)]
     units = plan_units(cases, mutation=True, measured=measured)
+    if args.order == "area":
+        units.sort(key=lambda u: -u.seconds * max(1.0, u.nbytes * args.jobs / budget))
     unmeasured = sum(c.id not in measured for c in cases)
     s = simulate(units, args.jobs, budget)
     print(f"{len(cases)} cases ({unmeasured} without a measured cost), {len(units)} units, {args.jobs} workers, "

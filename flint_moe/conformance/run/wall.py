@@ -27,10 +27,11 @@ def process_seconds() -> float | None:
 
 
 def wall_line(process_s: float | None, setup_s: float, run_s: float, report_s: float) -> str:
-    """One log line splitting a run's wall time: ``process_s`` seconds since the process started (None: unknown),
-    of which ``setup_s`` from the CLI's entry to the first case (matrix, baseline, staging, environment), ``run_s``
-    the cases (``env.run_seconds``) and ``report_s`` the judging of the whole run and the report files; the rest
-    (interpreter start and imports before the entry) is named ``start-up``."""
+    """One log line splitting a run's wall time: ``process_s`` seconds from the process's start to the report
+    written (None: unknown; the console summary after it is not counted), of which ``setup_s`` from the CLI's entry
+    to the first case (matrix, baseline, staging, environment), ``run_s`` the cases (``env.run_seconds``) and
+    ``report_s`` the judging of the whole run and the report files; the rest (interpreter start and imports before
+    the entry) is named ``start-up``."""
     parts = [f"set-up {setup_s:.1f} s", f"cases {run_s:.1f} s", f"report {report_s:.1f} s"]
     if process_s is not None:
         startup = process_s - setup_s - run_s - report_s

@@ -37,6 +37,8 @@ def test_longest_first_and_a_unit_over_the_budget_runs_alone():
     s = simulate([_unit(0, 7, 2), _unit(1, 5, 20), _unit(2, 3, 2)], 2, 10 * GIB)
     assert [(t, w, u.uid) for t, w, u in s.starts] == [(0.0, 0, 0), (0.0, 1, 2), (7.0, 0, 1)]
     assert s.makespan == 12.0
+    # the memory bound caps a unit's bytes at the budget (it runs alone): (7*2 + 5*10 + 3*2) / 10 = 7 s
+    assert s.memory_bound == 7.0 and simulate([_unit(0, 10, 20)], 1, 10 * GIB).memory_bound == 10.0
     with pytest.raises(ValueError, match="jobs and budget must be >= 1"):
         simulate([], 0, GIB)
     assert simulate([], 4, GIB).makespan == 0.0
@@ -72,6 +74,10 @@ def test_cli_on_a_report(tmp_path, capsys):
     assert "no env.parallel budget recorded" in capsys.readouterr().err
     assert main(["--report", str(path), "--budget-gib", "50"]) == 0
     assert "budget 50.0 GiB" in capsys.readouterr().out
+    assert main(["--report", str(path), "--budget-gib", "50", "--order", "area"]) == 0
+    assert "simulated makespan" in capsys.readouterr().out
+    assert main(["--report", str(path), "--jobs", "0"]) == 2
+    assert "--jobs must be >= 1" in capsys.readouterr().err
     path.write_text(json.dumps({**rep, "env": {**env, "gpu": None}}))
     assert main(["--report", str(path)]) == 2
     assert "no measured costs of a GPU run of profile gpu" in capsys.readouterr().err
