@@ -16,6 +16,12 @@ instructions a warp issues for the copy and counts, per instruction, the wavefro
 - within one such phase, each of the 32 banks serves one distinct 4-byte word per wavefront (lanes reading the same
   word share it): the phase costs as many wavefronts as the most distinct words any bank holds.
 
+Not modelled: where Triton lowers a copy to ``ldmatrix`` / ``stmatrix`` (bf16 to or from the wgmma layouts, and the
+fp32 loads of a column-major scratch, which Triton 3.6 reads as ``ldmatrix.x4`` of 8 x 16-byte rows) the count of
+instructions differs from the scalar or vector accesses walked here; the bytes are the same and, where each
+8-row matrix covers 32 consecutive words, so are the wavefronts. Shapes and layout parameters must be powers of
+two (Triton's own layouts; other shapes abort the process inside Triton, so they are refused before it).
+
 The ideal is one wavefront per phase; ``wavefronts - ideal`` is what Nsight Compute counts as bank conflicts
 (``l1tex__data_bank_conflicts_pipe_lsu_mem_shared``). The model ignores the pipe's queueing and the ``cp.async`` /
 wgmma traffic beside the copy.
@@ -69,10 +75,17 @@ def row_major_offsets(shape, order=(1, 0)):
     return swizzled_offsets(shape, 1, 1, 1, order)
 
 
+def _pow2(**values) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+            raise ValueError(f"{name}: expected a power of two (Triton's layouts), got {v!r}")
+
+
 def swizzled_offsets(shape, vec: int, per_phase: int, max_phase: int, order=(1, 0)):
     """Offset function of ``gl.SwizzledSharedLayout(vec, per_phase, max_phase, order)`` over a 2-D ``shape``:
     with ``c`` the coordinate along the fastest dimension ``order[0]`` and ``r`` along the other, the element sits
     at ``r * shape[order[0]] + (((c // vec) ^ ((r // per_phase) % max_phase)) * vec + c % vec)``."""
+    _pow2(rows=shape[0], cols=shape[1], vec=vec, per_phase=per_phase, max_phase=max_phase)
     fast, slow = order
     width = shape[fast]
     if width % vec or width // vec < max_phase:
@@ -89,7 +102,10 @@ def swizzled_offsets(shape, vec: int, per_phase: int, max_phase: int, order=(1, 
 
 def padded_offsets(shape, interval: int, padding: int, order=(1, 0)):
     """Offset function of ``gl.PaddedSharedLayout.with_identity_for([[interval, padding]], shape, order)``: the
-    unswizzled offset plus ``padding`` elements after every ``interval`` elements."""
+    unswizzled offset plus ``padding`` elements after every ``interval`` elements. Triton keeps the vector width of
+    the unpadded layout, so a padding that is not a multiple of it misaligns the vectors (Triton 3.6 compiles +1
+    word per fp32 row to 8-byte stores at 4-byte offsets): such a layout is not modelled, pad by the vector."""
+    _pow2(interval=interval, padding=padding)
     plain = row_major_offsets(shape, order)
 
     def offset(coord):
@@ -141,6 +157,9 @@ def access(layout, shape, offset, elem_bytes: int = 4, origin=(0, 0)) -> Access:
     """Wavefronts of copying a tensor of ``shape`` in the distributed ``layout`` to / from shared memory whose
     element offsets are ``offset(coord)`` (coordinates of the allocation: the tensor's plus ``origin``, for a slice
     of it). ``elem_bytes``: 4 for fp32 / int32, 2 for bf16."""
+    _pow2(**{f"shape[{i}]": d for i, d in enumerate(shape)})  # Triton aborts the process on other shapes
+    if len(shape) != 2 or len(origin) != 2:
+        raise ValueError(f"access: 2-D shapes and origins only, got {shape} and {origin}")
     reg, lane, warp = linear_bases(layout, shape)
     n_regs, n_warps = 1 << len(reg), 1 << len(warp)
     rank = len(shape)
@@ -173,7 +192,7 @@ def access(layout, shape, offset, elem_bytes: int = 4, origin=(0, 0)) -> Access:
 #: The gate/up epilogue's scratch [R, N] (fp32) candidates: name -> offset function of (R, N).
 SCRATCHES = {
     "row-major (current)": lambda r, n: row_major_offsets((r, n)),
-    "row-major, +1 word per row": lambda r, n: padded_offsets((r, n), n, 1),
+    "row-major, +2 words per row": lambda r, n: padded_offsets((r, n), n, 2),
     "column-major, swizzled (8, 2, 4)": lambda r, n: swizzled_offsets((r, n), 8, 2, 4, order=(0, 1)),
 }
 

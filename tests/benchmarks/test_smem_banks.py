@@ -32,6 +32,10 @@ def test_offsets_by_hand():
         assert sorted(off((r, n)) for r in range(64) for n in range(32)) == list(range(64 * 32))  # a bijection
     with pytest.raises(ValueError, match="fewer than max_phase"):
         swizzled_offsets((16, 16), 8, 1, 4)
+    with pytest.raises(ValueError, match="per_phase: expected a power of two"):
+        swizzled_offsets((64, 64), 4, 3, 4)
+    with pytest.raises(ValueError, match=r"shape\[0\]: expected a power of two"):
+        access(gl.BlockedLayout([1, 1], [32, 1], [1, 1], [0, 1]), (48, 1), lambda c: c[0])
 
 
 def test_hand_counted_accesses():
