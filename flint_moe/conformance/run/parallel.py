@@ -234,7 +234,8 @@ def plan_units(
 
 
 #: The fields of one ``env.parallel.timeline`` entry: a unit as it ran (worker, seconds into the run when handed out
-#: and when its worker reported it done) beside what the planner expected of it (seconds, GiB) and its first case.
+#: and when its worker reported it done; a worker's first unit also holds that process's start-up, imports and CUDA
+#: context) beside what the planner expected of it (seconds, GiB) and its first case.
 TIMELINE_FIELDS = ("uid", "worker", "start_s", "end_s", "planned_s", "planned_gib", "first_case")
 
 

@@ -92,7 +92,8 @@ def memory_shares(units: list[Unit], depth: int = 2) -> Counter:
     return shares
 
 
-def _report_budget(path: str) -> int | None:
+def _report_parallel(path: str, key: str) -> int | None:
+    """A positive integer ``env.parallel[key]`` of the report at ``path``, or None."""
     import json
 
     try:
@@ -100,8 +101,8 @@ def _report_budget(path: str) -> int | None:
             par = json.load(f).get("env", {}).get("parallel") or {}
     except (OSError, ValueError, AttributeError):
         return None
-    b = par.get("device_memory_budget_bytes")
-    return int(b) if isinstance(b, int) and b > 0 else None
+    v = par.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.split("\n\n")[0])  # fmt: skip
     ap.add_argument("--report", default=DEFAULT_PLAN_FROM, help="report whose measured costs plan the units")
     ap.add_argument("--profile", default="gpu", choices=GPU_PROFILES)
-    ap.add_argument("--jobs", type=int, default=8, help="worker processes (the H200 runs: 8)")
+    ap.add_argument("--jobs", type=int, default=None, help="worker processes (default: the report's env.parallel.jobs)")
     ap.add_argument("--budget-gib", type=float, default=None,
                     help="device memory budget (default: the report's env.parallel budget)")  # fmt: skip
     ap.add_argument("--without", action="append", default=[], metavar="PATTERN",
@@ -125,10 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     if not measured:
         print(f"{args.report}: no measured costs of a GPU run of profile {args.profile}", file=sys.stderr)
         return 2
+    if args.jobs is None:
+        args.jobs = _report_parallel(args.report, "jobs") or 8
     if args.jobs < 1 or (args.budget_gib is not None and args.budget_gib <= 0):
         print(f"--jobs must be >= 1 and --budget-gib > 0, got {args.jobs} and {args.budget_gib}", file=sys.stderr)
         return 2
-    budget = int(args.budget_gib * _GIB) if args.budget_gib else _report_budget(args.report)
+    budget = _report_parallel(args.report, "device_memory_budget_bytes")
+    if args.budget_gib:
+        budget = int(args.budget_gib * _GIB)
     if budget is None:
         print(f"{args.report}: no env.parallel budget recorded; pass --budget-gib", file=sys.stderr)
         return 2

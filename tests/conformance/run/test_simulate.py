@@ -58,7 +58,7 @@ def test_cli_on_a_report(tmp_path, capsys):
     cases = matrix("gpu")
     a, b = cases[0], cases[1]
     env = {"gpu": "NVIDIA H200", "profile": "gpu", "invariance": True, "black_box": False,
-           "parallel": {"device_memory_budget_bytes": 100 * GIB}}  # fmt: skip
+           "parallel": {"device_memory_budget_bytes": 100 * GIB, "jobs": 3}}  # fmt: skip
     measured = [
         {"case_id": c.id, "meta": {"seconds": sec, "peak_reserved_bytes": 3 * GIB}} for c, sec in ((a, 9.0), (b, 4.0))
     ]
@@ -68,12 +68,12 @@ def test_cli_on_a_report(tmp_path, capsys):
     assert main(["--report", str(path), "--without", b.id]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{len(cases) - 1} cases ({len(cases) - 2} without a measured cost)")
-    assert "budget 100.0 GiB" in out and "simulated makespan" in out and "memory-time" in out
+    assert "3 workers, budget 100.0 GiB" in out and "simulated makespan" in out and "memory-time" in out
     path.write_text(json.dumps({**rep, "env": {**env, "parallel": {}}}))
     assert main(["--report", str(path)]) == 2
     assert "no env.parallel budget recorded" in capsys.readouterr().err
     assert main(["--report", str(path), "--budget-gib", "50"]) == 0
-    assert "budget 50.0 GiB" in capsys.readouterr().out
+    assert "8 workers, budget 50.0 GiB" in capsys.readouterr().out  # no jobs recorded: the H200 runs' 8
     assert main(["--report", str(path), "--budget-gib", "50", "--order", "area"]) == 0
     assert "simulated makespan" in capsys.readouterr().out
     assert main(["--report", str(path), "--jobs", "0"]) == 2
