@@ -123,7 +123,8 @@ def _gate_up_store_swizzled(acc, order_ptr, pos0, end, q, gs, act_ptr, gacc_ptr,
                             TAP: gl.constexpr):  # fmt: skip
     """``grouped_gluon._gate_up_store`` with its scratch in :data:`SCRATCH` instead of row-major: the same values
     through other addresses (``python -m benchmarks.smem_banks``: 1024 wavefronts per 128 x 128 tile, not
-    18432)."""
+    18432). A copy because the package writes the layout inline (a change of the package's digested source is
+    what the measurement decides); only the ``allocate_shared_memory`` line differs."""
     R: gl.constexpr = acc.shape[0]
     N: gl.constexpr = acc.shape[1]
     BC: gl.constexpr = R // 2
