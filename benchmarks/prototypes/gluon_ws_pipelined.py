@@ -57,6 +57,8 @@ def rebound(fn, **names):
     scope.update(names)
     copy = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, py.__closure__)
     copy.__doc__, copy.__qualname__, copy.__module__ = py.__doc__, py.__qualname__, py.__module__
+    copy.__kwdefaults__ = dict(py.__kwdefaults__) if py.__kwdefaults__ else None
+    copy.__annotations__ = dict(py.__annotations__)  # gl.constexpr parameters stay constexpr
     return gluon.jit(copy) if hasattr(fn, "fn") else copy
 
 

@@ -31,6 +31,21 @@ def test_rebound_binds_only_the_named_globals():
         variant(1)
 
 
+def test_rebound_launchers_keep_the_package_signature():
+    """The copies keep keyword defaults (``stages``, ``persistent``) and the kernel's constexpr parameters, which
+    Triton reads from the annotations: a copy without them fails to bind its layout arguments at launch."""
+    from benchmarks.prototypes.gluon_ws_pipelined import VARIANTS, variant
+    from flint_moe.kernels.nvfp4 import grouped_gluon_ws as pkg
+
+    for name, args in VARIANTS.items():
+        v = variant(*args)
+        assert v.gate_up.__kwdefaults__ == pkg.launch_ws_gate_up.__kwdefaults__ == {"stages": None, "persistent": True}
+        assert v.down.__kwdefaults__ == pkg.launch_ws_down.__kwdefaults__, name
+        consts = [(p.name, p.is_constexpr) for p in v.kernel.params]
+        assert consts == [(p.name, p.is_constexpr) for p in pkg._ws_grouped_kernel.params], name
+        assert sum(c for _, c in consts) >= 8, consts
+
+
 def test_builds():
     from benchmarks.prototypes.gluon_ws_pipelined import VARIANTS
     from tests.kernels._sm90_build import run_build_script
