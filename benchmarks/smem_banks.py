@@ -28,8 +28,9 @@ wgmma traffic beside the copy.
 
 ``python -m benchmarks.smem_banks`` prints the grouped gate/up epilogue's scratch (``grouped_gluon._gate_up_store``:
 the fp32 accumulator [128 weight rows, N pairs] stored from the wgmma layout, read back as the up and the gate
-halves with one lane per intermediate column) for the current row-major scratch and the alternatives, per tile of
-the warp-specialised kernel; docs/kernels/nvfp4-grouped.md ("The gate/up epilogue's scratch") reads it.
+halves with one lane per intermediate column) for the kernels' column-major swizzled scratch (:data:`CURRENT`) and
+the alternatives, per tile of the warp-specialised kernel; docs/kernels/nvfp4-grouped.md ("The gate/up epilogue's
+scratch") reads it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import argparse
 import dataclasses
 
 __all__ = ["linear_bases", "element_of", "swizzled_offsets", "padded_offsets", "row_major_offsets", "access",
-           "Access", "epilogue_table", "SCRATCHES"]  # fmt: skip
+           "Access", "epilogue_table", "SCRATCHES", "CURRENT", "CURRENT_PARAMS"]  # fmt: skip
 
 _BANKS, _WORD = 32, 4
 
@@ -191,10 +192,13 @@ def access(layout, shape, offset, elem_bytes: int = 4, origin=(0, 0)) -> Access:
 
 #: The gate/up epilogue's scratch [R, N] (fp32) candidates: name -> offset function of (R, N).
 SCRATCHES = {
-    "row-major (current)": lambda r, n: row_major_offsets((r, n)),
+    "row-major": lambda r, n: row_major_offsets((r, n)),
     "row-major, +2 words per row": lambda r, n: padded_offsets((r, n), n, 2),
     "column-major, swizzled (8, 2, 4)": lambda r, n: swizzled_offsets((r, n), 8, 2, 4, order=(0, 1)),
 }
+#: The candidate the kernels use (``grouped_gluon.EPILOGUE_SCRATCH``) and its parameters (vec, per_phase, max_phase,
+#: order).
+CURRENT, CURRENT_PARAMS = "column-major, swizzled (8, 2, 4)", (8, 2, 4, [0, 1])
 
 
 def epilogue_table(block_m: int, kernel: str = "gluon_ws") -> list[dict]:
@@ -236,10 +240,12 @@ def main(argv=None) -> int:
         for n in sizes:
             for row in epilogue_table(n, kernel):
                 st, ld = row["store"], row["loads"]
-                print(f"{kernel:9} {row['rows']:>3} {n:>4}  {row['scratch']:34} "
+                label = row["scratch"] + (" *" if row["scratch"] == CURRENT else "")
+                print(f"{kernel:9} {row['rows']:>3} {n:>4}  {label:34} "
                       f"{st.vec:>3}/{st.instructions:>4}/{st.wavefronts:>7} "
                       f"{ld[0].vec:>3}/{2 * ld[0].instructions:>4}/{ld[0].wavefronts + ld[1].wavefronts:>7} "
                       f"{row['wavefronts']:>10} {row['ideal']:>6}")  # fmt: skip
+    print("* the kernels' scratch (grouped_gluon.EPILOGUE_SCRATCH)")
     return 0
 
 

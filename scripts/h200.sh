@@ -2,16 +2,13 @@
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
 # Usage on the GPU machine, from the repository root:
 #   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep] [gluon] [gluon-ncu] [gluon-ws]
-#   [ws-pipelined]
 # (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request; shards = the gpu
 # profile as FLINT_SHARDS shards one after another, merged; gluon = the Gluon grouped GEMMs (config ENGINE "gluon"):
 # their GPU test against the Triton kernels, then the --ab layers at AB_CASES and DeepSeek-V3 M = 128 / 256 (under
 # gluon/); gluon-ncu = Nsight Compute over the Gluon GEMMs and the default kernels (benchmarks.tune.ncu_kernels,
 # under gluon-ncu/); gluon-ws = the warp-specialised Gluon GEMMs (config ENGINE "gluon_ws"): their GPU tests, the
 # --ab layers at AB_CASES and M = 128 / 256 (the default engines against the Triton kernels), Nsight Compute of the
-# default at DeepSeek-V3 M = 4096 (under gluon-ws/); ws-pipelined = the prototype benchmarks/prototypes/
-# gluon_ws_pipelined.py: outputs and taps against the package's warp-specialised kernels, then both timed (under
-# ws-pipelined/); pending = the paths whose kernels have not yet passed
+# default at DeepSeek-V3 M = 4096 (under gluon-ws/); pending = the paths whose kernels have not yet passed
 # an H200 run, scripts/h200_pending.py, their report under pending/; FLINT_TESTS=paths narrows the tests step).
 # FLINT_CONFORMANCE_TIMEOUT / FLINT_PENDING_TIMEOUT / FLINT_TESTS_TIMEOUT / FLINT_BENCH_TIMEOUT / FLINT_WS_TIMEOUT
 # (default 240: a hung mbarrier ring ends there): seconds per step.
@@ -89,10 +86,6 @@ for step in $steps; do
             python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ws/ncu" grouped:deepseek-v3:4096 \
               > "$OUT/gluon-ws/ncu.log" 2>&1 || rc=1
             cat "$OUT/gluon-ws/ncu.log" ;;
-    ws-pipelined) mkdir -p "$OUT/ws-pipelined"
-            timeout "${FLINT_WS_TIMEOUT:-240}" python3 -m benchmarks.prototypes.gluon_ws_pipelined --gpu \
-              --out "$OUT/ws-pipelined/result.json" > "$OUT/ws-pipelined/run.log" 2>&1 || rc=1
-            tail -c 3000 "$OUT/ws-pipelined/run.log" ;;
     gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels
             python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ncu" gluontail:deepseek-v3:4096 \
               grouped:deepseek-v3:4096 gluon:deepseek-v3:128 > "$OUT/gluon-ncu.log" 2>&1 || rc=1

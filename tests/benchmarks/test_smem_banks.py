@@ -68,7 +68,7 @@ def test_gate_up_epilogue_scratch():
       groups (phase = column // 2), the 32 rows of a load are 32 consecutive words -> one wavefront per phase:
       512 (64 scalar stores x 8 warps) + 512."""
     table = {row["scratch"]: row for row in epilogue_table(128)}
-    cur = table["row-major (current)"]
+    cur = table["row-major"]
     assert (cur["store"].vec, cur["store"].instructions, cur["store"].wavefronts) == (2, 32, 2048)
     assert [(a.vec, a.instructions, a.wavefronts) for a in cur["loads"]] == [(1, 32, 8192)] * 2
     assert (cur["wavefronts"], cur["ideal"]) == (18432, 1024)
@@ -77,6 +77,16 @@ def test_gate_up_epilogue_scratch():
     assert (swz["wavefronts"], swz["ideal"]) == (1024, 1024)
     # the tail's [128, 32] tile: a quarter of the same counts
     tail = {row["scratch"]: row["wavefronts"] for row in epilogue_table(32)}
-    assert tail["row-major (current)"] == 18432 // 4 and tail["column-major, swizzled (8, 2, 4)"] == 1024 // 4
+    assert tail["row-major"] == 18432 // 4 and tail["column-major, swizzled (8, 2, 4)"] == 1024 // 4
     with pytest.raises(ValueError, match="kernel: expected"):
         epilogue_table(16, "triton")
+
+
+def test_current_scratch_is_the_kernels():
+    """The row the tables mark as the kernels' is the layout ``grouped_gluon._gate_up_store`` allocates."""
+    from benchmarks.smem_banks import CURRENT, CURRENT_PARAMS, SCRATCHES
+    from flint_moe.kernels.nvfp4.grouped_gluon import EPILOGUE_SCRATCH
+
+    lay = EPILOGUE_SCRATCH.value if hasattr(EPILOGUE_SCRATCH, "value") else EPILOGUE_SCRATCH
+    assert (lay.vec, lay.per_phase, lay.max_phase, list(lay.order)) == CURRENT_PARAMS
+    assert CURRENT in SCRATCHES and CURRENT.endswith(str(tuple(CURRENT_PARAMS[:3])))

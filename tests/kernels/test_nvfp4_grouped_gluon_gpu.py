@@ -45,6 +45,10 @@ def _gluon_op(w, x, router, k, counter, shared, bm, taps=None, out=None, tail=0,
         (128, 4096, 1536, 8, 2000, 128, 32),
         (128, 2880, 2880, 4, 4096, 128, 32),
         (128, 2880, 2880, 4, 600, 64, 0),
+        # K steps of 128 not a multiple of the warp-specialised loop body (2 steps): 9 (gate/up) and 3 (down) take
+        # bodies then one step alone; 5 (two bodies and one step) and 2 (one body, nothing left)
+        (64, 1152, 384, 4, 600, 128, 32),
+        (32, 640, 256, 2, 300, 128, 32),
     ],
 )
 def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail, engine):  # noqa: E741, N803

@@ -2,8 +2,9 @@
 needed), the ring depth and the launch checks.
 
 The builds the launchers take for DeepSeek-V3 (gate/up BM 128, 16 and 128 + 32; down BM 128 + 32): they
-fit one CTA's shared memory without spilling, and the consumers' K loop issues one K step of 128 as 8 HGMMA with
-one wgmma wait, waits and arrives on mbarriers, keeps the weights in registers (no STS / LDSM) and writes no
+fit one CTA's shared memory without spilling, and the consumers' K loop issues a body of two K steps of 128 as
+16 HGMMA with four wgmma waits (each half's dequantisation under the previous half's wgmma), waits and arrives on
+mbarriers, keeps the weights in registers (no STS / LDSM) and writes no
 register of an in-flight HGMMA; the gate/up epilogue's scratch store and loads compile to the vector widths and
 instruction counts that benchmarks.smem_banks models (its wavefront counts rest on them). Bitwise equality with
 the Triton kernels is a GPU test (test_nvfp4_grouped_gluon_gpu.py).
@@ -133,16 +134,18 @@ def test_builds():
     for (bm, tail, gate_up), r in zip(_BUILDS, res, strict=True):
         name = f"{'gate_up' if gate_up else 'down'} BM {bm} TAIL {tail}"
         assert r["smem"] <= 227 * 1024 and r["spills"] == 0, (name, r)
-        # the consumers' K loops (with a tail: one per kind of block): one K step of 128 = 2 halves x 4 HGMMA (and 4
-        # more per half on the tail rows), one wgmma wait, the mbarrier wait and arrive, no shared-memory store or
-        # ldmatrix, no CTA-wide barrier besides the consumer partition's two
-        # the K loops are the innermost loops around HGMMAs, the shortest; the persistent tile loop contains them
-        inner = r["loops"][: 2 if tail else 1]
-        assert len(r["loops"]) > len(inner), (name, r["loops"])
-        for loop, hgmma in zip(inner, (8, 16)[: len(inner)], strict=True):
-            assert loop["hgmma"] == hgmma and loop["waits"] == 1, (name, loop)
-            assert loop["sts"] == 0 and loop["ldsm"] == 0 and loop["bar_sync"] <= 2, (name, loop)
-            assert loop["syncs"] >= 2, (name, loop)
+        # the consumers' K loops (with a tail: one per kind of block) are the loops around HGMMA without shared-memory
+        # stores or ldmatrix (the weights stay in registers; the tile loop holds the epilogue's scratch copies): a
+        # body of WS_UNROLL = 2 K steps of 128 = 2 x 2 halves x 4 HGMMA (and as many on the tail rows), 4 wgmma
+        # waits (after the first half, twice in the second step, the final full one), the mbarrier waits and
+        # arrives (2 + 2), the partition's barriers (at most 5: Triton's membar around the chained mbarrier
+        # operations), no write to a register of an in-flight HGMMA. K = 7168 / 2048 are 56 / 16 steps: no
+        # one-step loop for the steps left over.
+        k_loops = [loop for loop in r["loops"] if loop["sts"] == 0 and loop["ldsm"] == 0]
+        assert [loop["hgmma"] for loop in k_loops] == [16, 32][: 2 if tail else 1], (name, r["loops"])
+        assert len(r["loops"]) > len(k_loops), (name, r["loops"])
+        for loop in k_loops:
+            assert loop["waits"] == 4 and loop["bar_sync"] <= 5 and loop["syncs"] >= 4, (name, loop)
         assert r["inflight"] == 0, (name, r)
         if gate_up:  # the scratch copies are the ones benchmarks.smem_banks models (vector width, count)
             assert r["epilogue"] == _modelled_epilogue(bm, tail), (name, r["epilogue"])
@@ -150,14 +153,19 @@ def test_builds():
 
 def _modelled_epilogue(bm: int, tail: int) -> dict:
     """PTX shared-memory instructions per thread of the gate/up epilogue's scratch (main block and tail) as
-    benchmarks.smem_banks counts them for the current layout: ``st.shared.v<vec>.b32`` / ``ld.shared.b32``."""
-    from benchmarks.smem_banks import epilogue_table
+    benchmarks.smem_banks counts them for the kernels' layout (``CURRENT``): the stores ``st.shared[.v<vec>].b32``;
+    the loads of the column-major scratch, 32 consecutive words per column, compile to ``ldmatrix.x4`` (4 words per
+    thread each: a quarter of the modelled scalar loads)."""
+    from benchmarks.smem_banks import CURRENT, epilogue_table
 
     ops: dict = {}
     for n in (bm, tail) if tail else (bm,):
-        row = epilogue_table(n)[0]
-        assert row["scratch"] == "row-major (current)"
-        for acc, kind in ((row["store"], "st"), (row["loads"][0], "ld"), (row["loads"][1], "ld")):
-            name = f"{kind}.shared.{f'v{acc.vec}.' if acc.vec > 1 else ''}b32"
-            ops[name] = ops.get(name, 0) + acc.instructions
+        row = next(row for row in epilogue_table(n) if row["scratch"] == CURRENT)
+        store = row["store"]
+        st = f"st.shared.{f'v{store.vec}.' if store.vec > 1 else ''}b32"
+        ops[st] = ops.get(st, 0) + store.instructions
+        for ld in row["loads"]:
+            assert ld.vec == 1 and ld.instructions % 4 == 0, ld
+            name = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+            ops[name] = ops.get(name, 0) + ld.instructions // 4
     return ops

@@ -14,9 +14,10 @@ __all__ = ["PATH_CONFIGS"]
 #: launch sweep and a deeper down unroll; grouped: the smallest and a larger row block, and the expert-wide row
 #: blocks (``TAIL``: BM + min(TAIL, BM) pairs per program, a second accumulator for the pairs past BM) where the
 #: default (below 8 pairs per expert) has none, and ``classic`` (neither ``TAIL`` nor ``SCALE_WORD``) where the
-#: default has both; the engines (``ENGINE``, ``grouped_gate_up.default_engine``): the Triton kernels where the
-#: default takes a Gluon one on the H200, the Gluon and the warp-specialised Gluon kernels where it takes another
-#: (their row blocks of 128 + 32 pairs too).
+#: default has both, both on the Triton kernels, whose row-block and scale-word code they exercise (with
+#: ``ENGINE`` None the H200 runs row blocks of 16 pairs on the Gluon kernels); the engines (``ENGINE``,
+#: ``grouped_gate_up.default_engine``): the Triton kernels where the default takes a Gluon one on the H200, the
+#: Gluon and the warp-specialised Gluon kernels where it takes another (their row blocks of 128 + 32 pairs too).
 PATH_CONFIGS: dict[str, dict[str, dict]] = {
     "nvfp4_decode": {
         "default": {},
@@ -32,8 +33,9 @@ PATH_CONFIGS: dict[str, dict[str, dict]] = {
         "default": {},
         "bm64": {"BM": 64},
         "bm128": {"BM": 128},
-        "rows-tail32": {"TAIL": 32},
-        "classic": {"TAIL": 0, "gate_up": {"SCALE_WORD": False}, "down": {"SCALE_WORD": False}},
+        "rows-tail32": {"TAIL": 32, "gate_up": {"ENGINE": "triton"}, "down": {"ENGINE": "triton"}},
+        "classic": {"TAIL": 0, "gate_up": {"ENGINE": "triton", "SCALE_WORD": False},
+                    "down": {"ENGINE": "triton", "SCALE_WORD": False}},
         "triton": {"gate_up": {"ENGINE": "triton"}, "down": {"ENGINE": "triton"}},
         "gluon": {"gate_up": {"ENGINE": "gluon"}, "down": {"ENGINE": "gluon"}},
         "gluon-ws": {"gate_up": {"ENGINE": "gluon_ws"}, "down": {"ENGINE": "gluon_ws"}},

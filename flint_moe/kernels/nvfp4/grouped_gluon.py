@@ -43,14 +43,18 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from flint_moe.kernels._rule import bf16_rn, global_scale, swiglu
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
 
-__all__ = ["GLUON_ROWS", "GLUON_WARPS", "gluon_bk", "gluon_stages", "gluon_layouts", "gluon_refusal",
-           "check_gluon_launch", "launch_gluon_gate_up", "launch_gluon_down", "compile_gluon_sm90", "layout_constexprs",
-           "audit_specs"]  # fmt: skip
+__all__ = ["GLUON_ROWS", "GLUON_WARPS", "EPILOGUE_SCRATCH", "gluon_bk", "gluon_stages", "gluon_layouts",
+           "gluon_refusal", "check_gluon_launch", "launch_gluon_gate_up", "launch_gluon_down", "compile_gluon_sm90",
+           "layout_constexprs", "audit_specs"]  # fmt: skip
 
 #: Weight rows per program (one warpgroup, one m64 wgmma per k16 step) and warps: two such CTAs fit one SM
 #: (<= 112 KiB of shared memory, <= 208 registers), so one's dequantisation overlaps the other's MMAs.
 GLUON_ROWS = 64
 GLUON_WARPS = 4
+#: The gate/up epilogue's fp32 scratch [rows, pairs]: column-major, 8-element vectors, the swizzle phase moving every
+#: 2 columns over 4 groups, so the wgmma-layout store and the one-lane-per-column loads (``ldmatrix.x4``) take one
+#: wavefront per phase (``python -m benchmarks.smem_banks``; row-major: 18 x the ideal at 128 x 128, 32-way loads).
+EPILOGUE_SCRATCH = gl.constexpr(gl.SwizzledSharedLayout(8, 2, 4, [0, 1]))
 
 # One code word (8 codes, byte c = the lane's pair) and its block's scale pair -> the bf16x2 A register
 # (E2M1 * scale) of slots (2c, 2c + 1): $2 word, $3 prmt selector 0x4440 | c, $4 scale (s, s).
@@ -327,12 +331,13 @@ def _block_pairs(order_ptr, pos0, end, N: gl.constexpr, layout: gl.constexpr):
 def _gate_up_store(acc, order_ptr, pos0, end, q, gs, act_ptr, gacc_ptr, uacc_ptr, INTER: gl.constexpr,
                    TAP: gl.constexpr):  # fmt: skip
     """Rule steps 6-7 on an accumulator [R, N] (R / 2 up rows, then their gate rows) of the pairs at positions
-    ``pos0 ..``: ``act = swiglu(RN(g * gs), RN(u * gs))`` stored per (pair, column); TAP: g_acc / u_acc too."""
+    ``pos0 ..``: ``act = swiglu(RN(g * gs), RN(u * gs))`` stored per (pair, column); TAP: g_acc / u_acc too. The
+    accumulator goes through a shared scratch in :data:`EPILOGUE_SCRATCH` to one lane per intermediate column."""
     R: gl.constexpr = acc.shape[0]
     N: gl.constexpr = acc.shape[1]
     BC: gl.constexpr = R // 2
     epi_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [0, 1])
-    epi_s = gl.allocate_shared_memory(gl.float32, [R, N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    epi_s = gl.allocate_shared_memory(gl.float32, [R, N], EPILOGUE_SCRATCH)
     epi_s.store(acc)
     gl.thread_barrier()
     acc_u = epi_s.slice(0, BC).load(epi_l)

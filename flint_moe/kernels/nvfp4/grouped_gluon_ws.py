@@ -8,9 +8,10 @@ ring of ``STAGES`` slots and signals the slot's ``full`` mbarrier when its copie
 (``cp.async.mbarrier.arrive.noinc``: 128 arrivals); the default partition, two consumer warpgroups of 64 rows each,
 waits for ``full``, dequantises its rows straight into the wgmma A registers (``grouped_gluon._half_mma``: two 64-K
 halves, the second dequantised under the first's wgmma) and issues the wgmma against the token tile both
-warpgroups share (half the token traffic per multiply-add of the 64-row programs of ``grouped_gluon``), waits for
-it once per K step, and releases the slot through its ``empty`` mbarrier (one arrival after a barrier of the
-partition's 256 threads). The loads run up to ``STAGES`` steps ahead of the multiplies.
+warpgroups share (half the token traffic per multiply-add of the 64-row programs of ``grouped_gluon``); in bodies of
+two K steps each half is dequantised under the previous half's wgmma (:func:`_consumer_steps`), and a slot is
+released through its ``empty`` mbarrier once its wgmma are done (one arrival after a barrier of the partition's 256
+threads). The loads run up to ``STAGES`` steps ahead of the multiplies.
 
 Values and order: the weights of ``grouped_gluon`` (``E2M1 x E4M3``, exact in bf16) in the same A slots, the same
 ``wgmma.mma_async.m64nNk16.f32.bf16.bf16`` chain of k16 steps in increasing k from +0 per output element
@@ -49,6 +50,9 @@ __all__ = ["WS_ROWS", "WS_WARPS", "ws_stage_bytes", "ws_stages", "ws_layouts", "
 #: at 88 the producer's per-tile pointer tensors spill; 96 leave the consumers 200 (PTX ``setmaxnreg``), no spill).
 WS_ROWS, WS_WARPS = 128, 8
 WS_PRODUCER_WARPS, WS_PRODUCER_REGS = gl.constexpr(4), gl.constexpr(96)
+#: K steps per consumer loop body (:func:`_consumer_steps`): on the H200 at M = 4096, 2 is 1-4% faster per GEMM than
+#: one step at a time and 4 no better overall (docs/kernels/nvfp4-grouped.md, "Pipelined consumers").
+WS_UNROLL = gl.constexpr(2)
 
 
 def ws_layouts(block_m: int):
@@ -111,13 +115,23 @@ def _producer(codes_s, scl_s, x_s, xt_s, full, empty, x_ptr, order_ptr, bexp_ptr
 
 
 @gluon.jit
-def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: gl.constexpr, BK: gl.constexpr,
-                    STAGES: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
-                    MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
-    """The consumers' K loop of one tile, from the program's K step ``it`` on: per K step wait for the slot,
-    dequantise and issue the two 64-K halves (the second dequantised while the first's wgmma runs; WITH_TAIL: each
-    half's A registers also feed the tail rows' wgmma), wait for all of them once, release the slot. Returns
-    (acc, acc_t, it)."""
+def _wait(n: gl.constexpr, WITH_TAIL: gl.constexpr, acc, acc_t, a, b):
+    """``warpgroup_mma_wait(n)`` (at most ``n`` wgmma groups left in flight) keeping ``acc`` (WITH_TAIL: and
+    ``acc_t``) and the A fragments ``a`` / ``b`` alive up to it. Returns (acc, acc_t, a, b)."""
+    if WITH_TAIL:
+        acc, acc_t, a, b = hopper.warpgroup_mma_wait(n, deps=[acc, acc_t, a, b])
+    else:
+        acc, a, b = hopper.warpgroup_mma_wait(n, deps=[acc, a, b])
+    return acc, acc_t, a, b
+
+
+@gluon.jit
+def _step_loop(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: gl.constexpr, BK: gl.constexpr,
+               STAGES: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
+               MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
+    """``K // BK`` K steps one at a time from the program's K step ``it``: wait for the slot, dequantise and issue
+    the two 64-K halves (the second dequantised while the first's wgmma runs; WITH_TAIL: each half's A registers
+    also feed the tail rows' wgmma), wait for all of them, release the slot. Returns (acc, acc_t, it)."""
     DOT: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_T: gl.constexpr = gl.DotOperandLayout(0, MMA_T, 2)
     cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
@@ -128,12 +142,55 @@ def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: g
         cs, ss, xs, xts = codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
         a0, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
         a1, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
-        if WITH_TAIL:
-            acc, acc_t, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, acc_t, a0, a1])
-        else:
-            acc, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, a0, a1])
+        acc, acc_t, a0, a1 = _wait(0, WITH_TAIL, acc, acc_t, a0, a1)
         mbarrier.arrive(empty.index(st))
         it += 1
+    return acc, acc_t, it
+
+
+@gluon.jit
+def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: gl.constexpr, BK: gl.constexpr,
+                    STAGES: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
+                    MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
+    """The consumers' K loop of one tile from the program's K step ``it``, in bodies of ``WS_UNROLL`` steps: inside
+    a body each 64-K half is dequantised while the previous half's wgmma runs (``warpgroup_mma_wait(NG)`` leaves
+    one half's NG groups in flight: the BM tile's, and the tail tile's WITH_TAIL), a slot is released once its
+    second half is waited for, and the body ends with a full wait, so no wgmma in flight crosses the loop's back
+    edge (the A registers an in-flight wgmma reads are values of the same straight-line body). Steps left over
+    take :func:`_step_loop`. Same A slots, same k16 wgmma chain in increasing k as one step at a time: the same
+    bits. Returns (acc, acc_t, it)."""
+    DOT: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    DOT_T: gl.constexpr = gl.DotOperandLayout(0, MMA_T, 2)
+    NG: gl.constexpr = 2 if WITH_TAIL else 1
+    NSTEP: gl.constexpr = K // BK
+    cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
+    csel = (cidx | 0x4440)[None, None, :]
+    for _ in range(NSTEP // WS_UNROLL):
+        st = it % STAGES
+        mbarrier.wait(full.index(st), (it // STAGES) & 1)
+        cs, ss, xs, xts = codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
+        a0, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
+        a1, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
+        acc, acc_t, a0, a1 = _wait(NG, WITH_TAIL, acc, acc_t, a0, a1)  # the first half done, the second in flight
+        done = st
+        it += 1
+        for _u in gl.static_range(1, WS_UNROLL):
+            st = it % STAGES
+            mbarrier.wait(full.index(st), (it // STAGES) & 1)
+            cs, ss, xs, xts = codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
+            b0, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
+            acc, acc_t, a1, b0 = _wait(NG, WITH_TAIL, acc, acc_t, a1, b0)  # the previous step's second half done
+            mbarrier.arrive(empty.index(done))
+            b1, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
+            acc, acc_t, b0, b1 = _wait(NG, WITH_TAIL, acc, acc_t, b0, b1)
+            a1 = b1
+            done = st
+            it += 1
+        acc, acc_t, a0, a1 = _wait(0, WITH_TAIL, acc, acc_t, a0, a1)
+        mbarrier.arrive(empty.index(done))
+    if NSTEP % WS_UNROLL:
+        acc, acc_t, it = _step_loop(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, (NSTEP % WS_UNROLL) * BK,
+                                    BK, STAGES, WITH_TAIL, P3, MMA, MMA_T, SW)  # fmt: skip
     return acc, acc_t, it
 
 
