@@ -126,6 +126,15 @@ def _wait(n: gl.constexpr, WITH_TAIL: gl.constexpr, acc, acc_t, a, b):
 
 
 @gluon.jit
+def _full_slot(codes_s, scl_s, x_s, xt_s, full, it, STAGES: gl.constexpr):
+    """Wait until the ring slot of the program's K step ``it`` is full. Returns (slot, its codes, scales, tokens,
+    tail tokens)."""
+    st = it % STAGES
+    mbarrier.wait(full.index(st), (it // STAGES) & 1)
+    return st, codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
+
+
+@gluon.jit
 def _step_loop(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: gl.constexpr, BK: gl.constexpr,
                STAGES: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
                MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
@@ -137,9 +146,7 @@ def _step_loop(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: gl.con
     cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
     csel = (cidx | 0x4440)[None, None, :]
     for _ in range(K // BK):
-        st = it % STAGES
-        mbarrier.wait(full.index(st), (it // STAGES) & 1)
-        cs, ss, xs, xts = codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
+        st, cs, ss, xs, xts = _full_slot(codes_s, scl_s, x_s, xt_s, full, it, STAGES)
         a0, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
         a1, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
         acc, acc_t, a0, a1 = _wait(0, WITH_TAIL, acc, acc_t, a0, a1)
@@ -166,18 +173,14 @@ def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: g
     cidx = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, P3)))
     csel = (cidx | 0x4440)[None, None, :]
     for _ in range(NSTEP // WS_UNROLL):
-        st = it % STAGES
-        mbarrier.wait(full.index(st), (it // STAGES) & 1)
-        cs, ss, xs, xts = codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
+        st, cs, ss, xs, xts = _full_slot(codes_s, scl_s, x_s, xt_s, full, it, STAGES)
         a0, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
         a1, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
         acc, acc_t, a0, a1 = _wait(NG, WITH_TAIL, acc, acc_t, a0, a1)  # the first half done, the second in flight
         done = st
         it += 1
         for _u in gl.static_range(1, WS_UNROLL):
-            st = it % STAGES
-            mbarrier.wait(full.index(st), (it // STAGES) & 1)
-            cs, ss, xs, xts = codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st)
+            st, cs, ss, xs, xts = _full_slot(codes_s, scl_s, x_s, xt_s, full, it, STAGES)
             b0, acc, acc_t = _half_mma(cs, ss, xs, xts, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
             acc, acc_t, a1, b0 = _wait(NG, WITH_TAIL, acc, acc_t, a1, b0)  # the previous step's second half done
             mbarrier.arrive(empty.index(done))
