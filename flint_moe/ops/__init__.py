@@ -2,7 +2,8 @@
 
 - ``make_route_counter`` / ``route``: rule steps 1-4 (flint_moe/ops/route.py).
 - ``flint_moe``: NVFP4 W4A16 routed experts on ``FlintMoEWeights``, by the decode kernels for M <=
-  ``decode_max_tokens(E, k)`` (at most ``DECODE_MAX_TOKENS``; flint_moe/ops/moe_nvfp4.py).
+  ``decode_max_tokens(E, k)`` (at most ``DECODE_DISPATCH_MAX_TOKENS``; ``DECODE_MAX_TOKENS``: the largest M the
+  decode kernels serve; flint_moe/ops/moe_nvfp4.py).
 - ``flint_moe_grouped``: the same NVFP4 MoE by grouped GEMMs for larger batches (``flint_moe`` calls it for
   M > ``decode_max_tokens(E, k)``; flint_moe/ops/moe_nvfp4_grouped.py).
 - ``flint_moe_bf16_decode``: BF16 experts in the TRT-LLM BlockMajorK layout for M <= ``DECODE_BF16_MAX_TOKENS``
@@ -23,7 +24,7 @@ from __future__ import annotations
 from ._checks import check_row_map_status
 from .moe_bf16 import DECODE_BF16_MAX_TOKENS, flint_moe_bf16_decode
 from .moe_ll import LL_MOE_MAX_TOKENS, flint_moe_ll, ll_route
-from .moe_nvfp4 import DECODE_MAX_TOKENS, decode_max_tokens, flint_moe
+from .moe_nvfp4 import DECODE_DISPATCH_MAX_TOKENS, DECODE_MAX_TOKENS, decode_max_tokens, flint_moe
 from .moe_nvfp4_grouped import GROUPED_MAX_TOKENS, flint_moe_grouped
 from .moe_pertoken import prepare_routed_nvfp4_weights, routed_nvfp4_moe
 from .pertoken_quant import quantize_routed_nvfp4_input
@@ -31,6 +32,7 @@ from .route import ROUTE_GEMV_MAX_TOKENS, make_route_counter, route
 
 __all__ = [
     "DECODE_BF16_MAX_TOKENS",
+    "DECODE_DISPATCH_MAX_TOKENS",
     "DECODE_MAX_TOKENS",
     "GROUPED_MAX_TOKENS",
     "LL_MOE_MAX_TOKENS",

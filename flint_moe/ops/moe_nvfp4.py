@@ -14,34 +14,44 @@ from flint_moe.kernels.nvfp4.down_combine import launch_down
 from flint_moe.kernels.nvfp4.gate_up import launch_gate_up
 from flint_moe.ops._checks import check_nvfp4_entry, check_nvfp4_operands, check_top_k
 
-__all__ = ["DECODE_MAX_TOKENS", "decode_max_tokens", "flint_moe"]
+__all__ = ["DECODE_DISPATCH_MAX_TOKENS", "DECODE_MAX_TOKENS", "decode_max_tokens", "flint_moe"]
 
-#: Largest token count the decode path (one gate/up and one down GEMV program set per (token, expert) pair)
-#: serves for any shape; ``decode_max_tokens(E, k)`` is the limit of one shape (at most this). The decode kernels
-#: read an expert's weights once per pair, the grouped path once per row block: measured on the H200
-#: (reports/gpu/nvfp4-grouped/crossover/README.md, routing included, CUDA graphs, M = 4, 8, 9, 12, 16, 24, 32,
-#: 48), decode is faster up to M = 32 on DeepSeek-V3 and gpt-oss-120b and slower at M = 48 on every measured shape.
+#: Largest token count the decode kernels (one gate/up and one down GEMV program set per (token, expert) pair)
+#: serve: ``flint_moe`` sends every larger M to the grouped path before any per-shape rule, and the conformance
+#: path ``nvfp4_decode`` launches the decode kernels directly up to it. ``flint_moe`` itself runs them only up to
+#: ``decode_max_tokens(E, k)`` (at most ``DECODE_DISPATCH_MAX_TOKENS``).
 DECODE_MAX_TOKENS = 32
+
+#: Largest token count ``flint_moe`` runs on the decode kernels for any shape (the cap of
+#: ``decode_max_tokens(E, k)``). The decode kernels read an expert's weights once per pair, the grouped path once
+#: per row block: measured on the H200 with the grouped path's Gluon engines
+#: (reports/gpu/nvfp4-grouped/crossover-engines/README.md, routing included, CUDA graphs, M = 4, 8, 9, 12, 16,
+#: 24, 32, 48), decode is faster up to M = 24 on DeepSeek-V3 and gpt-oss-120b and slower at M = 32 and 48 on
+#: every measured shape (on Qwen3-235B-A22B from M = 24 on: ``decode_max_tokens``).
+DECODE_DISPATCH_MAX_TOKENS = 24
 
 
 def decode_max_tokens(num_experts: int, top_k: int) -> int:
     """Largest token count M that ``flint_moe`` runs on the decode kernels for a layer of ``num_experts`` experts
     and ``top_k`` experts per token; ``flint_moe`` sends larger M to the grouped path.
 
-    ``min(DECODE_MAX_TOKENS, 3 * E // (2 * k))`` (>= 1 as k <= E): decode iff M <= 32 and 2 * M * k <= 3 * E,
-    i.e. at most 1.5 (token, expert) pairs per expert on average. Fitted to the H200 measurement
-    (reports/gpu/nvfp4-grouped/crossover/README.md): decode is faster up to M = 32 on DeepSeek-V3 (E 256, k 8;
-    1.0 pairs per expert) and gpt-oss-120b (E 128, k 4; 1.0) and up to M = 24 on Qwen3-235B-A22B (E 128, k 8;
-    1.5), and slower at the next measured M (48, 48, 32: 1.5, 1.5, 2.0 pairs per expert; by 3.1%, 2.5%,
-    2.7%); the rule gives 32, 32 and 24 there. Other shapes follow the same rule unmeasured (e.g. Mixtral-8x7B,
-    E 8, k 2: 6).
+    ``min(DECODE_DISPATCH_MAX_TOKENS, E // k)`` (>= 1 as k <= E): decode iff M <= 24 and M * k <= E, i.e. at
+    most one (token, expert) pair per expert on average. From the H200 measurement with the grouped path's Gluon
+    engines (reports/gpu/nvfp4-grouped/crossover-engines/README.md): decode is faster up to M = 24 on DeepSeek-V3
+    (E 256, k 8; 0.75 pairs per expert; 1611.9 against 1642.5 us) and gpt-oss-120b (E 128, k 4; 0.75; 516.3
+    against 579.9 us) and up to M = 16 on Qwen3-235B-A22B (E 128, k 8; 1.0; 438.8 against 502.7 us), and slower
+    at the next measured M (32, 32, 24: 1.0, 1.0, 1.5 pairs per expert; 2070.2 against 1916.3 us, 652.3 against
+    638.6 us, 635.2 against 625.1 us: by 8.0%, 2.2%, 1.6%, the last two within the run-to-run spread of ~3%); the
+    rule gives 24, 24 and 16 there. The pair count alone does not separate the points (1.0 wins on Qwen3 at M =
+    16 and loses on DeepSeek-V3 and gpt-oss-120b at M = 32): the cap does. Other shapes follow the same rule
+    unmeasured (e.g. Mixtral-8x7B, E 8, k 2: 4).
 
     Args:
         num_experts: E, an int >= 1.
         top_k: k, an int with 1 <= k <= E.
 
     Returns:
-        int in [1, ``DECODE_MAX_TOKENS``].
+        int in [1, ``DECODE_DISPATCH_MAX_TOKENS``].
 
     Raises:
         TypeError: an argument not an int (bool refused); the message names it.
@@ -52,7 +62,7 @@ def decode_max_tokens(num_experts: int, top_k: int) -> int:
     if num_experts < 1:
         raise ValueError(f"num_experts: must be >= 1, got {num_experts}")
     top_k = check_top_k(top_k, num_experts, f"E = {num_experts}")
-    return min(DECODE_MAX_TOKENS, 3 * num_experts // (2 * top_k))
+    return min(DECODE_DISPATCH_MAX_TOKENS, num_experts // top_k)
 
 
 def flint_moe(
@@ -64,7 +74,7 @@ def flint_moe(
 
     Args:
         x: bf16 [M, H] contiguous; never modified. M <= ``decode_max_tokens(E, top_k)`` (E =
-            ``weights.num_experts``; at most ``DECODE_MAX_TOKENS``) runs the decode kernels below, larger M the
+            ``weights.num_experts``; at most ``DECODE_DISPATCH_MAX_TOKENS``) runs the decode kernels below, larger M the
             grouped path (``flint_moe.ops.moe_nvfp4_grouped.flint_moe_grouped``; same checks, same taps).
         router_weight: bf16 [E, H] contiguous.
         weights: ``flint_moe.layouts.FlintMoEWeights`` (FlashInfer CuTe-DSL W4A16 layout); its tensors'
@@ -100,7 +110,7 @@ def flint_moe(
     """
     dev = check_nvfp4_entry(x, weights, shared_ready)
     M = x.shape[0]
-    if M > DECODE_MAX_TOKENS:  # above every shape's limit: the grouped op makes the other checks
+    if M > DECODE_MAX_TOKENS:  # above what the decode kernels serve: the grouped op makes the other checks
         from flint_moe.ops.moe_nvfp4_grouped import flint_moe_grouped
 
         return flint_moe_grouped(x, router_weight, weights, top_k, counter, shared_output, shared_ready, taps=taps,

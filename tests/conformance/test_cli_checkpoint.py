@@ -19,8 +19,8 @@ def test_selection_covers_the_matrix_token_counts_and_picks_the_path_by_m(tmp_pa
     d = write_modelopt_dir(tmp_path / "ck", {1: (named, router)}, top_k=K, shards=1)
     cases, inputs = checkpoint_selection(str(d), 1, "cpu", [], "cpu")
     want = sorted({c.M for c in matrix("cpu") if c.path.startswith("nvfp4_")})
-    limit = decode_max_tokens(6, K)  # E = 6, k = 3: 3
-    assert limit == 3 and [c.M for c in cases] == want and min(want) <= limit < max(want)
+    limit = decode_max_tokens(6, K)  # E = 6, k = 3: 6 // 3 = 2
+    assert limit == 2 and [c.M for c in cases] == want and min(want) <= limit < max(want)
     for c in cases:
         assert c.path == ("nvfp4_decode" if c.M <= limit else "nvfp4_grouped")
         assert c.shape == "ckpt-ck-L1" and c.id in inputs and inputs[c.id].x.shape[0] == c.M

@@ -344,25 +344,26 @@ def test_shape_and_route_options(tmp_path, fake_run, capsys):
     marked as a selection (never the GPU evidence)."""
     from flint_moe.conformance.inputs.cases import Case
 
-    assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3,32", "--route", "count=3@2", "--list"]) == 0
+    assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3,32", "--route", "count=2@2", "--list"]) == 0
     ids = capsys.readouterr().out.split()
-    # both sides of the shape's decode limit, 3 (ops.decode_max_tokens(6, 3)); M = 1 cannot send 3 tokens: left out
+    # both sides of the shape's decode limit, 2 (ops.decode_max_tokens(6, 3) = 6 // 3); M = 1 cannot send 2 tokens:
+    # left out
     assert ids == [
-        "nvfp4_decode/E6-H96-I64-k3/M3/gaussian/s0/r-count-3-2",
-        "nvfp4_grouped/E6-H96-I64-k3/M4/gaussian/s0/r-count-3-2",
-        "nvfp4_grouped/E6-H96-I64-k3/M64/gaussian/s0/r-count-3-2",
-        "nvfp4_dispatch/E6-H96-I64-k3/M3/gaussian/s0/r-count-3-2",
-        "nvfp4_dispatch/E6-H96-I64-k3/M4/gaussian/s0/r-count-3-2",
+        "nvfp4_decode/E6-H96-I64-k3/M2/gaussian/s0/r-count-2-2",
+        "nvfp4_grouped/E6-H96-I64-k3/M3/gaussian/s0/r-count-2-2",
+        "nvfp4_grouped/E6-H96-I64-k3/M64/gaussian/s0/r-count-2-2",
+        "nvfp4_dispatch/E6-H96-I64-k3/M2/gaussian/s0/r-count-2-2",
+        "nvfp4_dispatch/E6-H96-I64-k3/M3/gaussian/s0/r-count-2-2",
     ]  # fmt: skip
     assert all(Case.from_id(i).id == i for i in ids)
     assert cli.main(["--profile", "cpu", "--filter", "tied_logits", "--route", "last", "--list"]) == 0
     assert capsys.readouterr().out.split() == []  # tied_logits sets the routing itself
-    argv = ["--profile", "cpu", "--shape", "cpu-E6-H96-I64-k3", "--filter", "nvfp4_dispatch/", "--filter", "M4",
+    argv = ["--profile", "cpu", "--shape", "cpu-E6-H96-I64-k3", "--filter", "nvfp4_dispatch/", "--filter", "M3",
             "--route", "experts=4", "--out", str(tmp_path / "out"), "--no-html"]  # fmt: skip
     assert cli.main(argv) == 0
     data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_dispatch/cpu-E6-H96-I64-k3/M4/gaussian/s0/r-experts-4"]
-    assert data["env"]["filters"] == ["nvfp4_dispatch/", "M4", "--shape=cpu-E6-H96-I64-k3", "--route=experts=4"]
+    assert [c["case_id"] for c in data["cases"]] == ["nvfp4_dispatch/cpu-E6-H96-I64-k3/M3/gaussian/s0/r-experts-4"]
+    assert data["env"]["filters"] == ["nvfp4_dispatch/", "M3", "--shape=cpu-E6-H96-I64-k3", "--route=experts=4"]
     capsys.readouterr()
     for bad, why in (
         (["--shape", "6,96"], "shape '6,96': expected a model name"),
@@ -472,7 +473,7 @@ def test_tokens_option(tmp_path, fake_run, capsys):
         "nvfp4_dispatch/cpu-E6-H96-I64-k3/M128/gaussian/s0/r-count-128-5",
     ]
     assert cli.main(["--profile", "cpu", "--shape", "6,96,64,3", "--tokens", "3,9", "--filter", "M3/", "--list"]) == 0
-    assert capsys.readouterr().out.split() == [  # H = 96: no bf16_decode; dispatch M 3 and 4 both become M 3
+    assert capsys.readouterr().out.split() == [  # H = 96: no bf16_decode; dispatch M 2 and 3 both become M 3
         "nvfp4_decode/E6-H96-I64-k3/M3/gaussian/s0",
         "nvfp4_grouped/E6-H96-I64-k3/M3/gaussian/s0",
         "nvfp4_dispatch/E6-H96-I64-k3/M3/gaussian/s0",

@@ -112,9 +112,10 @@ def _op_inputs(E, H, I, M, seed):  # noqa: E741
 
 def test_op_end_to_end_and_dispatch():
     """route (tensor-core GEMM + top-k for M > 8) + permutation + grouped GEMMs; ``flint_moe`` dispatches
-    M > ``decode_max_tokens(E, k)`` (15 here) to it (same bits)."""
+    M > ``decode_max_tokens(E, k)`` (10 // 3 = 3 here) to it (same bits)."""
     E, H, I, k = 10, 160, 64, 3
-    M = decode_max_tokens(E, k) + 4
+    M = decode_max_tokens(E, k) + 6
+    assert M == 9  # past the router's GEMV range (8)
     w, x, router, shared, counter = _op_inputs(E, H, I, M, 9)
     taps: dict = {}
     out_t = flint_moe_grouped(x, router, w, k, counter, shared, taps=taps)

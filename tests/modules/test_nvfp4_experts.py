@@ -239,8 +239,14 @@ def test_expert_indices_are_canonical_and_every_slot_counts() -> None:
 
 def test_warmup_token_counts() -> None:
     # the decode limit load_weights passes is the op's, per shape (ops.decode_max_tokens): every M up to it
-    assert warmup_token_counts(26, decode_max_tokens(128, 8), 8, 128) == list(range(1, 27))  # Qwen3: limit 24
-    assert warmup_token_counts(40, decode_max_tokens(256, 8), 8, 256) == [*range(1, 34), 40]  # DeepSeek: 32
+    # Qwen3 (E 128, k 8): limit 16; M 17..26 average ceil(M / 16) = 2 pairs per expert, one row block of 16
+    # (smallest 17, largest 26, no multiple of 16)
+    assert decode_max_tokens(128, 8) == 16
+    assert warmup_token_counts(26, decode_max_tokens(128, 8), 8, 128) == [*range(1, 18), 26]
+    # DeepSeek-V3 (E 256, k 8): limit 24; M 25..40 average ceil(M / 32) = 1 or 2 pairs, one row block of 16
+    # (smallest 25, largest 40, smallest multiple of 16: 32)
+    assert decode_max_tokens(256, 8) == 24
+    assert warmup_token_counts(40, decode_max_tokens(256, 8), 8, 256) == [*range(1, 26), 32, 40]
     assert warmup_token_counts(0, 8) == []
     assert warmup_token_counts(5, 8) == [1, 2, 3, 4, 5]
     assert warmup_token_counts(8, 8) == list(range(1, 9))
@@ -284,15 +290,15 @@ class _SharedMLP(nn.Module):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 5, 8, 12, 13])
+@pytest.mark.parametrize("M", [1, 5, 8, 12, 16, 17])
 def test_cuda_graph_replay_equals_eager(M: int) -> None:
-    """E 64, k 8: ``flint_moe`` runs the decode kernels up to M = 12 (``ops.decode_max_tokens``; past 8 the router
-    GEMM feeds them), the grouped path at 13; the load compiles every M up to 13."""
-    E2, H2, I2, K2 = 64, 2048, 768, 8
+    """E 64, k 4: ``flint_moe`` runs the decode kernels up to M = 16 (``ops.decode_max_tokens``: 64 // 4; past 8
+    the router GEMM feeds them), the grouped path at 17; the load compiles every M up to 17."""
+    E2, H2, I2, K2 = 64, 2048, 768, 4
     named, _ = _checkpoint(E2, H2, I2, seed=M)
-    mod = FlintNvfp4Experts(E2, H2, I2, K2, max_num_tokens=13, device="cuda")
+    mod = FlintNvfp4Experts(E2, H2, I2, K2, max_num_tokens=17, device="cuda")
     mod.load_weights((n, t.cuda()) for n, t in named.items())
-    assert decode_max_tokens(E2, K2) == 12 and mod.compiled_token_counts == list(range(1, 14))
+    assert decode_max_tokens(E2, K2) == 16 and mod.compiled_token_counts == list(range(1, 18))
     g = torch.Generator().manual_seed(10 + M)
     x = torch.randn(M, H2, generator=g).bfloat16().cuda()
     router = (torch.randn(E2, H2, generator=g) * 0.1).bfloat16().cuda()

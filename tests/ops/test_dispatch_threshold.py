@@ -1,11 +1,13 @@
 """``flint_moe``'s decode / grouped threshold (``ops.decode_max_tokens``) on the CPU.
 
-The rule's values, worked out by hand from ``min(32, 3E // 2k)`` for the measured shapes and a few others, its
-equivalence with "decode iff M <= 32 and 2 M k <= 3 E", its agreement with every point of the H200 measurement
-(reports/gpu/nvfp4-grouped/crossover/bench_cross.json: the faster path at each measured M), its errors; and the
-dispatch under the Triton interpreter on small layers: at M = the limit ``flint_moe`` runs the decode kernels
-(the grouped launcher not called; with the limit past the router's GEMV range (8), bitwise the kernels called
-directly, output and every tap), at the limit + 1 the grouped path (bitwise ``flint_moe_grouped``).
+The rule's values, worked out by hand from ``min(24, E // k)`` for the measured shapes and a few others, its
+equivalence with "decode iff M <= 24 and M k <= E", its agreement with every point of the H200 measurement with
+the grouped path's Gluon engines (reports/gpu/nvfp4-grouped/crossover-engines/bench_cross.json: the faster path at
+each measured M), its errors; the dispatch decision at the limit and one past it on the measured layers' E and k
+(the launchers stubbed); and the dispatch under the Triton interpreter on small layers: at M = the limit
+``flint_moe`` runs the decode kernels (the grouped launcher not called; with the limit past the router's GEMV
+range (8), bitwise the kernels called directly, output and every tap), at the limit + 1 the grouped path (bitwise
+``flint_moe_grouped``).
 """
 
 from __future__ import annotations
@@ -17,27 +19,43 @@ import pytest
 import torch
 
 from flint_moe.kernels._launch import INTERPRET
-from flint_moe.ops import DECODE_MAX_TOKENS, decode_max_tokens, flint_moe, flint_moe_grouped, make_route_counter
+from flint_moe.ops import (
+    DECODE_DISPATCH_MAX_TOKENS,
+    DECODE_MAX_TOKENS,
+    decode_max_tokens,
+    flint_moe,
+    flint_moe_grouped,
+    make_route_counter,
+)
 from tests.ops.conftest import same_taps
 
-CROSSOVER = Path(__file__).resolve().parents[2] / "reports/gpu/nvfp4-grouped/crossover/bench_cross.json"
+CROSSOVER = Path(__file__).resolve().parents[2] / "reports/gpu/nvfp4-grouped/crossover-engines/bench_cross.json"
 
 
 @pytest.mark.parametrize(
     ("E", "k", "want"),
     [
-        (256, 8, 32),  # DeepSeek-V3: 3 * 256 // 16 = 48, capped at 32
-        (128, 4, 32),  # gpt-oss-120b: 3 * 128 // 8 = 48 -> 32
-        (128, 8, 24),  # Qwen3-235B-A22B, Qwen3-30B-A3B: 3 * 128 // 16 = 24
-        (384, 8, 32),  # Kimi-K2: 72 -> 32
-        (160, 8, 30),  # GLM-4.5: 480 // 16 = 30
-        (8, 2, 6),  # Mixtral-8x7B: 24 // 4 = 6 (below the old limit of 8)
-        (6, 3, 3),  # the conformance CPU shape cpu-E6-H96-I64-k3: 18 // 6
-        (6, 2, 4),  # 18 // 4 = 4
-        (16, 2, 12),  # 48 // 4 = 12: a decode limit past the router's GEMV range
-        (10, 8, 1),  # 30 // 16 = 1
-        (1, 1, 1),  # 3 // 2 = 1
-        (3, 3, 1),  # 9 // 6 = 1: k = E still decodes one token
+        (256, 8, 24),  # DeepSeek-V3: 256 // 8 = 32, capped at 24
+        (128, 4, 24),  # gpt-oss-120b: 128 // 4 = 32 -> 24
+        (128, 8, 16),  # Qwen3-235B-A22B, Qwen3-30B-A3B: 128 // 8 = 16
+        (384, 8, 24),  # Kimi-K2: 48 -> 24
+        (160, 8, 20),  # GLM-4.5: 160 // 8 = 20
+        (512, 10, 24),  # Qwen3-Next-80B: 51 -> 24
+        (128, 1, 24),  # Llama-4-Maverick: 128 -> 24
+        (8, 2, 4),  # Mixtral-8x7B: 8 // 2 = 4
+        (512, 2, 24),  # 256 -> 24: the cap
+        (192, 8, 24),  # 24: the rule and the cap agree
+        (200, 8, 24),  # 25 -> 24
+        (184, 8, 23),  # 23: below the cap
+        (6, 3, 2),  # the conformance CPU shape cpu-E6-H96-I64-k3: 6 // 3
+        (10, 3, 3),  # the conformance CPU shape cpu-E10-H160-I192-k3: 10 // 3
+        (6, 2, 3),  # 6 // 2
+        (9, 1, 9),  # 9 // 1: a decode limit past the router's GEMV range (8)
+        (16, 2, 8),  # 16 // 2 = 8: the router's GEMV range exactly
+        (10, 8, 1),  # 10 // 8 = 1
+        (1, 1, 1),  # 1 // 1
+        (3, 3, 1),  # E = k: one token still decodes
+        (16, 16, 1),  # E = k at the router's top_k limit
     ],
 )
 def test_decode_max_tokens_values(E: int, k: int, want: int) -> None:
@@ -45,16 +63,17 @@ def test_decode_max_tokens_values(E: int, k: int, want: int) -> None:
 
 
 def test_decode_max_tokens_is_the_stated_rule() -> None:
-    assert DECODE_MAX_TOKENS == 32
-    for E in range(1, 200):
+    assert DECODE_MAX_TOKENS == 32 and DECODE_DISPATCH_MAX_TOKENS == 24
+    for E in range(1, 300):
         for k in range(1, min(E, 16) + 1):
-            decode = [M for M in range(1, 100) if M <= 32 and 2 * M * k <= 3 * E]
+            decode = [M for M in range(1, 100) if M <= 24 and M * k <= E]
             assert decode_max_tokens(E, k) == max(decode, default=1) >= 1, (E, k)
             assert decode == list(range(1, len(decode) + 1))
 
 
 def test_decode_max_tokens_agrees_with_the_measurement() -> None:
-    """Every (model, M) point of the H200 crossover run: decode where it was faster, grouped where it lost."""
+    """Every (model, M) point of the H200 crossover run with the Gluon engines: decode where it was faster, grouped
+    where it lost."""
     from flint_moe.shapes import MODEL_SHAPES
 
     rows = json.loads(CROSSOVER.read_text())
@@ -63,6 +82,10 @@ def test_decode_max_tokens_agrees_with_the_measurement() -> None:
         s = MODEL_SHAPES[r["model"]]
         side = "decode" if r["M"] <= decode_max_tokens(s.num_experts, s.top_k) else "grouped"
         assert side == r["faster"] == ("decode" if r["decode_us"] < r["grouped_us"] else "grouped"), r
+    # the largest measured M where decode won, per model, as in the README's table
+    last = {m: max(r["M"] for r in rows if r["model"] == m and r["faster"] == "decode") for m in MODEL_SHAPES
+            if any(r["model"] == m for r in rows)}  # fmt: skip
+    assert last == {"deepseek-v3": 24, "qwen3-235b-a22b": 16, "gpt-oss-120b": 24}
 
 
 @pytest.mark.parametrize(
@@ -111,14 +134,55 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 
+@pytest.fixture
+def stub_launchers(monkeypatch) -> list:
+    """The decode launchers (``route``, ``launch_gate_up``, ``launch_down``) and the grouped one
+    (``launch_grouped``) replaced by stubs that record (path, M) and return a new bf16 [M, H] tensor: the
+    dispatch decision alone, no kernel run."""
+    import sys
+
+    import flint_moe.ops.moe_nvfp4 as op
+    import flint_moe.ops.moe_nvfp4_grouped as grouped
+
+    calls: list = []
+    route_mod = sys.modules["flint_moe.ops.route"]
+    monkeypatch.setattr(route_mod, "route", lambda x, *a, **kw: calls.append(("route", x.shape[0])) or (None, None))
+    monkeypatch.setattr(op, "launch_gate_up", lambda x, *a, **kw: calls.append(("gate_up", x.shape[0])) or x)
+    monkeypatch.setattr(op, "launch_down", lambda act, *a, **kw: calls.append(("down", act.shape[0])) or act.clone())
+    monkeypatch.setattr(grouped, "launch_grouped",
+                        lambda x, *a, **kw: calls.append(("grouped", x.shape[0])) or x.clone())  # fmt: skip
+    return calls
+
+
 @pytest.mark.skipif(not INTERPRET, reason="CPU tensors need the Triton interpreter")
-@pytest.mark.parametrize(("E", "k"), [(6, 2), (6, 1)], ids=["limit4-router-gemv", "limit9-router-gemm"])
+@pytest.mark.parametrize(
+    ("E", "k", "L"),
+    [(256, 8, 24), (128, 8, 16), (128, 4, 24), (8, 2, 4), (512, 2, 24), (6, 6, 1)],
+    ids=["deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b", "E512-k2-cap", "E-equals-k"],
+)
+def test_flint_moe_sends_the_limit_to_decode_and_one_more_to_grouped(stub_launchers, E: int, k: int, L: int) -> None:
+    """On the measured layers' E and k (small H and I), Mixtral's, the cap and E = k: M = L (hand-derived,
+    ``min(24, E // k)``) runs the three decode launches, M = L + 1 the grouped launcher only, and so does M = 25
+    .. ``DECODE_MAX_TOKENS`` (the per-shape branch) and ``DECODE_MAX_TOKENS`` + 1 (the early exit)."""
+    assert decode_max_tokens(E, k) == L
+    w, x, router, shared = _layer(E, DECODE_MAX_TOKENS + 1, seed=E + k)
+    for M in (L, L + 1, 25, DECODE_MAX_TOKENS, DECODE_MAX_TOKENS + 1):
+        stub_launchers.clear()
+        out = flint_moe(x[:M].contiguous(), router, w, k, make_route_counter("cpu"), shared[:M].contiguous())
+        assert out.shape == (M, H)
+        want = [("route", M), ("gate_up", M), ("down", M)] if M <= L else [("grouped", M)]
+        assert stub_launchers == want, (E, k, M)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="CPU tensors need the Triton interpreter")
+@pytest.mark.parametrize(("E", "k"), [(6, 2), (9, 1)], ids=["limit3-router-gemv", "limit9-router-gemm"])
 def test_flint_moe_dispatch_on_both_sides_of_the_limit(grouped_calls, E: int, k: int) -> None:
     from flint_moe.kernels.nvfp4.down_combine import nvfp4_down
     from flint_moe.kernels.nvfp4.gate_up import nvfp4_gate_up
     from flint_moe.ops import route
 
     L = decode_max_tokens(E, k)
+    assert L == {(6, 2): 3, (9, 1): 9}[E, k]  # 6 // 2, 9 // 1
     w, x, router, shared = _layer(E, L + 1, seed=E)
     counter = make_route_counter("cpu")
     # M = L: the decode kernels; past the router GEMV (L > 8) bitwise those called directly (route, gate/up, down)

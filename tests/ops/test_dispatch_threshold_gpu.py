@@ -1,9 +1,9 @@
 """``flint_moe``'s decode / grouped threshold on the H200 (marked gpu; skipped without CUDA).
 
-The expert counts and top_k of the measured layers (reports/gpu/nvfp4-grouped/crossover/README.md) with small H /
-I: DeepSeek-V3 (E 256, k 8: limit 32), Qwen3-235B-A22B (E 128, k 8: 24), gpt-oss-120b (E 128, k 4: 32). At M =
-``decode_max_tokens(E, k)`` the op runs the decode kernels past the router's GEMV range (the router GEMM feeds
-them): bitwise the kernels called directly (route, ``nvfp4_gate_up``, ``nvfp4_down``; output and every tap),
+The expert counts and top_k of the measured layers (reports/gpu/nvfp4-grouped/crossover-engines/README.md) with
+small H / I: DeepSeek-V3 (E 256, k 8: limit 24), Qwen3-235B-A22B (E 128, k 8: 16), gpt-oss-120b (E 128, k 4: 24).
+At M = ``decode_max_tokens(E, k)`` the op runs the decode kernels past the router's GEMV range (the router GEMM
+feeds them): bitwise the kernels called directly (route, ``nvfp4_gate_up``, ``nvfp4_down``; output and every tap),
 tapped == production build, every order-free step bit-exact from the taps and sampled accumulators within the
 kernels' bound (the golden model), CUDA-graph replays equal to the eager run. At M + 1 it is bitwise
 ``flint_moe_grouped`` (output and every tap), eagerly and in a CUDA graph.
@@ -20,8 +20,8 @@ from tests.ops.conftest import same_taps
 
 pytestmark = pytest.mark.gpu
 
-#: name -> (E, top_k, the limit worked out by hand: min(32, 3E // 2k))
-SHAPES = {"deepseek-v3": (256, 8, 32), "qwen3-235b-a22b": (128, 8, 24), "gpt-oss-120b": (128, 4, 32)}
+#: name -> (E, top_k, the limit worked out by hand: min(24, E // k))
+SHAPES = {"deepseek-v3": (256, 8, 24), "qwen3-235b-a22b": (128, 8, 16), "gpt-oss-120b": (128, 4, 24)}
 H, I = 1024, 256  # noqa: E741
 _LAYERS: dict = {}
 
@@ -78,6 +78,7 @@ def test_decode_at_the_limit_is_the_decode_kernels(name: str, grouped_calls: lis
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_one_past_the_limit_is_the_grouped_op(name: str, grouped_calls: list) -> None:
     E, k, L = SHAPES[name]
+    assert decode_max_tokens(E, k) == L
     w = _layer(name)
     M = L + 1
     x, router, shared = _tokens(M, E, seed=M + E)

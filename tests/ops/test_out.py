@@ -23,7 +23,7 @@ from tests.layouts._gen import nvfp4
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="CPU tensors need the Triton interpreter")
 
 E, H, I, K = 6, 128, 64, 2  # noqa: E741
-LIMIT = decode_max_tokens(E, K)  # 4: flint_moe's decode kernels up to 4 tokens here, the grouped path above
+LIMIT = decode_max_tokens(E, K)  # 6 // 2 = 3: flint_moe's decode kernels up to 3 tokens here, the grouped path above
 
 
 @pytest.fixture(scope="module")

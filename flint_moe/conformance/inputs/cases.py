@@ -289,7 +289,7 @@ def _cpu_matrix() -> list[Case]:
         (e, 8, "gaussian"),
         (f, 2, "gaussian"),
     ]
-    # grouped path above the shapes' decode limits (3; row blocks shared by several tokens, experts with no token,
+    # grouped path above the shapes' decode limits (2; row blocks shared by several tokens, experts with no token,
     # a padded intermediate, skewed routing: expert 0 takes every token)
     gr = [(a, 12, "gaussian"), (c, 9, "skewed_routing")]
     # every non-default decode launch configuration once (the grouped ones on the gpu profile: interpreter time)
@@ -307,7 +307,7 @@ def _cpu_matrix() -> list[Case]:
         + [Case.make("nvfp4_grouped", s, m, p) for s, m, p in gr]
         + [Case.make("nvfp4_module", a, 2, "gaussian"), Case.make("nvfp4_module", c, 9, "modelopt")]
         + [Case.make("bf16_module", f, 3, "skewed_routing")]
-        # the shipped dispatch on both sides of the shape's threshold: decode at 3 (decode_max_tokens), grouped at 4
+        # the shipped dispatch on both sides of the shape's threshold: decode at 2 (decode_max_tokens), grouped at 3
         + [Case.make("nvfp4_dispatch", a, m, "gaussian") for m in threshold_m(a)]
         + _derived_cpu_cases()
         + _pertoken_cases("cpu")
@@ -475,9 +475,10 @@ def _gpu_module_cases() -> list[Case]:
     return cases
 
 
-#: ``nvfp4_dispatch`` (``ops.flint_moe``) at ``threshold_m`` (DeepSeek-V3, gpt-oss-120b 32 / 33, Qwen3 24 / 25) on
-#: the core shapes and Qwen3-235B-A22B (measured: reports/gpu/nvfp4-grouped/crossover/README.md); other M are the
-#: decode / grouped paths'. Plus the decode kernels at a threshold, fed by the router GEMM, with skewed routing.
+#: ``nvfp4_dispatch`` (``ops.flint_moe``) at ``threshold_m`` (DeepSeek-V3, gpt-oss-120b 24 / 25, Qwen3 16 / 17) on
+#: the core shapes and Qwen3-235B-A22B (measured: reports/gpu/nvfp4-grouped/crossover-engines/README.md); other M
+#: are the decode / grouped paths'. Plus the decode kernels at a threshold, fed by the router GEMM, with skewed
+#: routing.
 _GPU_DISPATCH_SHAPES = (*GPU_CORE_SHAPES, "qwen3-235b-a22b")
 
 

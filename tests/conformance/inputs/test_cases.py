@@ -104,18 +104,21 @@ def test_gpu_matrix_coverage():
         ms = {c.M for c in everything if c.path == path}
         if path == "bf16_decode":  # grouped / module serve any M: both sides of the threshold
             assert ms == set(range(1, PATHS[path].max_tokens + 1))
-        if path == "nvfp4_decode":  # every M of the router's GEMV range (8), then up to a threshold (24)
+        if path == "nvfp4_decode":  # every M of the router's GEMV range (8), then up to a threshold (16)
             assert set(range(1, 9)) <= ms <= set(range(1, PATHS[path].max_tokens + 1)) and max(ms) > 8
         assert {c.profile for c in everything if c.path == path} == set(PATH_PROFILES[path]) - set(ORACLE_PROFILES)
     from flint_moe.conformance.inputs.cases import GPU_CORE_SHAPES, threshold_m
 
-    # ops.flint_moe on both sides of each core shape's decode / grouped threshold (DeepSeek-V3, gpt-oss-120b 32 / 33,
-    # Qwen3-30B-A3B 24 / 25), and of the measured Qwen3-235B-A22B's, through the op and the module
+    # ops.flint_moe on both sides of each core shape's decode / grouped threshold (DeepSeek-V3, gpt-oss-120b 24 / 25,
+    # Qwen3-30B-A3B 16 / 17), and of the measured Qwen3-235B-A22B's (16 / 17), through the op and the module
     for name in (*GPU_CORE_SHAPES, "qwen3-235b-a22b"):
         s = next(c for c in everything if c.shape == name)
         for path in ("nvfp4_dispatch", "nvfp4_module") if name in GPU_CORE_SHAPES else ("nvfp4_dispatch",):
             assert set(threshold_m(s)) <= {c.M for c in everything if c.path == path and c.shape == name}, (name, path)
-    assert threshold_m(next(c for c in everything if c.shape == "deepseek-v3")) == (32, 33)
+    # min(24, E // k): 256 // 8 = 32 -> 24, 128 // 4 = 32 -> 24, 128 // 8 = 16
+    want_m = {"deepseek-v3": (24, 25), "gpt-oss-120b-p128": (24, 25), "qwen3-30b-a3b": (16, 17),
+              "qwen3-235b-a22b": (16, 17)}  # fmt: skip
+    assert {n: threshold_m(next(c for c in everything if c.shape == n)) for n in want_m} == want_m
 
     for name in GPU_CORE_SHAPES:  # the core shapes get every M <= 8 and every data profile on each path
         for path in (p for p in PATH_NAMES if p not in BLOCK_PATHS and not p.startswith("nvfp4_pertoken_")):
@@ -254,15 +257,15 @@ def test_shapes_named_by_sizes_and_shape_cases():
     c = Case.from_id("nvfp4_grouped/mut-E6-H96-I48-P64-k3/M9/gaussian/s0")  # rebuilt from the name alone
     assert (c.E, c.H, c.I, c.k, c.pad_to, c.Ip) == (6, 96, 48, 3, 64, 64)
     ids = [c.id for c in shape_cases(shape_spec("deepseek-v3"))]
-    # both sides of DeepSeek-V3's decode limit, ops.decode_max_tokens(256, 8) = 32; BF16 decode up to 8
+    # both sides of DeepSeek-V3's decode limit, ops.decode_max_tokens(256, 8) = min(24, 32) = 24; BF16 decode up to 8
     assert ids == [f"{p}/deepseek-v3/M{m}/gaussian/s0" for p, ms in (
-        ("nvfp4_decode", (1, 32)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (33, 64)), ("nvfp4_dispatch", (32, 33)))
+        ("nvfp4_decode", (1, 24)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (25, 64)), ("nvfp4_dispatch", (24, 25)))
         for m in ms]  # fmt: skip
-    # Qwen3-235B-A22B: limit 24; a limit of 1 (E 10, k 8) runs decode M 1 once
+    # Qwen3-235B-A22B: limit 128 // 8 = 16; a limit of 1 (E 10, k 8) runs decode M 1 once
     qwen = [c.id.split("/")[0] + "/" + c.id.split("/")[2] for c in shape_cases(shape_spec("qwen3-235b-a22b"))]
     assert [q for q in qwen if not q.startswith("bf16")] == [
-        "nvfp4_decode/M1", "nvfp4_decode/M24", "nvfp4_grouped/M25", "nvfp4_grouped/M64", "nvfp4_dispatch/M24",
-        "nvfp4_dispatch/M25"]  # fmt: skip
+        "nvfp4_decode/M1", "nvfp4_decode/M16", "nvfp4_grouped/M17", "nvfp4_grouped/M64", "nvfp4_dispatch/M16",
+        "nvfp4_dispatch/M17"]  # fmt: skip
     assert [c.M for c in shape_cases(shape_spec("cpu-deepseek-v3")) if c.path == "nvfp4_decode"] == [1]
     # H = 96: no BF16 BlockMajorK layout (H % 64), so no bf16_decode case
     assert {c.path for c in shape_cases(shape_spec("6,96,64,3"))} == {"nvfp4_decode", "nvfp4_grouped",

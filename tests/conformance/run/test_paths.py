@@ -47,8 +47,8 @@ def test_bf16_module_path_fails_a_wrong_layer():
 
 def test_dispatch_path_is_the_op_and_is_judged_like_its_target():
     """``nvfp4_dispatch`` runs ``ops.flint_moe`` at any M: bitwise the decode path's output and taps at the
-    shape's threshold (``ops.decode_max_tokens(6, 3)`` = 3), the grouped path's above; its stages are bounded by
-    that path's summation models and replayed in its orders (``dispatch_path``, the op's own rule)."""
+    shape's threshold (``ops.decode_max_tokens(6, 3)`` = 6 // 3 = 2), the grouped path's above; its stages are
+    bounded by that path's summation models and replayed in its orders (``dispatch_path``, the op's own rule)."""
     import pytest
 
     from flint_moe.conformance.inputs.cases import threshold_m
@@ -58,9 +58,11 @@ def test_dispatch_path_is_the_op_and_is_judged_like_its_target():
 
     assert PATHS["nvfp4_dispatch"].max_tokens > PATHS["nvfp4_decode"].max_tokens == DECODE_MAX_TOKENS == 32
     shape = Case.make("nvfp4_dispatch", "cpu-E6-H96-I64-k3", 1, "gaussian")
-    assert threshold_m(shape) == (3, 4)
-    assert [dispatch_path(m, 256, 8) for m in (32, 33)] == ["nvfp4_decode", "nvfp4_grouped"]  # DeepSeek-V3
-    assert [dispatch_path(m, 128, 8) for m in (24, 25)] == ["nvfp4_decode", "nvfp4_grouped"]  # Qwen3-235B-A22B
+    assert threshold_m(shape) == (2, 3)
+    assert [dispatch_path(m, 256, 8) for m in (24, 25)] == ["nvfp4_decode", "nvfp4_grouped"]  # DeepSeek-V3
+    assert [dispatch_path(m, 128, 8) for m in (16, 17)] == ["nvfp4_decode", "nvfp4_grouped"]  # Qwen3-235B-A22B
+    assert [dispatch_path(m, 128, 4) for m in (24, 25)] == ["nvfp4_decode", "nvfp4_grouped"]  # gpt-oss-120b
+    assert [dispatch_path(m, 8, 2) for m in (4, 5)] == ["nvfp4_decode", "nvfp4_grouped"]  # Mixtral-8x7B
     with pytest.raises(ValueError, match="E and k are needed"):
         expert_models("nvfp4_dispatch", M=3)
     assert expert_models("nvfp4_dispatch") == expert_models("nvfp4_decode")  # no M: decode
@@ -80,7 +82,7 @@ def test_dispatch_path_is_the_op_and_is_judged_like_its_target():
 
 def test_decode_path_runs_the_decode_kernels_past_the_ops_limit(monkeypatch):
     """``nvfp4_decode`` serves any M <= ``ops.DECODE_MAX_TOKENS``: through ``ops.flint_moe`` up to the shape's
-    limit (``decode_max_tokens(6, 3)`` = 3), the same kernels launched directly above it (never the grouped path,
+    limit (``decode_max_tokens(6, 3)`` = 2), the same kernels launched directly above it (never the grouped path,
     which ``flint_moe`` would pick there). The runs are replaced by recorders: no kernel launches."""
     from types import SimpleNamespace
 
@@ -89,7 +91,7 @@ def test_decode_path_runs_the_decode_kernels_past_the_ops_limit(monkeypatch):
     ran: list = []
     monkeypatch.setattr(paths, "_nvfp4", lambda inputs, counter, taps: ran.append(("op", inputs.x.shape[0])))
     monkeypatch.setattr(paths, "_nvfp4_with", lambda cfg: lambda i, c, t: ran.append(("kernels", cfg, i.x.shape[0])))
-    for m in (1, 3, 4, 32):
+    for m in (1, 2, 3, 32):
         inp = SimpleNamespace(x=torch.zeros(m, 96), router_weight=torch.zeros(6, 96), notes={"top_k": 3})
         paths.PATHS["nvfp4_decode"].fn(inp, None, None)
-    assert ran == [("op", 1), ("op", 3), ("kernels", {}, 4), ("kernels", {}, 32)]
+    assert ran == [("op", 1), ("op", 2), ("kernels", {}, 3), ("kernels", {}, 32)]
