@@ -122,3 +122,25 @@ def test_inflight_register_check():
     open_hg = "HGMMA.64x16x16.F32.BF16 R24, R40, gdesc[UR8], R24"
     assert inflight_register_writes(_sass(open_hg, hg2, wait1, imad)) == [(open_hg, imad)]
     assert inflight_register_writes(_sass(open_hg, hg2, wait, imad)) == []
+
+
+_RING_SCRIPT = r"""
+import json, re
+from flint_moe.kernels.nvfp4.grouped_gluon import compile_gluon_sm90
+ptx = {I: compile_gluon_sm90("down", 1024, I, 8, 16).asm["ptx"] for I in (256, 2048)}
+print(json.dumps({I: len(re.findall(r"cp\.async\.c[ag]\.shared", p)) for I, p in ptx.items()}))
+"""
+
+
+def test_short_k_loop_reads_nothing_past_its_last_step():
+    """A K loop shorter than the ring: the down GEMM at I = 256 runs 2 K steps of 128 on a ring of
+    ``gluon_stages(16, 128)`` = 4 slots. Its prologue issues the copies of steps 0 and 1 only (step 2 would read
+    16 B-aligned code words past the last weight row: an illegal address at the last expert). In PTX, with c the
+    ``cp.async`` copies of one step: I = 2048 (16 steps) has 3 prologue steps and one refill in the loop, 4c;
+    I = 256 has 2c (both steps in the prologue, the loop's refills statically out of range)."""
+    from ._sm90_build import run_build_script
+
+    counts = {int(k): v for k, v in run_build_script(_RING_SCRIPT, timeout=600).items()}
+    assert gluon_stages(16, 128) == 4 and gluon_bk(256) == 128
+    c = counts[2048] // 4
+    assert c > 0 and counts[2048] == 4 * c and counts[256] == 2 * c, counts
