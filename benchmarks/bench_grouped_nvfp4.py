@@ -2,7 +2,7 @@
 
 ``PYTHONPATH=$PWD python3 benchmarks/bench_grouped_nvfp4.py [--out DIR] [--quick]``;
 ``... --cross [--model ...] --out DIR``: decode vs grouped around the threshold (``CROSS_M``; the measurement
-behind ``ops.decode_max_tokens``, reports/gpu/nvfp4-grouped/crossover/);
+behind ``ops.decode_max_tokens``, reports/gpu/nvfp4-grouped/crossover-engines/; the first: crossover/);
 ``... --ab [--model deepseek-v3 [--model ...] --M 1024,4096] --out DIR``: only the default launch configuration
 against the schedule with both launch options off and the expert-wide row blocks (op config ``TAIL`` 32,
 without and with ``SCALE_WORD``; ``AB_VARIANTS``) and the bf16 layer, alternated over two rounds, and each
@@ -396,7 +396,8 @@ def ab(model: str, M: int, rounds: int = 2, layer: Layer | None = None, names=No
 
 
 #: ``--cross`` token counts: from decode sizes up to where the grouped path wins on every measured layer (the
-#: threshold ``ops.decode_max_tokens(E, k)`` was fitted to them: 32 / 24 / 32 on DeepSeek-V3 / Qwen3 / gpt-oss).
+#: threshold ``ops.decode_max_tokens(E, k)`` follows them: 24 / 16 / 24 on DeepSeek-V3 / Qwen3 / gpt-oss from
+#: crossover-engines/, 32 / 24 / 32 from crossover/ before the Gluon engines).
 CROSS_M = (4, 8, 9, 12, 16, 24, 32, 48)
 
 
