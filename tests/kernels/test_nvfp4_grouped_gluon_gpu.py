@@ -49,6 +49,8 @@ def _gluon_op(w, x, router, k, counter, shared, bm, taps=None, out=None, tail=0,
         # bodies then one step alone; 5 (two bodies and one step) and 2 (one body, nothing left)
         (64, 1152, 384, 4, 600, 128, 32),
         (32, 640, 256, 2, 300, 128, 32),
+        # a K loop shorter than the Gluon ring (down: 2 K steps of 128 on 4 slots at BM 16): no copy past w2's end
+        (256, 1024, 256, 8, 200, 16, 0),
     ],
 )
 def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail, engine):  # noqa: E741, N803

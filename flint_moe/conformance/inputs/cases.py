@@ -502,7 +502,8 @@ def _gpu_config_cases() -> list[Case]:
     for path, ms in (("nvfp4_decode", (1, 8)), ("bf16_decode", (1, 8)), ("nvfp4_grouped", (64,))):
         for name in _GPU_CONFIG_SHAPES:
             for config in PATH_CONFIGS[path]:
-                if config not in ("default", "classic"):  # classic: the default itself at M = 64
+                # classic at M = 64: the kernels of the triton configuration (BM 16, no tail)
+                if config not in ("default", "classic"):
                     cases += [Case.make(path, name, m, "gaussian", 0, config) for m in ms]
     # an expert with 128 of 256 tokens (8 pairs per expert: the default runs expert-wide row blocks, BM 16 + tail
     # 16, four blocks of 32 pairs each with its tail): the schedule without the options on the same routing

@@ -1,17 +1,17 @@
 """The grouped NVFP4 GEMMs (gate/up and down) in Gluon for sm_90, warp-specialised: a producer partition feeds
 an mbarrier ring, two consumer warpgroups dequantise into the wgmma A registers and multiply.
 
-Structure (docs/kernels/nvfp4-grouped.md, "Warp-specialised Gluon GEMMs"): programs of 128 weight rows (gate/up:
-one w1 interleave group, 64 up rows then their 64 gate rows; down: 128 hidden rows) and BM pairs. A producer
-partition of 4 warps issues every ``cp.async`` of a K step (code words, scale words, the gathered token rows) into a
-ring of ``STAGES`` slots and signals the slot's ``full`` mbarrier when its copies land
-(``cp.async.mbarrier.arrive.noinc``: 128 arrivals); the default partition, two consumer warpgroups of 64 rows each,
-waits for ``full``, dequantises its rows straight into the wgmma A registers (``grouped_gluon._half_mma``: two 64-K
-halves, the second dequantised under the first's wgmma) and issues the wgmma against the token tile both
-warpgroups share (half the token traffic per multiply-add of the 64-row programs of ``grouped_gluon``); in bodies of
-two K steps each half is dequantised under the previous half's wgmma (:func:`_consumer_steps`), and a slot is
-released through its ``empty`` mbarrier once its wgmma are done (one arrival after a barrier of the partition's 256
-threads). The loads run up to ``STAGES`` steps ahead of the multiplies.
+Structure (docs/kernels/nvfp4-grouped.md, "Warp-specialised Gluon GEMMs"): programs of 128 weight rows (gate/up: one w1
+interleave group, 64 up rows then their 64 gate rows; down: 128 hidden rows) and BM pairs. A producer partition of 4
+warps issues every ``cp.async`` of a K step (code words, scale words, the gathered token rows) into a ring of ``STAGES``
+slots and signals the slot's ``full`` mbarrier when its copies land (``cp.async.mbarrier.arrive.noinc``: 128 arrivals);
+the default partition, two consumer warpgroups of 64 rows each, waits for ``full``, dequantises its rows straight into
+the wgmma A registers (``grouped_gluon._half_mma``: two 64-K halves, the second dequantised under the first's wgmma) and
+issues the wgmma against the token tile both warpgroups share (half the token traffic per multiply-add of the 64-row
+programs of ``grouped_gluon``); in bodies of two K steps every half but a body's first is dequantised under the previous
+half's wgmma (:func:`_consumer_steps`), and a slot is released through its ``empty`` mbarrier once its wgmma are done
+(one arrival after a barrier of the partition's 256 threads). The loads run up to ``STAGES`` steps ahead of the
+multiplies.
 
 Values and order: the weights of ``grouped_gluon`` (``E2M1 x E4M3``, exact in bf16) in the same A slots, the same
 ``wgmma.mma_async.m64nNk16.f32.bf16.bf16`` chain of k16 steps in increasing k from +0 per output element
@@ -43,14 +43,15 @@ from flint_moe.kernels.nvfp4.grouped_gluon import (
     _weight_ptrs,
 )
 
-__all__ = ["WS_ROWS", "WS_WARPS", "ws_stage_bytes", "ws_stages", "ws_layouts", "ws_refusal", "check_ws_launch",
-           "launch_ws_gate_up", "launch_ws_down", "compile_ws_sm90", "layout_constexprs", "audit_specs"]  # fmt: skip
+__all__ = ["WS_ROWS", "WS_WARPS", "WS_UNROLL", "ws_stage_bytes", "ws_stages", "ws_layouts", "ws_refusal",
+           "check_ws_launch", "launch_ws_gate_up", "launch_ws_down", "compile_ws_sm90", "layout_constexprs",
+           "audit_specs"]  # fmt: skip
 
 #: Weight rows per tile (two consumer warpgroups), consumer and producer warps, producer registers (``setmaxnreg``:
 #: at 88 the producer's per-tile pointer tensors spill; 96 leave the consumers 200 (PTX ``setmaxnreg``), no spill).
 WS_ROWS, WS_WARPS = 128, 8
 WS_PRODUCER_WARPS, WS_PRODUCER_REGS = gl.constexpr(4), gl.constexpr(96)
-#: K steps per consumer loop body (:func:`_consumer_steps`): on the H200 at M = 4096, 2 is 1-4% faster per GEMM than
+#: K steps per consumer loop body (:func:`_consumer_steps`): on the H200 at M = 4096, 2 is 1-3% faster per GEMM than
 #: one step at a time and 4 no better overall (docs/kernels/nvfp4-grouped.md, "Pipelined consumers").
 WS_UNROLL = gl.constexpr(2)
 
@@ -159,13 +160,13 @@ def _step_loop(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: gl.con
 def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: gl.constexpr, BK: gl.constexpr,
                     STAGES: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
                     MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
-    """The consumers' K loop of one tile from the program's K step ``it``, in bodies of ``WS_UNROLL`` steps: inside
-    a body each 64-K half is dequantised while the previous half's wgmma runs (``warpgroup_mma_wait(NG)`` leaves
-    one half's NG groups in flight: the BM tile's, and the tail tile's WITH_TAIL), a slot is released once its
-    second half is waited for, and the body ends with a full wait, so no wgmma in flight crosses the loop's back
-    edge (the A registers an in-flight wgmma reads are values of the same straight-line body). Steps left over
-    take :func:`_step_loop`. Same A slots, same k16 wgmma chain in increasing k as one step at a time: the same
-    bits. Returns (acc, acc_t, it)."""
+    """The consumers' K loop of one tile from the program's K step ``it``, in bodies of ``WS_UNROLL`` steps: inside a
+    body each 64-K half but the first is dequantised while the previous half's wgmma runs (``warpgroup_mma_wait(NG)``
+    leaves one half's NG groups in flight: the BM tile's, and the tail tile's WITH_TAIL), a slot is released once its
+    second half is waited for, and the body ends with a full wait, so no wgmma in flight crosses the loop's back edge
+    (the A registers an in-flight wgmma reads are values of the same straight-line body). Steps left over take
+    :func:`_step_loop`. Same A slots, same k16 wgmma chain in increasing k as one step at a time: the same bits. Returns
+    (acc, acc_t, it)."""
     DOT: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_T: gl.constexpr = gl.DotOperandLayout(0, MMA_T, 2)
     NG: gl.constexpr = 2 if WITH_TAIL else 1
