@@ -494,15 +494,16 @@ def _build_args(kind: str, H: int, I: int, k: int, block_m: int, tap: bool = Fal
     (H, I, top_k), row block ``block_m`` + ``tail`` (pointer arguments typed as a launch on torch tensors types
     them; the block arrays int32)."""
     ip = (I + 63) // 64 * 64
+    tap_t = "*fp32" if tap else "*bf16"  # an untapped launch passes its bf16 output for the (unused) tap pointers
     if kind == "gate_up":
         kern = _gluon_gate_up_kernel
         ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "act_ptr": "*bf16",
-                "gacc_ptr": "*fp32", "uacc_ptr": "*fp32"}  # fmt: skip
+                "gacc_ptr": tap_t, "uacc_ptr": tap_t}  # fmt: skip
         consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k, "TAP": tap, **_meta(block_m, tail, H)}
     elif kind == "down":
         kern = _gluon_down_kernel
         ptrs = {"act_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "y_ptr": "*bf16",
-                "dacc_ptr": "*fp32"}  # fmt: skip
+                "dacc_ptr": tap_t}  # fmt: skip
         consts = {"H": H, "IP": ip, "INTER": I, "TAP": tap, **_meta(block_m, tail, I)}
     else:
         raise ValueError(f"compile_gluon_sm90: kind must be 'gate_up' or 'down', got {kind!r}")

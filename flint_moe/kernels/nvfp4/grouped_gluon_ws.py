@@ -375,8 +375,9 @@ def check_ws_launch(name: str, perm, k: int) -> None:
 def _build_args(H: int, I: int, k: int, block_m: int, tail: int = 0, tap: bool = False, gate_up: bool = True):  # noqa: N803, E741
     """(kernel, signature, constexprs, num_warps) of the launchers' build (``grouped_gluon._build_args``)."""
     ip = (I + 63) // 64 * 64
+    tap_t = "*fp32" if tap else "*bf16"  # an untapped launch passes its bf16 output for the (unused) tap pointers
     ptrs = {"src_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "alpha_ptr": "*fp32", "out_ptr": "*bf16",
-            "aux_ptr": "*fp32", "aux2_ptr": "*fp32"}  # fmt: skip
+            "aux_ptr": tap_t, "aux2_ptr": tap_t}  # fmt: skip
     consts = {"H": H, "IP": ip, "INTER": I, "TOPK": k if gate_up else 0, "TAP": tap, "GATE_UP": gate_up,
               **_meta(block_m, tail, gate_up=gate_up)}  # fmt: skip
     num_warps = consts.pop("num_warps")
