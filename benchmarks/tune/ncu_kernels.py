@@ -69,6 +69,12 @@ def _fn(point: str):
     config = None
     if bench == "triton":
         config = bench_grouped_nvfp4.AB_VARIANTS["triton"]
+    if bench.startswith("ab-"):
+        config = bench_grouped_nvfp4.AB_VARIANTS[bench[3:]]
+        shape = bench_grouped_nvfp4.MODELS[model]
+        from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
+
+        config = dict(config, BM=min(grouped_config(int(m) * shape["k"], shape["E"])["BM"], 128))
     if bench in ("gluon", "gluontail"):
         from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 
@@ -145,7 +151,7 @@ def main(argv=None) -> int:
     summary = []
     for point in a.points:
         cmd = [a.ncu, "--clock-control", "none", "--profile-from-start", "off", "--kernel-name",
-               f"regex:{KERNELS[point.split(':')[0]]}", *sections, "--csv", "--page", "raw",
+               f"regex:{KERNELS.get(point.split(':')[0], KERNELS['grouped'])}", *sections, "--csv", "--page", "raw",
                sys.executable, "-m", "benchmarks.tune.ncu_kernels", "--drive", point]  # fmt: skip
         name = os.path.join(a.out, point.replace(":", "_") + ".csv")
         if a.from_csv:
