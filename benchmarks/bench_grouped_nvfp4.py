@@ -250,7 +250,6 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 #: 127 registers; their 3- / 4-deep rings, 85 / 98 KiB, still hold them to two CTAs per SM); ``gluon_ws``,
 #: ``gluon_ws+tail``, ``gluon_ws+tail64``: the warp-specialised Gluon GEMMs (``ENGINE`` 'gluon_ws') without a tail,
 #: with a 32- and a 64-pair tail (``-tile``: one program per tile instead of one per SM; ``-s2``: 2-deep rings);
-#: ``gluon-regs``: the Gluon GEMMs decoding in registers where the default reads ``e2m1_lut``'s shared table;
 #: ``triton``: the default's row-block schedule on the Triton kernels (the engine
 #: the default takes without an sm_90 GPU; ``grouped_gate_up.default_engine``).
 _SW, _NO_SW = {"SCALE_WORD": True, "ENGINE": "triton"}, {"SCALE_WORD": False, "ENGINE": "triton"}
@@ -261,13 +260,6 @@ AB_VARIANTS = {"default": None, "triton": {"gate_up": _TRITON, "down": _TRITON},
                "rows+sw": {"TAIL": 32, "gate_up": _SW, "down": _SW},
                "gluon": {"TAIL": 0, "BM": None, "gate_up": _GLUON, "down": _GLUON},
                "gluon+tail": {"TAIL": 32, "BM": None, "gate_up": _GLUON, "down": _GLUON},
-               "gluon-regs": {"TAIL": 0, "BM": None, "gate_up": {**_GLUON, "TABLE": False},
-                              "down": {**_GLUON, "TABLE": False}},
-               **{f"gluon-t{t}": {"TAIL": 0, "BM": None, "gate_up": {**_GLUON, "TABLE": t},
-                                  "down": {**_GLUON, "TABLE": t}} for t in (1, 2, 3, 4, 5, 6)},
-               **{f"gluon-t{t}-s{n}": {"TAIL": 0, "BM": None, "gate_up": {**_GLUON, "TABLE": t, "num_stages": n},
-                                       "down": {**_GLUON, "TABLE": t, "num_stages": n}}
-                  for t in (0, 3, 4, 5, 6) for n in (2, 3)},
                "gluon-3cta": {"TAIL": 0, "BM": None, "gate_up": {**_GLUON, "num_stages": 2},
                               "down": {**_GLUON, "num_stages": 2}},
                "gluon-bm64+32": {"TAIL": 32, "BM": 64, "gate_up": _GLUON, "down": _GLUON},

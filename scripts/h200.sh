@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 run: every GPU-side check of the project, results under $OUT (default reports/h200-run).
 # Usage on the GPU machine, from the repository root:
-#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep] [gluon] [table] [gluon-ncu] [gluon-ws]
+#   bash scripts/h200.sh [verify] [tests] [conformance] [pending] [shards] [modules] [bench] [sweep] [gluon] [gluon-ncu] [gluon-ws]
 # (no argument = verify tests conformance bench; sweep = the BF16 launch-config sweep, on request; shards = the gpu
 # profile as FLINT_SHARDS shards one after another, merged; gluon = the Gluon grouped GEMMs (config ENGINE "gluon"):
 # their GPU test against the Triton kernels, then the --ab layers at AB_CASES and DeepSeek-V3 M = 128 / 256 (under
@@ -86,13 +86,6 @@ for step in $steps; do
             python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ws/ncu" grouped:deepseek-v3:4096 \
               > "$OUT/gluon-ws/ncu.log" 2>&1 || rc=1
             cat "$OUT/gluon-ws/ncu.log" ;;
-    table)  # the Gluon GEMMs' decode through the shared table (the default at row blocks of 16) against the register
-            # decode and the Triton kernels at the bandwidth-bound token counts of the three real layers
-            mkdir -p "$OUT/table"
-            python3 benchmarks/bench_grouped_nvfp4.py --ab --model deepseek-v3 --model qwen3-235b-a22b \
-              --model gpt-oss-120b --M 128,256 --variants ${FLINT_TABLE_VARIANTS:-gluon-regs,triton} --out "$OUT/table/small" \
-              > "$OUT/table/ab-small.log" 2>&1 || rc=1
-            grep -h "M=\|refused\|^| \(default\|gluon\|bf16\|triton\)\|copy " "$OUT"/table/ab-*.log ;;
     gluon-ncu) # stall reasons, tensor-pipe and shared-memory use of the Gluon GEMMs against the default kernels
             python3 -m benchmarks.tune.ncu_kernels --out "$OUT/gluon-ncu" gluontail:deepseek-v3:4096 \
               grouped:deepseek-v3:4096 gluon:deepseek-v3:128 > "$OUT/gluon-ncu.log" 2>&1 || rc=1

@@ -5,7 +5,8 @@ stall reasons of the kernels that limit a path (METHOD.md: read what limits a ke
 ``ll`` (``benchmarks/bench_ll.py``, path ``ll``: the CuTe DSL decode block), ``lltriton`` (the same module's
 Triton decode path), ``grouped`` (``benchmarks/bench_grouped_nvfp4.py``, the W4A16 grouped path with its default
 engines), ``triton`` (the same on the Triton kernels, ``--ab`` variant ``triton``) or ``gluon`` / ``gluontail``
-(the same path with the Gluon GEMMs, ``--ab`` variants ``gluon`` / ``gluon+tail``). For each
+(the same path with the Gluon GEMMs, ``--ab`` variants ``gluon`` / ``gluon+tail``) or ``ab-<variant>`` (the grouped
+path under any ``--ab`` variant of ``bench_grouped_nvfp4.AB_VARIANTS``, its BM capped at 128). For each
 point it runs ``ncu --clock-control none`` on a child process of this module (``--drive POINT``: warm-up calls,
 then the profiled ones) for the kernels in :data:`KERNELS`, and writes ``DIR/<point>.csv`` (ncu's raw page) and
 ``DIR/ncu_summary.json`` (one row per launch: the metrics in :data:`METRICS` and the four largest stall

@@ -81,44 +81,10 @@ def test_gluon_equals_triton_every_tap(E, H, I, k, M, bm, tail, engine):  # noqa
                 flint_moe_grouped(x, router, w, k, counter, shared, config=cfg)
             continue
         assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0)
-    if engine == "gluon":  # the decode through the shared table and the register decode: the same bits
-        for table in (0, 1, 2, 3, 4):
-            kernel = {"ENGINE": engine, "TABLE": table}
-            cfg = {"BM": bm, "TAIL": tail, "gate_up": kernel, "down": dict(kernel)}
-            assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0), f"TABLE {table}"
     if engine == "gluon_ws":  # one program per tile instead of one per SM: the same bits
         kernel = {"ENGINE": engine, "PERSISTENT": False}
         cfg = {"BM": bm, "TAIL": tail, "gate_up": kernel, "down": dict(kernel)}
         assert same(flint_moe_grouped(x, router, w, k, counter, shared, config=cfg), o0)
-
-
-def test_decode_table_holds_every_byte_pair():
-    """``e2m1_lut.fill_table`` on the H200: entry b of every lane copy is the bf16 pair (E2M1(b & 15), E2M1(b >> 4))
-    of the golden model's E2M1 values."""
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-
-    from flint_moe.kernels.nvfp4 import e2m1_lut
-    from flint_moe.reference.formats import E2M1_VALUES
-
-    @gluon.jit
-    def dump(out_ptr, words: gl.constexpr):
-        table_s = gl.allocate_shared_memory(gl.int32, [256, words], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        e2m1_lut.fill_table(table_s, gl.num_warps())
-        gl.thread_barrier()
-        bl: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
-        v = table_s.slice(0, 32, dim=1).load(bl)
-        r = gl.arange(0, 256, layout=gl.SliceLayout(1, bl))[:, None]
-        c = gl.arange(0, 32, layout=gl.SliceLayout(0, bl))[None, :]
-        gl.store(out_ptr + r * 32 + c, v)
-
-    out = torch.zeros(256, 32, dtype=torch.int32, device="cuda")
-    dump[(1,)](out, e2m1_lut.ENTRY_BYTES // 4, num_warps=4)
-    vals = torch.tensor(E2M1_VALUES, dtype=torch.float32).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
-    b = torch.arange(256)
-    want = (vals[b & 15] | vals[b >> 4] << 16).to(torch.int64)
-    got = out.cpu().to(torch.int64) & 0xFFFFFFFF
-    assert torch.equal(got, want[:, None].expand(256, 32))
 
 
 def test_gluon_refusals_on_the_gpu():

@@ -45,7 +45,7 @@ __all__ = [
 #: ``num_stages``; ``num_warps`` None = ``default_warps(BM)`` (``BM`` comes from the permutation); ``SCALE_WORD``
 #: as in ``grouped_gate_up.GROUPED_GATE_UP_CONFIG``.
 GROUPED_DOWN_CONFIG = {"BH": None, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False,
-                       "ENGINE": None, "PERSISTENT": True, "TABLE": None}  # fmt: skip
+                       "ENGINE": None, "PERSISTENT": True}  # fmt: skip
 
 
 def default_bh(block_m: int) -> int:
@@ -274,7 +274,7 @@ def nvfp4_grouped_down(
         engine = cfg["ENGINE"] or default_engine(perm, INTER)
         if engine in ("gluon", "gluon_ws"):
             _launch_gluon(engine, act, perm, weights, y, dacc, H, IP, INTER, tap,
-                          (config or {}).get("num_stages"), bool(cfg["PERSISTENT"]), cfg["TABLE"])  # fmt: skip
+                          (config or {}).get("num_stages"), bool(cfg["PERSISTENT"]))  # fmt: skip
         else:
             kw = grouped_launch_kwargs(cfg, perm.block_m, tap, INTER)
             kernel = _grouped_down_kernel
@@ -293,7 +293,7 @@ def nvfp4_grouped_down(
     return out
 
 
-def _launch_gluon(engine, act, perm, weights, y, dacc, H, IP, INTER, tap, stages, persistent, table) -> None:  # noqa: N803
+def _launch_gluon(engine, act, perm, weights, y, dacc, H, IP, INTER, tap, stages, persistent) -> None:  # noqa: N803
     """The down GEMM by a Gluon kernel (config ENGINE 'gluon': ``grouped_gluon``; 'gluon_ws': ``grouped_gluon_ws``)."""
     from flint_moe.kernels.nvfp4 import grouped_gluon, grouped_gluon_ws
 
@@ -302,7 +302,7 @@ def _launch_gluon(engine, act, perm, weights, y, dacc, H, IP, INTER, tap, stages
     else:
         check, launch = grouped_gluon_ws.check_ws_launch, grouped_gluon_ws.launch_ws_down
     check("nvfp4_grouped_down", perm, INTER)
-    extra = {"persistent": persistent} if engine == "gluon_ws" else {"table": table}
+    extra = {"persistent": persistent} if engine == "gluon_ws" else {}
     launch(act, perm, weights.w2, weights.w2_sf_swizzled.view(torch.uint8), weights.w2_alpha, y, dacc,
            H=H, IP=IP, INTER=INTER, TAP=tap, stages=stages, **extra)  # fmt: skip
 

@@ -54,11 +54,10 @@ __all__ = [
 #: warp-specialised, a producer warp group feeding two consumer warpgroups; sm_90 only, BM <= 128, a tail of at most
 #: 64 pairs, K a multiple of 128); the same bits; of the other keys only an explicit ``num_stages`` applies to them.
 #: None: :func:`default_engine` of the launch. ``PERSISTENT`` ('gluon_ws' only): one program per SM looping over
-#: the tiles (else one program per tile; the same bits). ``TABLE`` ('gluon' only): decode the weights through the
-#: shared table of ``e2m1_lut`` (True / False; None: ``grouped_gluon.gluon_table`` of the row block; the same bits).
+#: the tiles (else one program per tile; the same bits).
 ENGINES = ("triton", "gluon", "gluon_ws")
 GROUPED_GATE_UP_CONFIG = {"BC": 64, "BK": None, "num_warps": None, "num_stages": 3, "SCALE_WORD": False,
-                          "ENGINE": None, "PERSISTENT": True, "TABLE": None}  # fmt: skip
+                          "ENGINE": None, "PERSISTENT": True}  # fmt: skip
 
 
 def default_engine(perm, k: int) -> str:
@@ -334,8 +333,6 @@ def _cfg(config: dict | None, default: dict, name: str) -> dict:
         raise ValueError(f"{name}: config ENGINE must be one of {ENGINES}, got {cfg['ENGINE']!r}")
     if "SCALE_WORD" in cfg and not isinstance(cfg["SCALE_WORD"], bool):
         raise ValueError(f"{name}: config SCALE_WORD must be a bool, got {cfg['SCALE_WORD']!r}")
-    if cfg.get("TABLE") is not None and cfg["TABLE"] not in (0, 1, 2, 3, 4, 5, 6):
-        raise ValueError(f"{name}: config TABLE must be a bool or None, got {cfg['TABLE']!r}")
     if cfg["BK"] is not None:
         bk = int(cfg["BK"])
         if bk < 32 or bk & (bk - 1):
@@ -395,7 +392,7 @@ def nvfp4_grouped_gate_up(
 
         check_gluon_launch("nvfp4_grouped_gate_up", perm, H)
         launch_gluon_gate_up(x, perm, *w1_operands(weights), act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=top_k,
-                             TAP=tap, stages=(config or {}).get("num_stages"), table=cfg["TABLE"])  # fmt: skip
+                             TAP=tap, stages=(config or {}).get("num_stages"))  # fmt: skip
     elif P > 0 and engine == "gluon_ws":
         from flint_moe.kernels.nvfp4.grouped_gluon_ws import check_ws_launch, launch_ws_gate_up
 

@@ -13,7 +13,8 @@ layout and let the compiler move it into the wgmma A-fragment layout through sha
   same words, a shared-memory broadcast) and keeps byte ``c`` of each: one ``prmt`` and the decode give the
   bf16 pair of slots (2c, 2c + 1) of that word, which is one A-fragment register as it stands.
 - The scale of a k16 group is one E4M3 byte per row (``SCALE_WORD`` layout: a row's 4 block scales of 64 K in
-  one aligned int32 word of the 128x4 swizzle); one asm call per word gives the 4 bf16x2 pairs (s, s).
+  one aligned int32 word of the 128x4 swizzle); one asm call per word gives the 4 bf16 scales, each the broadcast
+  operand (s, s) of its multiplies (``HMUL2 ... R.H0_H0``).
 - Codes, scale words and the gathered token rows go through a ``cp.async`` ring of ``STAGES`` buffers; the
   token tile is the wgmma B operand in a 128-byte-swizzled (NVMMA) layout. Two CTA barriers per K step: the
   step's (its copies landed, the previous step done everywhere) and the compiler's between the refill's copies and
@@ -42,7 +43,6 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from flint_moe.kernels._rule import bf16_rn, global_scale, swiglu
 from flint_moe.kernels.audit.registry import BF16_CVT, register_audit
-from flint_moe.kernels.nvfp4 import e2m1_lut
 
 __all__ = ["GLUON_ROWS", "GLUON_WARPS", "EPILOGUE_SCRATCH", "gluon_bk", "gluon_stages", "gluon_layouts",
            "gluon_refusal", "check_gluon_launch", "launch_gluon_gate_up", "launch_gluon_down", "compile_gluon_sm90",
@@ -56,17 +56,16 @@ GLUON_WARPS = 4
 #: 2 columns over 4 groups, so the wgmma-layout store and the one-lane-per-column loads (``ldmatrix.x4``) take one
 #: wavefront per phase (``python -m benchmarks.smem_banks``; row-major: 18 x the ideal at 128 x 128, 32-way loads).
 EPILOGUE_SCRATCH = gl.constexpr(gl.SwizzledSharedLayout(8, 2, 4, [0, 1]))
-#: Row blocks (pairs, tail included) up to which the launches decode the weights through ``e2m1_lut``'s table.
-TABLE_MAX_PAIRS = 0
 
-# One code word (8 codes, byte c = the lane's pair) and its block's scale pair -> the bf16x2 A register
-# (E2M1 * scale) of slots (2c, 2c + 1): $2 word, $3 prmt selector 0x4440 | c, $4 scale (s, s).
+# One code word (8 codes, byte c = the lane's pair) and its block's scale -> the bf16x2 A register (E2M1 * scale)
+# of slots (2c, 2c + 1): $2 word, $3 prmt selector 0x4440 | c, $4 the bf16 scale s (the pair (s, s) is an operand
+# swizzle of the multiply, ``HMUL2 ... R.H0_H0``, not an instruction).
 # t = byte c; t * 0x40040 puts its low nibble at bits 0..3 and its high nibble at bits 22..25 (the two copies
 # do not overlap); the field masks, the sign carry (``mad`` by 63: bit 9 -> 15) and the 2^126 multiply are
 # those of decode_ptx.DEQUANT_BF16_PTX.
 _DEQUANT_PAIR = gl.constexpr("""
 {
-.reg .b32 t, v, s, p, k;
+.reg .b32 t, v, s, p, k, q;
 mov.b32 k, 0x7E807E80;
 prmt.b32 t, $2, 0, $3;
 mul.lo.u32 t, t, 0x40040;
@@ -74,20 +73,17 @@ and.b32 v, t, 0x03C003C0;
 and.b32 s, t, 0x02000200;
 mad.lo.u32 p, s, 63, v;
 mul.rn.bf16x2 p, p, k;
-mov.b32 s, {$4, $4};
-mul.rn.bf16x2 p, p, s;
+mov.b32 q, {$4, $4};
+mul.rn.bf16x2 p, p, q;
 mov.b32 {$0, $1}, p;
 }
 """)
 
-# One scale word (E4M3 bytes b0..b3, block scales of 4 consecutive k16 groups) -> 4 bf16x2 pairs (b_g, b_g).
+# One scale word (E4M3 bytes b0..b3, block scales of 4 consecutive k16 groups) -> the 4 bf16 scales b0..b3 (the
+# halves of the two converted words: no instruction duplicates them into pairs).
 # bf16 bits of an E4M3 byte: magnitude (b & 0x7F) << 4 and sign (b & 0x80) << 8 give E4M3 * 2^-120 exactly
 # (E4M3 subnormals become bf16 subnormals), then one exact multiply by 2^120 (0x7B80). Bytes 0 and 2 are done
 # in the two halves of one word (shift 4 / 8), bytes 1 and 3 in another (shift -4 / 0); lop3 0xE4 = z ? x : y.
-_DEQUANT_TABLE = gl.constexpr(e2m1_lut.dequant_pair_asm(256))
-_DEQUANT_TABLE128 = gl.constexpr(e2m1_lut.dequant_pair_asm(128))
-_DEQUANT_TABLE64 = gl.constexpr(e2m1_lut.dequant_pair_asm(64))
-
 _SCALE_PAIRS = gl.constexpr("""
 {
 .reg .b32 a, b, t, u, k;
@@ -113,12 +109,10 @@ def gluon_bk(k: int) -> int:
     return 128 if k % 128 == 0 else 64
 
 
-def gluon_stages(block_m: int, bk: int, table: bool = False) -> int:
-    """``cp.async`` ring depth: as many K steps (2..4) as fit 110 KiB of shared memory (two CTAs per SM) beside the
-    decode table of ``e2m1_lut`` where ``table``."""
+def gluon_stages(block_m: int, bk: int) -> int:
+    """``cp.async`` ring depth: as many K steps (2..4) as fit 110 KiB of shared memory (two CTAs per SM)."""
     per_stage = GLUON_ROWS * bk // 2 + GLUON_ROWS * bk // 16 + block_m * bk * 2
-    budget = 110 * 1024 - (0 if not table else 65536 if table <= 2 else 32768 if table <= 4 else 16384)
-    return max(2, min(4, budget // per_stage))
+    return max(2, min(4, (110 * 1024) // per_stage))
 
 
 def gluon_layouts(block_m: int, bk: int):
@@ -142,42 +136,29 @@ def gluon_layouts(block_m: int, bk: int):
 
 
 @gluon.jit
-def _dequant(words, sw, csel, R: gl.constexpr, BK: gl.constexpr, P3: gl.constexpr, DOT: gl.constexpr,
-             TABLE: gl.constexpr = 0, tsel=None):  # fmt: skip
+def _dequant(words, sw, csel, R: gl.constexpr, BK: gl.constexpr, P3: gl.constexpr, DOT: gl.constexpr):
     """Code words [R, BK/8] (layout slice 2 of P3) and scale words [R, BK/64] -> the bf16 A operand [R, BK] in
-    the wgmma A-fragment layout ``DOT`` (register-only conversions; TABLE: the code bytes' pairs read from the
-    shared table of ``e2m1_lut``, ``csel`` its lane selectors)."""
+    the wgmma A-fragment layout ``DOT`` (register-only conversions)."""
     s0, s1, s2, s3 = gl.inline_asm_elementwise(_SCALE_PAIRS, "=h,=h,=h,=h,r", [sw],
                                                dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16),
                                                is_pure=True, pack=1)  # fmt: skip
-    sg = gl.reshape(gl.join(gl.join(s0, s2), gl.join(s1, s3)), [R, BK // 16])  # group g's pair
+    sg = gl.reshape(gl.join(gl.join(s0, s2), gl.join(s1, s3)), [R, BK // 16])  # group g's scale
     sc = gl.convert_layout(gl.reshape(gl.join(sg, sg), [R, BK // 8]), gl.SliceLayout(2, P3))  # word w: w // 2
-    if TABLE == 256:
-        lo, hi = gl.inline_asm_elementwise(_DEQUANT_TABLE, "=h,=h,r,r,h", [words[:, :, None], tsel, sc[:, :, None]],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)  # fmt: skip
-    elif TABLE == 64:
-        lo, hi = gl.inline_asm_elementwise(_DEQUANT_TABLE64, "=h,=h,r,r,h", [words[:, :, None], tsel, sc[:, :, None]],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)  # fmt: skip
-    elif TABLE == 128:
-        lo, hi = gl.inline_asm_elementwise(_DEQUANT_TABLE128, "=h,=h,r,r,h", [words[:, :, None], tsel, sc[:, :, None]],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)  # fmt: skip
-    else:
-        lo, hi = gl.inline_asm_elementwise(_DEQUANT_PAIR, "=h,=h,r,r,h", [words[:, :, None], csel, sc[:, :, None]],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)  # fmt: skip
+    lo, hi = gl.inline_asm_elementwise(_DEQUANT_PAIR, "=h,=h,r,r,h", [words[:, :, None], csel, sc[:, :, None]],
+                                       dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)  # fmt: skip
     return gl.convert_layout(gl.reshape(gl.join(lo, hi), [R, BK]), DOT)
 
 
 @gluon.jit
 def _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, j: gl.constexpr, WITH_TAIL: gl.constexpr,
-              P3: gl.constexpr, SW: gl.constexpr, DOT: gl.constexpr, DOT_T: gl.constexpr,
-              TABLE: gl.constexpr = 0, tsel=None):  # fmt: skip
+              P3: gl.constexpr, SW: gl.constexpr, DOT: gl.constexpr, DOT_T: gl.constexpr):  # fmt: skip
     """Sub-step ``j`` (64 K) of a K step in ring buffers ``codes_s`` [R, BK/8] / ``scl_s`` [R, BK/64] / ``x_s``
     [BM, BK] / ``xt_s``: dequantise its codes into the A fragment and issue (not wait for) its wgmma into
     ``acc`` and, WITH_TAIL, the tail rows' into ``acc_t``. Returns (a, acc, acc_t): the A registers stay live
     until the caller's wait."""
     R: gl.constexpr = codes_s.shape[0]
     a = _dequant(codes_s.slice(j * 8, 8, dim=1).load(gl.SliceLayout(2, P3)), scl_s.slice(j, 1, dim=1).load(SW),
-                 csel, R, 64, P3, DOT, TABLE, tsel)  # fmt: skip
+                 csel, R, 64, P3, DOT)  # fmt: skip
     acc = hopper.warpgroup_mma(a, x_s.slice(j * 64, 64, dim=1).permute((1, 0)), acc, is_async=True)
     if WITH_TAIL:
         acc_t = hopper.warpgroup_mma(gl.convert_layout(a, DOT_T), xt_s.slice(j * 64, 64, dim=1).permute((1, 0)),
@@ -187,18 +168,13 @@ def _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, j: gl.constexpr, WITH
 
 @gluon.jit
 def _mma_step(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, NSUB: gl.constexpr, WITH_TAIL: gl.constexpr,
-              P3: gl.constexpr, SW: gl.constexpr, DOT: gl.constexpr, DOT_T: gl.constexpr,
-              TABLE: gl.constexpr = 0, tsel=None):  # fmt: skip
+              P3: gl.constexpr, SW: gl.constexpr, DOT: gl.constexpr, DOT_T: gl.constexpr):  # fmt: skip
     """One K step of ``NSUB`` (1 or 2) sub-steps of 64 K: sub-step 1 is dequantised while sub-step 0's wgmma
     runs; both are waited for at the end (their A registers are kept alive by the wait's dependencies, all in
     this step: none is in flight across the loop's back edge). Returns (acc, acc_t)."""
-    STRIDE: gl.constexpr = 0 if TABLE == 0 else (256 if TABLE <= 2 else (128 if TABLE <= 4 else 64))
-    HYB: gl.constexpr = TABLE % 2 == 0
-    a0, acc, acc_t = _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T, STRIDE,
-                               tsel)  # fmt: skip
+    a0, acc, acc_t = _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, 0, WITH_TAIL, P3, SW, DOT, DOT_T)
     if NSUB == 2:
-        a1, acc, acc_t = _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T,
-                                   0 if HYB else STRIDE, tsel)  # fmt: skip
+        a1, acc, acc_t = _half_mma(codes_s, scl_s, x_s, xt_s, acc, acc_t, csel, 1, WITH_TAIL, P3, SW, DOT, DOT_T)
         if WITH_TAIL:
             acc_t, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc_t, a0, a1])
         acc, a0, a1 = hopper.warpgroup_mma_wait(0, deps=[acc, a0, a1])
@@ -224,7 +200,7 @@ def _issue_step(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_pt
 def _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, acc, acc_t, csel,
              NK: gl.constexpr, NW: gl.constexpr, NS: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
              TAIL: gl.constexpr, WITH_TAIL: gl.constexpr, P3: gl.constexpr, SW: gl.constexpr, DOT: gl.constexpr,
-             DOT_T: gl.constexpr, TABLE: gl.constexpr = 0, tsel=None):  # fmt: skip
+             DOT_T: gl.constexpr):  # fmt: skip
     """The K loop of :func:`_k_loop` after its prologue: per step, wait for the step's copies, refill the slot
     of the previous step, then :func:`_mma_step`. Returns (acc, acc_t)."""
     for kk in range(NK):
@@ -239,25 +215,21 @@ def _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs,
                         TAIL)  # fmt: skip
         async_copy.commit_group()
         acc, acc_t = _mma_step(codes_s.index(st), scl_s.index(st), x_s.index(st), xt_s.index(st), acc, acc_t, csel,
-                               NS, WITH_TAIL, P3, SW, DOT, DOT_T, TABLE, tsel)  # fmt: skip
+                               NS, WITH_TAIL, P3, SW, DOT, DOT_T)  # fmt: skip
     return acc, acc_t
 
 
 @gluon.jit
 def _k_loop(w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, has_tail, K: gl.constexpr, BM: gl.constexpr,
             TAIL: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
-            MMA_T: gl.constexpr, SW: gl.constexpr, TABLE: gl.constexpr):  # fmt: skip
+            MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
     """(acc fp32 [R, BM] (layout MMA), acc_t fp32 [R, max(TAIL, 16)] (layout MMA_T)): over K steps of ``BK`` in
     increasing order, wgmma(dequant(codes, scales), x^T) into ``acc`` and, where ``has_tail`` (TAIL > 0), the
     same dequantised tile times the tail rows' x^T into ``acc_t``. ``w_ptrs`` int32 [R, BK/8] code words of
     step 0, ``s_ptrs`` int32 [R, BK/64] scale words, ``x_ptrs`` bf16 [BM, BK] / ``xt_ptrs`` [TAIL, BK] gathered
     operand rows (masked rows read as 0). P3 / SW are the layouts of one 64-K sub-step (``gluon_layouts(BM,
-    64)``). TABLE: the weights decoded through ``e2m1_lut``'s shared table (the kernel's first buffer)."""
+    64)``)."""
     R: gl.constexpr = w_ptrs.shape[0]
-    tsel = None
-    if TABLE:
-        table_s = gl.allocate_shared_memory(gl.int32, [256, (64 if TABLE <= 2 else (32 if TABLE <= 4 else 16))],
-                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # fmt: skip
     NW: gl.constexpr = BK // 8
     NS: gl.constexpr = BK // 64
     NK: gl.constexpr = K // BK
@@ -280,24 +252,18 @@ def _k_loop(w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, has_tail, K: gl.co
             _issue_step(codes_s.index(i), scl_s.index(i), x_s.index(i), xt_s.index(i), w_ptrs + i * NW,
                         s_ptrs + i * (NS * 128), x_ptrs + i * BK, x_mask, xt_ptrs + i * BK, xt_mask, TAIL)  # fmt: skip
         async_copy.commit_group()
-    if TABLE:  # under the prologue's copies; the first step's barrier publishes it
-        e2m1_lut.fill_table(table_s, gl.num_warps())
-        tsel = e2m1_lut.table_selector(R, P3, 256 if TABLE <= 2 else (128 if TABLE <= 4 else 64))
     acc = gl.zeros([R, BM], gl.float32, layout=MMA)
     acc_t = gl.zeros([R, TN], gl.float32, layout=MMA_T)
     if TAIL > 0:
         if has_tail:  # one K loop per kind of block (uniform per program): the tail's wgmma on the same A
             acc, acc_t = _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, acc,
-                                  acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, True, P3, SW, DOT, DOT_T, TABLE,
-                                  tsel)  # fmt: skip
+                                  acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, True, P3, SW, DOT, DOT_T)  # fmt: skip
         else:
             acc, acc_t = _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, acc,
-                                  acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, False, P3, SW, DOT, DOT_T, TABLE,
-                                  tsel)  # fmt: skip
+                                  acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, False, P3, SW, DOT, DOT_T)  # fmt: skip
     else:
         acc, acc_t = _k_steps(codes_s, scl_s, x_s, xt_s, w_ptrs, s_ptrs, x_ptrs, x_mask, xt_ptrs, xt_mask, acc,
-                              acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, False, P3, SW, DOT, DOT_T, TABLE,
-                                  tsel)  # fmt: skip
+                              acc_t, csel, NK, NW, NS, BK, STAGES, TAIL, False, P3, SW, DOT, DOT_T)  # fmt: skip
     gl.thread_barrier()  # the epilogue's scratch may reuse the ring
     return acc, acc_t
 
@@ -414,7 +380,7 @@ def _gluon_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_pt
                           gacc_ptr, uacc_ptr, H: gl.constexpr, IP: gl.constexpr, INTER: gl.constexpr,
                           TOPK: gl.constexpr, BM: gl.constexpr, TAIL: gl.constexpr, BK: gl.constexpr,
                           STAGES: gl.constexpr, TAP: gl.constexpr, P3: gl.constexpr, MMA: gl.constexpr,
-                          MMA_T: gl.constexpr, SW: gl.constexpr, TABLE: gl.constexpr):  # fmt: skip
+                          MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
     """``_grouped_gate_up_kernel`` / ``_grouped_gate_up_rows_kernel``'s contract (arguments, grid
     ``(cdiv(I, R / 2), NB)``, rule steps 5-7, taps) with R = ``GLUON_ROWS`` weight rows (R / 2 intermediate
     columns) per program; row blocks of up to BM + TAIL pairs; H a multiple of BK."""
@@ -434,7 +400,7 @@ def _gluon_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_pt
         xt_ptrs, xt_ok = _token_ptrs(x_ptr, order_ptr, start + BM, end, TOPK, H, max(TAIL, 16), BK)
         has_tail = end - start > BM
         acc, acc_t = _k_loop(w_ptrs, s_ptrs, x_ptrs, x_ok, xt_ptrs, xt_ok, has_tail, H, BM, TAIL, BK, STAGES, P3,
-                             MMA, MMA_T, SW, TABLE)  # fmt: skip
+                             MMA, MMA_T, SW)  # fmt: skip
         gs = gl.load(alpha_ptr + e)
         _gate_up_store(acc, order_ptr, start, end, q, gs, act_ptr, gacc_ptr, uacc_ptr, INTER, TAP)
         if TAIL > 0:
@@ -446,8 +412,7 @@ def _gluon_gate_up_kernel(x_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_pt
 def _gluon_down_kernel(act_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr, s_ptr, alpha_ptr, y_ptr,
                        dacc_ptr, H: gl.constexpr, IP: gl.constexpr, INTER: gl.constexpr, BM: gl.constexpr,
                        TAIL: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, TAP: gl.constexpr,
-                       P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr, SW: gl.constexpr,
-                       TABLE: gl.constexpr):  # fmt: skip
+                       P3: gl.constexpr, MMA: gl.constexpr, MMA_T: gl.constexpr, SW: gl.constexpr):  # fmt: skip
     """``_grouped_down_kernel`` / ``_grouped_down_rows_kernel``'s contract (grid ``(cdiv(H, R), NB)``, rule step
     8, y per pair, tap ``down_acc``) with R = ``GLUON_ROWS`` hidden rows per program; INTER a multiple of BK."""
     R: gl.constexpr = P3.shape[0]
@@ -466,7 +431,7 @@ def _gluon_down_kernel(act_ptr, order_ptr, bexp_ptr, bstart_ptr, bend_ptr, w_ptr
         at_ptrs, at_ok = _token_ptrs(act_ptr, order_ptr, start + BM, end, 0, INTER, max(TAIL, 16), BK)
         has_tail = end - start > BM
         acc, acc_t = _k_loop(w_ptrs, s_ptrs, a_ptrs, a_ok, at_ptrs, at_ok, has_tail, INTER, BM, TAIL, BK, STAGES,
-                             P3, MMA, MMA_T, SW, TABLE)  # fmt: skip
+                             P3, MMA, MMA_T, SW)  # fmt: skip
         gs = gl.load(alpha_ptr + e)
         _down_store(acc, order_ptr, start, end, q, gs, y_ptr, dacc_ptr, H, TAP)
         if TAIL > 0:
@@ -499,39 +464,31 @@ def check_gluon_launch(name: str, perm, k: int) -> None:
         raise ValueError(f"{name}: config ENGINE 'gluon' {why}")
 
 
-def gluon_table(block_m: int, tail: int) -> bool:
-    """Whether the launch decodes through ``e2m1_lut``'s shared table: row blocks of at most ``TABLE_MAX_PAIRS``
-    pairs (the bandwidth-bound token counts, where the decode's issue is the limit)."""
-    return block_m + tail <= TABLE_MAX_PAIRS
-
-
-def _meta(block_m: int, tail: int, k: int, stages: int | None = None, table: bool | None = None) -> dict:
+def _meta(block_m: int, tail: int, k: int, stages: int | None = None) -> dict:
     bk = gluon_bk(k)
     p3, mma, sw = gluon_layouts(block_m, 64)
     mma_t = gluon_layouts(max(tail, 16), bk)[1]
-    table = int(gluon_table(block_m, tail)) if table is None else int(table)
-    stages = stages or gluon_stages(block_m + tail, bk, table)
+    stages = stages or gluon_stages(block_m + tail, bk)
     return {"BM": block_m, "TAIL": tail, "BK": bk, "STAGES": stages, "P3": p3,
-            "MMA": mma, "MMA_T": mma_t, "SW": sw, "TABLE": table, "num_warps": GLUON_WARPS}  # fmt: skip
+            "MMA": mma, "MMA_T": mma_t, "SW": sw, "num_warps": GLUON_WARPS}  # fmt: skip
 
 
 def launch_gluon_gate_up(x, perm, w1, w1_scales, w1_alpha, act, gacc, uacc, *, H, IP, INTER, TOPK, TAP,
-                         stages=None, table=None) -> None:  # fmt: skip
+                         stages=None) -> None:  # fmt: skip
     """Launch :func:`_gluon_gate_up_kernel` on checked operands (``nvfp4_grouped_gate_up`` with ENGINE 'gluon',
-    after :func:`check_gluon_launch`); ``stages`` None: :func:`gluon_stages`; ``table`` None: :func:`gluon_table`."""
+    after :func:`check_gluon_launch`); ``stages`` None: :func:`gluon_stages`."""
     grid = (triton.cdiv(INTER, GLUON_ROWS // 2), perm.num_blocks)
     _gluon_gate_up_kernel[grid](x, perm.order, perm.block_expert, perm.block_start, perm.block_end, w1, w1_scales,
                                 w1_alpha, act, gacc, uacc, H=H, IP=IP, INTER=INTER, TOPK=TOPK, TAP=TAP,
-                                **_meta(perm.block_m, perm.tail, H, stages, table))  # fmt: skip
+                                **_meta(perm.block_m, perm.tail, H, stages))  # fmt: skip
 
 
-def launch_gluon_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INTER, TAP, stages=None,
-                      table=None) -> None:  # fmt: skip
+def launch_gluon_down(act, perm, w2, w2_scales, w2_alpha, y, dacc, *, H, IP, INTER, TAP, stages=None) -> None:
     """Launch :func:`_gluon_down_kernel` on checked operands (``nvfp4_grouped_down`` with ENGINE 'gluon')."""
     grid = (triton.cdiv(H, GLUON_ROWS), perm.num_blocks)
     _gluon_down_kernel[grid](act, perm.order, perm.block_expert, perm.block_start, perm.block_end, w2, w2_scales,
                              w2_alpha, y, dacc, H=H, IP=IP, INTER=INTER, TAP=TAP,
-                             **_meta(perm.block_m, perm.tail, INTER, stages, table))  # fmt: skip
+                             **_meta(perm.block_m, perm.tail, INTER, stages))  # fmt: skip
 
 
 def _build_args(kind: str, H: int, I: int, k: int, block_m: int, tap: bool = False, tail: int = 0):  # noqa: N803, E741
