@@ -190,7 +190,7 @@ def _consumer_steps(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, K: g
             a1 = b1
             done = st
             it += 1
-        acc, acc_t, a0, a1 = _wait(0, WITH_TAIL, acc, acc_t, a0, a1)
+        acc, acc_t, a1, a1 = _wait(0, WITH_TAIL, acc, acc_t, a1, a1)  # the first half was retired by the first wait
         mbarrier.arrive(empty.index(done))
     if NSTEP % WS_UNROLL:
         acc, acc_t, it = _step_loop(codes_s, scl_s, x_s, xt_s, full, empty, acc, acc_t, it, (NSTEP % WS_UNROLL) * BK,
