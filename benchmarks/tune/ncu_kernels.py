@@ -6,7 +6,7 @@ stall reasons of the kernels that limit a path (METHOD.md: read what limits a ke
 Triton decode path), ``grouped`` (``benchmarks/bench_grouped_nvfp4.py``, the W4A16 grouped path with its default
 engines), ``triton`` (the same on the Triton kernels, ``--ab`` variant ``triton``) or ``gluon`` / ``gluontail``
 (the same path with the Gluon GEMMs, ``--ab`` variants ``gluon`` / ``gluon+tail``) or ``ab-<variant>`` (the grouped
-path under any ``--ab`` variant of ``bench_grouped_nvfp4.AB_VARIANTS``, its BM capped at 128). For each
+path under any ``--ab`` variant of ``bench_grouped_nvfp4.AB_VARIANTS``, an open BM resolved as ``--ab`` does). For each
 point it runs ``ncu --clock-control none`` on a child process of this module (``--drive POINT``: warm-up calls,
 then the profiled ones) for the kernels in :data:`KERNELS`, and writes ``DIR/<point>.csv`` (ncu's raw page) and
 ``DIR/ncu_summary.json`` (one row per launch: the metrics in :data:`METRICS` and the four largest stall
@@ -70,12 +70,13 @@ def _fn(point: str):
     config = None
     if bench == "triton":
         config = bench_grouped_nvfp4.AB_VARIANTS["triton"]
-    if bench.startswith("ab-"):
+    if bench.startswith("ab-"):  # as --ab resolves a variant: an open BM takes the default's, capped at 128
         config = bench_grouped_nvfp4.AB_VARIANTS[bench[3:]]
-        shape = bench_grouped_nvfp4.MODELS[model]
-        from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
+        if config is not None and "BM" in config and config["BM"] is None:
+            from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 
-        config = dict(config, BM=min(grouped_config(int(m) * shape["k"], shape["E"])["BM"], 128))
+            shape = bench_grouped_nvfp4.MODELS[model]
+            config = dict(config, BM=min(grouped_config(int(m) * shape["k"], shape["E"])["BM"], 128))
     if bench in ("gluon", "gluontail"):
         from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 
@@ -83,6 +84,17 @@ def _fn(point: str):
         variant = bench_grouped_nvfp4.AB_VARIANTS["gluon" if bench == "gluon" else "gluon+tail"]
         config = dict(variant, BM=min(grouped_config(int(m) * shape["k"], shape["E"])["BM"], 128))
     return bench_grouped_nvfp4.prepare(model=model, M=int(m), config=config).fn
+
+
+def _kernels(point: str) -> str:
+    """The kernel-name expression of ``point``'s bench (``ab-<variant>``: the grouped path's); KeyError naming an
+    unknown bench."""
+    bench = point.split(":")[0]
+    if bench.startswith("ab-"):
+        return KERNELS["grouped"]
+    if bench not in KERNELS:
+        raise KeyError(f"ncu point {point!r}: bench must be one of {sorted(KERNELS)} or ab-<variant>")
+    return KERNELS[bench]
 
 
 def drive(point: str) -> None:
@@ -152,7 +164,7 @@ def main(argv=None) -> int:
     summary = []
     for point in a.points:
         cmd = [a.ncu, "--clock-control", "none", "--profile-from-start", "off", "--kernel-name",
-               f"regex:{KERNELS.get(point.split(':')[0], KERNELS['grouped'])}", *sections, "--csv", "--page", "raw",
+               f"regex:{_kernels(point)}", *sections, "--csv", "--page", "raw",
                sys.executable, "-m", "benchmarks.tune.ncu_kernels", "--drive", point]  # fmt: skip
         name = os.path.join(a.out, point.replace(":", "_") + ".csv")
         if a.from_csv:

@@ -22,3 +22,16 @@ def test_summarise_one_row_per_launch_with_ranked_stalls():
     assert list(rows[0]["stalls"].items()) == [("long_scoreboard", 3.25), ("wait", 0.75)]
     assert list(rows[1]["stalls"]) == ["wait", "long_scoreboard"]
     assert rows[0]["regs"] != rows[0]["regs"]  # a metric the page lacks reads NaN
+
+
+def test_kernel_expression_per_bench():
+    """A point's bench picks the kernels ncu profiles: its own expression, the grouped path's for ``ab-<variant>``,
+    and a KeyError naming the benches for an unknown one (not silently the grouped kernels)."""
+    import pytest
+
+    from benchmarks.tune.ncu_kernels import KERNELS, _kernels
+
+    assert _kernels("gluon:deepseek-v3:128") == KERNELS["gluon"] == "_gluon_gate_up|_gluon_down"
+    assert _kernels("ab-gluon+tail:deepseek-v3:128") == KERNELS["grouped"]
+    with pytest.raises(KeyError, match="bench must be one of .* or ab-<variant>"):
+        _kernels("glun:deepseek-v3:128")
