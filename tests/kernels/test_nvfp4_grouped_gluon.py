@@ -60,7 +60,10 @@ def test_main_loop_keeps_weights_in_registers():
     blocks that have one, adding BK / 16 HGMMA.64xTAILx16 on the same A registers), no STS / LDSM (the weights
     never go through shared memory), at most 2 CTA barriers per step, <= 113 KiB of shared memory (two CTAs per
     SM), no instruction writing the A or accumulator registers of an HGMMA before the wait that covers it, and at
-    most one wgmma wait per accumulator per K step."""
+    most one wgmma wait per accumulator per K step. The decode's instruction budget per K step, per thread (64 rows x
+    BK codes over 128 threads: BK / 4 A registers): one PRMT per A register (the byte select; no scale duplication),
+    two HMUL2 per A register (2^126, the scale) plus two per scale word of each of the thread's two rows
+    (BK / 64 words: the exact 2^120), and every scale multiply takes its scale as a broadcast half (.H0_H0 / .H1_H1)."""
     from ._sm90_build import run_build_script
 
     res = run_build_script(f"BUILDS = {_BUILDS!r}\n" + _SCRIPT, timeout=900)
@@ -82,6 +85,10 @@ def test_main_loop_keeps_weights_in_registers():
             # at most one wgmma wait per accumulator per K step (ptxas serialises the HGMMAs with more waits when a
             # register of an in-flight HGMMA would be written)
             assert sum(o.startswith("WARPGROUP.DEPBAR") for o in ops) <= len(shapes), name
+            hmul2 = [line for line in body if line.split()[0].startswith("HMUL2")]
+            assert sum(o.startswith("PRMT") for o in ops) == steps * 4, name  # steps = BK / 16: BK / 4 A registers
+            assert len(hmul2) == steps * 8 + 2 * 2 * (steps // 4), name
+            assert sum(".H0_H0" in h or ".H1_H1" in h for h in hmul2) == steps * 4, name
 
 
 def _sass(*lines: str) -> str:
