@@ -33,6 +33,8 @@ KERNELS = {
     "gluon": "_gluon_gate_up|_gluon_down",
     "gluontail": "_gluon_gate_up|_gluon_down",
 }
+#: The ``--ab`` variant of the grouped benches that name one.
+_VARIANTS = {"triton": "triton", "gluon": "gluon", "gluontail": "gluon+tail"}
 #: Warm-up calls before the profiled ones (the first compiles), profiled calls.
 WARMUP, PROFILED = 3, 1
 #: ncu metrics kept per launch (the raw page holds them; names as ncu 2025 on sm_90).
@@ -67,22 +69,15 @@ def _fn(point: str):
         return bench_ll.prepare(path="ll" if bench == "ll" else "triton", model=model, M=int(m)).fn
     from benchmarks import bench_grouped_nvfp4
 
-    config = None
-    if bench == "triton":
-        config = bench_grouped_nvfp4.AB_VARIANTS["triton"]
-    if bench.startswith("ab-"):  # as --ab resolves a variant: an open BM takes the default's, capped at 128
-        config = bench_grouped_nvfp4.AB_VARIANTS[bench[3:]]
-        if config is not None and "BM" in config and config["BM"] is None:
-            from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
-
-            shape = bench_grouped_nvfp4.MODELS[model]
-            config = dict(config, BM=min(grouped_config(int(m) * shape["k"], shape["E"])["BM"], 128))
-    if bench in ("gluon", "gluontail"):
+    # the grouped benches are --ab variants ("grouped": the default launch); an open BM takes the default's, capped
+    # at 128, as --ab resolves it
+    variant = _VARIANTS.get(bench, bench[3:] if bench.startswith("ab-") else None)
+    config = None if variant is None else bench_grouped_nvfp4.AB_VARIANTS[variant]
+    if config is not None and "BM" in config and config["BM"] is None:
         from flint_moe.kernels.nvfp4.grouped_gate_up import grouped_config
 
         shape = bench_grouped_nvfp4.MODELS[model]
-        variant = bench_grouped_nvfp4.AB_VARIANTS["gluon" if bench == "gluon" else "gluon+tail"]
-        config = dict(variant, BM=min(grouped_config(int(m) * shape["k"], shape["E"])["BM"], 128))
+        config = dict(config, BM=min(grouped_config(int(m) * shape["k"], shape["E"])["BM"], 128))
     return bench_grouped_nvfp4.prepare(model=model, M=int(m), config=config).fn
 
 

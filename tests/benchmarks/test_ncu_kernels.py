@@ -35,3 +35,18 @@ def test_kernel_expression_per_bench():
     assert _kernels("ab-gluon+tail:deepseek-v3:128") == KERNELS["grouped"]
     with pytest.raises(KeyError, match="bench must be one of .* or ab-<variant>"):
         _kernels("glun:deepseek-v3:128")
+
+
+def test_grouped_points_resolve_their_ab_variant(monkeypatch):
+    """The grouped benches profile the ``--ab`` variant they name, an open BM resolved as ``--ab`` resolves it (the
+    default's BM for the layer, capped at 128: 16 at DeepSeek-V3 M = 128, 128 at M = 4096), an explicit BM kept."""
+    from benchmarks import bench_grouped_nvfp4
+    from benchmarks.tune.ncu_kernels import _fn
+
+    monkeypatch.setattr(bench_grouped_nvfp4, "prepare", lambda model, M, config: type("P", (), {"fn": config}))
+    gluon = {"ENGINE": "gluon"}
+    assert _fn("grouped:deepseek-v3:128") is None and _fn("ab-default:deepseek-v3:128") is None
+    assert _fn("triton:deepseek-v3:4096") == {"gate_up": {"ENGINE": "triton"}, "down": {"ENGINE": "triton"}}
+    assert _fn("gluon:deepseek-v3:128") == {"TAIL": 0, "BM": 16, "gate_up": gluon, "down": gluon}
+    assert _fn("gluontail:deepseek-v3:4096") == {"TAIL": 32, "BM": 128, "gate_up": gluon, "down": gluon}
+    assert _fn("ab-gluon-bm64+32:deepseek-v3:4096") == {"TAIL": 32, "BM": 64, "gate_up": gluon, "down": gluon}
